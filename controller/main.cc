@@ -1,0 +1,75 @@
+// vamp-controller: the engine core of one model replica (shared/DESIGN.md, "Processes").
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "common/logging.h"
+#include "controller/controller_config.h"
+#include "controller/controller_server.h"
+
+namespace {
+
+constexpr char kSummary[] =
+    "vamp-controller schedules requests for one MoE model replica, owns the KV block pool and\n"
+    "the memory arbiter, and drives one vamp-agent per GPU. It serves gRPC (Admin, health,\n"
+    "reflection) and Prometheus /metrics. Stop it with SIGINT or SIGTERM.";
+
+int Run(int argc, char** argv) {
+  absl::StatusOr<vamp::CommandLine> cli =
+      vamp::ParseCommandLine(vamp::ControllerConfigSchema(), argc, argv);
+  if (!cli.ok()) {
+    std::fprintf(stderr, "vamp-controller: %s\n", std::string(cli.status().message()).c_str());
+    return 2;
+  }
+  if (cli->help_requested) {
+    std::cout << vamp::ControllerConfigSchema().HelpText("vamp-controller", kSummary);
+    return 0;
+  }
+  if (!cli->positional.empty()) {
+    std::fprintf(stderr, "vamp-controller: unexpected argument '%s' (see --help)\n",
+                 cli->positional[0].c_str());
+    return 2;
+  }
+  absl::StatusOr<vamp::LogLevel> level = vamp::ParseLogLevel(cli->config.GetString("log_level"));
+  if (!level.ok()) {
+    std::fprintf(stderr, "vamp-controller: config field 'log_level': %s\n",
+                 std::string(level.status().message()).c_str());
+    return 2;
+  }
+  vamp::SetMinLogLevel(*level);
+
+  // Block the stop signals before any thread starts so that only sigwait below receives them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<vamp::ControllerServer>> server =
+      vamp::ControllerServer::Start(cli->config);
+  if (!server.ok()) {
+    VAMP_LOG(ERROR) << "cannot start: " << server.status().message();
+    return 1;
+  }
+  const std::string& ready_file = cli->config.GetString("ready_file");
+  if (!ready_file.empty()) {
+    std::ofstream out(ready_file);
+    out << "{\"grpc_port\": " << (*server)->grpc_port()
+        << ", \"metrics_port\": " << (*server)->metrics_port() << "}\n";
+    if (!out) {
+      VAMP_LOG(ERROR) << "cannot write ready_file '" << ready_file << "'";
+      return 1;
+    }
+  }
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  VAMP_LOG(INFO) << "received signal " << signal_number << ", shutting down";
+  (*server)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

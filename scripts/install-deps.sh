@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of VAMP from Debian 12 packages.
+# Idempotent: packages already present are left alone. CUDA is not installed here; it is picked
+# up from /usr/local/cuda when present (see CMakeLists.txt, VAMP_CUDA).
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus      # promtool, used by tests to validate /metrics expositions
+  clang           # libFuzzer targets
+  python3         # helper scripts (reports, plots)
+  patchelf        # portable bundle (deploy/bundle)
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

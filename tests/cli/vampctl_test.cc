@@ -1,0 +1,74 @@
+// Runs the vampctl binary as an operator would and checks its output and exit codes.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "controller/controller_config.h"
+#include "controller/controller_server.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace vamp {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+Result RunVampctl(const std::string& args) {
+  const std::string command = std::string(VAMP_BINARY_DIR) + "/cli/vampctl " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[256];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TEST(VampctlTest, UsageErrorsExitTwo) {
+  Result no_command = RunVampctl("");
+  EXPECT_EQ(no_command.exit_code, 2);
+  EXPECT_THAT(no_command.output, HasSubstr("no command given"));
+  Result bad_output = RunVampctl("-o yaml status");
+  EXPECT_EQ(bad_output.exit_code, 2);
+  EXPECT_THAT(bad_output.output, HasSubstr("'yaml' is not one of table, json"));
+  Result unknown = RunVampctl("frobnicate");
+  EXPECT_EQ(unknown.exit_code, 2);
+  Result help = RunVampctl("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_THAT(help.output, HasSubstr("Exit codes"));
+}
+
+TEST(VampctlTest, UnreachableControllerExitsThree) {
+  // Port 1 on loopback: nothing listens there.
+  Result r = RunVampctl("--endpoint 127.0.0.1:1 --timeout 2 status");
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1"));
+}
+
+TEST(VampctlTest, HealthAndStatusAgainstLiveController) {
+  const char* argv[] = {"vamp-controller", "--grpc_address=127.0.0.1:0",
+                        "--metrics_address=127.0.0.1:0"};
+  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 3, argv);
+  ASSERT_TRUE(cli.ok());
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string endpoint = "--endpoint 127.0.0.1:" + std::to_string((*server)->grpc_port());
+  Result health = RunVampctl(endpoint + " health");
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+  EXPECT_THAT(health.output, HasSubstr("SERVING"));
+  Result table = RunVampctl(endpoint + " status");
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_THAT(table.output, HasSubstr("model          tiny-qwen3-moe"));
+  Result json = RunVampctl(endpoint + " -o json status");
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_THAT(json.output, HasSubstr("\"policy\": \"vamp\""));
+}
+
+}  // namespace
+}  // namespace vamp
