@@ -1,0 +1,170 @@
+#include "sim/calibration.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace vamp::sim {
+
+int64_t SimModelShape::ExpertBytes() const {
+  return 3LL * hidden * (moe_intermediate / tp_size) * dtype_bytes;
+}
+
+int64_t SimModelShape::KvBytesPerToken() const {
+  return 2LL * num_kv_layers * KvHeadsPerRank() * head_dim * dtype_bytes;
+}
+
+int64_t SimModelShape::DenseBytesPerLayer() const {
+  const int64_t q = static_cast<int64_t>(QHeadsPerRank()) * head_dim;
+  const int64_t kv = static_cast<int64_t>(KvHeadsPerRank()) * head_dim;
+  const int64_t attention = static_cast<int64_t>(hidden) * (2 * q + 2 * kv);  // q, o, k, v
+  const int64_t router = static_cast<int64_t>(hidden) * num_experts;
+  const int64_t shared = 3LL * hidden * (shared_expert_intermediate / tp_size);
+  return (attention + router + shared) * dtype_bytes;
+}
+
+absl::StatusOr<Calibration> CalibrationPreset(const std::string& name) {
+  Calibration c;
+  if (name == "qwen3-30b-a3b") return c;
+  if (name == "qwen3-next-80b-a3b-tp2") {
+    SimModelShape& m = c.model;
+    m.name = name;
+    m.hidden = 2048;
+    m.moe_intermediate = 512;
+    m.num_experts = 512;
+    m.top_k = 10;
+    m.shared_expert_intermediate = 512;
+    m.num_layers = 48;
+    m.num_kv_layers = 12;  // full attention in 1 of 4 layers
+    m.num_q_heads = 16;
+    m.num_kv_heads = 2;
+    m.head_dim = 256;
+    m.tp_size = 2;
+    return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown calibration preset '", name, "' (known: qwen3-30b-a3b, qwen3-next-80b-a3b-tp2)"));
+}
+
+namespace {
+
+template <typename T>
+absl::Status ReadField(const nlohmann::json& object, const std::string& section,
+                       const char* field, T* out, const std::string& path) {
+  if (!object.contains(field)) return absl::OkStatus();
+  const nlohmann::json& v = object[field];
+  const std::string where = absl::StrCat(path, ": field '", section, ".", field, "'");
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return absl::InvalidArgumentError(absl::StrCat(where, " must be a string"));
+    *out = v.get<std::string>();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " must be a positive integer"));
+    }
+    *out = v.get<T>();
+  } else {
+    if (!v.is_number() || v.get<double>() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " must be a non-negative number"));
+    }
+    *out = v.get<T>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKnown(const nlohmann::json& object, const std::string& section,
+                        std::initializer_list<const char*> known, const std::string& path) {
+  for (const auto& [key, _] : object.items()) {
+    bool found = false;
+    for (const char* k : known) found = found || key == k;
+    if (!found) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": unknown field '", section, ".", key, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration c) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read calibration file '", path, "'"));
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  }
+  for (const auto& [key, _] : doc.items()) {
+    if (key != "model" && key != "hardware" && key != "comment") {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unknown section '", key, "'"));
+    }
+  }
+  absl::Status s;
+  if (doc.contains("model")) {
+    const nlohmann::json& m = doc["model"];
+    auto& o = c.model;
+    s.Update(CheckKnown(m, "model",
+                        {"name", "hidden", "moe_intermediate", "num_experts", "top_k",
+                         "shared_expert_intermediate", "num_layers", "num_kv_layers",
+                         "num_q_heads", "num_kv_heads", "head_dim", "vocab", "dtype_bytes",
+                         "tp_size"},
+                        path));
+    s.Update(ReadField(m, "model", "name", &o.name, path));
+    s.Update(ReadField(m, "model", "hidden", &o.hidden, path));
+    s.Update(ReadField(m, "model", "moe_intermediate", &o.moe_intermediate, path));
+    s.Update(ReadField(m, "model", "num_experts", &o.num_experts, path));
+    s.Update(ReadField(m, "model", "top_k", &o.top_k, path));
+    if (m.contains("shared_expert_intermediate") &&
+        m["shared_expert_intermediate"] == 0) {
+      o.shared_expert_intermediate = 0;
+    } else {
+      s.Update(ReadField(m, "model", "shared_expert_intermediate",
+                         &o.shared_expert_intermediate, path));
+    }
+    s.Update(ReadField(m, "model", "num_layers", &o.num_layers, path));
+    s.Update(ReadField(m, "model", "num_kv_layers", &o.num_kv_layers, path));
+    s.Update(ReadField(m, "model", "num_q_heads", &o.num_q_heads, path));
+    s.Update(ReadField(m, "model", "num_kv_heads", &o.num_kv_heads, path));
+    s.Update(ReadField(m, "model", "head_dim", &o.head_dim, path));
+    s.Update(ReadField(m, "model", "vocab", &o.vocab, path));
+    s.Update(ReadField(m, "model", "dtype_bytes", &o.dtype_bytes, path));
+    s.Update(ReadField(m, "model", "tp_size", &o.tp_size, path));
+  }
+  if (doc.contains("hardware")) {
+    const nlohmann::json& h = doc["hardware"];
+    auto& o = c.hardware;
+    s.Update(CheckKnown(h, "hardware",
+                        {"name", "weight_read_bytes_per_s", "kv_read_bytes_per_s",
+                         "moe_flops_per_s", "dense_flops_per_s", "attention_flops_per_s",
+                         "h2d_bytes_per_s", "step_overhead_us", "layer_overhead_us",
+                         "allreduce_us"},
+                        path));
+    s.Update(ReadField(h, "hardware", "name", &o.name, path));
+    s.Update(ReadField(h, "hardware", "weight_read_bytes_per_s", &o.weight_read_bytes_per_s, path));
+    s.Update(ReadField(h, "hardware", "kv_read_bytes_per_s", &o.kv_read_bytes_per_s, path));
+    s.Update(ReadField(h, "hardware", "moe_flops_per_s", &o.moe_flops_per_s, path));
+    s.Update(ReadField(h, "hardware", "dense_flops_per_s", &o.dense_flops_per_s, path));
+    s.Update(ReadField(h, "hardware", "attention_flops_per_s", &o.attention_flops_per_s, path));
+    s.Update(ReadField(h, "hardware", "h2d_bytes_per_s", &o.h2d_bytes_per_s, path));
+    s.Update(ReadField(h, "hardware", "step_overhead_us", &o.step_overhead_us, path));
+    s.Update(ReadField(h, "hardware", "layer_overhead_us", &o.layer_overhead_us, path));
+    s.Update(ReadField(h, "hardware", "allreduce_us", &o.allreduce_us, path));
+  }
+  if (!s.ok()) return s;
+  const SimModelShape& m = c.model;
+  if (m.top_k > m.num_experts || m.num_kv_layers > m.num_layers ||
+      m.moe_intermediate % m.tp_size != 0 || m.num_q_heads % m.tp_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": model shape is inconsistent (top_k <= num_experts, num_kv_layers <= num_layers, "
+              "moe_intermediate and num_q_heads divisible by tp_size)"));
+  }
+  if (c.hardware.weight_read_bytes_per_s <= 0 || c.hardware.h2d_bytes_per_s <= 0 ||
+      c.hardware.moe_flops_per_s <= 0 || c.hardware.kv_read_bytes_per_s <= 0 ||
+      c.hardware.dense_flops_per_s <= 0 || c.hardware.attention_flops_per_s <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": hardware bandwidths and throughputs must be positive"));
+  }
+  return c;
+}
+
+}  // namespace vamp::sim

@@ -1,0 +1,76 @@
+// Calibration of vamp-sim: the model's shape (per rank) and the hardware's effective throughputs.
+// Loaded from a JSON file ({"model": {...}, "hardware": {...}}, every field optional, unknown
+// fields rejected); defaults describe Qwen3-30B-A3B on one H200 with the throughputs measured in
+// shared/DESIGN.md. A GPU run of the engine can write a measured file in the same format.
+#ifndef VAMP_SIM_CALIBRATION_H_
+#define VAMP_SIM_CALIBRATION_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace vamp::sim {
+
+struct SimModelShape {
+  std::string name = "qwen3-30b-a3b";
+  int32_t hidden = 2048;
+  int32_t moe_intermediate = 768;
+  int32_t num_experts = 128;
+  int32_t top_k = 8;
+  int32_t shared_expert_intermediate = 0;  // 0 = no shared expert
+  int32_t num_layers = 48;
+  // Layers with a KV cache (full attention); the others (linear attention) keep O(1) state.
+  int32_t num_kv_layers = 48;
+  int32_t num_q_heads = 32;
+  int32_t num_kv_heads = 4;
+  int32_t head_dim = 128;
+  int32_t vocab = 151936;
+  int32_t dtype_bytes = 2;
+  int32_t tp_size = 1;
+
+  // Per rank, in bytes.
+  int64_t ExpertBytes() const;            // one expert's shard [w13 | w2]
+  int64_t KvBytesPerToken() const;        // all KV layers, K and V
+  int64_t DenseBytesPerLayer() const;     // attention projections, router, shared expert
+  int32_t QHeadsPerRank() const { return num_q_heads / tp_size; }
+  int32_t KvHeadsPerRank() const { return std::max(1, num_kv_heads / tp_size); }
+};
+
+struct HardwareCalibration {
+  std::string name = "h200";
+  // Effective HBM read bandwidth for weights in small-batch GEMMs (bytes/s): DESIGN.md's MoE layer
+  // at 16 tokens streams ≈2.5 TB/s of weights.
+  double weight_read_bytes_per_s = 2.5e12;
+  // KV cache reads in decode attention (bytes/s).
+  double kv_read_bytes_per_s = 3.0e12;
+  // Grouped expert GEMMs at large batch: ≈400 TFLOP/s (1.54 ms at 8192 tokens).
+  double moe_flops_per_s = 400e12;
+  // Dense projections and LM head.
+  double dense_flops_per_s = 600e12;
+  // Prefill attention (flash, causal): ≈510 TFLOP/s.
+  double attention_flops_per_s = 510e12;
+  // Pinned host→device copies: 55.5 GB/s.
+  double h2d_bytes_per_s = 55.5e9;
+  // Fixed cost per step (scheduling, launches, sampling), µs.
+  double step_overhead_us = 400;
+  // Fixed cost per layer (kernel launches), µs.
+  double layer_overhead_us = 20;
+  // Tensor-parallel all-reduce per layer (two per layer), µs; unused at tp_size 1.
+  double allreduce_us = 15;
+};
+
+struct Calibration {
+  SimModelShape model;
+  HardwareCalibration hardware;
+};
+
+// Named presets: "qwen3-30b-a3b" (TP1) and "qwen3-next-80b-a3b-tp2" (Qwen3-Next shapes, TP2).
+absl::StatusOr<Calibration> CalibrationPreset(const std::string& name);
+
+// Reads a calibration file over `base`. Errors name the file and the field.
+absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration base);
+
+}  // namespace vamp::sim
+
+#endif  // VAMP_SIM_CALIBRATION_H_

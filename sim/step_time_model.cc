@@ -1,0 +1,76 @@
+#include "sim/step_time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace vamp::sim {
+
+double StepTimeModel::MoeLayerMicros(int64_t tokens) const {
+  if (tokens <= 0) return 0;
+  const SimModelShape& m = c_.model;
+  // Distinct experts that `tokens` tokens route to, for uniform routing: E·(1 − (1 − k/E)^T).
+  const double p_miss = 1.0 - static_cast<double>(m.top_k) / m.num_experts;
+  const double active = m.num_experts * (1.0 - std::pow(p_miss, static_cast<double>(tokens)));
+  const double bytes = active * static_cast<double>(m.ExpertBytes());
+  const double flops = 2.0 * static_cast<double>(tokens) * m.top_k * 3.0 * m.hidden *
+                       (m.moe_intermediate / m.tp_size);
+  // Whichever bound dominates: weight streaming for small batches, tensor cores for large ones.
+  return 1e6 * std::max(bytes / c_.hardware.weight_read_bytes_per_s,
+                        flops / c_.hardware.moe_flops_per_s);
+}
+
+StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
+                                 int32_t offloaded_experts_per_layer) const {
+  const SimModelShape& m = c_.model;
+  const HardwareCalibration& h = c_.hardware;
+  StepTime t;
+  int64_t tokens = 0;
+  double attention_flops = 0;  // per KV layer, this rank
+  double kv_bytes = 0;         // per KV layer, this rank
+  const double q_width = static_cast<double>(m.QHeadsPerRank()) * m.head_dim;
+  const double kv_bytes_per_token_layer =
+      2.0 * m.KvHeadsPerRank() * m.head_dim * m.dtype_bytes;
+  for (const SequenceWork& s : batch) {
+    tokens += s.new_tokens;
+    // QK^T and PV over the cached context plus the causal half of the new tokens.
+    const double keys = static_cast<double>(s.context_tokens) + 0.5 * (s.new_tokens + 1);
+    attention_flops += 4.0 * s.new_tokens * keys * q_width;
+    kv_bytes += (static_cast<double>(s.context_tokens) + s.new_tokens) * kv_bytes_per_token_layer;
+  }
+  if (tokens == 0) return t;
+  const double attention_us =
+      1e6 * std::max(attention_flops / h.attention_flops_per_s, kv_bytes / h.kv_read_bytes_per_s);
+  const double dense_bytes = static_cast<double>(m.DenseBytesPerLayer());
+  const double dense_us = 1e6 * std::max(dense_bytes / h.weight_read_bytes_per_s,
+                                         2.0 * tokens * (dense_bytes / m.dtype_bytes) /
+                                             h.dense_flops_per_s);
+  const double moe_us = MoeLayerMicros(tokens);
+  const double tp_us = m.tp_size > 1 ? 2 * h.allreduce_us : 0;
+  const double copy_per_layer_us =
+      1e6 * static_cast<double>(offloaded_experts_per_layer) * m.ExpertBytes() / h.h2d_bytes_per_s;
+
+  // Linear-attention layers (Qwen3-Next's Gated DeltaNet) are costed like a dense projection:
+  // their state is O(1) in the context length.
+  double layers_us = 0;
+  for (int32_t l = 0; l < m.num_layers; ++l) {
+    const bool kv_layer = m.num_kv_layers == m.num_layers ||
+                          (l % std::max(1, m.num_layers / m.num_kv_layers)) ==
+                              std::max(1, m.num_layers / m.num_kv_layers) - 1;
+    const double compute = h.layer_overhead_us + dense_us + moe_us + tp_us +
+                           (kv_layer ? attention_us : 0);
+    t.compute_us += compute;
+    // Layer l+1's offloaded experts are copied while layer l runs; layer 0 (the first MoE layer)
+    // stays resident, so the copy under the last layer belongs to no one.
+    const double copy_next = l + 1 < m.num_layers ? copy_per_layer_us : 0;
+    t.copy_us += copy_next;
+    layers_us += std::max(compute, copy_next);
+  }
+  const double lm_head_bytes = static_cast<double>(m.vocab / m.tp_size) * m.hidden * m.dtype_bytes;
+  const double lm_head_us = 1e6 * lm_head_bytes / h.weight_read_bytes_per_s;
+  t.exposed_copy_us = layers_us - t.compute_us;
+  t.compute_us += lm_head_us + h.step_overhead_us;
+  t.total_us = h.step_overhead_us + layers_us + lm_head_us;
+  return t;
+}
+
+}  // namespace vamp::sim

@@ -1,0 +1,55 @@
+// The performance model of vamp-sim's simulated agents: how long one model step takes on one
+// rank, from the batch's shape and the residency boundary. Roofline terms with effective
+// throughputs calibrated on a GPU (calibration.h); the defaults reproduce the H200 measurements
+// in shared/DESIGN.md ("Performance references").
+//
+// Per layer l, compute_l = attention + MoE + dense projections (+ TP all-reduce). With experts
+// offloaded, layer l+1's offloaded bytes are copied host→device while layer l computes
+// (double-buffered staging), so a layer costs max(compute_l, copy_{l+1}) and the step
+//   total = overhead + Σ_l max(compute_l, copy_{l+1}) + LM head.
+// Every offloaded byte is copied once per step whatever the router picks (the staging buffer holds
+// all of [b, E) of a layer), which is VAMP's TPOT cost.
+#ifndef VAMP_SIM_STEP_TIME_MODEL_H_
+#define VAMP_SIM_STEP_TIME_MODEL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "sim/calibration.h"
+
+namespace vamp::sim {
+
+// One sequence's work in a step.
+struct SequenceWork {
+  int32_t new_tokens = 0;       // prefill chunk length, or 1 for decode
+  int64_t context_tokens = 0;   // tokens already in the KV cache before this step
+};
+
+struct StepTime {
+  double compute_us = 0;        // all layers' compute, no staging
+  double copy_us = 0;           // host→device copy time of all offloaded bytes
+  double exposed_copy_us = 0;   // copy time not hidden behind compute
+  double total_us = 0;          // the step as the client sees it
+};
+
+class StepTimeModel {
+ public:
+  explicit StepTimeModel(const Calibration& calibration) : c_(calibration) {}
+
+  // `offloaded_experts_per_layer`: experts above the residency boundary in each eligible layer
+  // (every MoE layer but the first). 0 = fully resident.
+  StepTime Estimate(const std::vector<SequenceWork>& batch,
+                    int32_t offloaded_experts_per_layer) const;
+
+  // Microseconds of one MoE layer for `tokens` tokens (routed experts, this rank's shard).
+  double MoeLayerMicros(int64_t tokens) const;
+
+  const Calibration& calibration() const { return c_; }
+
+ private:
+  Calibration c_;
+};
+
+}  // namespace vamp::sim
+
+#endif  // VAMP_SIM_STEP_TIME_MODEL_H_

@@ -1,0 +1,83 @@
+#include "sim/step_time_model.h"
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace vamp::sim {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(StepTimeModelTest, MoeLayerReproducesDesignMeasurements) {
+  // shared/DESIGN.md, torch._grouped_mm on H200, Qwen3-30B-A3B shapes: 0.31 ms at 16 tokens,
+  // 0.43 ms at 128, 1.54 ms at 8192. The default calibration must land within 15 %.
+  StepTimeModel model(Calibration{});
+  EXPECT_NEAR(model.MoeLayerMicros(16), 310, 0.15 * 310);
+  EXPECT_NEAR(model.MoeLayerMicros(128), 430, 0.15 * 430);
+  EXPECT_NEAR(model.MoeLayerMicros(8192), 1540, 0.15 * 1540);
+}
+
+TEST(StepTimeModelTest, GeometryMatchesDesign) {
+  Calibration c;
+  EXPECT_EQ(c.model.KvBytesPerToken(), 96 * 1024);           // Qwen3-30B-A3B: 96 KiB/token
+  EXPECT_EQ(c.model.ExpertBytes(), 3LL * 2048 * 768 * 2);   // 9 MiB
+  absl::StatusOr<Calibration> next = CalibrationPreset("qwen3-next-80b-a3b-tp2");
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->model.ExpertBytes(), 3 * 1024 * 1024);    // 3 MiB shard at TP2
+  EXPECT_EQ(next->model.KvBytesPerToken() * next->model.tp_size, 24 * 1024);  // 24 KiB/token
+  EXPECT_FALSE(CalibrationPreset("gpt-5").ok());
+}
+
+TEST(StepTimeModelTest, DecodeGrowsWithContextAndBatch) {
+  StepTimeModel model(Calibration{});
+  const double small = model.Estimate({{1, 1000}}, 0).total_us;
+  const double long_ctx = model.Estimate({{1, 100000}}, 0).total_us;
+  const double batch = model.Estimate(std::vector<SequenceWork>(64, {1, 1000}), 0).total_us;
+  EXPECT_GT(long_ctx, small);
+  EXPECT_GT(batch, small);
+  // A 30B-A3B decode step on H200 takes milliseconds, not microseconds or seconds.
+  EXPECT_GT(small, 1000);
+  EXPECT_LT(small, 50000);
+  EXPECT_EQ(model.Estimate({}, 0).total_us, 0);
+}
+
+TEST(StepTimeModelTest, StagingHidesUnderComputeUntilCopyDominates) {
+  StepTimeModel model(Calibration{});
+  const std::vector<SequenceWork> prefill = {{8192, 0}};
+  const StepTime resident = model.Estimate(prefill, 0);
+  // One expert per layer (9 MiB, ≈170 µs at 55.5 GB/s) hides under a long prefill layer.
+  const StepTime one = model.Estimate(prefill, 1);
+  EXPECT_GT(one.copy_us, 0);
+  EXPECT_DOUBLE_EQ(one.exposed_copy_us, 0);
+  EXPECT_DOUBLE_EQ(one.total_us, resident.total_us);
+  // A decode step cannot hide 32 experts a layer (≈5.4 ms per layer): the copy sets the pace.
+  const StepTime decode = model.Estimate({{1, 4000}}, 32);
+  EXPECT_GT(decode.exposed_copy_us, 0);
+  EXPECT_NEAR(decode.total_us, decode.copy_us + 400 + 0.0, 0.05 * decode.total_us);
+  EXPECT_GE(decode.total_us, decode.copy_us);
+}
+
+TEST(CalibrationTest, FileOverridesAndErrorsNameField) {
+  const std::string path = ::testing::TempDir() + "/calib.json";
+  std::ofstream(path) << R"({"hardware": {"h2d_bytes_per_s": 25e9}, "model": {"tp_size": 2}})";
+  absl::StatusOr<Calibration> c = LoadCalibration(path, Calibration{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->hardware.h2d_bytes_per_s, 25e9);
+  EXPECT_EQ(c->model.tp_size, 2);
+  EXPECT_EQ(c->model.hidden, 2048);
+
+  std::ofstream(path) << R"({"hardware": {"h2d_bytes_per_s": "fast"}})";
+  EXPECT_THAT(LoadCalibration(path, Calibration{}).status().message(),
+              HasSubstr("field 'hardware.h2d_bytes_per_s' must be a non-negative number"));
+  std::ofstream(path) << R"({"model": {"layers": 3}})";
+  EXPECT_THAT(LoadCalibration(path, Calibration{}).status().message(),
+              HasSubstr("unknown field 'model.layers'"));
+  std::ofstream(path) << R"({"model": {"top_k": 500}})";
+  EXPECT_THAT(LoadCalibration(path, Calibration{}).status().message(),
+              HasSubstr("inconsistent"));
+}
+
+}  // namespace
+}  // namespace vamp::sim
