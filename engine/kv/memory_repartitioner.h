@@ -1,0 +1,101 @@
+// MemoryRepartitioner: one agent's side of expert <-> KV remapping (shared/DESIGN.md, "Offload",
+// "Restore"; paper §IV-C, §V-A). Physical pages move between the expert regions and the end of the
+// KV region; no virtual address ever moves.
+//
+// The agent answers the controller's capacity query (BlocksAddedByOffload, for the minimum across
+// ranks), then applies the remap the controller chose at a step boundary:
+//   Offload(n): b moves down by n groups; wait until nothing in flight reads the pages; unmap them
+//               from the expert regions; map them at the end of the KV region; report the blocks.
+//   Restore(n): only tail pages whose blocks the KV manager has freed and stopped handing out
+//               (it says how many tail blocks are free); wait; unmap them from the KV region; map
+//               them back into the expert regions; copy the weights from the pinned copies; b up.
+//
+// Invariants (Audit checks them): no page is mapped twice; every page of the pool is accounted for
+// as expert, KV or free; KV pages = baseline + offloaded pages; expert pages = all regions minus
+// the offloaded pages.
+//
+// Thread-safe; remaps are serialised.
+#ifndef VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_
+#define VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/experts/expert_store.h"
+#include "engine/kv/kv_region.h"
+#include "engine/memory/fence.h"
+#include "engine/memory/memory_backend.h"
+#include "engine/memory/memory_plan.h"
+#include "engine/memory/page_pool.h"
+
+namespace vamp {
+
+struct RemapResult {
+  int64_t groups = 0;  // group steps moved (each: one group in every eligible layer)
+  int64_t pages = 0;   // pages that changed owner
+  int64_t kv_blocks_before = 0;
+  int64_t kv_blocks_after = 0;
+  int64_t boundary = 0;  // b afterwards
+  RemapTimings timings;
+  double total_us = 0;
+};
+
+class MemoryRepartitioner {
+ public:
+  // None of the pointers is owned; all must outlive the repartitioner. `experts` and `kv` must use
+  // the same pool.
+  MemoryRepartitioner(PagePool* pool, ExpertStore* experts, KvRegion* kv, InFlightFence* fence);
+
+  int64_t offloaded_groups() const { return experts_->offloaded_groups(); }
+  int64_t remaining_groups() const { return experts_->remaining_groups(); }
+
+  // KV blocks that offloading `n_groups` more groups would add. OutOfRange past the cap.
+  absl::StatusOr<int64_t> BlocksAddedByOffload(int64_t n_groups) const;
+  // KV blocks that restoring `n_groups` groups would remove from the tail: blocks
+  // [num_blocks - result, num_blocks) must be free first. OutOfRange beyond what is offloaded.
+  absl::StatusOr<int64_t> BlocksRemovedByRestore(int64_t n_groups) const;
+
+  absl::StatusOr<RemapResult> Offload(int64_t n_groups);
+  // `free_tail_blocks`: how many blocks at the tail of the KV pool the caller has verified free and
+  // will not hand out; FailedPrecondition when the restore would take more than those.
+  absl::StatusOr<RemapResult> Restore(int64_t n_groups, int64_t free_tail_blocks);
+
+  // Checks the page invariants above; Internal error describing the first violation.
+  absl::Status Audit() const;
+
+ private:
+  PagePool* const pool_;
+  ExpertStore* const experts_;
+  KvRegion* const kv_;
+  InFlightFence* const fence_;
+  absl::Mutex mu_;  // serialises remaps
+};
+
+// Everything one agent's memory layer owns, built from its plan. Teardown (destruction, Reset, and
+// move-assignment over a live value) goes repartitioner, KV, experts, then the pool, since regions
+// hand their pages back to the pool.
+struct AgentMemory {
+  AgentMemory() = default;
+  AgentMemory(AgentMemory&&) noexcept = default;
+  AgentMemory& operator=(AgentMemory&& other) noexcept;
+  ~AgentMemory() { Reset(); }
+  void Reset();
+
+  std::unique_ptr<PagePool> pool;
+  std::unique_ptr<ExpertStore> experts;
+  std::unique_ptr<KvRegion> kv;
+  std::unique_ptr<MemoryRepartitioner> repartitioner;
+};
+
+// Creates the pool (plan.pool_pages() pages), the expert regions, the KV region (baseline mapped,
+// room for every offloadable page) and the repartitioner. `backend`'s page must equal the plan's;
+// `backend` and `fence` must outlive the result.
+absl::StatusOr<AgentMemory> CreateAgentMemory(MemoryBackend* backend, const MemoryPlan& plan,
+                                              InFlightFence* fence);
+
+}  // namespace vamp
+
+#endif  // VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_

@@ -1,0 +1,138 @@
+#include "engine/memory/memory_plan.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace vamp {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+constexpr uint64_t kH100Bytes = 81559 * kMiB;   // H100 80 GB as the driver reports it
+constexpr uint64_t kH200Bytes = 143771 * kMiB;  // H200 141 GB
+
+MemoryPlanConfig Config(int tp_size, uint64_t device_bytes) {
+  MemoryPlanConfig c;
+  c.tp_size = tp_size;
+  c.device_memory_bytes = device_bytes;
+  return c;
+}
+
+// Every byte of the budget is in exactly one bucket, whole pages go to the KV pool, and the block
+// counts follow from the pages.
+void ExpectConsistent(const MemoryPlan& plan) {
+  const uint64_t page = plan.config.page_bytes;
+  EXPECT_LT(plan.slack_bytes(), page);
+  EXPECT_EQ(plan.kv_baseline_blocks,
+            static_cast<int64_t>(plan.kv_baseline_pages * page / plan.kv.block_bytes));
+  EXPECT_EQ(plan.kv_max_pages, plan.kv_baseline_pages + plan.experts.max_offload_pages());
+  EXPECT_EQ(plan.kv_max_blocks,
+            static_cast<int64_t>(plan.kv_max_pages * page / plan.kv.block_bytes));
+  EXPECT_EQ(plan.pool_pages(), plan.experts.total_pages() + plan.kv_baseline_pages);
+}
+
+TEST(MemoryPlanTest, Qwen3_30B_A3B_OnOneH100) {
+  auto plan = PlanMemory(Qwen3_30B_A3B_Shape(), Config(1, kH100Bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectConsistent(*plan);
+  EXPECT_EQ(plan->expert_weight_bytes, 54 * kGiB);
+  // Embeddings, LM head, attention and routers: ~1.54B parameters in bf16.
+  EXPECT_NEAR(static_cast<double>(plan->other_weight_bytes) / kGiB, 2.87, 0.05);
+  EXPECT_EQ(plan->num_staging_buffers, 2);
+  EXPECT_EQ(plan->staging_buffer_bytes, 18 * 9 * kMiB);
+  EXPECT_EQ(plan->kv.block_bytes, 16 * 96 * 1024u);
+  // Roughly 12 GiB of KV left: ~8k blocks.
+  EXPECT_GT(plan->kv_baseline_blocks, 7000);
+  EXPECT_LT(plan->kv_baseline_blocks, 9500);
+  // 9 groups x 9 pages x 47 layers = 7.4 GiB more.
+  EXPECT_EQ(plan->experts.max_offload_pages(), 9 * 9 * 47);
+
+  const std::string summary = plan->Summary();
+  EXPECT_THAT(summary, HasSubstr("Qwen3-30B-A3B, TP rank 0 of 1"));
+  EXPECT_THAT(summary, HasSubstr("groups of 2 experts = 18.0 MiB"));
+  EXPECT_THAT(summary, HasSubstr("KV cache: "));
+  EXPECT_THAT(summary, HasSubstr(" tokens"));
+  EXPECT_THAT(summary, HasSubstr("VAMP-r can add"));
+}
+
+TEST(MemoryPlanTest, Qwen3Next_80B_Tp2_OnH200) {
+  MemoryPlanConfig c = Config(2, kH200Bytes);
+  c.tp_rank = 1;
+  auto plan = PlanMemory(Qwen3Next_80B_A3B_Shape(), c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectConsistent(*plan);
+  EXPECT_EQ(plan->expert_weight_bytes, 72 * kGiB);
+  EXPECT_EQ(plan->kv.block_bytes, 192 * 1024u);
+  // The 10.46 GiB VAMP-15 can reclaim adds floor(5358 pages x 2 MiB / 192 KiB) blocks (+-1 for
+  // the baseline's partial block).
+  EXPECT_NEAR(static_cast<double>(plan->vamp_extra_blocks()), 5358.0 * 2 * 1024 / 192, 1.0);
+  EXPECT_THAT(plan->Summary(), HasSubstr("TP rank 1 of 2"));
+}
+
+TEST(MemoryPlanTest, WeightsOverTheBudgetSayWhatDoesNotFitAndByHowMuch) {
+  // Qwen3-Next-80B in bf16 needs ~74 GiB per rank under TP2: more than 0.9 x 80 GB.
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(Qwen3Next_80B_A3B_Shape(), Config(2, kH100Bytes));
+  ASSERT_TRUE(absl::IsResourceExhausted(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("experts 72.00 GiB"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("do not fit in the budget of 71.68 GiB"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("short by"));
+  // And on one GPU, far more.
+  plan = PlanMemory(Qwen3Next_80B_A3B_Shape(), Config(1, kH200Bytes));
+  EXPECT_TRUE(absl::IsResourceExhausted(plan.status()));
+}
+
+TEST(MemoryPlanTest, MaxModelLenThatTheBaselineCannotHoldIsAnError) {
+  MemoryPlanConfig c = Config(1, kH100Bytes);
+  c.max_model_len = 40 * 1000 * 1000;
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(Qwen3_30B_A3B_Shape(), c);
+  ASSERT_TRUE(absl::IsResourceExhausted(plan.status()));
+  EXPECT_THAT(plan.status().message(), HasSubstr("max_model_len 40,000,000"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("short by"));
+  c.max_model_len = 32768;
+  EXPECT_TRUE(PlanMemory(Qwen3_30B_A3B_Shape(), c).ok());
+}
+
+TEST(MemoryPlanTest, MeasuredActivationsReplaceTheEstimate) {
+  MemoryPlanConfig c = Config(1, kH100Bytes);
+  auto estimated = PlanMemory(Qwen3_30B_A3B_Shape(), c);
+  c.activation_bytes = 4 * kGiB;
+  auto measured = PlanMemory(Qwen3_30B_A3B_Shape(), c);
+  ASSERT_TRUE(estimated.ok() && measured.ok());
+  EXPECT_EQ(measured->activation_bytes, 4 * kGiB);
+  EXPECT_LT(measured->kv_baseline_pages, estimated->kv_baseline_pages);
+}
+
+TEST(MemoryPlanTest, NoOffloadMeansNoStagingBuffers) {
+  MemoryPlanConfig c = Config(1, kH100Bytes);
+  c.offload.max_offload_ratio = 0;
+  auto plan = PlanMemory(Qwen3_30B_A3B_Shape(), c);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->num_staging_buffers, 0);
+  EXPECT_EQ(plan->vamp_extra_blocks(), 0);
+  EXPECT_THAT(plan->Summary(), HasSubstr("VAMP-r can add 0 blocks"));
+}
+
+TEST(MemoryPlanTest, RejectsInvalidSettings) {
+  MemoryPlanConfig c = Config(2, kH200Bytes);
+  c.tp_rank = 2;
+  EXPECT_TRUE(absl::IsInvalidArgument(PlanMemory(Qwen3Next_80B_A3B_Shape(), c).status()));
+  c = Config(1, kH200Bytes);
+  c.gpu_memory_utilization = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(PlanMemory(Qwen3_30B_A3B_Shape(), c).status()));
+  c.gpu_memory_utilization = 1.5;
+  EXPECT_TRUE(absl::IsInvalidArgument(PlanMemory(Qwen3_30B_A3B_Shape(), c).status()));
+  c = Config(1, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(PlanMemory(Qwen3_30B_A3B_Shape(), c).status()));
+}
+
+TEST(FormatBytesTest, PicksTheUnit) {
+  EXPECT_EQ(FormatBytes(100), "100 B");
+  EXPECT_EQ(FormatBytes(512 * 1024), "512 KiB");
+  EXPECT_EQ(FormatBytes(6 * kMiB), "6.0 MiB");
+  EXPECT_EQ(FormatBytes(3 * kGiB / 2), "1.50 GiB");
+}
+
+}  // namespace
+}  // namespace vamp
