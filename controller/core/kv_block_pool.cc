@@ -1,0 +1,229 @@
+#include "controller/core/kv_block_pool.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace vamp {
+
+KvBlockPool::KvBlockPool(int32_t num_blocks, bool enable_caching)
+    : caching_enabled_(enable_caching) {
+  VAMP_CHECK(num_blocks > 0) << num_blocks;
+  VAMP_CHECK(Grow(num_blocks).ok());
+}
+
+double KvBlockPool::Usage() const {
+  return blocks_.empty() ? 0.0 : static_cast<double>(num_used_) / blocks_.size();
+}
+
+void KvBlockPool::AllocateUncached(int32_t n, std::vector<BlockId>* out) {
+  VAMP_CHECK(n >= 0 && n <= free_.num_uncached())
+      << "asked for " << n << " blocks, " << free_.num_uncached() << " uncached free";
+  for (int32_t i = 0; i < n; ++i) {
+    const BlockId id = free_.PopUncached();
+    KvBlock& b = blocks_[id];
+    b.ref_count = 1;
+    b.last_used_step = step_;
+    ++num_used_;
+    out->push_back(id);
+  }
+}
+
+void KvBlockPool::Uncache(KvBlock& b) {
+  cache_.erase(b.hash);
+  b.cached = false;
+  b.hash = BlockHash{};
+}
+
+int32_t KvBlockPool::EvictCached(int32_t n) {
+  int32_t evicted = 0;
+  while (evicted < n && free_.num_cached() > 0) {
+    Uncache(blocks_[free_.DemoteOldestCached()]);
+    ++evicted;
+  }
+  num_evicted_ += evicted;
+  return evicted;
+}
+
+BlockId KvBlockPool::Lookup(const BlockHash& hash) const {
+  auto it = cache_.find(hash);
+  return it == cache_.end() ? kNoBlock : it->second;
+}
+
+void KvBlockPool::Acquire(BlockId id) {
+  KvBlock& b = blocks_[id];
+  VAMP_CHECK(!b.withdrawn) << "block " << id << " is withdrawn";
+  if (b.ref_count == 0) {
+    free_.Remove(id);
+    ++num_used_;
+  }
+  ++b.ref_count;
+  b.last_used_step = step_;
+}
+
+void KvBlockPool::Withdraw(KvBlock& b) {
+  if (b.cached) {
+    Uncache(b);
+    ++num_evicted_;
+  }
+  b.withdrawn = true;
+  ++num_withdrawn_;
+}
+
+void KvBlockPool::Release(BlockId id) {
+  KvBlock& b = blocks_[id];
+  VAMP_CHECK(b.ref_count > 0) << "block " << id << " released with no user";
+  b.last_used_step = step_;
+  if (--b.ref_count > 0) return;
+  --num_used_;
+  if (InShrinkingTail(id)) {
+    Withdraw(b);
+  } else if (b.cached) {
+    free_.PushCached(id);
+  } else {
+    free_.PushUncachedFront(id);
+  }
+}
+
+bool KvBlockPool::Cache(BlockId id, const BlockHash& hash) {
+  KvBlock& b = blocks_[id];
+  if (!caching_enabled_ || b.cached || InShrinkingTail(id)) return false;
+  // A free uncached block holds no content worth registering (it was never filled for anyone).
+  VAMP_CHECK(b.ref_count > 0) << "caching free block " << id;
+  if (!cache_.try_emplace(hash, id).second) return false;
+  b.cached = true;
+  b.hash = hash;
+  return true;
+}
+
+absl::Status KvBlockPool::Grow(int32_t n) {
+  if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("Grow: n must be > 0, got ", n));
+  if (shrink_pending()) {
+    return absl::FailedPreconditionError("Grow: a shrink is pending; commit or cancel it first");
+  }
+  if (n > std::numeric_limits<BlockId>::max() - num_blocks()) {
+    return absl::OutOfRangeError(absl::StrCat("Grow: ", n, " more blocks overflow block ids"));
+  }
+  const BlockId first = num_blocks();
+  blocks_.resize(first + n);
+  free_.Resize(first + n);
+  for (BlockId id = first; id < first + n; ++id) {
+    blocks_[id].id = id;
+    blocks_[id].last_used_step = step_;
+    free_.PushUncachedBack(id);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockPool::BeginShrink(int32_t n) {
+  if (shrink_pending()) return absl::FailedPreconditionError("BeginShrink: a shrink is pending");
+  if (n <= 0 || n >= num_blocks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BeginShrink: n must be in [1, ", num_blocks() - 1, "], got ", n));
+  }
+  shrink_begin_ = num_blocks() - n;
+  for (BlockId id = shrink_begin_; id < num_blocks(); ++id) {
+    KvBlock& b = blocks_[id];
+    if (b.ref_count == 0) {
+      free_.Remove(id);
+      Withdraw(b);
+    } else if (b.cached) {
+      Uncache(b);  // still in use; just no longer shareable
+    }
+  }
+  return absl::OkStatus();
+}
+
+int32_t KvBlockPool::shrink_outstanding() const {
+  return shrink_pending() ? (num_blocks() - shrink_begin_) - num_withdrawn_ : 0;
+}
+
+absl::Status KvBlockPool::CommitShrink() {
+  if (!shrink_pending()) return absl::FailedPreconditionError("CommitShrink: no shrink pending");
+  if (shrink_outstanding() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("CommitShrink: ", shrink_outstanding(),
+                                                      " blocks of the tail are still in use"));
+  }
+  blocks_.resize(shrink_begin_);
+  free_.Resize(shrink_begin_);
+  num_withdrawn_ = 0;
+  shrink_begin_ = kNoBlock;
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockPool::CancelShrink() {
+  if (!shrink_pending()) return absl::FailedPreconditionError("CancelShrink: no shrink pending");
+  for (BlockId id = shrink_begin_; id < num_blocks(); ++id) {
+    KvBlock& b = blocks_[id];
+    if (b.withdrawn) {
+      b.withdrawn = false;
+      free_.PushUncachedBack(id);
+    }
+  }
+  num_withdrawn_ = 0;
+  shrink_begin_ = kNoBlock;
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockPool::CheckInvariants() const {
+  int32_t used = 0, withdrawn = 0, cached = 0;
+  for (BlockId id = 0; id < num_blocks(); ++id) {
+    const KvBlock& b = blocks_[id];
+    if (b.id != id) return absl::InternalError(absl::StrCat("block ", id, " has id ", b.id));
+    if (b.ref_count < 0) return absl::InternalError(absl::StrCat("block ", id, " ref < 0"));
+    if (b.ref_count > 0) ++used;
+    if (b.withdrawn) {
+      ++withdrawn;
+      if (b.ref_count != 0 || free_.Contains(id) || !InShrinkingTail(id) || b.cached) {
+        return absl::InternalError(absl::StrCat("withdrawn block ", id, " is also live"));
+      }
+    } else if ((b.ref_count == 0) != free_.Contains(id)) {
+      return absl::InternalError(absl::StrCat("block ", id, " ref_count ", b.ref_count,
+                                              " but in free queue: ", free_.Contains(id)));
+    }
+    if (free_.Contains(id) && free_.ContainsCached(id) != b.cached) {
+      return absl::InternalError(absl::StrCat("block ", id, " in the wrong queue segment"));
+    }
+    if (b.cached) {
+      ++cached;
+      if (InShrinkingTail(id)) {
+        return absl::InternalError(absl::StrCat("block ", id, " cached in a shrinking tail"));
+      }
+      auto it = cache_.find(b.hash);
+      if (it == cache_.end() || it->second != id) {
+        return absl::InternalError(absl::StrCat("block ", id, " cached but not in the map"));
+      }
+    }
+  }
+  if (cached != static_cast<int32_t>(cache_.size())) {
+    return absl::InternalError(
+        absl::StrCat("cache map has ", cache_.size(), " entries, ", cached, " cached blocks"));
+  }
+  if (used != num_used_ || withdrawn != num_withdrawn_) {
+    return absl::InternalError(absl::StrCat("counters: used ", num_used_, " vs ", used,
+                                            ", withdrawn ", num_withdrawn_, " vs ", withdrawn));
+  }
+  if (used + free_.size() + withdrawn != num_blocks()) {
+    return absl::InternalError(absl::StrCat("used ", used, " + free ", free_.size(),
+                                            " + withdrawn ", withdrawn, " != ", num_blocks()));
+  }
+  // Queue layout: all uncached blocks, then cached ones in non-decreasing last-use order.
+  bool seen_cached = false;
+  int64_t last_step = std::numeric_limits<int64_t>::min();
+  for (BlockId id : free_.ToVector()) {
+    const KvBlock& b = blocks_[id];
+    if (b.cached) {
+      seen_cached = true;
+      if (b.last_used_step < last_step) {
+        return absl::InternalError(absl::StrCat("cached free block ", id, " out of LRU order"));
+      }
+      last_step = b.last_used_step;
+    } else if (seen_cached) {
+      return absl::InternalError(absl::StrCat("uncached block ", id, " behind cached ones"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace vamp

@@ -1,0 +1,139 @@
+// The memory arbiter: what to do when an allocation needs more uncached free KV blocks than exist.
+//
+// The scheduler computes the gap (uncached free blocks missing) and asks the arbiter for a plan.
+// A plan may combine three actions, applied in this order:
+//   1. expand the pool by moving expert groups into it (PoolExpander; VAMP's offload),
+//   2. evict cached free blocks in LRU order,
+//   3. preempt running requests (recompute later).
+// After applying a plan the scheduler recomputes the gap and asks again while it is positive and
+// the previous plan made progress, so an arbiter may cover a gap in several rounds (the static
+// arbiter preempts one request per round, as vLLM does). An empty plan means "no way now": a
+// running requester is not scheduled this step, a waiting one stays waiting.
+//
+// Implementations: StaticArbiter (vLLM 0.15 baseline, here) and the cost-model arbiter (issue 5).
+// Arbiters only read: everything they see is const.
+#ifndef VAMP_CONTROLLER_CORE_MEMORY_ARBITER_H_
+#define VAMP_CONTROLLER_CORE_MEMORY_ARBITER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "controller/core/kv_block_pool.h"
+#include "controller/core/request.h"
+#include "controller/core/scheduler_config.h"
+#include "controller/core/scheduler_stats.h"
+
+namespace vamp {
+
+// The shortfall the arbiter is asked to cover.
+struct MemoryGap {
+  int32_t blocks = 0;  // uncached free blocks missing (> 0)
+  // The request that needs them: running (its next chunk or decode token) or waiting (admission).
+  const Request* requester = nullptr;
+  bool requester_running = false;
+  int32_t num_new_tokens = 0;  // tokens the requester wants to compute this step
+};
+
+// Decision-log figures of a cost-model arbiter, in µs of estimated future cost (negative = not
+// evaluated). The static arbiter leaves them unset.
+struct ArbiterCosts {
+  double evict_micros = -1;
+  double expand_micros = -1;
+  double preempt_micros = -1;
+  double combined_micros = -1;
+};
+
+struct ArbiterPlan {
+  int32_t expand_groups = 0;       // expert groups to move into the KV pool
+  int32_t evict_blocks = 0;        // cached free blocks to evict, least recently used first
+  std::vector<RequestId> preempt;  // running requests to preempt, in this order
+  // Short name of the choice for logs and metrics, e.g. "evict", "preempt", "expand+evict".
+  std::string choice;
+  ArbiterCosts costs;
+
+  bool empty() const { return expand_groups == 0 && evict_blocks == 0 && preempt.empty(); }
+};
+
+// One arbiter call as the scheduler recorded it.
+struct ArbiterRecord {
+  int64_t step = 0;
+  RequestId requester = 0;
+  bool requester_running = false;
+  int32_t gap_blocks = 0;
+  ArbiterPlan plan;
+  // What applying the plan achieved.
+  int32_t blocks_added = 0;
+  int32_t blocks_evicted = 0;
+  int32_t requests_preempted = 0;
+};
+
+// Moves expert groups into the KV pool (wired to the agents' remap by a later issue; the simulator
+// provides its own). Called synchronously at a step boundary, between steps.
+class PoolExpander {
+ public:
+  virtual ~PoolExpander() = default;
+  // Groups that can still be moved (0 at the offload limit).
+  virtual int32_t RemainingGroups() const = 0;
+  // KV blocks one group adds (for sizing plans; the real count comes from Expand).
+  virtual int32_t BlocksPerGroup() const = 0;
+  // Moves `groups` groups (<= RemainingGroups()) and returns how many KV blocks were added: the
+  // minimum over all ranks, the same on every rank.
+  virtual absl::StatusOr<int32_t> Expand(int32_t groups) = 0;
+};
+
+struct ExpansionInfo {
+  bool available = false;  // an expander exists and the pool is not shrinking
+  int32_t remaining_groups = 0;
+  int32_t blocks_per_group = 0;
+};
+
+// Read-only view of the scheduler for an arbiter call.
+class ArbiterContext {
+ public:
+  ArbiterContext(const KvBlockPool& pool, const std::vector<Request*>& running,
+                 const SchedulerCounters& counters, const SchedulerConfig& config, int64_t step,
+                 ExpansionInfo expansion)
+      : pool_(pool),
+        running_(running),
+        counters_(counters),
+        config_(config),
+        step_(step),
+        expansion_(expansion) {}
+
+  // Block states, free counts, and cached free blocks in eviction order with their ages
+  // (step() - last_used_step) via pool().ForEachCachedFree.
+  const KvBlockPool& pool() const { return pool_; }
+  // Running requests in admission order (oldest first). Each exposes its remaining output budget
+  // (RemainingOutputBudget), prefill progress (num_computed_tokens / num_tokens), blocks and
+  // priority.
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  const Request& running(int32_t i) const { return *running_[i]; }
+  // Cumulative counters: prefix-cache hit rate, preemptions, observed resume delays.
+  const SchedulerCounters& counters() const { return counters_; }
+  const SchedulerConfig& config() const { return config_; }
+  int64_t step() const { return step_; }
+  const ExpansionInfo& expansion() const { return expansion_; }
+
+ private:
+  const KvBlockPool& pool_;
+  const std::vector<Request*>& running_;
+  const SchedulerCounters& counters_;
+  const SchedulerConfig& config_;
+  int64_t step_;
+  ExpansionInfo expansion_;
+};
+
+class MemoryArbiter {
+ public:
+  virtual ~MemoryArbiter() = default;
+  // "static", "vamp", ...
+  virtual absl::string_view name() const = 0;
+  virtual ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) = 0;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_CONTROLLER_CORE_MEMORY_ARBITER_H_

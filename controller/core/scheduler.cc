@@ -1,0 +1,559 @@
+#include "controller/core/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace vamp {
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerConfig& config,
+                                                             const Clock* clock,
+                                                             std::unique_ptr<MemoryArbiter> arbiter,
+                                                             PoolExpander* expander) {
+  VAMP_RETURN_IF_ERROR(config.Validate());
+  if (clock == nullptr) return absl::InvalidArgumentError("Scheduler: clock is null");
+  if (arbiter == nullptr) return absl::InvalidArgumentError("Scheduler: arbiter is null");
+  return std::unique_ptr<Scheduler>(new Scheduler(config, clock, std::move(arbiter), expander));
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, const Clock* clock,
+                     std::unique_ptr<MemoryArbiter> arbiter, PoolExpander* expander)
+    : config_(config),
+      clock_(clock),
+      arbiter_(std::move(arbiter)),
+      expander_(expander),
+      kv_(config.num_blocks, config.block_size, config.enable_prefix_caching,
+          BlockHasher(config.prefix_cache_hash_key0, config.prefix_cache_hash_key1)),
+      waiting_(config.policy) {}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+
+absl::Status Scheduler::AddRequest(RequestSpec spec) {
+  if (requests_.contains(spec.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", spec.id, " is already live"));
+  }
+  const size_t prompt_len = spec.prompt_token_ids.size();
+  if (prompt_len == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", spec.id, ": prompt_token_ids must not be empty"));
+  }
+  if (prompt_len >= static_cast<size_t>(config_.max_model_len)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request ", spec.id, ": prompt_token_ids has ", prompt_len, " tokens; max_model_len is ",
+        config_.max_model_len, " and at least one output token must fit"));
+  }
+  for (size_t i = 0; i < prompt_len; ++i) {
+    if (spec.prompt_token_ids[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", spec.id, ": prompt_token_ids[", i, "] is negative"));
+    }
+  }
+  if (absl::Status s = spec.sampling_params.Validate(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("request ", spec.id, ": ", s.message()));
+  }
+  const int64_t arrival = spec.arrival_micros.value_or(clock_->NowMicros());
+  const RequestId id = spec.id;
+  auto request = std::make_unique<Request>(std::move(spec), arrival, next_seq_++);
+  waiting_.AddArrival(request.get());
+  requests_.emplace(id, std::move(request));
+  ++counters_.num_requests_added;
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::AbortRequest(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrCat("request ", id, " is not live"));
+  }
+  Request* r = it->second.get();
+  if (r->status() == RequestStatus::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), r));
+  } else {
+    VAMP_CHECK(waiting_.Remove(r)) << "request " << id << " is neither running nor waiting";
+    if (r->status() == RequestStatus::kPreempted) --num_waiting_preempted_;
+  }
+  kv_.Free(*r);
+  r->Finish(FinishReason::kAbort);
+  if (r->known_to_agents()) pending_finished_ids_.push_back(id);
+  ++counters_.num_aborted;
+  requests_.erase(it);
+  return absl::OkStatus();
+}
+
+const Request* Scheduler::FindRequest(RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduling
+
+ExpansionInfo Scheduler::Expansion() const {
+  ExpansionInfo info;
+  if (expander_ == nullptr || kv_.pool().shrink_pending()) return info;
+  info.available = true;
+  info.remaining_groups = expander_->RemainingGroups();
+  info.blocks_per_group = expander_->BlocksPerGroup();
+  return info;
+}
+
+void Scheduler::Preempt(Request* victim) {
+  auto pos = std::find(running_.begin(), running_.end(), victim);
+  VAMP_CHECK(pos != running_.end()) << "preempting request " << victim->id() << " not running";
+  const size_t index = static_cast<size_t>(pos - running_.begin());
+  running_.erase(pos);
+  if (index < running_cursor_) --running_cursor_;
+  // A victim already planned in this step gives its tokens back. One admitted in this very step
+  // never reached the agents as running, so they are not told about its preemption.
+  bool admitted_this_step = false;
+  for (auto it = scheduled_.begin(); it != scheduled_.end(); ++it) {
+    if (it->request == victim) {
+      token_budget_ += it->num_new_tokens;
+      admitted_this_step = it->admitted;
+      scheduled_.erase(it);
+      break;
+    }
+  }
+  kv_.Free(*victim);
+  victim->set_num_computed_tokens(0);
+  victim->set_status(RequestStatus::kPreempted);
+  victim->count_preemption();
+  victim->set_queued_since_micros(clock_->NowMicros());
+  waiting_.AddPreempted(victim);
+  ++num_waiting_preempted_;
+  ++counters_.num_preemptions;
+  ++step_num_preempted_;
+  if (victim->known_to_agents() && !admitted_this_step) {
+    step_preempted_ids_.push_back(victim->id());
+  }
+}
+
+Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_tokens, bool running) {
+  for (;;) {
+    const int32_t gap = kv_.Gap(*request, num_total_tokens);
+    if (gap == 0) {
+      kv_.AllocateSlots(*request, num_total_tokens);
+      return Room::kOk;
+    }
+    ++counters_.num_arbiter_calls;
+    const ArbiterContext context(kv_.pool(), running_, counters_, config_, step_, Expansion());
+    MemoryGap need;
+    need.blocks = gap;
+    need.requester = request;
+    need.requester_running = running;
+    need.num_new_tokens = num_total_tokens - request->num_computed_tokens();
+    ArbiterRecord record;
+    record.step = step_;
+    record.requester = request->id();
+    record.requester_running = running;
+    record.gap_blocks = gap;
+    record.plan = arbiter_->Decide(context, need);
+    const ArbiterPlan& plan = record.plan;
+
+    if (plan.expand_groups > 0) {
+      const ExpansionInfo info = Expansion();
+      if (!info.available || info.remaining_groups <= 0) {
+        VAMP_LOG(WARNING) << arbiter_->name() << " arbiter asked to expand by "
+                          << plan.expand_groups << " groups but no expansion is available";
+      } else {
+        const int32_t groups = std::min(plan.expand_groups, info.remaining_groups);
+        absl::StatusOr<int32_t> added = expander_->Expand(groups);
+        if (!added.ok()) {
+          VAMP_LOG(WARNING) << "pool expansion by " << groups
+                            << " groups failed: " << added.status();
+        } else if (*added > 0) {
+          absl::Status grown = kv_.pool().Grow(*added);
+          VAMP_CHECK(grown.ok()) << grown;  // no shrink is pending (Expansion() checked)
+          record.blocks_added = *added;
+          ++counters_.num_expansions;
+          counters_.num_expanded_blocks += *added;
+        }
+      }
+    }
+    if (plan.evict_blocks > 0) {
+      record.blocks_evicted = kv_.pool().EvictCached(plan.evict_blocks);
+      counters_.num_evicted_blocks += record.blocks_evicted;
+    }
+    bool requester_preempted = false;
+    for (RequestId id : plan.preempt) {
+      auto it = requests_.find(id);
+      if (it == requests_.end() || it->second->status() != RequestStatus::kRunning) {
+        VAMP_LOG(WARNING) << arbiter_->name() << " arbiter chose request " << id
+                          << " to preempt, which is not running";
+        continue;
+      }
+      Preempt(it->second.get());
+      ++record.requests_preempted;
+      if (it->second.get() == request) requester_preempted = true;
+    }
+    const bool progress =
+        record.blocks_added + record.blocks_evicted + record.requests_preempted > 0;
+    step_decisions_.push_back(std::move(record));
+    if (requester_preempted) return Room::kRequesterPreempted;
+    if (!progress) return Room::kNoRoom;
+  }
+}
+
+void Scheduler::RecordAdmission(const Scheduled& s, int64_t now) {
+  Request* r = s.request;
+  const int64_t queued = std::max<int64_t>(0, now - r->queued_since_micros());
+  const bool resumed = r->num_preemptions() > 0;
+  PrefixCacheStats& pc = counters_.prefix_cache;
+  if (resumed) {
+    ++counters_.num_resumed;
+    counters_.total_resume_delay_micros += queued;
+    if (kv_.pool().caching_enabled()) {
+      ++pc.preempted_requests;
+      pc.preempted_query_tokens += r->num_tokens();
+      pc.preempted_hit_tokens += s.num_computed_before;
+    }
+  } else {
+    ++counters_.num_admitted;
+    counters_.total_queue_micros += queued;
+    if (kv_.pool().caching_enabled()) {
+      ++pc.requests;
+      pc.query_tokens += r->num_tokens();
+      pc.hit_tokens += s.num_computed_before;
+    }
+  }
+  if (r->num_cached_tokens() < 0) r->set_num_cached_tokens(s.num_computed_before);
+  step_queue_times_.push_back({r->id(), queued, resumed});
+}
+
+absl::StatusOr<StepPlan> Scheduler::Schedule() {
+  if (!in_flight_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Schedule: step ", step_, " is in flight; apply its output first"));
+  }
+  ++step_;
+  kv_.pool().SetStep(step_);
+  scheduled_.clear();
+  step_preempted_ids_.clear();
+  step_num_preempted_ = 0;
+  step_decisions_.clear();
+  step_queue_times_.clear();
+  token_budget_ = config_.max_num_batched_tokens;
+  const int32_t threshold = config_.long_prefill_token_threshold;
+
+  // 1. Running requests, in admission order: decode tokens and the next chunks of prefills.
+  running_cursor_ = 0;
+  bool running_stalled = false;
+  while (running_cursor_ < running_.size() && token_budget_ > 0) {
+    Request* r = running_[running_cursor_];
+    int32_t n = r->num_uncomputed_tokens();
+    if (threshold > 0) n = std::min(n, threshold);
+    n = std::min(n, token_budget_);
+    if (n <= 0) {
+      ++running_cursor_;
+      continue;
+    }
+    const size_t first_new_block = r->block_ids().size();
+    const int32_t computed = r->num_computed_tokens();
+    // Preemptions inside keep running_cursor_ pointing at r.
+    if (EnsureBlocks(r, computed + n, /*running=*/true) != Room::kOk) {
+      running_stalled = true;
+      break;
+    }
+    scheduled_.push_back({r, n, computed, first_new_block, /*admitted=*/false});
+    token_budget_ -= n;
+    ++running_cursor_;
+  }
+
+  // 2. Waiting requests, unless this step already had to preempt or a running request could not
+  //    get memory (admitting more would hand newcomers the blocks that running or preempted
+  //    requests are waiting for).
+  while (!running_stalled && step_num_preempted_ == 0 && !waiting_.empty() && token_budget_ > 0 &&
+         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    Request* r = waiting_.Front();
+    const PrefixHit hit = kv_.FindCachedPrefix(*r);
+    int32_t n = r->num_tokens() - hit.num_tokens;
+    if (threshold > 0) n = std::min(n, threshold);
+    if (!config_.enable_chunked_prefill && n > token_budget_) break;
+    n = std::min(n, token_budget_);
+    // Take the hit blocks first so the arbiter cannot evict what this request is about to reuse.
+    kv_.AcquirePrefix(*r, hit);
+    r->set_num_computed_tokens(hit.num_tokens);
+    if (EnsureBlocks(r, hit.num_tokens + n, /*running=*/false) != Room::kOk) {
+      // Releasing the hit blocks makes them the most recently used cached blocks: a request at
+      // the head of the queue is about to reuse them, so LRU should keep them longest.
+      kv_.Free(*r);
+      r->set_num_computed_tokens(0);
+      break;
+    }
+    VAMP_CHECK(waiting_.Remove(r));
+    if (r->status() == RequestStatus::kPreempted) --num_waiting_preempted_;
+    r->set_status(RequestStatus::kRunning);
+    running_.push_back(r);
+    scheduled_.push_back({r, n, hit.num_tokens, 0, /*admitted=*/true});
+    token_budget_ -= n;
+  }
+
+  // 3. The plan.
+  StepPlan plan;
+  plan.step = step_;
+  const int64_t now = clock_->NowMicros();
+  for (const Scheduled& s : scheduled_) {
+    Request* r = s.request;
+    if (s.admitted) RecordAdmission(s, now);
+    if (!r->known_to_agents()) {
+      NewRequestPlan& p = plan.new_requests.emplace_back();
+      p.request_id = r->id();
+      const absl::Span<const TokenId> prompt = r->all_token_ids();  // no outputs yet
+      p.prompt_token_ids.assign(prompt.begin(), prompt.end());
+      p.sampling_params = r->sampling_params();
+      p.eos_token_id = r->eos_token_id();
+      p.block_ids = r->block_ids();
+      p.num_computed_tokens = s.num_computed_before;
+      p.num_scheduled_tokens = s.num_new_tokens;
+      r->set_known_to_agents();
+    } else {
+      CachedRequestPlan& p = plan.cached_requests.emplace_back();
+      p.request_id = r->id();
+      p.resumed = s.admitted;
+      const std::vector<BlockId>& table = r->block_ids();
+      p.new_block_ids.assign(table.begin() + (s.admitted ? 0 : s.first_new_block), table.end());
+      p.num_computed_tokens = s.num_computed_before;
+      p.num_scheduled_tokens = s.num_new_tokens;
+    }
+    r->set_num_computed_tokens(s.num_computed_before + s.num_new_tokens);
+    plan.total_num_scheduled_tokens += s.num_new_tokens;
+    in_flight_.push_back({r->id(), r->seq()});
+  }
+  plan.preempted_ids = std::move(step_preempted_ids_);
+  step_preempted_ids_.clear();
+  plan.finished_ids = std::move(pending_finished_ids_);
+  pending_finished_ids_.clear();
+  plan.num_blocks = kv_.pool().num_blocks();
+  if (!plan.empty()) ++counters_.num_steps;
+  counters_.num_scheduled_tokens += plan.total_num_scheduled_tokens;
+  step_num_scheduled_tokens_ = static_cast<int32_t>(plan.total_num_scheduled_tokens);
+  scheduled_.clear();
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step output
+
+absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const StepOutput& output) {
+  if (in_flight_.empty()) {
+    return absl::FailedPreconditionError("UpdateFromOutput: no step in flight");
+  }
+  if (output.step != step_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "UpdateFromOutput: output of step ", output.step, " but step ", step_, " is in flight"));
+  }
+  for (const SampledTokens& s : output.sampled) {
+    for (TokenId t : s.token_ids) {
+      if (t < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step ", step_, ": request ", s.request_id, " sampled token ", t));
+      }
+    }
+  }
+  // Match samples to the in-flight requests. Agents normally answer in plan order, which a single
+  // merge walk recognises; anything else goes through a hash index.
+  const size_t n = in_flight_.size();
+  std::vector<const SampledTokens*> samples(n, nullptr);
+  size_t j = 0;
+  for (size_t i = 0; i < n && j < output.sampled.size(); ++i) {
+    if (output.sampled[j].request_id == in_flight_[i].id) samples[i] = &output.sampled[j++];
+  }
+  if (j != output.sampled.size()) {
+    absl::flat_hash_map<RequestId, const SampledTokens*> by_id;
+    by_id.reserve(output.sampled.size());
+    for (const SampledTokens& s : output.sampled) {
+      if (!by_id.emplace(s.request_id, &s).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step ", step_, ": request ", s.request_id, " sampled twice"));
+      }
+    }
+    size_t matched = 0;
+    for (size_t i = 0; i < n; ++i) {
+      auto it = by_id.find(in_flight_[i].id);
+      samples[i] = it == by_id.end() ? nullptr : it->second;
+      if (samples[i] != nullptr) ++matched;
+    }
+    if (matched != by_id.size()) {
+      absl::flat_hash_set<RequestId> scheduled;
+      for (const InFlight& e : in_flight_) scheduled.insert(e.id);
+      for (const SampledTokens& s : output.sampled) {
+        if (!scheduled.contains(s.request_id)) {
+          return absl::InvalidArgumentError(absl::StrCat("step ", step_, ": request ", s.request_id,
+                                                         " was not scheduled in this step"));
+        }
+      }
+    }
+  }
+  // Resolve the requests (null: aborted since the plan) and check that every request that reached
+  // the end of its tokens got one.
+  std::vector<Request*> requests(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    auto it = requests_.find(in_flight_[i].id);
+    if (it == requests_.end() || it->second->seq() != in_flight_[i].seq) continue;
+    Request* r = it->second.get();
+    requests[i] = r;
+    const bool must_sample = r->num_computed_tokens() == r->num_tokens();
+    if (must_sample && (samples[i] == nullptr || samples[i]->token_ids.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step_, ": request ", r->id(),
+                                                     " completed its tokens but got no sample"));
+    }
+  }
+
+  // Apply.
+  std::vector<RequestOutput> outputs;
+  outputs.reserve(n);
+  bool any_finished = false;
+  for (size_t i = 0; i < n; ++i) {
+    Request* r = requests[i];
+    if (r == nullptr) continue;
+    const bool sampling = r->num_computed_tokens() == r->num_tokens();
+    if (sampling) {
+      RequestOutput& out = outputs.emplace_back();
+      out.request_id = r->id();
+      for (TokenId t : samples[i]->token_ids) {
+        out.new_token_ids.push_back(t);
+        if (r->AppendOutputToken(t, config_.max_model_len)) break;
+      }
+      out.finish_reason = r->finish_reason();
+      out.stop_token_id = r->stop_token_id();
+    }
+    // The step computed these tokens' KV: their full blocks can now be shared.
+    kv_.CacheComputedBlocks(*r);
+    if (r->is_finished()) {
+      kv_.Free(*r);
+      pending_finished_ids_.push_back(r->id());
+      ++counters_.num_finished;
+      any_finished = true;
+    }
+  }
+  if (any_finished) {
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](const Request* r) { return r->is_finished(); }),
+                   running_.end());
+    for (Request* r : requests) {
+      if (r != nullptr && r->is_finished()) requests_.erase(r->id());
+    }
+  }
+  in_flight_.clear();
+  return outputs;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Capacity
+
+absl::Status Scheduler::GrowPool(int32_t blocks) { return kv_.pool().Grow(blocks); }
+
+absl::Status Scheduler::BeginShrinkPool(int32_t blocks) {
+  const int64_t needed =
+      (static_cast<int64_t>(config_.max_model_len) + config_.block_size - 1) / config_.block_size;
+  if (static_cast<int64_t>(kv_.pool().num_blocks()) - blocks < needed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("BeginShrinkPool: ", kv_.pool().num_blocks(), " - ", blocks,
+                     " blocks would not hold one max_model_len request (", needed, " blocks)"));
+  }
+  return kv_.pool().BeginShrink(blocks);
+}
+
+absl::Status Scheduler::CommitShrinkPool() { return kv_.pool().CommitShrink(); }
+
+absl::Status Scheduler::CancelShrinkPool() { return kv_.pool().CancelShrink(); }
+
+// ---------------------------------------------------------------------------------------------
+// Introspection
+
+SchedulerStats Scheduler::Stats() const {
+  SchedulerStats s;
+  const KvBlockPool& pool = kv_.pool();
+  s.step = step_;
+  s.num_blocks = pool.num_blocks();
+  s.num_used_blocks = pool.num_used();
+  s.num_free_uncached_blocks = pool.num_free_uncached();
+  s.num_free_cached_blocks = pool.num_free_cached();
+  s.num_withdrawn_blocks = pool.num_withdrawn();
+  s.num_cached_blocks = pool.num_cached();
+  s.kv_usage = pool.Usage();
+  s.num_running = static_cast<int32_t>(running_.size());
+  s.num_waiting = static_cast<int32_t>(waiting_.size());
+  s.num_waiting_preempted = num_waiting_preempted_;
+  s.counters = counters_;
+  s.step_num_scheduled_tokens = step_num_scheduled_tokens_;
+  s.step_num_preempted = step_num_preempted_;
+  s.step_queue_times = step_queue_times_;
+  return s;
+}
+
+absl::Status Scheduler::CheckInvariants() const {
+  const KvBlockPool& pool = kv_.pool();
+  VAMP_RETURN_IF_ERROR(pool.CheckInvariants());
+  const int32_t bs = config_.block_size;
+  std::vector<int32_t> refs(pool.num_blocks(), 0);
+  absl::flat_hash_set<const Request*> running(running_.begin(), running_.end());
+  if (running.size() != running_.size()) return absl::InternalError("running list has duplicates");
+  size_t waiting_count = 0, waiting_preempted = 0;
+  absl::Status waiting_status;
+  waiting_.ForEach([&](const Request& r) {
+    ++waiting_count;
+    if (r.status() == RequestStatus::kPreempted) ++waiting_preempted;
+    if (r.status() != RequestStatus::kWaiting && r.status() != RequestStatus::kPreempted) {
+      waiting_status = absl::InternalError(
+          absl::StrCat("waiting request ", r.id(), " is ", RequestStatusName(r.status())));
+    } else if (!r.block_ids().empty()) {
+      waiting_status = absl::InternalError(
+          absl::StrCat("waiting request ", r.id(), " holds ", r.block_ids().size(), " blocks"));
+    }
+  });
+  VAMP_RETURN_IF_ERROR(waiting_status);
+  if (waiting_count + running_.size() != requests_.size()) {
+    return absl::InternalError(absl::StrCat(requests_.size(), " live requests but ",
+                                            running_.size(), " running + ", waiting_count,
+                                            " waiting"));
+  }
+  if (static_cast<int32_t>(waiting_preempted) != num_waiting_preempted_) {
+    return absl::InternalError("preempted waiting count is off");
+  }
+  for (const auto& [id, owned] : requests_) {
+    const Request& r = *owned;
+    if ((r.status() == RequestStatus::kRunning) != running.contains(&r)) {
+      return absl::InternalError(absl::StrCat("request ", id, " status ",
+                                              RequestStatusName(r.status()),
+                                              " disagrees with the running list"));
+    }
+    const std::vector<BlockId>& table = r.block_ids();
+    if (static_cast<int64_t>(table.size()) * bs < r.num_computed_tokens()) {
+      return absl::InternalError(absl::StrCat("request ", id, ": ", table.size(), " blocks for ",
+                                              r.num_computed_tokens(), " computed tokens"));
+    }
+    absl::flat_hash_set<BlockId> seen;
+    for (size_t i = 0; i < table.size(); ++i) {
+      const BlockId b = table[i];
+      if (b < 0 || b >= pool.num_blocks()) {
+        return absl::InternalError(absl::StrCat("request ", id, " holds bad block ", b));
+      }
+      if (!seen.insert(b).second) {
+        return absl::InternalError(absl::StrCat("request ", id, " holds block ", b, " twice"));
+      }
+      ++refs[b];
+      const KvBlock& block = pool.block(b);
+      if (block.cached) {
+        if (i >= r.block_hashes().size() || block.hash != r.block_hashes()[i]) {
+          return absl::InternalError(absl::StrCat("request ", id, " block ", i, " (id ", b,
+                                                  ") is cached under a foreign hash"));
+        }
+      }
+    }
+  }
+  for (BlockId b = 0; b < pool.num_blocks(); ++b) {
+    if (refs[b] != pool.block(b).ref_count) {
+      return absl::InternalError(absl::StrCat("block ", b, " ref_count ", pool.block(b).ref_count,
+                                              " but held by ", refs[b], " requests"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace vamp

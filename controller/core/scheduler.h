@@ -1,0 +1,158 @@
+// The scheduler: continuous batching with chunked prefill under a per-step token budget, prefix
+// caching, recompute preemption, and a pluggable memory arbiter. The same code runs in the
+// controller (driving agents over gRPC) and in vamp-sim (driving simulated agents in virtual time).
+//
+// Use, one step at a time:
+//   AddRequest / AbortRequest   at any time between calls;
+//   Schedule()                  → StepPlan for the agents;
+//   UpdateFromOutput(output)    with the tokens they sampled → per-request outputs for clients.
+// A non-empty plan must be answered by UpdateFromOutput before the next Schedule.
+//
+// Each step: running requests first (in admission order), each taking min(uncomputed tokens,
+// long_prefill_token_threshold, remaining budget); then, if nobody was preempted this step,
+// waiting requests in policy order while the budget, max_num_seqs and memory allow, each starting
+// from its longest cached prefix. Whenever blocks are short the arbiter decides (memory_arbiter.h).
+// Full blocks enter the prefix cache once their KV is computed, i.e. when the step's output
+// arrives.
+//
+// Not thread-safe: one thread (the engine loop) owns the scheduler; other threads hand requests to
+// that thread. Deterministic: the same calls with the same clock readings give the same plans.
+#ifndef VAMP_CONTROLLER_CORE_SCHEDULER_H_
+#define VAMP_CONTROLLER_CORE_SCHEDULER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "controller/core/kv_cache_manager.h"
+#include "controller/core/memory_arbiter.h"
+#include "controller/core/request.h"
+#include "controller/core/scheduler_config.h"
+#include "controller/core/scheduler_stats.h"
+#include "controller/core/step_plan.h"
+#include "controller/core/waiting_queue.h"
+
+namespace vamp {
+
+class Scheduler {
+ public:
+  // `clock` (queue times) must outlive the scheduler. `expander` may be null (the pool never
+  // expands); otherwise it must outlive the scheduler.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerConfig& config,
+                                                           const Clock* clock,
+                                                           std::unique_ptr<MemoryArbiter> arbiter,
+                                                           PoolExpander* expander = nullptr);
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // ---- Requests ----
+  // Queues a request. AlreadyExists for a live id; InvalidArgument naming the field for an empty
+  // prompt, negative token ids, a prompt that leaves no room for output under max_model_len, or
+  // bad sampling parameters.
+  absl::Status AddRequest(RequestSpec spec);
+  // Finishes a live request with FinishReason::kAbort and frees its blocks; its id goes to the
+  // next plan's finished_ids if agents know it. NotFound if not live. Safe while a step is in
+  // flight (that step's tokens for it are then ignored).
+  absl::Status AbortRequest(RequestId id);
+
+  // ---- Steps ----
+  // Plans the next step. FailedPrecondition while the previous non-empty plan is unanswered.
+  absl::StatusOr<StepPlan> Schedule();
+  // Applies the sampled tokens of the step in flight: appends them, applies stop conditions,
+  // caches newly computed full blocks, and frees finished requests. Returns the outputs of the
+  // requests that got tokens, in plan order. Validates everything before changing anything:
+  // FailedPrecondition if no step is in flight or `output.step` is not it; InvalidArgument for an
+  // id not scheduled in it, a duplicate id, a negative token id, or a request that had to sample
+  // and got no token. Tokens for requests still in prefill are ignored.
+  absl::StatusOr<std::vector<RequestOutput>> UpdateFromOutput(const StepOutput& output);
+
+  // ---- Capacity (step boundaries; see KvBlockPool) ----
+  absl::Status GrowPool(int32_t blocks);
+  absl::Status BeginShrinkPool(int32_t blocks);
+  absl::Status CommitShrinkPool();
+  absl::Status CancelShrinkPool();
+
+  // ---- Read-only state ----
+  const SchedulerConfig& config() const { return config_; }
+  int64_t step() const { return step_; }
+  bool step_in_flight() const { return !in_flight_.empty(); }
+  bool has_unfinished_requests() const { return !requests_.empty(); }
+  const Request* FindRequest(RequestId id) const;
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  // Running requests in admission order.
+  const Request& running(int32_t i) const { return *running_[i]; }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  const KvBlockPool& pool() const { return kv_.pool(); }
+  const KvCacheManager& kv_cache_manager() const { return kv_; }
+  const MemoryArbiter& arbiter() const { return *arbiter_; }
+  const SchedulerCounters& counters() const { return counters_; }
+  // Snapshot: pool state, request counts, counters and the latest step's figures.
+  SchedulerStats Stats() const;
+  // Arbiter calls made by the latest Schedule().
+  const std::vector<ArbiterRecord>& step_decisions() const { return step_decisions_; }
+  // O(blocks + tokens) consistency check for tests: pool invariants, reference counts equal to the
+  // number of block tables holding each block, cached blocks' hashes equal to their owners'
+  // token hashes, and every live request in exactly one of running / waiting.
+  absl::Status CheckInvariants() const;
+
+ private:
+  Scheduler(const SchedulerConfig& config, const Clock* clock,
+            std::unique_ptr<MemoryArbiter> arbiter, PoolExpander* expander);
+
+  // A request scheduled in the step being planned.
+  struct Scheduled {
+    Request* request;
+    int32_t num_new_tokens;
+    int32_t num_computed_before;  // tokens in KV before this step (the hit, for admissions)
+    size_t first_new_block;       // index in the block table of the first block added this step
+    bool admitted;                // came from the waiting queue this step
+  };
+  // A request of the step in flight (seq tells a re-added id apart).
+  struct InFlight {
+    RequestId id;
+    uint64_t seq;
+  };
+  enum class Room { kOk, kNoRoom, kRequesterPreempted };
+
+  // Makes room (via the arbiter) for `request`'s table to cover `num_total_tokens`, then allocates.
+  Room EnsureBlocks(Request* request, int32_t num_total_tokens, bool running);
+  ExpansionInfo Expansion() const;
+  void Preempt(Request* victim);
+  void RecordAdmission(const Scheduled& s, int64_t now);
+
+  SchedulerConfig config_;
+  const Clock* clock_;
+  std::unique_ptr<MemoryArbiter> arbiter_;
+  PoolExpander* expander_;
+  KvCacheManager kv_;
+
+  absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;  // every live request
+  WaitingQueue waiting_;
+  std::vector<Request*> running_;  // admission order
+  int32_t num_waiting_preempted_ = 0;
+  std::vector<RequestId> pending_finished_ids_;  // for the next plan
+  uint64_t next_seq_ = 0;
+  int64_t step_ = 0;
+  std::vector<InFlight> in_flight_;
+
+  // State of the Schedule() call under way.
+  std::vector<Scheduled> scheduled_;
+  size_t running_cursor_ = 0;
+  int32_t token_budget_ = 0;
+  std::vector<RequestId> step_preempted_ids_;
+  int32_t step_num_preempted_ = 0;
+
+  SchedulerCounters counters_;
+  int32_t step_num_scheduled_tokens_ = 0;
+  std::vector<QueueTimeSample> step_queue_times_;
+  std::vector<ArbiterRecord> step_decisions_;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_CONTROLLER_CORE_SCHEDULER_H_

@@ -1,0 +1,90 @@
+#include "tests/controller/core/fake_agent.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace vamp::testing {
+namespace {
+
+absl::Status Violation(int64_t step, RequestId id, absl::string_view what) {
+  return absl::InternalError(absl::StrCat("step ", step, ", request ", id, ": ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<StepOutput> FakeAgent::Execute(const StepPlan& plan, int32_t block_size) {
+  for (RequestId id : plan.finished_ids) {
+    if (requests_.erase(id) == 0) return Violation(plan.step, id, "finished but unknown");
+  }
+  for (RequestId id : plan.preempted_ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return Violation(plan.step, id, "preempted but unknown");
+    if (it->second.preempted) return Violation(plan.step, id, "preempted twice");
+    it->second.preempted = true;
+    it->second.table.clear();
+    it->second.computed = 0;
+  }
+  struct Work {
+    RequestId id;
+    int32_t scheduled;
+  };
+  std::vector<Work> work;
+  for (const NewRequestPlan& p : plan.new_requests) {
+    if (requests_.count(p.request_id) != 0) return Violation(plan.step, p.request_id, "new twice");
+    RequestState& s = requests_[p.request_id];
+    s.tokens = p.prompt_token_ids;
+    s.table = p.block_ids;
+    s.computed = p.num_computed_tokens;
+    if (p.num_computed_tokens % block_size != 0) {
+      return Violation(plan.step, p.request_id, "prefix hit is not whole blocks");
+    }
+    work.push_back({p.request_id, p.num_scheduled_tokens});
+  }
+  for (const CachedRequestPlan& p : plan.cached_requests) {
+    auto it = requests_.find(p.request_id);
+    if (it == requests_.end()) return Violation(plan.step, p.request_id, "cached but unknown");
+    RequestState& s = it->second;
+    if (p.resumed != s.preempted) {
+      return Violation(plan.step, p.request_id,
+                       p.resumed ? "resumed without preemption" : "scheduled while preempted");
+    }
+    if (p.resumed) {
+      s.preempted = false;
+      s.table = p.new_block_ids;
+      s.computed = p.num_computed_tokens;
+    } else {
+      if (p.num_computed_tokens != s.computed) {
+        return Violation(
+            plan.step, p.request_id,
+            absl::StrCat("computed ", p.num_computed_tokens, ", agent has ", s.computed));
+      }
+      s.table.insert(s.table.end(), p.new_block_ids.begin(), p.new_block_ids.end());
+    }
+    work.push_back({p.request_id, p.num_scheduled_tokens});
+  }
+  StepOutput out;
+  out.step = plan.step;
+  int64_t total = 0;
+  for (const Work& w : work) {
+    RequestState& s = requests_[w.id];
+    if (w.scheduled <= 0) return Violation(plan.step, w.id, "scheduled no tokens");
+    s.computed += w.scheduled;
+    total += w.scheduled;
+    if (s.computed > static_cast<int32_t>(s.tokens.size())) {
+      return Violation(plan.step, w.id, "computes tokens it does not have");
+    }
+    if (static_cast<int64_t>(s.table.size()) * block_size < s.computed) {
+      return Violation(plan.step, w.id, "block table too short");
+    }
+    if (s.computed == static_cast<int32_t>(s.tokens.size())) {
+      const TokenId t = sampler_(w.id, static_cast<int32_t>(s.tokens.size()));
+      s.tokens.push_back(t);
+      out.sampled.push_back({w.id, {t}});
+    }
+  }
+  if (total != plan.total_num_scheduled_tokens) {
+    return absl::InternalError(absl::StrCat("step ", plan.step, ": token total mismatch"));
+  }
+  return out;
+}
+
+}  // namespace vamp::testing

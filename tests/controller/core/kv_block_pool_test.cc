@@ -1,0 +1,191 @@
+#include "controller/core/kv_block_pool.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace vamp {
+namespace {
+
+using ::testing::ElementsAre;
+
+BlockHash H(uint64_t v) { return BlockHash{v, ~v}; }
+
+std::vector<BlockId> Alloc(KvBlockPool& pool, int32_t n) {
+  std::vector<BlockId> out;
+  pool.AllocateUncached(n, &out);
+  return out;
+}
+
+TEST(KvBlockPoolTest, FreshPoolHandsOutLowIdsFirst) {
+  KvBlockPool pool(6, true);
+  EXPECT_THAT(Alloc(pool, 3), ElementsAre(0, 1, 2));
+  EXPECT_EQ(pool.num_used(), 3);
+  EXPECT_EQ(pool.num_free_uncached(), 3);
+  EXPECT_DOUBLE_EQ(pool.Usage(), 0.5);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(KvBlockPoolTest, UncachedReleaseGoesFrontCachedReleaseGoesBack) {
+  KvBlockPool pool(4, true);
+  auto ids = Alloc(pool, 4);
+  ASSERT_TRUE(pool.Cache(ids[0], H(10)));
+  ASSERT_TRUE(pool.Cache(ids[1], H(11)));
+  pool.Release(ids[0]);  // cached → back
+  pool.Release(ids[2]);  // uncached → front
+  pool.Release(ids[1]);  // cached → back, behind ids[0]
+  EXPECT_THAT(pool.free_queue().ToVector(), ElementsAre(2, 0, 1));
+  EXPECT_EQ(pool.num_free_uncached(), 1);
+  EXPECT_EQ(pool.num_free_cached(), 2);
+  EXPECT_EQ(pool.num_cached(), 2);
+  // Allocation takes only the uncached block; cached ones are not silently evicted.
+  EXPECT_THAT(Alloc(pool, 1), ElementsAre(2));
+  EXPECT_EQ(pool.num_free_uncached(), 0);
+  EXPECT_EQ(pool.Lookup(H(10)), 0);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(KvBlockPoolTest, EvictionIsLeastRecentlyUsedFirstAndDropsTheEntry) {
+  KvBlockPool pool(3, true);
+  auto ids = Alloc(pool, 3);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.Cache(ids[i], H(100 + i)));
+  pool.SetStep(1);
+  pool.Release(ids[2]);
+  pool.SetStep(2);
+  pool.Release(ids[0]);
+  pool.Release(ids[1]);
+  std::vector<BlockId> order;
+  pool.ForEachCachedFree([&](const KvBlock& b) {
+    order.push_back(b.id);
+    return true;
+  });
+  EXPECT_THAT(order, ElementsAre(2, 0, 1));
+  EXPECT_EQ(pool.block(2).last_used_step, 1);
+  EXPECT_EQ(pool.EvictCached(2), 2);
+  EXPECT_EQ(pool.Lookup(H(102)), kNoBlock);
+  EXPECT_EQ(pool.Lookup(H(100)), kNoBlock);
+  EXPECT_EQ(pool.Lookup(H(101)), 1);
+  EXPECT_FALSE(pool.block(2).cached);
+  EXPECT_EQ(pool.num_free_uncached(), 2);
+  EXPECT_EQ(pool.num_evicted(), 2);
+  EXPECT_EQ(pool.EvictCached(5), 1);  // only one left
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(KvBlockPoolTest, AcquireTakesACachedFreeBlockOutOfTheQueue) {
+  KvBlockPool pool(2, true);
+  auto ids = Alloc(pool, 1);
+  ASSERT_TRUE(pool.Cache(ids[0], H(1)));
+  pool.Release(ids[0]);
+  EXPECT_EQ(pool.num_free_cached(), 1);
+  pool.SetStep(9);
+  pool.Acquire(pool.Lookup(H(1)));
+  EXPECT_EQ(pool.block(0).ref_count, 1);
+  EXPECT_EQ(pool.block(0).last_used_step, 9);
+  EXPECT_EQ(pool.num_free_cached(), 0);
+  pool.Acquire(0);  // a second user
+  pool.Release(0);
+  EXPECT_FALSE(pool.free_queue().Contains(0));
+  pool.Release(0);
+  EXPECT_TRUE(pool.free_queue().ContainsCached(0));
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(KvBlockPoolTest, DuplicateHashStaysUncached) {
+  KvBlockPool pool(2, true);
+  auto ids = Alloc(pool, 2);
+  EXPECT_TRUE(pool.Cache(ids[0], H(5)));
+  EXPECT_FALSE(pool.Cache(ids[1], H(5)));
+  EXPECT_FALSE(pool.Cache(ids[0], H(6)));  // already cached under another hash
+  EXPECT_EQ(pool.Lookup(H(5)), ids[0]);
+  pool.Release(ids[1]);
+  EXPECT_EQ(pool.num_free_uncached(), 1);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(KvBlockPoolTest, CachingDisabledCachesNothing) {
+  KvBlockPool pool(2, false);
+  auto ids = Alloc(pool, 1);
+  EXPECT_FALSE(pool.Cache(ids[0], H(5)));
+  pool.Release(ids[0]);
+  EXPECT_EQ(pool.num_free_cached(), 0);
+  EXPECT_EQ(pool.Lookup(H(5)), kNoBlock);
+}
+
+TEST(KvBlockPoolTest, GrowAppendsUncachedBlocksAfterExistingOnes) {
+  KvBlockPool pool(2, true);
+  auto ids = Alloc(pool, 1);
+  ASSERT_TRUE(pool.Grow(3).ok());
+  EXPECT_EQ(pool.num_blocks(), 5);
+  EXPECT_THAT(Alloc(pool, 4), ElementsAre(1, 2, 3, 4));
+  EXPECT_FALSE(pool.Grow(0).ok());
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(KvBlockPoolTest, ShrinkWithdrawsFreeTailAtOnceAndUsedTailOnRelease) {
+  KvBlockPool pool(6, true);
+  auto ids = Alloc(pool, 6);
+  for (BlockId id : ids) ASSERT_TRUE(pool.Cache(id, H(id)));
+  pool.Release(5);                        // cached free tail block
+  pool.Release(1);                        // cached free, stays
+  ASSERT_TRUE(pool.BeginShrink(3).ok());  // tail = 3, 4, 5
+  EXPECT_TRUE(pool.shrink_pending());
+  EXPECT_EQ(pool.num_withdrawn(), 1);
+  EXPECT_EQ(pool.shrink_outstanding(), 2);
+  EXPECT_EQ(pool.Lookup(H(5)), kNoBlock);  // withdrawn: dropped from the cache
+  EXPECT_EQ(pool.Lookup(H(4)), kNoBlock);  // in use: no longer shareable
+  EXPECT_EQ(pool.Lookup(H(1)), 1);
+  EXPECT_EQ(pool.num_free_cached(), 1);
+  EXPECT_FALSE(pool.CommitShrink().ok());
+  EXPECT_FALSE(pool.Grow(1).ok());
+  EXPECT_FALSE(pool.BeginShrink(1).ok());
+  pool.Release(3);
+  pool.Release(4);
+  EXPECT_EQ(pool.shrink_outstanding(), 0);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+  ASSERT_TRUE(pool.CommitShrink().ok());
+  EXPECT_EQ(pool.num_blocks(), 3);
+  EXPECT_FALSE(pool.shrink_pending());
+  EXPECT_EQ(pool.num_used() + pool.num_free(), 3);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(KvBlockPoolTest, NoTailBlockIsHandedOutOrCachedWhileShrinking) {
+  KvBlockPool pool(4, true);
+  ASSERT_TRUE(pool.BeginShrink(2).ok());  // all free: withdrawn at once
+  EXPECT_EQ(pool.num_free_uncached(), 2);
+  EXPECT_THAT(Alloc(pool, 2), ElementsAre(0, 1));
+  EXPECT_EQ(pool.num_free_uncached(), 0);
+  ASSERT_TRUE(pool.CancelShrink().ok());
+  EXPECT_EQ(pool.num_free_uncached(), 2);
+  EXPECT_THAT(Alloc(pool, 2), ElementsAre(2, 3));
+  ASSERT_TRUE(pool.BeginShrink(1).ok());  // block 3 in use
+  EXPECT_FALSE(pool.Cache(3, H(3)));      // tail blocks are not cached
+  EXPECT_TRUE(pool.Cache(2, H(2)));
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+  ASSERT_TRUE(pool.CancelShrink().ok());
+  EXPECT_TRUE(pool.Cache(3, H(3)));  // no longer in a shrinking tail
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(KvBlockPoolTest, BeginShrinkRejectsBadSizes) {
+  KvBlockPool pool(4, true);
+  EXPECT_EQ(pool.BeginShrink(0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool.BeginShrink(4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool.CommitShrink().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pool.CancelShrink().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(KvBlockPoolDeathTest, AllocatingMoreThanUncachedFreeAborts) {
+  KvBlockPool pool(2, true);
+  auto ids = Alloc(pool, 1);
+  ASSERT_TRUE(pool.Cache(ids[0], H(1)));
+  pool.Release(ids[0]);
+  std::vector<BlockId> out;
+  EXPECT_DEATH(pool.AllocateUncached(2, &out), "uncached free");
+  EXPECT_DEATH(pool.Release(1), "no user");
+}
+
+}  // namespace
+}  // namespace vamp
