@@ -1,0 +1,133 @@
+#include "controller/frontend/openai_api.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace vamp {
+namespace {
+
+using ::testing::HasSubstr;
+
+class OpenAiApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override { tokenizer_ = *ByteTokenizer::Create(256); }
+  ServedModel model_{"tiny", 64, 256};
+  std::unique_ptr<ByteTokenizer> tokenizer_;
+
+  absl::Status Completion(const std::string& body) {
+    return ParseCompletionRequest(body, model_, *tokenizer_).status();
+  }
+  // The field the error names, from the payload.
+  std::string Param(const absl::Status& s) {
+    auto p = s.GetPayload(kParamPayload);
+    return p.has_value() ? std::string(*p) : "";
+  }
+};
+
+TEST_F(OpenAiApiTest, CompletionWithTextAndSampling) {
+  absl::StatusOr<ServingRequest> r = ParseCompletionRequest(
+      R"({"model": "tiny", "prompt": "Hi", "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
+          "top_k": 7, "seed": 42, "stream": true, "stream_options": {"include_usage": true},
+          "stop_token_ids": [2], "ignore_eos": true, "cache_salt": "s1"})",
+      model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->chat);
+  EXPECT_EQ(r->prompt_token_ids, (std::vector<int32_t>{'H', 'i'}));
+  EXPECT_EQ(r->sampling.max_tokens, 5);
+  EXPECT_FLOAT_EQ(r->sampling.temperature, 0.5f);
+  EXPECT_EQ(r->sampling.top_k, 7);
+  EXPECT_EQ(r->sampling.seed, 42u);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_TRUE(r->sampling.ignore_eos);
+  EXPECT_EQ(r->sampling.stop_token_ids, (std::vector<int32_t>{2}));
+  EXPECT_EQ(r->cache_salt, "s1");
+}
+
+TEST_F(OpenAiApiTest, CompletionDefaultsAndTokenPrompt) {
+  absl::StatusOr<ServingRequest> r =
+      ParseCompletionRequest(R"({"prompt": [[1, 2, 3]]})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, "tiny");
+  EXPECT_EQ(r->prompt_token_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r->sampling.max_tokens, kDefaultCompletionMaxTokens);
+  EXPECT_FALSE(r->stream);
+}
+
+TEST_F(OpenAiApiTest, ErrorsNameTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"{", "body", "not valid JSON"},
+      {"[1]", "body", "must be a JSON object"},
+      {R"({"max_tokens": 3})", "prompt", "is required"},
+      {R"({"prompt": ""})", "prompt", "must not be empty"},
+      {R"({"prompt": [1, 999]})", "prompt", "token id 999 at index 1 is outside"},
+      {R"({"prompt": {"a": 1}})", "prompt", "must be a string or an array"},
+      {R"({"prompt": "x", "temperature": 3})", "temperature", "must be in [0, 2]"},
+      {R"({"prompt": "x", "temperature": "hot"})", "temperature", "must be a number"},
+      {R"({"prompt": "x", "top_p": 0})", "top_p", "must be in"},
+      {R"({"prompt": "x", "max_tokens": 0})", "max_tokens", "must be in [1, 64]"},
+      {R"({"prompt": "x", "n": 2})", "n", "only n = 1"},
+      {R"({"prompt": "x", "stop": ["\n"]})", "stop", "use stop_token_ids"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options",
+       "only allowed with stream = true"},
+      {R"({"prompt": "x", "stop_token_ids": [300]})", "stop_token_ids", "outside the vocabulary"},
+      {R"({"prompt": "x", "logprobs": 3})", "logprobs", "not supported"},
+      {R"({"prompt": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"})", "prompt",
+       "at least one must be left for output"},
+      {R"({"prompt": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "max_tokens": 5})",
+       "max_tokens", "5 output tokens do not fit"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = Completion(c.body);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(Param(s), c.param) << c.body;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.body;
+    EXPECT_EQ(HttpStatusFor(s), 400);
+  }
+}
+
+TEST_F(OpenAiApiTest, UnknownModelIs404WithOpenAiErrorBody) {
+  absl::Status s = Completion(R"({"model": "gpt-9", "prompt": "x"})");
+  EXPECT_EQ(HttpStatusFor(s), 404);
+  nlohmann::json body = nlohmann::json::parse(ErrorBody(s));
+  EXPECT_EQ(body["error"]["param"], "model");
+  EXPECT_EQ(body["error"]["type"], "not_found_error");
+  EXPECT_EQ(body["error"]["code"], 404);
+  EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("'gpt-9' is not served"));
+}
+
+TEST_F(OpenAiApiTest, ChatUsesTemplateAndValidatesMessages) {
+  absl::StatusOr<ServingRequest> r = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Yo"}]}],
+          "max_completion_tokens": 3})",
+      model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->chat);
+  EXPECT_EQ(r->prompt_token_ids, tokenizer_->Encode("<|user|>\nYo\n<|assistant|>\n"));
+  EXPECT_EQ(r->sampling.max_tokens, 3);
+  // Chat requests without a limit run to the context length (the scheduler's default).
+  absl::StatusOr<ServingRequest> unlimited = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "Yo"}]})", model_, *tokenizer_);
+  ASSERT_TRUE(unlimited.ok());
+  EXPECT_FALSE(unlimited->sampling.max_tokens.has_value());
+
+  absl::Status bad_role = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "robot", "content": "x"}]})", model_, *tokenizer_).status();
+  EXPECT_EQ(Param(bad_role), "messages[0].role");
+  absl::Status no_content = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "a"}, {"role": "user"}]})", model_,
+      *tokenizer_).status();
+  EXPECT_EQ(Param(no_content), "messages[1].content");
+  absl::Status empty =
+      ParseChatCompletionRequest(R"({"messages": []})", model_, *tokenizer_).status();
+  EXPECT_EQ(Param(empty), "messages");
+}
+
+}  // namespace
+}  // namespace vamp
