@@ -1,0 +1,144 @@
+// The interface between a model definition and the engine that runs it. The runner
+// (engine/runner/) builds a ForwardBatch for each step and calls Forward; where the KV cache and
+// the expert weights live is described by KvCacheView and ExpertWeights, so neither the model nor
+// the runner depends on the memory layer's internals. A new architecture implements CausalLm and
+// registers with LoadModel (model_loader.cc); the runner does not change.
+#ifndef VAMP_ENGINE_MODEL_CAUSAL_LM_H_
+#define VAMP_ENGINE_MODEL_CAUSAL_LM_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "engine/model/model_config.h"
+#include "engine/model/parallel.h"
+#include "kernels/cpu/attention.h"
+
+namespace vamp {
+
+// One step's tokens, packed sequence after sequence. Host memory on the CPU backend.
+struct ForwardBatch {
+  // [num_tokens] each: the token, its position in its sequence, its KV cache slot
+  // (block * block_size + offset; negative = do not store).
+  absl::Span<const int32_t> token_ids;
+  absl::Span<const int64_t> positions;
+  absl::Span<const int64_t> slot_mapping;
+  // [num_seqs + 1]: sequence i owns tokens [query_start_loc[i], query_start_loc[i+1]).
+  absl::Span<const int32_t> query_start_loc;
+  // [num_seqs]: tokens of context of each sequence after this step (cached prefix + new tokens).
+  absl::Span<const int32_t> seq_lens;
+  int32_t max_seq_len = 0;
+  // [num_seqs * block_table_stride]: physical KV block of each logical block.
+  absl::Span<const int32_t> block_tables;
+  int64_t block_table_stride = 0;
+  // Token rows whose logits are computed, in output order (typically each sequence's last token).
+  absl::Span<const int32_t> logits_indices;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  int64_t num_seqs() const { return static_cast<int64_t>(seq_lens.size()); }
+};
+
+// Where each attention layer's K and V live (float32 on the CPU backend). Layer l's K element
+// (block b, token s, kv head h, dim d) is k[l][b*block_stride + s*token_stride + h*head_stride + d]
+// (kernels/cpu/attention.h); k[l] and v[l] are null for layers without KV.
+struct KvCacheView {
+  int64_t block_size = 0;
+  int64_t num_blocks = 0;
+  kernels::cpu::KvCacheStrides strides;
+  std::vector<float*> k;
+  std::vector<float*> v;
+};
+
+// The block-major layout of shared/DESIGN.md ("KV region"): block i holds, for every attention
+// layer in order, K then V of block_size tokens, each [block_size, kv_heads, head_dim].
+struct BlockMajorKvLayout {
+  int64_t block_size = 0;
+  int64_t num_layers = 0;  // attention layers
+  int64_t kv_heads = 0;    // rank-local
+  int64_t head_dim = 0;
+
+  int64_t LayerElements() const { return 2 * block_size * kv_heads * head_dim; }
+  int64_t BlockElements() const { return num_layers * LayerElements(); }
+  int64_t BlockBytes() const { return BlockElements() * static_cast<int64_t>(sizeof(float)); }
+  // The view of `num_blocks` blocks starting at `base`; `attention_layers[i]` is the decoder layer
+  // of the i-th attention layer, `num_decoder_layers` sizes the view's per-layer vectors.
+  KvCacheView View(float* base, int64_t num_blocks, absl::Span<const int> attention_layers,
+                   int num_decoder_layers) const;
+};
+
+// Rank-local expert shard layout, float32 elements: [w13 | w2] with w13 = [2 * inter, hidden]
+// (gate rows, then up rows) and w2 = [hidden, inter], inter = moe_intermediate_size / tp_size.
+struct ExpertShardLayout {
+  int64_t hidden = 0;
+  int64_t inter = 0;  // rank-local intermediate size
+
+  int64_t W13Elements() const { return 2 * inter * hidden; }
+  int64_t W2Elements() const { return hidden * inter; }
+  int64_t Elements() const { return W13Elements() + W2Elements(); }
+  int64_t Bytes() const { return Elements() * static_cast<int64_t>(sizeof(float)); }
+};
+
+// One MoE layer's expert pointer table: w13[e] and w2[e] point at expert e's gate/up
+// ([2 * inter, hidden]) and down ([hidden, inter]) weights, wherever the expert currently is.
+struct ExpertLayerTable {
+  const float* const* w13 = nullptr;
+  const float* const* w2 = nullptr;
+};
+
+// How the forward pass reaches expert weights: a per-layer pointer table, acquired before a MoE
+// layer runs and released when it is done (which is when a staging buffer may be reused).
+class ExpertWeights {
+ public:
+  virtual ~ExpertWeights() = default;
+  // Called once before each forward pass (staging starts copying the first offloaded layers).
+  virtual absl::Status BeginPass() = 0;
+  // The pointer table of MoE layer `layer` (num_experts entries each), pointing into the resident
+  // region or a staging buffer. Waits until the layer's offloaded experts are staged. Valid until
+  // ReleaseLayer(layer).
+  virtual absl::StatusOr<ExpertLayerTable> AcquireLayer(int layer) = 0;
+  // The layer's experts are no longer read.
+  virtual absl::Status ReleaseLayer(int layer) = 0;
+  // Called once after each forward pass (also after a failed one).
+  virtual absl::Status EndPass() = 0;
+};
+
+// Where the loader puts expert shards (the ExpertStore, or plain host buffers).
+class ExpertWeightSink {
+ public:
+  virtual ~ExpertWeightSink() = default;
+  // Stores expert `expert` of MoE layer `layer`: ExpertShardLayout::Elements() floats.
+  virtual absl::Status StoreExpertShard(int layer, int expert, absl::Span<const float> shard) = 0;
+};
+
+class CausalLm {
+ public:
+  virtual ~CausalLm() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const ParallelConfig& parallel() const = 0;
+  virtual ExpertShardLayout expert_layout() const = 0;
+  // KV heads this rank stores (split across ranks, replicated when fewer than ranks).
+  virtual int64_t kv_heads_per_rank() const = 0;
+  // Decoder layers with KV (ascending) and with routed experts (ascending).
+  virtual const std::vector<int>& attention_layers() const = 0;
+  virtual const std::vector<int>& moe_layers() const = 0;
+
+  // Runs every layer over `batch`: writes the new tokens' K/V into `kv`, reads experts through
+  // `experts`, all-reduces through `comm` (may be null when tp_size == 1), and writes logits
+  // [batch.logits_indices.size(), vocab_size] to `logits`. The caller validates the batch (token
+  // ids, positions, slots and block ids in range). Not thread-safe: one caller at a time.
+  virtual absl::Status Forward(const ForwardBatch& batch, const KvCacheView& kv,
+                               ExpertWeights* experts, Communicator* comm, float* logits) = 0;
+
+  // Visits every non-expert weight this rank holds, by checkpoint-style name (tests, checksums).
+  virtual void ForEachWeight(const std::function<void(absl::string_view name,
+                                                      absl::Span<const float> data)>& fn) const = 0;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_ENGINE_MODEL_CAUSAL_LM_H_

@@ -1,0 +1,380 @@
+#include "engine/model/qwen3_moe.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/copy.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+
+namespace vamp {
+namespace {
+
+namespace k = kernels::cpu;
+
+template <typename T>
+T* Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// Reads the whole tensor `name` of `shape`.
+absl::Status ReadFull(WeightSource& source, const std::string& name, std::vector<int64_t> shape,
+                      std::vector<float>* out) {
+  std::vector<DimRange> ranges;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    ranges.push_back({0, d});
+    n *= d;
+  }
+  out->resize(n);
+  return source.Read(name, shape, ranges, out->data());
+}
+
+// Reads rows [row_begin, row_end) of the 2-D tensor `name` of shape [rows, cols] into `out`.
+absl::Status ReadRows(WeightSource& source, const std::string& name, int64_t rows, int64_t cols,
+                      int64_t row_begin, int64_t row_end, float* out) {
+  const int64_t shape[] = {rows, cols};
+  const DimRange ranges[] = {{row_begin, row_end}, {0, cols}};
+  return source.Read(name, shape, ranges, out);
+}
+
+// Reads columns [col_begin, col_end) of the 2-D tensor `name` of shape [rows, cols].
+absl::Status ReadCols(WeightSource& source, const std::string& name, int64_t rows, int64_t cols,
+                      int64_t col_begin, int64_t col_end, float* out) {
+  const int64_t shape[] = {rows, cols};
+  const DimRange ranges[] = {{0, rows}, {col_begin, col_end}};
+  return source.Read(name, shape, ranges, out);
+}
+
+}  // namespace
+
+Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, const ParallelConfig& parallel)
+    : config_(config), parallel_(parallel) {}
+
+absl::StatusOr<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::Load(const ModelConfig& config,
+                                                                   const ParallelConfig& parallel,
+                                                                   WeightSource& source,
+                                                                   ExpertWeightSink& experts) {
+  const int tp = parallel.tp_size;
+  if (tp < 1 || parallel.tp_rank < 0 || parallel.tp_rank >= tp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallel rank ", parallel.tp_rank, " of size ", tp, " is invalid"));
+  }
+  auto indivisible = [&](absl::string_view field, int64_t value) {
+    return absl::InvalidArgumentError(absl::StrCat("config field '", field, "' (", value,
+                                                   ") is not divisible by the tensor parallel "
+                                                   "size ",
+                                                   tp));
+  };
+  if (config.num_attention_heads % tp != 0) {
+    return indivisible("num_attention_heads", config.num_attention_heads);
+  }
+  const int64_t kvh = config.num_key_value_heads;
+  if (kvh >= tp ? kvh % tp != 0 : tp % kvh != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config field 'num_key_value_heads' (", kvh,
+                                                   ") and the tensor parallel size ", tp,
+                                                   " must divide one another"));
+  }
+  if (config.moe_intermediate_size % tp != 0) {
+    return indivisible("moe_intermediate_size", config.moe_intermediate_size);
+  }
+  std::unique_ptr<Qwen3MoeModel> model(new Qwen3MoeModel(config, parallel));
+  model->q_heads_ = config.num_attention_heads / tp;
+  model->first_q_head_ = parallel.tp_rank * model->q_heads_;
+  if (kvh >= tp) {
+    model->kv_heads_ = kvh / tp;
+    model->first_kv_head_ = parallel.tp_rank * model->kv_heads_;
+  } else {
+    // Each KV head is replicated on tp / kvh consecutive ranks, matching their q heads.
+    model->kv_heads_ = 1;
+    model->first_kv_head_ = parallel.tp_rank * kvh / tp;
+  }
+  model->expert_layout_ = {config.hidden_size, config.moe_intermediate_size / tp};
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    model->attention_layers_.push_back(l);
+    if (config.IsMoeLayer(l)) {
+      model->moe_layers_.push_back(l);
+    } else if (config.intermediate_size % tp != 0) {
+      return indivisible("intermediate_size", config.intermediate_size);
+    }
+  }
+  model->dense_inter_ = config.intermediate_size / tp;
+  VAMP_RETURN_IF_ERROR(model->LoadWeights(source, experts));
+  model->rope_cache_.resize(config.max_position_embeddings * config.head_dim);
+  k::BuildRopeCache(static_cast<float>(config.rope_theta), config.head_dim,
+                    config.max_position_embeddings, model->rope_cache_.data());
+  return model;
+}
+
+absl::Status Qwen3MoeModel::LoadWeights(WeightSource& source, ExpertWeightSink& experts) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, V = c.vocab_size, hd = c.head_dim;
+  VAMP_RETURN_IF_ERROR(ReadFull(source, "model.embed_tokens.weight", {V, H}, &embed_));
+  if (!c.tie_word_embeddings) {
+    VAMP_RETURN_IF_ERROR(ReadFull(source, "lm_head.weight", {V, H}, &lm_head_));
+  }
+  VAMP_RETURN_IF_ERROR(ReadFull(source, "model.norm.weight", {H}, &final_norm_));
+
+  layers_.resize(c.num_hidden_layers);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    Layer& L = layers_[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    L.moe = c.IsMoeLayer(l);
+    VAMP_RETURN_IF_ERROR(ReadFull(source, p + "input_layernorm.weight", {H}, &L.input_norm));
+    VAMP_RETURN_IF_ERROR(
+        ReadFull(source, p + "post_attention_layernorm.weight", {H}, &L.post_norm));
+    VAMP_RETURN_IF_ERROR(ReadFull(source, p + "self_attn.q_norm.weight", {hd}, &L.q_norm));
+    VAMP_RETURN_IF_ERROR(ReadFull(source, p + "self_attn.k_norm.weight", {hd}, &L.k_norm));
+
+    // q, k and v rows of this rank's heads, fused into one [(q + 2 kv) * hd, H] matrix.
+    const int64_t q_rows = q_heads_ * hd, kv_rows = kv_heads_ * hd;
+    L.qkv.resize((q_rows + 2 * kv_rows) * H);
+    VAMP_RETURN_IF_ERROR(ReadRows(source, p + "self_attn.q_proj.weight", c.num_attention_heads * hd,
+                                  H, first_q_head_ * hd, first_q_head_ * hd + q_rows,
+                                  L.qkv.data()));
+    VAMP_RETURN_IF_ERROR(ReadRows(source, p + "self_attn.k_proj.weight", c.num_key_value_heads * hd,
+                                  H, first_kv_head_ * hd, first_kv_head_ * hd + kv_rows,
+                                  L.qkv.data() + q_rows * H));
+    VAMP_RETURN_IF_ERROR(ReadRows(source, p + "self_attn.v_proj.weight", c.num_key_value_heads * hd,
+                                  H, first_kv_head_ * hd, first_kv_head_ * hd + kv_rows,
+                                  L.qkv.data() + (q_rows + kv_rows) * H));
+    L.o_proj.resize(H * q_rows);
+    VAMP_RETURN_IF_ERROR(ReadCols(source, p + "self_attn.o_proj.weight", H,
+                                  c.num_attention_heads * hd, first_q_head_ * hd,
+                                  first_q_head_ * hd + q_rows, L.o_proj.data()));
+    if (L.moe) {
+      VAMP_RETURN_IF_ERROR(ReadFull(source, p + "mlp.gate.weight", {c.num_experts, H}, &L.router));
+      VAMP_RETURN_IF_ERROR(LoadExperts(l, source, experts));
+    } else {
+      const int64_t I = c.intermediate_size, Il = dense_inter_, r = parallel_.tp_rank;
+      L.mlp_w13.resize(2 * Il * H);
+      L.mlp_w2.resize(H * Il);
+      VAMP_RETURN_IF_ERROR(ReadRows(source, p + "mlp.gate_proj.weight", I, H, r * Il, (r + 1) * Il,
+                                    L.mlp_w13.data()));
+      VAMP_RETURN_IF_ERROR(ReadRows(source, p + "mlp.up_proj.weight", I, H, r * Il, (r + 1) * Il,
+                                    L.mlp_w13.data() + Il * H));
+      VAMP_RETURN_IF_ERROR(ReadCols(source, p + "mlp.down_proj.weight", H, I, r * Il, (r + 1) * Il,
+                                    L.mlp_w2.data()));
+    }
+  }
+  const std::vector<std::string> unread = source.UnreadTensors();
+  if (!unread.empty()) {
+    VAMP_LOG(WARNING) << "checkpoint has " << unread.size() << " tensors the model does not use, "
+                      << "e.g. "
+                      << absl::StrJoin(unread.begin(),
+                                       unread.begin() + std::min<size_t>(unread.size(), 5), ", ");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qwen3MoeModel::LoadExperts(int layer, WeightSource& source,
+                                        ExpertWeightSink& experts) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts;
+  const int64_t Il = expert_layout_.inter, r = parallel_.tp_rank;
+  const std::string prefix = absl::StrCat("model.layers.", layer, ".mlp.experts.");
+  // Fused layout (transformers >= 5): gate_up_proj [E, 2I, H] (gate rows first), down_proj
+  // [E, H, I]. Per-expert layout: experts.{e}.{gate,up,down}_proj.weight.
+  const bool fused = source.Has(prefix + "gate_up_proj");
+  if (!fused && !source.Has(prefix + "0.gate_proj.weight")) {
+    return absl::NotFoundError(absl::StrCat("checkpoint has no experts for layer ", layer,
+                                            ": neither '", prefix, "gate_up_proj' (fused) nor '",
+                                            prefix, "0.gate_proj.weight' (per expert)"));
+  }
+  std::vector<float> shard(expert_layout_.Elements());
+  float* gate = shard.data();
+  float* up = gate + Il * H;
+  float* down = shard.data() + expert_layout_.W13Elements();
+  for (int64_t e = 0; e < E; ++e) {
+    if (fused) {
+      const int64_t gu_shape[] = {E, 2 * I, H};
+      const DimRange gate_ranges[] = {{e, e + 1}, {r * Il, (r + 1) * Il}, {0, H}};
+      const DimRange up_ranges[] = {{e, e + 1}, {I + r * Il, I + (r + 1) * Il}, {0, H}};
+      VAMP_RETURN_IF_ERROR(source.Read(prefix + "gate_up_proj", gu_shape, gate_ranges, gate));
+      VAMP_RETURN_IF_ERROR(source.Read(prefix + "gate_up_proj", gu_shape, up_ranges, up));
+      const int64_t d_shape[] = {E, H, I};
+      const DimRange d_ranges[] = {{e, e + 1}, {0, H}, {r * Il, (r + 1) * Il}};
+      VAMP_RETURN_IF_ERROR(source.Read(prefix + "down_proj", d_shape, d_ranges, down));
+    } else {
+      const std::string ep = absl::StrCat(prefix, e, ".");
+      VAMP_RETURN_IF_ERROR(
+          ReadRows(source, ep + "gate_proj.weight", I, H, r * Il, (r + 1) * Il, gate));
+      VAMP_RETURN_IF_ERROR(ReadRows(source, ep + "up_proj.weight", I, H, r * Il, (r + 1) * Il, up));
+      VAMP_RETURN_IF_ERROR(
+          ReadCols(source, ep + "down_proj.weight", H, I, r * Il, (r + 1) * Il, down));
+    }
+    VAMP_RETURN_IF_ERROR(experts.StoreExpertShard(layer, static_cast<int>(e), shard));
+  }
+  return absl::OkStatus();
+}
+
+void Qwen3MoeModel::ForEachWeight(
+    const std::function<void(absl::string_view, absl::Span<const float>)>& fn) const {
+  fn("model.embed_tokens.weight", embed_);
+  if (!lm_head_.empty()) fn("lm_head.weight", lm_head_);
+  fn("model.norm.weight", final_norm_);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    fn(p + "input_layernorm.weight", L.input_norm);
+    fn(p + "post_attention_layernorm.weight", L.post_norm);
+    fn(p + "self_attn.qkv_proj.weight", L.qkv);
+    fn(p + "self_attn.o_proj.weight", L.o_proj);
+    fn(p + "self_attn.q_norm.weight", L.q_norm);
+    fn(p + "self_attn.k_norm.weight", L.k_norm);
+    if (L.moe) {
+      fn(p + "mlp.gate.weight", L.router);
+    } else {
+      fn(p + "mlp.gate_up_proj.weight", L.mlp_w13);
+      fn(p + "mlp.down_proj.weight", L.mlp_w2);
+    }
+  }
+}
+
+absl::Status Qwen3MoeModel::Forward(const ForwardBatch& batch, const KvCacheView& kv,
+                                    ExpertWeights* experts, Communicator* comm, float* logits) {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.num_tokens(), H = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (n == 0) return absl::OkStatus();
+  if (parallel_.tp_size > 1 && comm == nullptr) {
+    return absl::FailedPreconditionError("tensor parallel forward pass without a communicator");
+  }
+  if (!moe_layers_.empty() && experts == nullptr) {
+    return absl::FailedPreconditionError("MoE forward pass without expert weights");
+  }
+  if (static_cast<int64_t>(kv.k.size()) < c.num_hidden_layers ||
+      static_cast<int64_t>(kv.v.size()) < c.num_hidden_layers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the KV cache view covers ", kv.k.size(), " layers; the model has ", c.num_hidden_layers));
+  }
+  float* x = Grow(hidden_, n * H);
+  float* res = Grow(residual_, n * H);
+  k::GatherRows(embed_.data(), H, batch.token_ids.data(), n, H, res, H);
+
+  if (experts != nullptr) VAMP_RETURN_IF_ERROR(experts->BeginPass());
+  absl::Status status;
+  for (int l = 0; l < c.num_hidden_layers && status.ok(); ++l) {
+    const Layer& L = layers_[l];
+    // The first layer normalises the embedding (residual = embedding); later layers add the
+    // previous MLP output to the residual stream first.
+    if (l == 0) {
+      k::RmsNorm(res, H, L.input_norm.data(), eps, n, H, x, H);
+    } else {
+      k::FusedAddRmsNorm(x, H, res, H, L.input_norm.data(), eps, n, H);
+    }
+    status = Attention(l, batch, kv);
+    if (status.ok() && comm != nullptr && parallel_.tp_size > 1)
+      status = comm->AllReduceSum(x, n * H);
+    if (!status.ok()) break;
+    k::FusedAddRmsNorm(x, H, res, H, L.post_norm.data(), eps, n, H);
+    if (L.moe) {
+      status = Moe(l, n, experts);
+    } else {
+      DenseMlp(l, n);
+    }
+    if (status.ok() && comm != nullptr && parallel_.tp_size > 1)
+      status = comm->AllReduceSum(x, n * H);
+  }
+  if (experts != nullptr) {
+    const absl::Status end = experts->EndPass();
+    if (status.ok()) status = end;
+  }
+  VAMP_RETURN_IF_ERROR(status);
+
+  // Final norm and LM head, only for the requested rows.
+  const int64_t m = static_cast<int64_t>(batch.logits_indices.size());
+  if (m == 0) return absl::OkStatus();
+  float* sx = Grow(sel_hidden_, m * H);
+  float* sr = Grow(sel_residual_, m * H);
+  k::GatherRows(x, H, batch.logits_indices.data(), m, H, sx, H);
+  k::GatherRows(res, H, batch.logits_indices.data(), m, H, sr, H);
+  k::FusedAddRmsNorm(sx, H, sr, H, final_norm_.data(), eps, m, H);
+  const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
+  k::Gemm(sx, H, head, H, logits, c.vocab_size, m, c.vocab_size, H);
+  return absl::OkStatus();
+}
+
+absl::Status Qwen3MoeModel::Attention(int layer, const ForwardBatch& batch, const KvCacheView& kv) {
+  const ModelConfig& c = config_;
+  const Layer& L = layers_[layer];
+  const int64_t n = batch.num_tokens(), H = c.hidden_size, hd = c.head_dim;
+  const int64_t q_cols = q_heads_ * hd, kv_cols = kv_heads_ * hd;
+  const int64_t qkv_cols = q_cols + 2 * kv_cols;
+  float* qkv = Grow(qkv_buf_, n * qkv_cols);
+  k::Gemm(hidden_.data(), H, L.qkv.data(), H, qkv, qkv_cols, n, qkv_cols, H);
+  float* q = qkv;
+  float* kk = qkv + q_cols;
+  float* v = qkv + q_cols + kv_cols;
+  k::QkNormRope(q, qkv_cols, kk, qkv_cols, n, q_heads_, kv_heads_, hd, L.q_norm.data(),
+                L.k_norm.data(), static_cast<float>(c.rms_norm_eps), batch.positions.data(),
+                rope_cache_.data(), c.max_position_embeddings);
+  float* k_cache = kv.k[layer];
+  float* v_cache = kv.v[layer];
+  if (k_cache == nullptr || v_cache == nullptr) {
+    return absl::InternalError(absl::StrCat("no KV cache for attention layer ", layer));
+  }
+  k::WriteKv(kk, qkv_cols, v, qkv_cols, batch.slot_mapping.data(), n, kv_heads_, hd, k_cache,
+             v_cache, kv.strides, kv.block_size);
+  float* out = Grow(attn_out_, n * q_cols);
+  float* ws = Grow(attn_ws_, std::max<int64_t>(1, batch.max_seq_len));
+  k::PagedAttention(q, qkv_cols, k_cache, v_cache, kv.strides, kv.block_size,
+                    batch.block_tables.data(), batch.block_table_stride, batch.seq_lens.data(),
+                    batch.query_start_loc.data(), batch.num_seqs(), q_heads_, kv_heads_, hd,
+                    1.0f / std::sqrt(static_cast<float>(hd)), out, q_cols, ws);
+  // o_proj of this rank's heads: a partial sum over heads when tensor parallel.
+  k::Gemm(out, q_cols, L.o_proj.data(), q_cols, hidden_.data(), H, n, H, q_cols);
+  return absl::OkStatus();
+}
+
+absl::Status Qwen3MoeModel::Moe(int layer, int64_t n, ExpertWeights* experts) {
+  const ModelConfig& c = config_;
+  const Layer& L = layers_[layer];
+  const int64_t H = c.hidden_size, E = c.num_experts, top_k = c.num_experts_per_tok;
+  const int64_t Il = expert_layout_.inter, rows = n * top_k;
+  float* x = hidden_.data();
+  float* router_logits = Grow(router_logits_, n * E);
+  k::Gemm(x, H, L.router.data(), H, router_logits, E, n, E, H);
+  int32_t* ids = Grow(topk_ids_, rows);
+  float* weights = Grow(topk_weights_, rows);
+  k::RouterTopK(router_logits, E, n, E, top_k, c.norm_topk_prob, ids, weights);
+  int32_t* offsets = Grow(expert_offsets_, E + 1);
+  int32_t* row_token = Grow(row_token_, rows);
+  int32_t* pair_row = Grow(pair_row_, rows);
+  k::MoePermute(ids, n, top_k, E, offsets, row_token, pair_row);
+  float* xs = Grow(permuted_, rows * H);
+  k::GatherRows(x, H, row_token, rows, H, xs, H);
+
+  VAMP_ASSIGN_OR_RETURN(const ExpertLayerTable table, experts->AcquireLayer(layer));
+  float* h13 = Grow(h13_, rows * 2 * Il);
+  k::ExpertGemm(xs, H, table.w13, 0, H, offsets, E, h13, 2 * Il, 2 * Il, H);
+  float* act = Grow(act_, rows * Il);
+  k::SiluAndMul(h13, 2 * Il, rows, Il, act, Il);
+  float* y = Grow(expert_out_, rows * H);
+  k::ExpertGemm(act, Il, table.w2, 0, Il, offsets, E, y, H, H, Il);
+  VAMP_RETURN_IF_ERROR(experts->ReleaseLayer(layer));
+
+  k::MoeUnpermute(y, H, pair_row, weights, n, top_k, H, x, H);
+  return absl::OkStatus();
+}
+
+void Qwen3MoeModel::DenseMlp(int layer, int64_t n) {
+  const Layer& L = layers_[layer];
+  const int64_t H = config_.hidden_size, Il = dense_inter_;
+  float* x = hidden_.data();
+  float* h13 = Grow(h13_, n * 2 * Il);
+  k::Gemm(x, H, L.mlp_w13.data(), H, h13, 2 * Il, n, 2 * Il, H);
+  float* act = Grow(act_, n * Il);
+  k::SiluAndMul(h13, 2 * Il, n, Il, act, Il);
+  k::Gemm(act, Il, L.mlp_w2.data(), Il, x, H, n, H, Il);
+}
+
+}  // namespace vamp

@@ -1,0 +1,413 @@
+#include "engine/runner/model_runner.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/sampling.h"
+
+namespace vamp {
+namespace {
+
+double MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// splitmix64: the default per-request seed from the runner seed and the request id.
+uint64_t MixSeed(uint64_t seed, uint64_t id) {
+  uint64_t x = seed ^ (id * 0x9E3779B97F4A7C15ull);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerConfig& config,
+                                                                 CausalLm* model,
+                                                                 ExpertWeights* experts,
+                                                                 Communicator* comm,
+                                                                 KvCacheView kv) {
+  auto bad = [](absl::string_view field, auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("runner config field '", field, "' ", what...));
+  };
+  if (model == nullptr) return absl::InvalidArgumentError("ModelRunner needs a model");
+  const ModelConfig& mc = model->config();
+  if (config.block_size < 1) return bad("block_size", "must be >= 1, got ", config.block_size);
+  if (config.max_num_seqs < 1)
+    return bad("max_num_seqs", "must be >= 1, got ", config.max_num_seqs);
+  if (config.max_num_batched_tokens < 1) {
+    return bad("max_num_batched_tokens", "must be >= 1, got ", config.max_num_batched_tokens);
+  }
+  if (config.max_model_len < 0 || config.max_model_len > mc.max_position_embeddings) {
+    return bad("max_model_len",
+               "must be in [0, max_position_embeddings = ", mc.max_position_embeddings, "], got ",
+               config.max_model_len);
+  }
+  if (kv.block_size != config.block_size) {
+    return bad("block_size", config.block_size, " differs from the KV cache's ", kv.block_size);
+  }
+  if (model->parallel().tp_size > 1 &&
+      (comm == nullptr || comm->size() != model->parallel().tp_size ||
+       comm->rank() != model->parallel().tp_rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallel rank ", model->parallel().tp_rank, " of ",
+                     model->parallel().tp_size, " needs a communicator of that rank and size"));
+  }
+  if (!model->moe_layers().empty() && experts == nullptr) {
+    return absl::InvalidArgumentError("ModelRunner needs expert weights for a MoE model");
+  }
+  RunnerConfig c = config;
+  if (c.max_model_len == 0) c.max_model_len = mc.max_position_embeddings;
+  const int64_t max_blocks = CeilDiv(c.max_model_len, c.block_size);
+  return std::unique_ptr<ModelRunner>(
+      new ModelRunner(c, model, experts, comm, std::move(kv), max_blocks));
+}
+
+ModelRunner::ModelRunner(const RunnerConfig& config, CausalLm* model, ExpertWeights* experts,
+                         Communicator* comm, KvCacheView kv, int64_t max_blocks_per_seq)
+    : config_(config),
+      model_(model),
+      experts_(experts),
+      comm_(comm),
+      kv_(std::move(kv)),
+      batch_(config.max_num_seqs, max_blocks_per_seq) {}
+
+absl::Status ModelRunner::SetKvCache(KvCacheView kv) {
+  if (kv.block_size != config_.block_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache block size ", kv.block_size, " differs from the runner's ", config_.block_size));
+  }
+  kv_ = std::move(kv);
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::Validate(const StepInput& input) const {
+  const int64_t vocab = model_->config().vocab_size;
+  const int64_t bs = config_.block_size;
+  // The state of every request the step touches, as it will be after the diffs.
+  struct State {
+    bool live = false;
+    int64_t num_tokens = 0;
+    int64_t num_computed = 0;
+    int64_t num_blocks = 0;
+  };
+  absl::flat_hash_map<RunnerRequestId, State> state;
+  auto current = [&](RunnerRequestId id) -> State& {
+    auto [it, inserted] = state.try_emplace(id);
+    if (inserted) {
+      const int slot = batch_.SlotOf(id);
+      if (slot >= 0) {
+        it->second = {true, static_cast<int64_t>(batch_.tokens(slot).size()),
+                      batch_.num_computed(slot), batch_.num_blocks(slot)};
+      }
+    }
+    return it->second;
+  };
+  auto check_blocks = [&](RunnerRequestId id, absl::string_view field,
+                          absl::Span<const int32_t> blocks) -> absl::Status {
+    for (int32_t b : blocks) {
+      if (b < 0 || b >= kv_.num_blocks) {
+        return absl::OutOfRangeError(absl::StrCat("request ", id, ": ", field, " has block ", b,
+                                                  " outside the KV pool of ", kv_.num_blocks,
+                                                  " blocks"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  int64_t live = batch_.num_requests();
+  for (RunnerRequestId id : input.finished_ids) {
+    State& s = current(id);
+    if (s.live) --live;
+    s = State{};
+  }
+  for (const NewRequestData& r : input.new_requests) {
+    State& s = current(r.id);
+    if (s.live) {
+      return absl::AlreadyExistsError(absl::StrCat("new request ", r.id, " is already running"));
+    }
+    if (r.prompt_token_ids.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("new request ", r.id, ": prompt_token_ids is empty"));
+    }
+    for (int32_t t : r.prompt_token_ids) {
+      if (t < 0 || t >= vocab) {
+        return absl::OutOfRangeError(absl::StrCat("new request ", r.id,
+                                                  ": prompt_token_ids has "
+                                                  "token ",
+                                                  t, " outside the vocabulary of ", vocab));
+      }
+    }
+    if (static_cast<int64_t>(r.prompt_token_ids.size()) > config_.max_model_len) {
+      return absl::OutOfRangeError(
+          absl::StrCat("new request ", r.id, ": ", r.prompt_token_ids.size(),
+                       " prompt tokens exceed max_model_len ", config_.max_model_len));
+    }
+    VAMP_RETURN_IF_ERROR(check_blocks(r.id, "block_ids", r.block_ids));
+    if (static_cast<int64_t>(r.block_ids.size()) > batch_.max_blocks_per_seq()) {
+      return absl::OutOfRangeError(absl::StrCat("new request ", r.id, ": ", r.block_ids.size(),
+                                                " block_ids exceed the ",
+                                                batch_.max_blocks_per_seq(), " a request holds"));
+    }
+    if (r.num_computed_tokens < 0 ||
+        r.num_computed_tokens > static_cast<int64_t>(r.prompt_token_ids.size()) ||
+        r.num_computed_tokens > static_cast<int64_t>(r.block_ids.size()) * bs) {
+      return absl::OutOfRangeError(absl::StrCat("new request ", r.id, ": num_computed_tokens ",
+                                                r.num_computed_tokens,
+                                                " exceeds its tokens or blocks"));
+    }
+    if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "new request ", r.id, ": sampling.top_p must be in (0, 1], got ", r.sampling.top_p));
+    }
+    s = {true, static_cast<int64_t>(r.prompt_token_ids.size()), r.num_computed_tokens,
+         static_cast<int64_t>(r.block_ids.size())};
+    if (++live > config_.max_num_seqs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("new request ", r.id, " exceeds max_num_seqs ", config_.max_num_seqs));
+    }
+  }
+  for (const CachedRequestData& r : input.cached_requests) {
+    State& s = current(r.id);
+    if (!s.live) {
+      return absl::NotFoundError(absl::StrCat("cached request ", r.id, " is not running"));
+    }
+    VAMP_RETURN_IF_ERROR(check_blocks(r.id, "new_block_ids", r.new_block_ids));
+    const int64_t blocks = (r.resumed_from_preemption ? 0 : s.num_blocks) +
+                           static_cast<int64_t>(r.new_block_ids.size());
+    if (blocks > batch_.max_blocks_per_seq()) {
+      return absl::OutOfRangeError(absl::StrCat("cached request ", r.id, ": ", blocks,
+                                                " blocks exceed the ", batch_.max_blocks_per_seq(),
+                                                " a request holds"));
+    }
+    if (r.resumed_from_preemption) {
+      if (r.num_computed_tokens < 0 || r.num_computed_tokens > s.num_tokens ||
+          r.num_computed_tokens > blocks * bs) {
+        return absl::OutOfRangeError(absl::StrCat("resumed request ", r.id,
+                                                  ": num_computed_tokens ", r.num_computed_tokens,
+                                                  " exceeds its tokens or blocks"));
+      }
+    } else if (r.num_computed_tokens != s.num_computed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cached request ", r.id, ": num_computed_tokens ", r.num_computed_tokens,
+                       " but the runner has computed ", s.num_computed));
+    }
+    s.num_blocks = blocks;
+    s.num_computed = r.num_computed_tokens;
+  }
+  if (static_cast<int64_t>(input.scheduled.size()) > config_.max_num_seqs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        input.scheduled.size(), " scheduled requests exceed max_num_seqs ", config_.max_num_seqs));
+  }
+  int64_t total = 0;
+  absl::flat_hash_set<RunnerRequestId> seen;
+  for (const ScheduledRequest& r : input.scheduled) {
+    State& s = current(r.id);
+    if (!s.live) {
+      return absl::NotFoundError(absl::StrCat("scheduled request ", r.id, " is not running"));
+    }
+    if (!seen.insert(r.id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", r.id, " is scheduled twice"));
+    }
+    if (r.num_tokens < 1 || s.num_computed + r.num_tokens > s.num_tokens) {
+      return absl::OutOfRangeError(
+          absl::StrCat("scheduled request ", r.id, ": num_tokens ", r.num_tokens, " after ",
+                       s.num_computed, " computed exceeds its ", s.num_tokens, " known tokens"));
+    }
+    const int64_t end = s.num_computed + r.num_tokens;
+    if (end > config_.max_model_len) {
+      return absl::OutOfRangeError(absl::StrCat("scheduled request ", r.id, " reaches ", end,
+                                                " tokens, past max_model_len ",
+                                                config_.max_model_len));
+    }
+    if (CeilDiv(end, bs) > s.num_blocks) {
+      return absl::OutOfRangeError(absl::StrCat("scheduled request ", r.id, " needs ",
+                                                CeilDiv(end, bs), " blocks for ", end,
+                                                " tokens but has ", s.num_blocks));
+    }
+    total += r.num_tokens;
+  }
+  if (total > config_.max_num_batched_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat("the step schedules ", total,
+                                                     " tokens, more than max_num_batched_tokens ",
+                                                     config_.max_num_batched_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::ApplyDiffs(const StepInput& input) {
+  for (RunnerRequestId id : input.finished_ids) batch_.Remove(id);
+  for (const NewRequestData& r : input.new_requests) {
+    const uint64_t seed =
+        r.sampling.seed.has_value() ? *r.sampling.seed : MixSeed(config_.seed, r.id);
+    VAMP_RETURN_IF_ERROR(batch_.Add(r, seed).status());
+  }
+  for (const CachedRequestData& r : input.cached_requests) {
+    const int slot = batch_.SlotOf(r.id);
+    if (r.resumed_from_preemption) {
+      VAMP_RETURN_IF_ERROR(batch_.ReplaceBlocks(slot, r.new_block_ids));
+    } else {
+      VAMP_RETURN_IF_ERROR(batch_.AppendBlocks(slot, r.new_block_ids));
+    }
+    batch_.set_num_computed(slot, r.num_computed_tokens);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
+  VAMP_RETURN_IF_ERROR(Validate(input));
+  VAMP_RETURN_IF_ERROR(ApplyDiffs(input));
+
+  StepOutput out;
+  const int64_t bs = config_.block_size;
+  const int64_t vocab = model_->config().vocab_size;
+  const size_t num_seqs = input.scheduled.size();
+  token_ids_.clear();
+  positions_.clear();
+  slot_mapping_.clear();
+  seq_lens_.clear();
+  logits_indices_.clear();
+  query_start_loc_.assign(1, 0);
+  int64_t max_blocks = 1;
+  int32_t max_seq_len = 0;
+  std::vector<int> slots(num_seqs);
+  // Per sequence: whether it samples, and the row of its last token among the logits rows.
+  std::vector<int> sample_row(num_seqs, -1);
+  for (size_t i = 0; i < num_seqs; ++i) {
+    const int slot = batch_.SlotOf(input.scheduled[i].id);
+    slots[i] = slot;
+    const int32_t nc = batch_.num_computed(slot);
+    const int32_t n = input.scheduled[i].num_tokens;
+    const std::vector<int32_t>& tokens = batch_.tokens(slot);
+    const int32_t* row = batch_.block_row(slot);
+    const int32_t first_row = static_cast<int32_t>(token_ids_.size());
+    for (int32_t pos = nc; pos < nc + n; ++pos) {
+      token_ids_.push_back(tokens[pos]);
+      positions_.push_back(pos);
+      slot_mapping_.push_back(static_cast<int64_t>(row[pos / bs]) * bs + pos % bs);
+    }
+    query_start_loc_.push_back(static_cast<int32_t>(token_ids_.size()));
+    seq_lens_.push_back(nc + n);
+    max_seq_len = std::max(max_seq_len, nc + n);
+    max_blocks = std::max<int64_t>(max_blocks, batch_.num_blocks(slot));
+    const bool samples = nc + n == static_cast<int32_t>(tokens.size());
+    if (input.return_all_logits) {
+      for (int32_t r = 0; r < n; ++r) logits_indices_.push_back(first_row + r);
+      if (samples) sample_row[i] = static_cast<int>(logits_indices_.size()) - 1;
+    } else if (samples) {
+      logits_indices_.push_back(first_row + n - 1);
+      sample_row[i] = static_cast<int>(logits_indices_.size()) - 1;
+    }
+  }
+  block_tables_.assign(num_seqs * max_blocks, 0);
+  for (size_t i = 0; i < num_seqs; ++i) {
+    std::copy_n(batch_.block_row(slots[i]), batch_.num_blocks(slots[i]),
+                block_tables_.begin() + i * max_blocks);
+  }
+  out.num_tokens = static_cast<int64_t>(token_ids_.size());
+  if (num_seqs == 0) return out;
+
+  ForwardBatch fb;
+  fb.token_ids = token_ids_;
+  fb.positions = positions_;
+  fb.slot_mapping = slot_mapping_;
+  fb.query_start_loc = query_start_loc_;
+  fb.seq_lens = seq_lens_;
+  fb.max_seq_len = max_seq_len;
+  fb.block_tables = block_tables_;
+  fb.block_table_stride = max_blocks;
+  fb.logits_indices = logits_indices_;
+  logits_.resize(logits_indices_.size() * vocab);
+  auto start = std::chrono::steady_clock::now();
+  VAMP_RETURN_IF_ERROR(model_->Forward(fb, kv_, experts_, comm_, logits_.data()));
+  out.forward_us = MicrosSince(start);
+
+  // Every scheduled request has computed its tokens, sampled or not.
+  for (size_t i = 0; i < num_seqs; ++i) {
+    batch_.set_num_computed(slots[i],
+                            batch_.num_computed(slots[i]) + input.scheduled[i].num_tokens);
+  }
+
+  start = std::chrono::steady_clock::now();
+  temperatures_.clear();
+  top_ks_.clear();
+  top_ps_.clear();
+  seeds_.clear();
+  draw_indices_.clear();
+  std::vector<size_t> sampling_seqs;
+  std::vector<float> rows;
+  for (size_t i = 0; i < num_seqs; ++i) {
+    if (sample_row[i] < 0) continue;
+    const int slot = slots[i];
+    const RunnerSamplingParams& p = batch_.sampling(slot);
+    temperatures_.push_back(p.temperature);
+    top_ks_.push_back(p.top_k);
+    top_ps_.push_back(p.top_p);
+    seeds_.push_back(batch_.seed(slot));
+    // The position of the token being generated: stable across batching and recomputation.
+    draw_indices_.push_back(static_cast<int64_t>(batch_.tokens(slot).size()));
+    rows.insert(rows.end(), logits_.begin() + sample_row[i] * vocab,
+                logits_.begin() + (sample_row[i] + 1) * vocab);
+    sampling_seqs.push_back(i);
+  }
+  const int64_t m = static_cast<int64_t>(sampling_seqs.size());
+  sample_indices_.resize(m * vocab);
+  sample_values_.resize(m * vocab);
+  sampled_.resize(m);
+  logprobs_.resize(m);
+  kernels::cpu::SampleTokens(rows.data(), vocab, m, vocab, temperatures_.data(), top_ks_.data(),
+                             top_ps_.data(), seeds_.data(), draw_indices_.data(),
+                             sample_indices_.data(), sample_values_.data(), sampled_.data(),
+                             logprobs_.data());
+  for (int64_t j = 0; j < m; ++j) {
+    const size_t i = sampling_seqs[j];
+    batch_.AppendToken(slots[i], sampled_[j]);
+    out.sampled.push_back({input.scheduled[i].id, sampled_[j], logprobs_[j]});
+  }
+  out.sample_us = MicrosSince(start);
+
+  if (input.return_all_logits) {
+    for (size_t i = 0; i < num_seqs; ++i) {
+      out.logits.emplace_back(logits_.begin() + query_start_loc_[i] * vocab,
+                              logits_.begin() + query_start_loc_[i + 1] * vocab);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<KvCacheView> HostKvRegionView(const KvRegion& region, int num_decoder_layers) {
+  const KvBlockGeometry& g = region.geometry();
+  if (region.region().pool()->backend()->name() != "host") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CPU engine needs the KV region on the host memory backend, not '",
+                     region.region().pool()->backend()->name(), "'"));
+  }
+  if (g.dtype_bytes != static_cast<int64_t>(sizeof(float))) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CPU engine stores KV in float32; the KV geometry has ", g.dtype_bytes,
+                     "-byte elements"));
+  }
+  KvCacheView view;
+  view.block_size = g.block_size;
+  view.num_blocks = region.num_blocks();
+  view.strides.block_stride = static_cast<int64_t>(g.block_bytes / sizeof(float));
+  view.strides.token_stride = g.kv_heads_per_rank * g.head_dim;
+  view.strides.head_stride = g.head_dim;
+  view.k.assign(num_decoder_layers, nullptr);
+  view.v.assign(num_decoder_layers, nullptr);
+  auto* base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(region.base()));
+  for (int layer = 0; layer < num_decoder_layers; ++layer) {
+    if (!g.HasKv(layer)) continue;
+    view.k[layer] = reinterpret_cast<float*>(base + g.KOffset(layer));
+    view.v[layer] = reinterpret_cast<float*>(base + g.VOffset(layer));
+  }
+  return view;
+}
+
+}  // namespace vamp

@@ -1,0 +1,93 @@
+// ModelRunner: executes model steps for one tensor-parallel rank. It keeps a persistent batch of
+// live requests updated from each step's diffs (step_input.h), builds the step's metadata
+// (positions, KV slot mapping, block tables, the rows whose logits are needed), runs the model's
+// forward pass over a mixed batch of prefill chunks and decodes, and samples one token for every
+// request that has consumed all of its known tokens.
+//
+// Every rank of a tensor-parallel group runs its own ModelRunner over the same StepInputs; they
+// sample identical tokens (identical logits after the all-reduce, identical per-request seeds).
+//
+// Not thread-safe: one thread calls ExecuteStep at a time.
+#ifndef VAMP_ENGINE_RUNNER_MODEL_RUNNER_H_
+#define VAMP_ENGINE_RUNNER_MODEL_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/kv/kv_region.h"
+#include "engine/model/causal_lm.h"
+#include "engine/runner/persistent_batch.h"
+#include "engine/runner/step_input.h"
+
+namespace vamp {
+
+struct RunnerConfig {
+  // Tokens per KV block (must match the controller's KV manager and the KV region).
+  int64_t block_size = 16;
+  // Requests the persistent batch holds.
+  int64_t max_num_seqs = 256;
+  // Tokens one step may compute.
+  int64_t max_num_batched_tokens = 8192;
+  // Longest sequence (prompt + outputs); 0 = the model's max_position_embeddings.
+  int64_t max_model_len = 0;
+  // Base of the sampling seeds of requests without their own seed.
+  uint64_t seed = 0;
+};
+
+class ModelRunner {
+ public:
+  // `model` and `experts` must outlive the runner; `comm` may be null when tp_size == 1. `kv` is
+  // the rank's KV cache; its block_size must equal config.block_size. InvalidArgument (naming the
+  // field) for inconsistent settings.
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const RunnerConfig& config,
+                                                             CausalLm* model,
+                                                             ExpertWeights* experts,
+                                                             Communicator* comm, KvCacheView kv);
+
+  // Applies the step's diffs and runs it. A StepInput that is inconsistent with the runner's
+  // state (unknown or duplicate request, block id outside the pool, token id outside the vocab,
+  // more tokens than are known or than the block table covers, ...) is rejected with an error
+  // naming the request and the field, before anything changes.
+  absl::StatusOr<StepOutput> ExecuteStep(const StepInput& input);
+
+  // The KV pool changed size (expert offload/restore moved pages); block addresses never move.
+  absl::Status SetKvCache(KvCacheView kv);
+
+  const RunnerConfig& config() const { return config_; }
+  const PersistentBatch& batch() const { return batch_; }
+  const KvCacheView& kv_cache() const { return kv_; }
+
+ private:
+  ModelRunner(const RunnerConfig& config, CausalLm* model, ExpertWeights* experts,
+              Communicator* comm, KvCacheView kv, int64_t max_blocks_per_seq);
+  absl::Status Validate(const StepInput& input) const;
+  absl::Status ApplyDiffs(const StepInput& input);
+
+  const RunnerConfig config_;
+  CausalLm* const model_;
+  ExpertWeights* const experts_;
+  Communicator* const comm_;
+  KvCacheView kv_;
+  PersistentBatch batch_;
+
+  // Step metadata, reused across steps.
+  std::vector<int32_t> token_ids_, query_start_loc_, seq_lens_, block_tables_, logits_indices_;
+  std::vector<int64_t> positions_, slot_mapping_;
+  std::vector<float> logits_;
+  // Sampling inputs and workspaces.
+  std::vector<float> temperatures_, top_ps_, sample_values_, logprobs_;
+  std::vector<int32_t> top_ks_, sample_indices_, sampled_;
+  std::vector<uint64_t> seeds_;
+  std::vector<int64_t> draw_indices_;
+};
+
+// The KvCacheView of a KvRegion on the host memory backend (block addresses are host pointers),
+// covering its currently mapped blocks. FailedPrecondition for another backend or a non-float32
+// geometry.
+absl::StatusOr<KvCacheView> HostKvRegionView(const KvRegion& region, int num_decoder_layers);
+
+}  // namespace vamp
+
+#endif  // VAMP_ENGINE_RUNNER_MODEL_RUNNER_H_

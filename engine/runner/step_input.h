@@ -1,0 +1,87 @@
+// What the ModelRunner receives each step and what it returns. Modelled on vLLM v1's scheduler
+// output: a request's static data (prompt, sampling parameters) travels once, when it is new; after
+// that only deltas do (new KV blocks, progress, finished ids). The runner keeps the rest in its
+// persistent batch, including the tokens it sampled itself. The agent translates the controller's
+// StepPlan into this struct.
+//
+// Units: tokens and KV block ids (indices into the rank's KV pool).
+#ifndef VAMP_ENGINE_RUNNER_STEP_INPUT_H_
+#define VAMP_ENGINE_RUNNER_STEP_INPUT_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace vamp {
+
+using RunnerRequestId = uint64_t;
+
+struct RunnerSamplingParams {
+  float temperature = 1.0f;  // <= 0: greedy
+  int32_t top_k = 0;         // <= 0: disabled
+  float top_p = 1.0f;        // (0, 1]; 1: disabled
+  // Per-request seed: the same seed gives the same tokens however the request is batched. Unset:
+  // derived from the runner's seed and the request id (identical on every tensor-parallel rank).
+  std::optional<uint64_t> seed;
+};
+
+// A request the runner has not seen (or has forgotten, e.g. after an agent restart).
+struct NewRequestData {
+  RunnerRequestId id = 0;
+  // Every token known so far: the prompt, plus earlier outputs when a request is re-sent.
+  std::vector<int32_t> prompt_token_ids;
+  // Its KV block table; blocks covering num_computed_tokens already hold their K/V.
+  std::vector<int32_t> block_ids;
+  // Tokens whose KV is already cached (a prefix-cache hit): computation starts after them.
+  int32_t num_computed_tokens = 0;
+  RunnerSamplingParams sampling;
+};
+
+// Changes to a request the runner already holds.
+struct CachedRequestData {
+  RunnerRequestId id = 0;
+  // Appended to the block table, or replacing it when resumed_from_preemption.
+  std::vector<int32_t> new_block_ids;
+  // Tokens computed before this step, as the scheduler sees it. A running request's value equals
+  // the runner's own count; a resumed request may restart lower (recompute after preemption, less
+  // any prefix-cache hit).
+  int32_t num_computed_tokens = 0;
+  bool resumed_from_preemption = false;
+};
+
+struct ScheduledRequest {
+  RunnerRequestId id = 0;
+  int32_t num_tokens = 0;  // tokens to compute this step (a prefill chunk, or 1 to decode)
+};
+
+struct StepInput {
+  std::vector<NewRequestData> new_requests;
+  std::vector<CachedRequestData> cached_requests;
+  // Requests to forget (finished or aborted); applied first.
+  std::vector<RunnerRequestId> finished_ids;
+  // The batch, in order. Requests not listed stay in the persistent batch untouched.
+  std::vector<ScheduledRequest> scheduled;
+  // Return the logits of every computed position, not only the sampled ones (tests, scoring).
+  bool return_all_logits = false;
+};
+
+struct SampledToken {
+  RunnerRequestId id = 0;
+  int32_t token = 0;
+  float logprob = 0.0f;  // log-probability under the raw logits
+};
+
+struct StepOutput {
+  // One token per scheduled request that consumed all of its known tokens this step (decodes and
+  // final prefill chunks), in batch order. The runner has appended it to the request's tokens.
+  std::vector<SampledToken> sampled;
+  // With return_all_logits: per scheduled request, in batch order, [num_tokens, vocab] floats.
+  std::vector<std::vector<float>> logits;
+  int64_t num_tokens = 0;
+  double forward_us = 0;
+  double sample_us = 0;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_ENGINE_RUNNER_STEP_INPUT_H_

@@ -1,0 +1,129 @@
+#include "engine/staging/expert_store_weights.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace vamp {
+
+absl::StatusOr<std::unique_ptr<ExpertStoreWeights>> ExpertStoreWeights::Create(
+    ExpertStore* store, ExpertShardLayout layout, StagingOptions options) {
+  const ExpertGeometry& g = store->geometry();
+  if (store->backend()->name() != "host") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CPU engine reads experts through host pointers; the expert store uses "
+                     "the '",
+                     store->backend()->name(), "' memory backend"));
+  }
+  if (g.w13_bytes != static_cast<uint64_t>(layout.W13Elements()) * sizeof(float) ||
+      g.w2_bytes != static_cast<uint64_t>(layout.W2Elements()) * sizeof(float)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert store geometry (w13 ", g.w13_bytes, " B, w2 ", g.w2_bytes,
+                     " B) does not match float32 shards of hidden ", layout.hidden,
+                     " and intermediate ", layout.inter));
+  }
+  if (options.num_buffers < 1) {
+    return absl::InvalidArgumentError("staging needs at least one buffer");
+  }
+  return std::unique_ptr<ExpertStoreWeights>(new ExpertStoreWeights(store, layout, options));
+}
+
+ExpertStoreWeights::ExpertStoreWeights(ExpertStore* store, ExpertShardLayout layout,
+                                       StagingOptions options)
+    : store_(store), layout_(layout), options_(options), engine_(options.record_events) {
+  const uint64_t bytes = store->geometry().staging_buffer_bytes();
+  if (store->geometry().max_groups > 0) {
+    buffers_.assign(options.num_buffers, std::vector<float>(bytes / sizeof(float)));
+  }
+}
+
+absl::Status ExpertStoreWeights::StoreExpertShard(int layer, int expert,
+                                                  absl::Span<const float> shard) {
+  if (static_cast<int64_t>(shard.size()) != layout_.Elements()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert shard of ", shard.size(), " elements, expected ", layout_.Elements()));
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(shard.data());
+  const uint64_t w13 = layout_.W13Elements() * sizeof(float);
+  const uint64_t w2 = layout_.W2Elements() * sizeof(float);
+  return store_->WriteExpert(layer, expert, absl::MakeConstSpan(bytes, w13),
+                             absl::MakeConstSpan(bytes + w13, w2));
+}
+
+absl::Status ExpertStoreWeights::Rebuild() {
+  const ExpertGeometry& g = store_->geometry();
+  const int num_layers =
+      g.moe_layers.empty() ? 0 : *std::max_element(g.moe_layers.begin(), g.moe_layers.end()) + 1;
+  staged_layers_.clear();
+  for (int layer : g.moe_layers) {
+    if (store_->OffloadedHostRange(layer).bytes > 0) staged_layers_.push_back(layer);
+  }
+  VAMP_ASSIGN_OR_RETURN(plan_, PlanStagingPass(staged_layers_, options_.num_buffers));
+  job_of_layer_.assign(num_layers, -1);
+  for (size_t i = 0; i < plan_.size(); ++i) job_of_layer_[plan_[i].layer] = static_cast<int>(i);
+
+  w13_.assign(num_layers, {});
+  w2_.assign(num_layers, {});
+  for (int layer : g.moe_layers) {
+    const std::vector<ExpertLocation> table = store_->PointerTable(layer);
+    const int job = job_of_layer_[layer];
+    std::vector<const float*>& w13 = w13_[layer];
+    std::vector<const float*>& w2 = w2_[layer];
+    w13.resize(table.size());
+    w2.resize(table.size());
+    for (size_t e = 0; e < table.size(); ++e) {
+      const ExpertLocation& loc = table[e];
+      if (loc.where == ExpertLocation::Where::kResident) {
+        w13[e] = reinterpret_cast<const float*>(static_cast<uintptr_t>(loc.w13));
+        w2[e] = reinterpret_cast<const float*>(static_cast<uintptr_t>(loc.w2));
+        continue;
+      }
+      if (job < 0 || buffers_.empty() || loc.w2 + g.w2_bytes > g.staging_buffer_bytes()) {
+        return absl::InternalError(absl::StrCat("expert ", e, " of layer ", layer,
+                                                " is staged but has no staging buffer"));
+      }
+      const auto* base = reinterpret_cast<const uint8_t*>(buffers_[plan_[job].buffer].data());
+      w13[e] = reinterpret_cast<const float*>(base + loc.w13);
+      w2[e] = reinterpret_cast<const float*>(base + loc.w2);
+    }
+  }
+  built_ = true;
+  built_version_ = store_->table_version();
+  return absl::OkStatus();
+}
+
+absl::Status ExpertStoreWeights::BeginPass() {
+  if (!built_ || built_version_ != store_->table_version()) VAMP_RETURN_IF_ERROR(Rebuild());
+  std::vector<HostStagingEngine::Job> jobs;
+  jobs.reserve(plan_.size());
+  for (const StagingCopy& copy : plan_) {
+    const ExpertStore::HostRange range = store_->OffloadedHostRange(copy.layer);
+    if (range.bytes > store_->geometry().staging_buffer_bytes()) {
+      return absl::InternalError(absl::StrCat("layer ", copy.layer, " offloads ", range.bytes,
+                                              " B, more than a staging buffer holds"));
+    }
+    jobs.push_back({copy, buffers_[copy.buffer].data(), range.data, range.bytes});
+  }
+  return engine_.BeginPass(std::move(jobs));
+}
+
+absl::StatusOr<ExpertLayerTable> ExpertStoreWeights::AcquireLayer(int layer) {
+  if (layer < 0 || layer >= static_cast<int>(w13_.size()) || w13_[layer].empty()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " has no experts in the store"));
+  }
+  if (const int job = job_of_layer_[layer]; job >= 0) VAMP_RETURN_IF_ERROR(engine_.WaitCopied(job));
+  return ExpertLayerTable{w13_[layer].data(), w2_[layer].data()};
+}
+
+absl::Status ExpertStoreWeights::ReleaseLayer(int layer) {
+  if (layer < 0 || layer >= static_cast<int>(job_of_layer_.size())) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " has no experts in the store"));
+  }
+  if (const int job = job_of_layer_[layer]; job >= 0) return engine_.Release(job);
+  return absl::OkStatus();
+}
+
+absl::Status ExpertStoreWeights::EndPass() { return engine_.EndPass(); }
+
+}  // namespace vamp

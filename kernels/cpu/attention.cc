@@ -1,0 +1,83 @@
+#include "kernels/cpu/attention.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/lanes.h"
+
+namespace vamp::kernels::cpu {
+
+void WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+             const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
+             int64_t head_dim, float* k_cache, float* v_cache, KvCacheStrides strides,
+             int64_t block_size) {
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;
+    const int64_t offset =
+        (slot / block_size) * strides.block_stride + (slot % block_size) * strides.token_stride;
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const int64_t dst = offset + h * strides.head_stride;
+      std::memcpy(k_cache + dst, k + t * k_stride + h * head_dim, head_dim * sizeof(float));
+      std::memcpy(v_cache + dst, v + t * v_stride + h * head_dim, head_dim * sizeof(float));
+    }
+  }
+}
+
+// Compiled for AVX2 and for the baseline (same results: see lanes.h).
+__attribute__((target_clones("avx2", "default"))) void PagedAttention(
+    const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+    KvCacheStrides strides, int64_t block_size, const int32_t* block_tables,
+    int64_t block_table_stride, const int32_t* seq_lens, const int32_t* query_start_loc,
+    int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+    float* out, int64_t out_stride, float* workspace) {
+  const int64_t group = num_q_heads / num_kv_heads;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int32_t* table = block_tables + s * block_table_stride;
+    const int64_t row_begin = query_start_loc[s];
+    const int64_t q_len = query_start_loc[s + 1] - row_begin;
+    const int64_t first_pos = seq_lens[s] - q_len;
+    for (int64_t r = 0; r < q_len; ++r) {
+      const int64_t num_keys = first_pos + r + 1;  // causal: positions [0, first_pos + r]
+      const int64_t row = row_begin + r;
+      for (int64_t h = 0; h < num_q_heads; ++h) {
+        const float* qh = q + row * q_stride + h * head_dim;
+        const int64_t kv_head_offset = (h / group) * strides.head_stride;
+        float* scores = workspace;
+        // Scores, one block of keys at a time; positions in order.
+        float max_score = -INFINITY;
+        for (int64_t p0 = 0; p0 < num_keys; p0 += block_size) {
+          const float* kb =
+              k_cache + table[p0 / block_size] * strides.block_stride + kv_head_offset;
+          const int64_t n = num_keys - p0 < block_size ? num_keys - p0 : block_size;
+          for (int64_t t = 0; t < n; ++t) {
+            const float score =
+                internal::InlineDot(qh, kb + t * strides.token_stride, head_dim) * scale;
+            scores[p0 + t] = score;
+            max_score = score > max_score ? score : max_score;
+          }
+        }
+        float denom = 0.0f;
+        for (int64_t p = 0; p < num_keys; ++p) {
+          scores[p] = std::exp(scores[p] - max_score);
+          denom += scores[p];
+        }
+        const float inv_denom = 1.0f / denom;
+        float* o = out + row * out_stride + h * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
+        for (int64_t p0 = 0; p0 < num_keys; p0 += block_size) {
+          const float* vb =
+              v_cache + table[p0 / block_size] * strides.block_stride + kv_head_offset;
+          const int64_t n = num_keys - p0 < block_size ? num_keys - p0 : block_size;
+          for (int64_t t = 0; t < n; ++t) {
+            const float weight = scores[p0 + t] * inv_denom;
+            const float* vp = vb + t * strides.token_stride;
+            for (int64_t d = 0; d < head_dim; ++d) o[d] += weight * vp[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace vamp::kernels::cpu

@@ -1,0 +1,52 @@
+// Paged KV cache write and paged causal attention, CPU reference (float32). Conventions: see
+// kernels/cpu/gemm.h.
+//
+// KV cache addressing. The cache of one attention layer is described by two base pointers (K and V)
+// and three strides in elements, shared by K and V:
+//   element (block b, token-in-block s, kv head h, dim d) of K is at
+//   k_cache[b * block_stride + s * token_stride + h * head_stride + d]   (likewise V).
+// A cache slot is block * block_size + token-in-block. This covers the block-major KV region of
+// shared/DESIGN.md (block i holds K and V of every attention layer; the per-layer pointers are
+// offsets inside the first block) as well as a plain per-layer tensor.
+#ifndef VAMP_KERNELS_CPU_ATTENTION_H_
+#define VAMP_KERNELS_CPU_ATTENTION_H_
+
+#include <cstdint>
+
+namespace vamp::kernels::cpu {
+
+struct KvCacheStrides {
+  int64_t block_stride = 0;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+};
+
+// Writes K and V of num_tokens tokens into their cache slots: token t's num_kv_heads heads of
+// head_dim elements (k + t*k_stride, v + t*v_stride) go to slot slot_mapping[t]; a negative slot
+// skips the token (padding).
+void WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+             const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
+             int64_t head_dim, float* k_cache, float* v_cache, KvCacheStrides strides,
+             int64_t block_size);
+
+// Causal attention for a batch of num_seqs sequences whose new tokens are packed back to back.
+// Sequence i owns query rows [query_start_loc[i], query_start_loc[i+1]) and has seq_lens[i] tokens
+// of context in the cache, its new tokens included (so their K/V must already be written). Its
+// query row r (0-based among its q_len rows) sits at position seq_lens[i] - q_len + r and attends
+// to cached positions [0, that position]. Logical block j of sequence i is physical block
+// block_tables[i * block_table_stride + j].
+// Query row t's head h is at q + t*q_stride + h*head_dim; its output goes to
+// out + t*out_stride + h*head_dim. Query heads map to KV heads in groups of
+// num_q_heads / num_kv_heads (GQA). Scores are scaled by `scale`; softmax is in float32.
+// `workspace` holds at least max(seq_lens) floats. Each output row depends only on its own query
+// row and the cache, never on the rest of the batch.
+void PagedAttention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                    KvCacheStrides strides, int64_t block_size, const int32_t* block_tables,
+                    int64_t block_table_stride, const int32_t* seq_lens,
+                    const int32_t* query_start_loc, int64_t num_seqs, int64_t num_q_heads,
+                    int64_t num_kv_heads, int64_t head_dim, float scale, float* out,
+                    int64_t out_stride, float* workspace);
+
+}  // namespace vamp::kernels::cpu
+
+#endif  // VAMP_KERNELS_CPU_ATTENTION_H_

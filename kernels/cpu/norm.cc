@@ -1,0 +1,36 @@
+#include "kernels/cpu/norm.h"
+
+#include <cmath>
+
+#include "kernels/cpu/gemm.h"
+
+namespace vamp::kernels::cpu {
+namespace {
+
+inline void NormalizeRow(const float* x, const float* weight, float eps, int64_t hidden,
+                         float* out) {
+  const float mean_square = Dot(x, x, hidden) / static_cast<float>(hidden);
+  const float inv_rms = 1.0f / std::sqrt(mean_square + eps);
+  for (int64_t j = 0; j < hidden; ++j) out[j] = weight[j] * (x[j] * inv_rms);
+}
+
+}  // namespace
+
+void RmsNorm(const float* x, int64_t x_stride, const float* weight, float eps, int64_t num_rows,
+             int64_t hidden, float* out, int64_t out_stride) {
+  for (int64_t i = 0; i < num_rows; ++i) {
+    NormalizeRow(x + i * x_stride, weight, eps, hidden, out + i * out_stride);
+  }
+}
+
+void FusedAddRmsNorm(float* x, int64_t x_stride, float* residual, int64_t residual_stride,
+                     const float* weight, float eps, int64_t num_rows, int64_t hidden) {
+  for (int64_t i = 0; i < num_rows; ++i) {
+    float* xr = x + i * x_stride;
+    float* rr = residual + i * residual_stride;
+    for (int64_t j = 0; j < hidden; ++j) rr[j] += xr[j];
+    NormalizeRow(rr, weight, eps, hidden, xr);
+  }
+}
+
+}  // namespace vamp::kernels::cpu

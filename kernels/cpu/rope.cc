@@ -1,0 +1,65 @@
+#include "kernels/cpu/rope.h"
+
+#include <cmath>
+
+#include "common/logging.h"
+#include "kernels/cpu/norm.h"
+
+namespace vamp::kernels::cpu {
+namespace {
+
+// Rotates one head by the angles whose cos/sin start at `cs` (half = head_dim / 2 entries each).
+inline void RotateHead(float* x, const float* cs, int64_t half) {
+  const float* cos = cs;
+  const float* sin = cs + half;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i];
+    const float x2 = x[i + half];
+    x[i] = x1 * cos[i] - x2 * sin[i];
+    x[i + half] = x2 * cos[i] + x1 * sin[i];
+  }
+}
+
+}  // namespace
+
+void BuildRopeCache(float theta, int64_t rotary_dim, int64_t max_positions, float* cos_sin_cache) {
+  const int64_t half = rotary_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    // HF: inv_freq = 1.0 / (theta ** (arange(0, dim, 2).float() / dim)) in float32.
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    const float inv_freq = 1.0f / std::pow(theta, exponent);
+    for (int64_t pos = 0; pos < max_positions; ++pos) {
+      const float angle = static_cast<float>(pos) * inv_freq;
+      cos_sin_cache[pos * rotary_dim + i] =
+          static_cast<float>(std::cos(static_cast<double>(angle)));
+      cos_sin_cache[pos * rotary_dim + half + i] =
+          static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+}
+
+void QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t num_tokens,
+                int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                const float* q_norm_weight, const float* k_norm_weight, float eps,
+                const int64_t* positions, const float* cos_sin_cache, int64_t max_positions) {
+  const int64_t half = head_dim / 2;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t pos = positions[t];
+    VAMP_CHECK(pos >= 0 && pos < max_positions) << "position " << pos << " outside the rope cache";
+    const float* cs = cos_sin_cache + pos * head_dim;
+    for (int64_t h = 0; h < num_q_heads; ++h) {
+      float* x = q + t * q_stride + h * head_dim;
+      if (q_norm_weight != nullptr)
+        RmsNorm(x, head_dim, q_norm_weight, eps, 1, head_dim, x, head_dim);
+      RotateHead(x, cs, half);
+    }
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      float* x = k + t * k_stride + h * head_dim;
+      if (k_norm_weight != nullptr)
+        RmsNorm(x, head_dim, k_norm_weight, eps, 1, head_dim, x, head_dim);
+      RotateHead(x, cs, half);
+    }
+  }
+}
+
+}  // namespace vamp::kernels::cpu

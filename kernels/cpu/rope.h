@@ -1,0 +1,29 @@
+// Rotary position embedding (neox / HF "rotate_half" style) with Qwen3's per-head q/k RMSNorm,
+// CPU reference (float32). Conventions: see kernels/cpu/gemm.h.
+#ifndef VAMP_KERNELS_CPU_ROPE_H_
+#define VAMP_KERNELS_CPU_ROPE_H_
+
+#include <cstdint>
+
+namespace vamp::kernels::cpu {
+
+// Fills cos_sin_cache[pos, :] for pos < max_positions: the first rotary_dim/2 entries hold
+// cos(pos * inv_freq[i]), the next rotary_dim/2 hold sin(pos * inv_freq[i]), where
+// inv_freq[i] = 1 / theta^(2i / rotary_dim), evaluated in float32 as HF transformers does.
+// `cos_sin_cache` is [max_positions, rotary_dim]; rotary_dim must be even.
+void BuildRopeCache(float theta, int64_t rotary_dim, int64_t max_positions, float* cos_sin_cache);
+
+// In place, for every token t < num_tokens:
+//   each of the num_q_heads heads of q[t] (head h at q + t*q_stride + h*head_dim) and each of the
+//   num_kv_heads heads of k[t] is RMS-normalised over head_dim with q_norm_weight / k_norm_weight
+//   (skipped when the weight is null: architectures without q/k norm), then rotated by
+//   positions[t] using cos_sin_cache (built for rotary_dim == head_dim).
+// Every positions[t] must be in [0, max_positions).
+void QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t num_tokens,
+                int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                const float* q_norm_weight, const float* k_norm_weight, float eps,
+                const int64_t* positions, const float* cos_sin_cache, int64_t max_positions);
+
+}  // namespace vamp::kernels::cpu
+
+#endif  // VAMP_KERNELS_CPU_ROPE_H_

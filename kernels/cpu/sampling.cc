@@ -1,0 +1,96 @@
+#include "kernels/cpu/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace vamp::kernels::cpu {
+namespace {
+
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+int32_t ArgMax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+float LogSoftmaxAt(const float* x, int64_t n, int64_t index) {
+  float max_value = x[0];
+  for (int64_t i = 1; i < n; ++i) max_value = std::fmax(max_value, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - max_value));
+  return static_cast<float>(static_cast<double>(x[index] - max_value) - std::log(sum));
+}
+
+}  // namespace
+
+float UniformFromCounter(uint64_t seed, uint64_t draw_index) {
+  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ draw_index);
+  return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
+}
+
+void SampleTokens(const float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
+                  const float* temperatures, const int32_t* top_ks, const float* top_ps,
+                  const uint64_t* seeds, const int64_t* draw_indices, int32_t* index_workspace,
+                  float* value_workspace, int32_t* out_tokens, float* out_logprobs) {
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const float* row = logits + r * logits_stride;
+    int32_t token;
+    if (!(temperatures[r] > 0.0f)) {
+      token = ArgMax(row, vocab);
+    } else {
+      int32_t* idx = index_workspace + r * vocab;
+      float* prob = value_workspace + r * vocab;
+      const float inv_t = 1.0f / temperatures[r];
+      for (int64_t i = 0; i < vocab; ++i) idx[i] = static_cast<int32_t>(i);
+      const int64_t k = (top_ks[r] > 0 && top_ks[r] < vocab) ? top_ks[r] : vocab;
+      const bool need_order = k < vocab || top_ps[r] < 1.0f;
+      if (need_order) {
+        std::partial_sort(idx, idx + k, idx + vocab, [row](int32_t a, int32_t b) {
+          return row[a] > row[b] || (row[a] == row[b] && a < b);
+        });
+      }
+      // Softmax over the k candidates (idx[0] is the largest when ordered).
+      float max_value = row[idx[0]];
+      if (!need_order) {
+        for (int64_t i = 1; i < k; ++i) max_value = std::fmax(max_value, row[i]);
+      }
+      double total = 0.0;
+      for (int64_t i = 0; i < k; ++i) {
+        prob[i] = std::exp((row[idx[i]] - max_value) * inv_t);
+        total += prob[i];
+      }
+      int64_t kept = k;
+      if (top_ps[r] < 1.0f) {
+        const double target = static_cast<double>(top_ps[r]) * total;
+        double cumulative = 0.0;
+        for (kept = 0; kept < k;) {
+          cumulative += prob[kept++];
+          if (cumulative >= target) break;
+        }
+        total = cumulative;
+      }
+      const double u = static_cast<double>(UniformFromCounter(seeds[r], draw_indices[r])) * total;
+      double cumulative = 0.0;
+      token = idx[kept - 1];  // rounding can leave u at the very top: the last kept token
+      for (int64_t i = 0; i < kept; ++i) {
+        cumulative += prob[i];
+        if (cumulative > u) {
+          token = idx[i];
+          break;
+        }
+      }
+    }
+    out_tokens[r] = token;
+    if (out_logprobs != nullptr) out_logprobs[r] = LogSoftmaxAt(row, vocab, token);
+  }
+}
+
+}  // namespace vamp::kernels::cpu

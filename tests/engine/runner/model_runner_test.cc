@@ -1,0 +1,322 @@
+// ModelRunner end to end on the tiny model: HF goldens, chunked prefill, batching, prefix-cache
+// hits, preemption, sampling and bad step inputs.
+#include "engine/runner/model_runner.h"
+
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "tests/engine/model/tiny_model.h"
+#include "tests/engine/runner/runner_test_util.h"
+
+namespace vamp {
+namespace {
+
+using testing::Goldens;
+using testing::LoadGoldens;
+using testing::LogitsMatch;
+using testing::MakeTinyEngine;
+using testing::MiniScheduler;
+using testing::Range;
+
+constexpr int64_t kVocab = 256;
+
+// Runs every golden prompt to 16 tokens in one batch with prefill chunks of `chunk`.
+MiniScheduler RunGoldens(const Goldens& g, int chunk, bool all_logits = true) {
+  auto engine = MakeTinyEngine();
+  EXPECT_NE(engine, nullptr);
+  MiniScheduler sched(16, Range(0, 256), chunk);
+  for (size_t i = 0; i < g.prompts.size(); ++i) sched.Submit(i, g.prompts[i], 16);
+  sched.RunAll(*engine->runner, all_logits);
+  return sched;
+}
+
+TEST(ModelRunnerTest, GreedyContinuationsAndLogitsMatchHfGoldens) {
+  const Goldens g = LoadGoldens();
+  const MiniScheduler sched = RunGoldens(g, 1 << 20);
+  for (size_t i = 0; i < g.prompts.size(); ++i) {
+    const auto& r = sched.request(i);
+    EXPECT_EQ(r.outputs, g.continuations[i]) << "prompt " << i;
+    // The prompt positions' logits are the goldens (the decode positions have no goldens).
+    ASSERT_GE(r.all_logits.size(), g.logits[i].size());
+    EXPECT_TRUE(LogitsMatch(r.all_logits.data(), g.logits[i].data(), g.logits[i].size()))
+        << "prompt " << i;
+  }
+}
+
+TEST(ModelRunnerTest, LastTokenLogitsModeSamplesTheSameTokens) {
+  const Goldens g = LoadGoldens();
+  const MiniScheduler sched = RunGoldens(g, 1 << 20, /*all_logits=*/false);
+  for (size_t i = 0; i < g.prompts.size(); ++i) {
+    EXPECT_EQ(sched.request(i).outputs, g.continuations[i]) << "prompt " << i;
+  }
+}
+
+TEST(ModelRunnerTest, ChunkedPrefillIsBitIdenticalToOneShot) {
+  const Goldens g = LoadGoldens();
+  const MiniScheduler one_shot = RunGoldens(g, 1 << 20);
+  for (int chunk : {1, 5, 16, 17}) {
+    const MiniScheduler chunked = RunGoldens(g, chunk);
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      const auto& a = one_shot.request(i);
+      const auto& b = chunked.request(i);
+      EXPECT_EQ(a.outputs, b.outputs) << "chunk " << chunk << " prompt " << i;
+      ASSERT_EQ(a.all_logits.size(), b.all_logits.size());
+      EXPECT_EQ(0, std::memcmp(a.all_logits.data(), b.all_logits.data(),
+                               a.all_logits.size() * sizeof(float)))
+          << "chunk " << chunk << " prompt " << i;
+    }
+  }
+}
+
+TEST(ModelRunnerTest, BatchCompositionDoesNotChangeAnyBit) {
+  const Goldens g = LoadGoldens();
+  const MiniScheduler together = RunGoldens(g, 7);
+  for (size_t i = 0; i < g.prompts.size(); ++i) {
+    auto engine = MakeTinyEngine();
+    MiniScheduler alone(16, Range(100, 256));  // other blocks than in the batched run
+    alone.Submit(i, g.prompts[i], 16);
+    alone.RunAll(*engine->runner);
+    const auto& a = together.request(i);
+    const auto& b = alone.request(i);
+    EXPECT_EQ(a.outputs, b.outputs);
+    ASSERT_EQ(a.all_logits.size(), b.all_logits.size());
+    EXPECT_EQ(0, std::memcmp(a.all_logits.data(), b.all_logits.data(),
+                             a.all_logits.size() * sizeof(float)))
+        << "prompt " << i;
+  }
+}
+
+TEST(ModelRunnerTest, DecodingAfterAPrefixCacheHitEqualsAFreshPrefill) {
+  const Goldens g = LoadGoldens();
+  const std::vector<int32_t>& prefix = g.prompts[2];  // 33 tokens: two full blocks and one more
+  std::vector<int32_t> prompt_b = prefix;
+  for (int32_t t : {200, 13, 77, 5, 5, 9, 250, 31, 64}) prompt_b.push_back(t);
+
+  // A computes the prefix (and more); B reuses A's first two full blocks: 32 cached tokens.
+  auto engine = MakeTinyEngine();
+  MiniScheduler sched(16, Range(0, 256));
+  sched.Submit(1, prefix, 6);
+  sched.RunAll(*engine->runner);
+  const std::vector<int32_t> shared(sched.request(1).blocks.begin(),
+                                    sched.request(1).blocks.begin() + 2);
+  sched.Submit(2, prompt_b, 12, MiniScheduler::Greedy(), shared, 32);
+  sched.RunAll(*engine->runner);
+
+  auto fresh_engine = MakeTinyEngine();
+  MiniScheduler fresh(16, Range(50, 256));
+  fresh.Submit(2, prompt_b, 12);
+  fresh.RunAll(*fresh_engine->runner);
+
+  const auto& hit = sched.request(2);
+  const auto& ref = fresh.request(2);
+  EXPECT_EQ(hit.outputs, ref.outputs);
+  ASSERT_EQ(hit.sampled_logits.size(), ref.sampled_logits.size());
+  for (size_t s = 0; s < hit.sampled_logits.size(); ++s) {
+    EXPECT_EQ(0, std::memcmp(hit.sampled_logits[s].data(), ref.sampled_logits[s].data(),
+                             kVocab * sizeof(float)))
+        << "sampled token " << s;
+  }
+  // The positions B computed (32 onwards) match the fresh run's, bit for bit.
+  ASSERT_EQ(hit.all_logits.size() + 32 * kVocab, ref.all_logits.size());
+  EXPECT_EQ(0, std::memcmp(hit.all_logits.data(), ref.all_logits.data() + 32 * kVocab,
+                           hit.all_logits.size() * sizeof(float)));
+}
+
+TEST(ModelRunnerTest, PreemptedRequestResumesByRecomputation) {
+  const Goldens g = LoadGoldens();
+  const auto& prompt = g.prompts[1];
+  auto engine = MakeTinyEngine();
+  ModelRunner& runner = *engine->runner;
+  std::vector<int32_t> outputs;
+  auto decode = [&](StepInput in) {
+    auto out = runner.ExecuteStep(in);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->sampled.size(), 1u);
+    outputs.push_back(out->sampled[0].token);
+  };
+  StepInput first;
+  first.new_requests.push_back({9, prompt, {3, 4}, 0, MiniScheduler::Greedy()});
+  first.scheduled.push_back({9, static_cast<int32_t>(prompt.size())});
+  decode(first);
+  int32_t computed = prompt.size();
+  for (int i = 0; i < 4; ++i) {
+    StepInput in;
+    in.cached_requests.push_back({9, {}, computed, false});
+    in.scheduled.push_back({9, 1});
+    decode(in);
+    ++computed;
+  }
+  // Preempted: a step without it (and its block freed by the scheduler).
+  StepInput idle;
+  ASSERT_TRUE(runner.ExecuteStep(idle).ok());
+  // Resumed into different blocks, recomputing all known tokens (prompt + 5 outputs).
+  StepInput resume;
+  resume.cached_requests.push_back({9, {40, 41}, 0, true});
+  resume.scheduled.push_back({9, static_cast<int32_t>(prompt.size() + outputs.size())});
+  decode(resume);
+  computed = prompt.size() + outputs.size() - 1;
+  while (outputs.size() < 16) {
+    StepInput in;
+    in.cached_requests.push_back({9, {}, computed, false});
+    in.scheduled.push_back({9, 1});
+    decode(in);
+    ++computed;
+  }
+  EXPECT_EQ(outputs, g.continuations[1]);
+}
+
+TEST(ModelRunnerTest, SeededSamplingIsReproducibleAcrossBatches) {
+  RunnerSamplingParams p;
+  p.temperature = 1.2f;
+  p.top_k = 40;
+  p.top_p = 0.95f;
+  p.seed = 1234;
+  auto run = [&](bool with_others, std::optional<uint64_t> seed, uint64_t runner_seed) {
+    RunnerConfig rc;
+    rc.seed = runner_seed;
+    auto engine = MakeTinyEngine({}, nullptr, 256, rc);
+    MiniScheduler sched(16, Range(0, 256), 4);
+    RunnerSamplingParams q = p;
+    q.seed = seed;
+    if (with_others) sched.Submit(1, Range(50, 90), 10, p);
+    sched.Submit(7, Range(3, 20), 16, q);
+    if (with_others) sched.Submit(2, {1, 2, 3}, 20);
+    sched.RunAll(*engine->runner, /*all_logits=*/false);
+    return sched.request(7).outputs;
+  };
+  const auto alone = run(false, 1234, 0);
+  EXPECT_EQ(alone.size(), 16u);
+  EXPECT_EQ(alone, run(true, 1234, 99)) << "own seed: batching and runner seed do not matter";
+  EXPECT_NE(alone, run(false, 4321, 0));
+  // Without a seed: derived from the runner seed and the request id.
+  EXPECT_EQ(run(false, std::nullopt, 5), run(true, std::nullopt, 5));
+  EXPECT_NE(run(false, std::nullopt, 5), run(false, std::nullopt, 6));
+}
+
+TEST(ModelRunnerTest, SlotsOfFinishedRequestsAreReused) {
+  const Goldens g = LoadGoldens();
+  RunnerConfig rc;
+  rc.max_num_seqs = 2;
+  auto engine = MakeTinyEngine({}, nullptr, 256, rc);
+  MiniScheduler sched(16, Range(0, 256));
+  for (int round = 0; round < 3; ++round) {
+    sched.Submit(10 * round, g.prompts[0], 16);
+    sched.Submit(10 * round + 1, g.prompts[1], 16);
+    sched.RunAll(*engine->runner, false);
+    EXPECT_EQ(sched.request(10 * round).outputs, g.continuations[0]);
+    EXPECT_EQ(sched.request(10 * round + 1).outputs, g.continuations[1]);
+  }
+  // The last finished ids are applied on the next step.
+  ASSERT_TRUE(engine->runner->ExecuteStep(sched.Next()).ok());
+  EXPECT_EQ(engine->runner->batch().num_requests(), 0);
+}
+
+TEST(ModelRunnerTest, BadStepInputsAreRejectedBeforeAnythingChanges) {
+  const Goldens g = LoadGoldens();
+  RunnerConfig rc;
+  rc.max_num_batched_tokens = 64;
+  rc.max_num_seqs = 4;
+  auto engine = MakeTinyEngine({}, nullptr, 32, rc);
+  ModelRunner& runner = *engine->runner;
+  const auto& prompt = g.prompts[1];  // 7 tokens
+  StepInput first;
+  first.new_requests.push_back({1, prompt, {0, 31}, 0, MiniScheduler::Greedy()});
+  first.scheduled.push_back({1, 7});
+  auto out = runner.ExecuteStep(first);
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<int32_t> outputs = {out->sampled[0].token};
+
+  auto decode_step = [](int32_t computed) {
+    StepInput in;
+    in.cached_requests.push_back({1, {}, computed, false});
+    in.scheduled.push_back({1, 1});
+    return in;
+  };
+  struct Bad {
+    std::string what;
+    StepInput input;
+    std::string expect;
+  };
+  std::vector<Bad> bad;
+  {
+    StepInput in = decode_step(7);
+    in.new_requests.push_back({1, {5}, {1}, 0, {}});
+    bad.push_back({"duplicate", in, "new request 1 is already running"});
+  }
+  {
+    StepInput in = decode_step(7);
+    in.new_requests.push_back({2, {5, 300}, {1}, 0, {}});
+    bad.push_back({"vocab", in, "token 300 outside the vocabulary"});
+  }
+  {
+    StepInput in = decode_step(7);
+    in.new_requests.push_back({2, {5}, {32}, 0, {}});
+    bad.push_back({"block", in, "block 32 outside the KV pool of 32 blocks"});
+  }
+  {
+    StepInput in = decode_step(7);
+    in.new_requests.push_back({2, {}, {1}, 0, {}});
+    bad.push_back({"empty", in, "prompt_token_ids is empty"});
+  }
+  {
+    StepInput in = decode_step(7);
+    RunnerSamplingParams p;
+    p.top_p = 0.0f;
+    in.new_requests.push_back({2, {5}, {1}, 0, p});
+    bad.push_back({"top_p", in, "sampling.top_p"});
+  }
+  {
+    StepInput in = decode_step(8);
+    bad.push_back({"progress", in, "num_computed_tokens 8 but the runner has computed 7"});
+  }
+  {
+    StepInput in;
+    in.scheduled.push_back({42, 1});
+    bad.push_back({"unknown", in, "scheduled request 42 is not running"});
+  }
+  {
+    StepInput in;
+    in.cached_requests.push_back({1, {}, 7, false});
+    in.scheduled.push_back({1, 2});
+    bad.push_back({"beyond known", in, "exceeds its 8 known tokens"});
+  }
+  {
+    StepInput in = decode_step(7);
+    in.scheduled.push_back({1, 1});
+    bad.push_back({"twice", in, "scheduled twice"});
+  }
+  {
+    StepInput in = decode_step(7);
+    in.new_requests.push_back({2, Range(0, 70), Range(1, 6), 0, {}});
+    in.scheduled.push_back({2, 70});
+    bad.push_back({"budget", in, "more than max_num_batched_tokens 64"});
+  }
+  {
+    StepInput in = decode_step(7);
+    in.new_requests.push_back({2, Range(0, 40), {1, 2}, 0, {}});
+    in.scheduled.push_back({2, 40});
+    bad.push_back({"blocks", in, "needs 3 blocks for 40 tokens but has 2"});
+  }
+  {
+    StepInput in = decode_step(7);
+    for (int i = 2; i < 6; ++i) in.new_requests.push_back({RunnerRequestId(i), {5}, {i}, 0, {}});
+    bad.push_back({"seqs", in, "exceeds max_num_seqs 4"});
+  }
+  for (const Bad& b : bad) {
+    auto r = runner.ExecuteStep(b.input);
+    ASSERT_FALSE(r.ok()) << b.what;
+    EXPECT_NE(std::string(r.status().message()).find(b.expect), std::string::npos)
+        << b.what << ": " << r.status();
+    EXPECT_EQ(runner.batch().num_requests(), 1) << b.what;
+  }
+  // Nothing changed: decoding continues exactly as the goldens.
+  for (int32_t computed = 7; outputs.size() < 16; ++computed) {
+    auto o = runner.ExecuteStep(decode_step(computed));
+    ASSERT_TRUE(o.ok()) << o.status();
+    outputs.push_back(o->sampled[0].token);
+  }
+  EXPECT_EQ(outputs, g.continuations[1]);
+}
+
+}  // namespace
+}  // namespace vamp

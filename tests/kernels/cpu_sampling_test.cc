@@ -1,0 +1,111 @@
+// Tests of the CPU sampling kernel: greedy, temperature, top-k, top-p and seeded determinism.
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/sampling.h"
+
+namespace vamp::kernels::cpu {
+namespace {
+
+struct Sampler {
+  int vocab;
+  std::vector<int32_t> idx_ws;
+  std::vector<float> val_ws;
+  explicit Sampler(int v) : vocab(v), idx_ws(v), val_ws(v) {}
+  int32_t Draw(const std::vector<float>& logits, float temperature, int32_t top_k, float top_p,
+               uint64_t seed, int64_t draw, float* logprob = nullptr) {
+    int32_t token = -1;
+    SampleTokens(logits.data(), vocab, 1, vocab, &temperature, &top_k, &top_p, &seed, &draw,
+                 idx_ws.data(), val_ws.data(), &token, logprob);
+    return token;
+  }
+};
+
+TEST(SamplingTest, GreedyTakesFirstMaximumAndReportsLogprob) {
+  const std::vector<float> logits = {0.0f, 3.0f, 1.0f, 3.0f};
+  Sampler s(4);
+  float logprob = 0;
+  EXPECT_EQ(s.Draw(logits, 0.0f, 0, 1.0f, 1, 0, &logprob), 1);
+  const double den = 1 + 2 * std::exp(3.0) + std::exp(1.0);
+  EXPECT_NEAR(logprob, 3.0 - std::log(den), 1e-6);
+}
+
+TEST(SamplingTest, TopKOneAndTinyTopPAreGreedy) {
+  const std::vector<float> logits = {0.5f, -1.0f, 2.0f, 1.9f, 0.0f};
+  Sampler s(5);
+  for (int64_t draw = 0; draw < 50; ++draw) {
+    EXPECT_EQ(s.Draw(logits, 5.0f, 1, 1.0f, 7, draw), 2);
+    EXPECT_EQ(s.Draw(logits, 5.0f, 0, 1e-6f, 7, draw), 2);
+  }
+}
+
+TEST(SamplingTest, TopKRestrictsTheSupport) {
+  const std::vector<float> logits = {0.5f, -1.0f, 2.0f, 1.9f, 0.0f};
+  Sampler s(5);
+  std::map<int, int> counts;
+  for (int64_t draw = 0; draw < 2000; ++draw) counts[s.Draw(logits, 1.0f, 2, 1.0f, 3, draw)]++;
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_GT(counts[2], 0);
+  EXPECT_GT(counts[3], 0);
+}
+
+TEST(SamplingTest, TopPKeepsTheSmallestPrefixReachingTheMass) {
+  // Probabilities 0.5, 0.3, 0.2 (logits are their logs): top_p 0.7 keeps {0, 1}.
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  Sampler s(3);
+  std::map<int, int> counts;
+  const int n = 20000;
+  for (int64_t draw = 0; draw < n; ++draw) counts[s.Draw(logits, 1.0f, 0, 0.7f, 11, draw)]++;
+  EXPECT_EQ(counts.count(2), 0u);
+  EXPECT_NEAR(counts[0] / double(n), 0.5 / 0.8, 0.02);
+}
+
+TEST(SamplingTest, FrequenciesFollowTheTemperatureScaledDistribution) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.0f, -1.0f};
+  for (float t : {0.5f, 1.0f, 2.0f}) {
+    Sampler s(4);
+    std::vector<int> counts(4);
+    const int n = 40000;
+    for (int64_t draw = 0; draw < n; ++draw) counts[s.Draw(logits, t, 0, 1.0f, 5, draw)]++;
+    double den = 0;
+    for (float l : logits) den += std::exp(l / t);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(counts[i] / double(n), std::exp(logits[i] / t) / den, 0.015) << t << " " << i;
+    }
+  }
+}
+
+TEST(SamplingTest, SeededDrawsAreReproducibleAndBatchIndependent) {
+  const int vocab = 50;
+  std::vector<float> logits(3 * vocab);
+  for (int i = 0; i < 3 * vocab; ++i) logits[i] = std::sin(i * 0.37f);
+  const std::vector<float> temps = {0.8f, 1.0f, 1.3f};
+  const std::vector<int32_t> top_ks = {0, 10, 0};
+  const std::vector<float> top_ps = {1.0f, 1.0f, 0.9f};
+  const std::vector<uint64_t> seeds = {1, 2, 3};
+  const std::vector<int64_t> draws = {4, 5, 6};
+  std::vector<int32_t> idx(3 * vocab), batch(3);
+  std::vector<float> val(3 * vocab);
+  SampleTokens(logits.data(), vocab, 3, vocab, temps.data(), top_ks.data(), top_ps.data(),
+               seeds.data(), draws.data(), idx.data(), val.data(), batch.data(), nullptr);
+  for (int r = 0; r < 3; ++r) {
+    int32_t alone;
+    SampleTokens(logits.data() + r * vocab, vocab, 1, vocab, &temps[r], &top_ks[r], &top_ps[r],
+                 &seeds[r], &draws[r], idx.data(), val.data(), &alone, nullptr);
+    EXPECT_EQ(alone, batch[r]) << r;
+  }
+  // Different draw indices of one seed give different uniforms.
+  EXPECT_NE(UniformFromCounter(9, 0), UniformFromCounter(9, 1));
+  EXPECT_NE(UniformFromCounter(9, 0), UniformFromCounter(10, 0));
+  EXPECT_EQ(UniformFromCounter(9, 3), UniformFromCounter(9, 3));
+  for (int i = 0; i < 1000; ++i) {
+    const float u = UniformFromCounter(i, i * 7);
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+  }
+}
+
+}  // namespace
+}  // namespace vamp::kernels::cpu
