@@ -1,0 +1,30 @@
+// libFuzzer target: OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions).
+// Whatever the bytes, the parsers return a request or an error; they never crash, hang or read
+// out of bounds, and every error they return maps to a 4xx with a JSON body.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+
+#include "controller/frontend/openai_api.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const vamp::ServedModel model{"tiny", 128, 256};
+  static const auto* tokenizer = vamp::ByteTokenizer::Create(256).value().release();
+  const absl::string_view body(reinterpret_cast<const char*>(data), size);
+  for (bool chat : {false, true}) {
+    absl::StatusOr<vamp::ServingRequest> r =
+        chat ? vamp::ParseChatCompletionRequest(body, model, *tokenizer)
+             : vamp::ParseCompletionRequest(body, model, *tokenizer);
+    if (r.ok()) {
+      if (r->prompt_token_ids.empty() ||
+          static_cast<int64_t>(r->prompt_token_ids.size()) >= model.max_model_len) {
+        std::abort();  // accepted a prompt the parser promised to reject
+      }
+    } else {
+      const int http = vamp::HttpStatusFor(r.status());
+      if (http < 400 || http >= 500) std::abort();  // bad input must be a client error
+      (void)vamp::ErrorBody(r.status());
+    }
+  }
+  return 0;
+}
