@@ -2,7 +2,10 @@
 //
 // Exit codes: 0 success, 2 bad arguments, 3 cannot reach the controller, 4 the controller
 // answered with an error (or reported NOT_SERVING for `health`).
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <fstream>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -28,11 +31,17 @@ constexpr char kUsage[] =
     "Administers a running vamp-controller over gRPC.\n"
     "\n"
     "Commands:\n"
-    "  health    ask grpc.health.v1 whether the controller is serving (exit 4 if not)\n"
-    "  status    version, model, uptime, policy and memory split of every rank\n"
+    "  health          ask grpc.health.v1 whether the controller answers (exit 4 if not)\n"
+    "  status          version, model, uptime, policy, KV pool, queue and every rank's memory\n"
+    "  policy get      the memory arbiter and offload cap in force\n"
+    "  offload N       move N expert groups per layer into the KV cache on every rank now\n"
+    "  restore N       give N groups back to the experts (waits until their KV blocks are free)\n"
+    "  drain           stop admitting requests; running ones finish\n"
+    "  decisions [N]   the N most recent memory-arbiter decisions [20]\n"
     "\n"
     "Options:\n"
-    "  --endpoint HOST:PORT  controller address [$VAMPCTL_ENDPOINT or 127.0.0.1:50051]\n"
+    "  --endpoint HOST:PORT  controller Admin address [$VAMPCTL_ENDPOINT or 127.0.0.1:50052]\n"
+    "  --token-file FILE     admin token file [$VAMPCTL_TOKEN_FILE]\n"
     "  -o, --output FORMAT   table (default) or json\n"
     "  --timeout SECONDS     per-call deadline [5]\n"
     "  -h, --help            print this help\n"
@@ -43,7 +52,9 @@ struct Options {
   std::string endpoint;
   std::string output = "table";
   double timeout_seconds = 5;
+  std::string token;
   std::string command;
+  std::vector<std::string> args;
 };
 
 int UsageError(const std::string& message) {
@@ -51,18 +62,125 @@ int UsageError(const std::string& message) {
   return kExitUsage;
 }
 
+// The channel was connected before the call (see Run), so every error here is the server's.
 int RpcError(const std::string& what, const grpc::Status& status, const std::string& endpoint) {
-  const bool unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                           status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-  std::fprintf(stderr, "vampctl: %s failed%s: %s\n", what.c_str(),
-               unreachable ? (" (cannot reach " + endpoint + ")").c_str() : "",
-               status.error_message().c_str());
-  return unreachable ? kExitUnreachable : kExitServerError;
+  std::fprintf(stderr, "vampctl: %s failed (%s from %s): %s\n", what.c_str(),
+               status.error_code() == grpc::StatusCode::UNAVAILABLE ? "unavailable" : "error",
+               endpoint.c_str(), status.error_message().c_str());
+  return kExitServerError;
 }
+
+const Options* g_options = nullptr;
 
 void SetDeadline(grpc::ClientContext* context, double seconds) {
   context->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
+  if (g_options != nullptr && !g_options->token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + g_options->token);
+  }
+}
+
+void PrintJson(const google::protobuf::Message& m) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &json, print);
+  std::cout << json;
+}
+
+// Parses a positive count argument; -1 when absent or malformed.
+int CountArg(const Options& options, size_t i, int fallback) {
+  if (options.args.size() <= i) return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(options.args[i].c_str(), &end, 10);
+  if (end == options.args[i].c_str() || *end != '\0' || v < 1 || v > 1000000) return -1;
+  return static_cast<int>(v);
+}
+
+int Remap(const Options& options, const std::shared_ptr<grpc::Channel>& channel, bool offload) {
+  const int n = CountArg(options, 0, -1);
+  if (n < 1) return UsageError(std::string(offload ? "offload" : "restore") +
+                               " needs a positive number of groups");
+  auto stub = vamp::v1::Admin::NewStub(channel);
+  grpc::ClientContext context;
+  // A restore waits for its KV blocks to drain: allow longer than a plain query.
+  SetDeadline(&context, std::max(options.timeout_seconds, 120.0));
+  vamp::v1::ForceRemapRequest request;
+  request.set_num_groups(n);
+  vamp::v1::ForceRemapResponse response;
+  grpc::Status status = offload ? stub->ForceOffload(&context, request, &response)
+                                : stub->ForceRestore(&context, request, &response);
+  if (!status.ok()) return RpcError(offload ? "ForceOffload" : "ForceRestore", status,
+                                    options.endpoint);
+  if (options.output == "json") {
+    PrintJson(response);
+  } else {
+    std::cout << absl::StrFormat("%s %d group(s): %d offloaded now, KV pool %d blocks\n",
+                                 offload ? "offloaded" : "restored", n,
+                                 response.offloaded_groups(), response.kv_blocks());
+  }
+  return kExitOk;
+}
+
+int Drain(const Options& options, const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = vamp::v1::Admin::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context, options.timeout_seconds);
+  vamp::v1::DrainResponse response;
+  grpc::Status status = stub->Drain(&context, {}, &response);
+  if (!status.ok()) return RpcError("Drain", status, options.endpoint);
+  if (options.output == "json") {
+    PrintJson(response);
+  } else {
+    std::cout << absl::StrFormat("draining: %d running, %d waiting\n", response.running(),
+                                 response.waiting());
+  }
+  return kExitOk;
+}
+
+int Decisions(const Options& options, const std::shared_ptr<grpc::Channel>& channel) {
+  const int n = CountArg(options, 0, 20);
+  if (n < 1) return UsageError("decisions takes a positive count");
+  auto stub = vamp::v1::Admin::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context, options.timeout_seconds);
+  vamp::v1::ListDecisionsRequest request;
+  request.set_limit(n);
+  vamp::v1::ListDecisionsResponse response;
+  grpc::Status status = stub->ListDecisions(&context, request, &response);
+  if (!status.ok()) return RpcError("ListDecisions", status, options.endpoint);
+  if (options.output == "json") {
+    PrintJson(response);
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat("%-8s %-14s %6s %10s %10s %10s %10s %6s %7s %7s\n", "step",
+                               "action", "gap", "C_c us", "C_e us", "C_p us", "C_b us", "groups",
+                               "evicted", "preempt");
+  for (const auto& d : response.decisions()) {
+    std::cout << absl::StrFormat("%-8d %-14s %6d %10.0f %10.0f %10.0f %10.0f %6d %7d %7d\n",
+                                 d.step_id(), d.action(), d.gap_blocks(), d.cost_evict_us(),
+                                 d.cost_offload_us(), d.cost_preempt_us(), d.cost_combined_us(),
+                                 d.groups(), d.evicted_blocks(), d.preempted_requests());
+  }
+  return kExitOk;
+}
+
+int PolicyGet(const Options& options, const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = vamp::v1::Admin::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context, options.timeout_seconds);
+  vamp::v1::Policy response;
+  grpc::Status status = stub->GetPolicy(&context, {}, &response);
+  if (!status.ok()) return RpcError("GetPolicy", status, options.endpoint);
+  if (options.output == "json") {
+    PrintJson(response);
+  } else {
+    std::cout << absl::StrFormat("arbiter            %s\nmax offload ratio  %.2f\nrestore            %s\n",
+                                 response.arbiter(), response.max_offload_ratio(),
+                                 response.restore_enabled() ? "on" : "off");
+  }
+  return kExitOk;
 }
 
 int Health(const Options& options, const std::shared_ptr<grpc::Channel>& channel) {
@@ -95,12 +213,7 @@ int Status(const Options& options, const std::shared_ptr<grpc::Channel>& channel
   grpc::Status status = stub->GetStatus(&context, vamp::v1::GetStatusRequest(), &response);
   if (!status.ok()) return RpcError("GetStatus", status, options.endpoint);
   if (options.output == "json") {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions print;
-    print.add_whitespace = true;
-    print.always_print_primitive_fields = true;
-    (void)google::protobuf::util::MessageToJsonString(response, &json, print);
-    std::cout << json;
+    PrintJson(response);
     return kExitOk;
   }
   std::cout << absl::StrFormat(
@@ -138,8 +251,10 @@ int Run(int argc, char** argv) {
   if (const char* env = std::getenv("VAMPCTL_ENDPOINT"); env != nullptr && *env != '\0') {
     options.endpoint = env;
   } else {
-    options.endpoint = "127.0.0.1:50051";
+    options.endpoint = "127.0.0.1:50052";
   }
+  std::string token_file;
+  if (const char* env = std::getenv("VAMPCTL_TOKEN_FILE"); env != nullptr) token_file = env;
   std::vector<std::string> args(argv + 1, argv + argc);
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -151,11 +266,14 @@ int Run(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       std::cout << kUsage;
       return kExitOk;
-    } else if (a == "--endpoint" || a == "-o" || a == "--output" || a == "--timeout") {
+    } else if (a == "--endpoint" || a == "-o" || a == "--output" || a == "--timeout" ||
+               a == "--token-file") {
       const std::string* v = value(a);
       if (v == nullptr) return UsageError("option " + a + " needs a value");
       if (a == "--endpoint") {
         options.endpoint = *v;
+      } else if (a == "--token-file") {
+        token_file = *v;
       } else if (a == "--timeout") {
         char* end = nullptr;
         options.timeout_seconds = std::strtod(v->c_str(), &end);
@@ -170,16 +288,56 @@ int Run(int argc, char** argv) {
     } else if (options.command.empty()) {
       options.command = a;
     } else {
-      return UsageError("unexpected argument '" + a + "'");
+      options.args.push_back(a);
     }
   }
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in || !std::getline(in, options.token) || options.token.empty()) {
+      return UsageError("--token-file: cannot read a token from '" + token_file + "'");
+    }
+    while (!options.token.empty() && std::isspace(static_cast<unsigned char>(options.token.back()))) {
+      options.token.pop_back();
+    }
+  }
+  g_options = &options;
   if (options.output != "table" && options.output != "json") {
     return UsageError("--output: '" + options.output + "' is not one of table, json");
   }
   if (options.command.empty()) return UsageError("no command given");
+  static const char* const kCommands[] = {"health", "status",  "policy",   "offload",
+                                          "restore", "drain", "decisions"};
+  if (std::find(std::begin(kCommands), std::end(kCommands), options.command) ==
+      std::end(kCommands)) {
+    return UsageError("unknown command '" + options.command + "'");
+  }
   auto channel = grpc::CreateChannel(options.endpoint, grpc::InsecureChannelCredentials());
+  if (!channel->WaitForConnected(
+          std::chrono::system_clock::now() +
+          std::chrono::microseconds(static_cast<int64_t>(options.timeout_seconds * 1e6)))) {
+    std::fprintf(stderr, "vampctl: cannot reach %s (no connection within %g s)\n",
+                 options.endpoint.c_str(), options.timeout_seconds);
+    return kExitUnreachable;
+  }
+  const size_t max_args = options.command == "policy" || options.command == "offload" ||
+                                  options.command == "restore" || options.command == "decisions"
+                              ? 1
+                              : 0;
+  if (options.args.size() > max_args) {
+    return UsageError("unexpected argument '" + options.args[max_args] + "'");
+  }
   if (options.command == "health") return Health(options, channel);
   if (options.command == "status") return Status(options, channel);
+  if (options.command == "offload") return Remap(options, channel, /*offload=*/true);
+  if (options.command == "restore") return Remap(options, channel, /*offload=*/false);
+  if (options.command == "drain") return Drain(options, channel);
+  if (options.command == "decisions") return Decisions(options, channel);
+  if (options.command == "policy") {
+    if (options.args.empty() || options.args[0] != "get") {
+      return UsageError("policy takes 'get' (changing the arbiter needs a restart: --arbiter)");
+    }
+    return PolicyGet(options, channel);
+  }
   return UsageError("unknown command '" + options.command + "'");
 }
 

@@ -16,6 +16,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   grpc::ServerBuilder builder;
   // Fail loudly when the port is taken instead of silently sharing it with another process.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A step carrying many long new prompts exceeds gRPC's 4 MiB default.
+  builder.SetMaxReceiveMessageSize(kGrpcMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kGrpcMaxMessageBytes);
   int port = 0;
   builder.AddListeningPort(address,
                            credentials ? credentials : grpc::InsecureServerCredentials(), &port);

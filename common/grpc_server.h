@@ -11,6 +11,9 @@
 
 namespace vamp {
 
+// Largest gRPC message VAMP servers accept or send (bytes); clients should allow the same.
+inline constexpr int kGrpcMaxMessageBytes = 256 << 20;
+
 class GrpcServer {
  public:
   // Builds and starts a server listening on `address` ("host:port"; port 0 picks a free one)

@@ -1,26 +1,58 @@
 // The Admin gRPC service (proto/vamp/v1/admin.proto) of vamp-controller, on gRPC's callback API.
-// Methods not yet backed by the engine core answer UNIMPLEMENTED (the generated default).
+// When an admin token is configured every call must carry "authorization: Bearer <token>".
+// Calls that wait for the engine (forced remaps) finish from a worker thread, never blocking a
+// gRPC thread.
 #ifndef VAMP_CONTROLLER_ADMIN_SERVICE_H_
 #define VAMP_CONTROLLER_ADMIN_SERVICE_H_
 
 #include <functional>
+#include <string>
 
+#include "controller/serving_context.h"
 #include "vamp/v1/admin.grpc.pb.h"
 
 namespace vamp {
 
+struct AdminBackend {
+  // Fills a status snapshot; called on gRPC threads, must be thread-safe.
+  std::function<void(vamp::v1::GetStatusResponse*)> status;
+  // The serving context (null while not serving).
+  ServingContextProvider context;
+  vamp::v1::Policy policy;
+  // Required bearer token; empty = none.
+  std::string auth_token;
+};
+
 class AdminService final : public vamp::v1::Admin::CallbackService {
  public:
-  // `status` fills a status snapshot; it is called on gRPC threads and must be thread-safe.
-  using StatusProvider = std::function<void(vamp::v1::GetStatusResponse*)>;
-  explicit AdminService(StatusProvider status) : status_(std::move(status)) {}
+  explicit AdminService(AdminBackend backend) : backend_(std::move(backend)) {}
 
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const vamp::v1::GetStatusRequest* request,
                                       vamp::v1::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* GetPolicy(grpc::CallbackServerContext* context,
+                                      const vamp::v1::GetPolicyRequest* request,
+                                      vamp::v1::Policy* response) override;
+  grpc::ServerUnaryReactor* ForceOffload(grpc::CallbackServerContext* context,
+                                         const vamp::v1::ForceRemapRequest* request,
+                                         vamp::v1::ForceRemapResponse* response) override;
+  grpc::ServerUnaryReactor* ForceRestore(grpc::CallbackServerContext* context,
+                                         const vamp::v1::ForceRemapRequest* request,
+                                         vamp::v1::ForceRemapResponse* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const vamp::v1::DrainRequest* request,
+                                  vamp::v1::DrainResponse* response) override;
+  grpc::ServerUnaryReactor* ListDecisions(grpc::CallbackServerContext* context,
+                                          const vamp::v1::ListDecisionsRequest* request,
+                                          vamp::v1::ListDecisionsResponse* response) override;
 
  private:
-  StatusProvider status_;
+  // Checks the token; on failure finishes the reactor and returns false.
+  bool Authorized(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor) const;
+  grpc::ServerUnaryReactor* Remap(grpc::CallbackServerContext* context, int32_t groups,
+                                  vamp::v1::ForceRemapResponse* response);
+
+  AdminBackend backend_;
 };
 
 }  // namespace vamp

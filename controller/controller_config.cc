@@ -1,23 +1,62 @@
 #include "controller/controller_config.h"
 
+#include "controller/arbiter/vamp_arbiter.h"
+#include "controller/core/scheduler_config.h"
+
 namespace vamp {
 
 const ConfigSchema& ControllerConfigSchema() {
   static const ConfigSchema* schema = [] {
     auto* s = new ConfigSchema();
     s->String("grpc_address", "127.0.0.1:50051",
-              "host:port for gRPC (Serving, Admin, health, reflection); port 0 picks one")
+              "host:port for gRPC Serving, agent registration, health and reflection; port 0 "
+              "picks one")
+        .String("admin_address", "127.0.0.1:50052",
+                "host:port for the gRPC Admin service (vampctl); keep it on loopback unless "
+                "admin_token_file is set")
+        .String("http_address", "127.0.0.1:8000",
+                "host:port for the OpenAI-compatible HTTP API, /health and /metrics")
         .String("metrics_address", "127.0.0.1:9400",
-                "host:port for Prometheus /metrics; port 0 picks one")
+                "host:port for a dedicated Prometheus /metrics listener; empty = only on HTTP")
         .String("model", "tiny-qwen3-moe", "model id reported to clients")
+        .String("model_path", "",
+                "checkpoint folder (config.json + *.safetensors) the agents load; with "
+                "load_format=dummy only config.json is read")
+        .Enum("load_format", "safetensors", {"safetensors", "dummy"},
+              "safetensors: real weights; dummy: seeded random weights of the real shapes")
+        .Enum("dtype", "float32", {"float32", "bfloat16", "float16"},
+              "activation and weight dtype on the agents (CPU agents compute in float32)")
+        .Int("world_size", 1, 1, 64, "agents (tensor-parallel ranks) the model needs")
+        .Int("spawn_agents", 0, 0, 64,
+             "start this many local vamp-agent processes (sets world_size); 0 = agents are "
+             "started elsewhere and register themselves")
+        .String("agent_binary", "", "vamp-agent to spawn; default: next to vamp-controller")
+        .String("agent_device", "cpu", "--device for spawned agents: cpu or cuda")
+        .Int("agent_host_memory_bytes", 1LL << 30, 64LL << 20, 1LL << 40,
+             "memory budget of each spawned CPU agent, in bytes (its 'device memory')")
+        .Int("agent_host_page_bytes", 64 << 10, 4096, 2LL << 20,
+             "page size of spawned CPU agents' memory pools, in bytes")
+        .Double("gpu_memory_utilization", 0.9, 0.05, 1.0,
+                "fraction of each agent's device memory VAMP may use")
         .Enum("arbiter", "vamp", {"static", "vamp"},
               "memory arbiter: static (vLLM 0.15 baseline) or vamp (cost model)")
         .Double("max_offload_ratio", 0.25, 0.0, 0.95,
                 "VAMP-r: cap on the fraction of experts that may be offloaded")
+        .Double("step_timeout_s", 30, 0.1, 3600,
+                "an agent that does not answer a step within this many seconds is failed")
+        .Double("registration_timeout_s", 120, 1, 86400,
+                "how long start-up waits for every agent to register before reporting it")
+        .String("auth_token_file", "",
+                "file holding the shared secret agents present (and that Admin calls need); "
+                "empty = none")
+        .String("api_key_file", "",
+                "file of API keys (one per line) the HTTP API requires; empty = open")
         .String("log_level", "info", "debug | info | warning | error")
         .String("ready_file", "",
-                "when set, write the bound ports as JSON to this file once serving (for "
+                "when set, write the bound ports as JSON to this file once listening (for "
                 "scripts and tests that start the controller on port 0)");
+    AddSchedulerConfigFields(*s);
+    AddVampArbiterConfigFields(*s);
     return s;
   }();
   return *schema;

@@ -1,15 +1,24 @@
 #include "controller/controller_server.h"
 
-#include <chrono>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "controller/arbiter/vamp_arbiter.h"
+#include "controller/core/static_arbiter.h"
 
 namespace vamp {
 namespace {
 
-// Process-level metrics every operator dashboard keys on.
 void RegisterBuildMetrics() {
   static bool registered = [] {
     auto& registry = *MetricsRegistry();
@@ -33,42 +42,329 @@ void RegisterBuildMetrics() {
   (void)registered;
 }
 
+// Reads a secret (token) file: the first line, trimmed. Never logged.
+absl::StatusOr<std::string> ReadSecret(const std::string& path, absl::string_view field) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
+  }
+  std::string secret(absl::StripAsciiWhitespace(line));
+  if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
+  return secret;
+}
+
+// A loopback port free right now, for the CPU agents' all-reduce rendezvous.
+absl::StatusOr<int> FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  if (port <= 0) return absl::InternalError("no free loopback port");
+  return port;
+}
+
 }  // namespace
 
 ControllerServer::ControllerServer(const Config& config)
-    : model_(config.GetString("model")),
-      arbiter_(config.GetString("arbiter")),
-      start_micros_(SteadyClock::Get().NowMicros()) {}
+    : config_(config), start_micros_(SteadyClock::Get().NowMicros()) {}
 
-absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const Config& config) {
+absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
+    const Config& config, const std::string& self_path) {
   std::unique_ptr<ControllerServer> server(new ControllerServer(config));
-  RegisterBuildMetrics();
-  VAMP_ASSIGN_OR_RETURN(server->metrics_,
-                        MetricsExposer::Start(config.GetString("metrics_address")));
   ControllerServer* self = server.get();
-  server->admin_ = std::make_unique<AdminService>(
-      [self](vamp::v1::GetStatusResponse* status) { self->FillStatus(status); });
+  RegisterBuildMetrics();
+  // Validate what can be validated before anything listens.
+  VAMP_ASSIGN_OR_RETURN(SchedulerConfig scheduler, SchedulerConfigFromConfig(config));
+  (void)scheduler;
+  VAMP_ASSIGN_OR_RETURN(VampArbiterConfig arbiter, VampArbiterConfigFromConfig(config));
+  (void)arbiter;
+  if (!config.GetString("auth_token_file").empty()) {
+    VAMP_ASSIGN_OR_RETURN(server->auth_token_,
+                          ReadSecret(config.GetString("auth_token_file"), "auth_token_file"));
+  }
+  HttpFrontendOptions http;
+  http.address = config.GetString("http_address");
+  if (!config.GetString("api_key_file").empty()) {
+    std::ifstream in(config.GetString("api_key_file"));
+    if (!in) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "api_key_file: cannot read '", config.GetString("api_key_file"), "'"));
+    }
+    std::string line;
+    while (std::getline(in, line)) {
+      std::string key(absl::StripAsciiWhitespace(line));
+      if (!key.empty() && key[0] != '#') http.api_keys.push_back(key);
+    }
+    if (http.api_keys.empty()) {
+      return absl::InvalidArgumentError("api_key_file: holds no key");
+    }
+  }
+  const int spawn = static_cast<int>(config.GetInt("spawn_agents"));
+  const int world_size = spawn > 0 ? spawn : static_cast<int>(config.GetInt("world_size"));
+  if (config.GetString("model_path").empty()) {
+    return absl::InvalidArgumentError(
+        "model_path: required (a folder with config.json, and *.safetensors unless "
+        "load_format=dummy)");
+  }
+
+  server->registry_ = std::make_unique<AgentRegistry>(world_size, server->auth_token_);
+  ServingContextProvider context = [self] { return self->Context(); };
+  server->serving_service_ = std::make_unique<ServingService>(context);
+  AdminBackend admin;
+  admin.status = [self](vamp::v1::GetStatusResponse* s) { self->FillStatus(s); };
+  admin.context = context;
+  admin.policy.set_arbiter(config.GetString("arbiter"));
+  admin.policy.set_max_offload_ratio(config.GetDouble("max_offload_ratio"));
+  admin.policy.set_restore_enabled(config.GetBool("vamp_restore"));
+  admin.auth_token = server->auth_token_;
+  server->admin_ = std::make_unique<AdminService>(std::move(admin));
+
+  if (!config.GetString("metrics_address").empty()) {
+    VAMP_ASSIGN_OR_RETURN(server->metrics_,
+                          MetricsExposer::Start(config.GetString("metrics_address")));
+  }
   VAMP_ASSIGN_OR_RETURN(server->grpc_,
-                        GrpcServer::Start(config.GetString("grpc_address"), {server->admin_.get()}));
-  VAMP_LOG(INFO) << "vamp-controller " << kVersion << " serving gRPC on port "
-                 << server->grpc_port() << ", /metrics on port " << server->metrics_port();
+                        GrpcServer::Start(config.GetString("grpc_address"),
+                                          {server->serving_service_.get(),
+                                           server->registry_.get()}));
+  VAMP_ASSIGN_OR_RETURN(server->admin_grpc_,
+                        GrpcServer::Start(config.GetString("admin_address"),
+                                          {server->admin_.get()}));
+  VAMP_ASSIGN_OR_RETURN(server->http_, HttpFrontend::Start(http, context));
+  // Until a full set of agents serves the model, health says so.
+  server->grpc_->SetServing("vamp.v1.Serving", false);
+  VAMP_LOG(INFO) << "vamp-controller " << kVersion << ": HTTP on port " << server->http_port()
+                 << ", gRPC on port " << server->grpc_port() << ", Admin on port "
+                 << server->admin_port() << (server->metrics_ ? absl::StrCat(
+                                                                    ", /metrics on port ",
+                                                                    server->metrics_port())
+                                                              : std::string())
+                 << "; waiting for " << world_size << " agent(s)";
+
+  if (spawn > 0) {
+    std::string binary = config.GetString("agent_binary");
+    if (binary.empty()) {
+      VAMP_ASSIGN_OR_RETURN(binary, AgentLauncher::FindAgentBinary(self_path));
+    }
+    AgentLauncherOptions launch;
+    launch.binary = binary;
+    launch.num_agents = spawn;
+    launch.args = {"--controller", absl::StrCat("127.0.0.1:", server->grpc_port()),
+                   "--listen", "127.0.0.1:0",
+                   "--metrics_address", "127.0.0.1:0",
+                   "--device", config.GetString("agent_device"),
+                   "--host_memory_bytes", absl::StrCat(config.GetInt("agent_host_memory_bytes")),
+                   "--host_page_bytes", absl::StrCat(config.GetInt("agent_host_page_bytes")),
+                   "--log_level", config.GetString("log_level")};
+    if (!config.GetString("auth_token_file").empty()) {
+      launch.args.push_back("--auth_token_file");
+      launch.args.push_back(config.GetString("auth_token_file"));
+    }
+    VAMP_ASSIGN_OR_RETURN(server->launcher_, AgentLauncher::Start(std::move(launch)));
+  }
+  server->supervisor_ = std::thread([self] { self->Supervise(); });
   return server;
 }
 
 ControllerServer::~ControllerServer() { Shutdown(); }
 
 void ControllerServer::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  if (supervisor_.joinable()) supervisor_.join();
+  if (http_ != nullptr) http_->Stop();
+  TearDown();
+  if (launcher_ != nullptr) launcher_->Stop();
   if (grpc_ != nullptr) grpc_->Shutdown();
+  if (admin_grpc_ != nullptr) admin_grpc_->Shutdown();
+}
+
+std::shared_ptr<const ServingContext> ControllerServer::Context() const {
+  absl::MutexLock lock(&mu_);
+  return context_;
+}
+
+bool ControllerServer::serving() const {
+  std::shared_ptr<const ServingContext> ctx = Context();
+  return ctx != nullptr && ctx->engine->healthy();
+}
+
+bool ControllerServer::WaitUntilServing(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (serving()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return serving();
+}
+
+void ControllerServer::Supervise() {
+  int64_t seen = 0;
+  absl::Time waiting_since = absl::Now();
+  absl::Time last_report = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+    // A new registration is normally what brings agents (back); after a while without one the
+    // current set is retried, e.g. after a transient step timeout.
+    const int64_t after = absl::Now() - waiting_since > absl::Seconds(5) ? -1 : seen;
+    std::vector<AgentEndpoint> endpoints;
+    std::optional<int64_t> generation =
+        registry_->WaitForAll(after, absl::Milliseconds(200), &endpoints);
+    if (!generation.has_value()) {
+      if (absl::Now() - last_report > absl::Seconds(config_.GetDouble("registration_timeout_s"))) {
+        VAMP_LOG(WARNING) << "still waiting for agents: " << registry_->registered() << " of "
+                          << registry_->world_size() << " registered";
+        last_report = absl::Now();
+      }
+      continue;
+    }
+    seen = *generation;
+    absl::Status up = BringUp(endpoints);
+    if (!up.ok()) {
+      VAMP_LOG(ERROR) << "cannot serve with the registered agents: " << up;
+      {
+        absl::MutexLock lock(&mu_);
+        last_error_ = std::string(up.message());
+      }
+      waiting_since = absl::Now();
+      TearDown();
+      continue;
+    }
+    grpc_->SetServing("vamp.v1.Serving", true);
+    // Serve until the engine fails, an agent re-registers, or we stop.
+    while (true) {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      if (!context_->engine->healthy()) {
+        last_error_ = "an agent failed; waiting for it to come back";
+        break;
+      }
+      if (registry_->generation() != seen) break;
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100));
+    }
+    VAMP_LOG(WARNING) << "agent group changed or failed: re-initialising";
+    grpc_->SetServing("vamp.v1.Serving", false);
+    TearDown();
+    waiting_since = absl::Now();
+  }
+}
+
+absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoints) {
+  AgentGroupOptions options;
+  options.step_timeout_ms = static_cast<int64_t>(config_.GetDouble("step_timeout_s") * 1000);
+  options.auth_token = auth_token_;
+  VAMP_ASSIGN_OR_RETURN(std::unique_ptr<AgentGroup> group,
+                        AgentGroup::Connect(endpoints, options));
+  VAMP_ASSIGN_OR_RETURN(SchedulerConfig scheduler, SchedulerConfigFromConfig(config_));
+  vamp::v1::InitRequest init;
+  init.set_model_path(config_.GetString("model_path"));
+  init.set_load_format(config_.GetString("load_format"));
+  init.set_dtype(config_.GetString("dtype"));
+  if (endpoints.size() > 1) {
+    VAMP_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
+    init.mutable_parallel()->set_host_transport_address(absl::StrCat("127.0.0.1:", port));
+  }
+  vamp::v1::MemorySpec* memory = init.mutable_memory();
+  memory->set_gpu_memory_utilization(config_.GetDouble("gpu_memory_utilization"));
+  memory->set_block_size(scheduler.block_size);
+  memory->set_max_offload_ratio(config_.GetDouble("max_offload_ratio"));
+  memory->set_max_num_batched_tokens(scheduler.max_num_batched_tokens);
+  memory->set_max_num_seqs(scheduler.max_num_seqs);
+  VAMP_LOG(INFO) << "initialising " << endpoints.size() << " agent(s) with "
+                 << init.model_path() << " (" << init.load_format() << ")";
+  VAMP_ASSIGN_OR_RETURN(std::vector<vamp::v1::InitResponse> ranks, group->Init(init));
+  const vamp::v1::InitResponse& first = ranks.front();
+  // Each agent prints its own memory plan; here, one line per rank.
+  for (const auto& r : ranks) {
+    VAMP_LOG(INFO) << "rank " << r.memory().rank() << " (" << r.memory().device()
+                   << "): " << r.memory().kv_blocks() << " KV blocks, up to "
+                   << r.memory().max_offload_groups() << " expert groups offloadable";
+  }
+  if (first.max_position_embeddings() > 0 &&
+      scheduler.max_model_len > first.max_position_embeddings()) {
+    VAMP_LOG(INFO) << "max_model_len " << scheduler.max_model_len
+                   << " exceeds the model's context; using " << first.max_position_embeddings();
+    scheduler.max_model_len = first.max_position_embeddings();
+  }
+  ServingEngineOptions engine_options;
+  engine_options.scheduler = scheduler;
+  engine_options.arbiter = config_.GetString("arbiter");
+  if (first.eos_token_id() >= 0) engine_options.eos_token_id = first.eos_token_id();
+  const Config* config = &config_;
+  engine_options.make_arbiter =
+      [config](const std::string& name) -> absl::StatusOr<std::unique_ptr<MemoryArbiter>> {
+    if (name == "static") return std::make_unique<StaticArbiter>();
+    VAMP_ASSIGN_OR_RETURN(VampArbiterConfig c, VampArbiterConfigFromConfig(*config));
+    return std::make_unique<VampArbiter>(c);
+  };
+  auto context = std::make_shared<ServingContext>();
+  context->model = ServedModel{config_.GetString("model"), scheduler.max_model_len,
+                               first.vocab_size()};
+  absl::StatusOr<std::unique_ptr<ByteTokenizer>> tokenizer =
+      ByteTokenizer::Create(first.vocab_size());
+  if (!tokenizer.ok()) return tokenizer.status();
+  context->tokenizer = *std::move(tokenizer);
+  VAMP_ASSIGN_OR_RETURN(std::unique_ptr<ServingEngine> engine,
+                        ServingEngine::Start(group.get(), engine_options));
+  context->engine = std::move(engine);
+  absl::MutexLock lock(&mu_);
+  group_ = std::move(group);
+  context_ = std::move(context);
+  rank_memory_.clear();
+  for (const auto& r : ranks) rank_memory_.push_back(r.memory());
+  last_error_.clear();
+  VAMP_LOG(INFO) << "serving " << context_->model.id << " with " << endpoints.size()
+                 << " agent(s)";
+  return absl::OkStatus();
+}
+
+void ControllerServer::TearDown() {
+  std::shared_ptr<const ServingContext> context;
+  std::unique_ptr<AgentGroup> group;
+  {
+    absl::MutexLock lock(&mu_);
+    context = std::move(context_);
+    group = std::move(group_);
+  }
+  if (context != nullptr) context->engine->Stop();
+  // The group goes only after the engine stopped using it; requests still holding the context
+  // keep the (stopped) engine alive until they end.
 }
 
 void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {
   status->set_version(kVersion);
-  status->set_model(model_);
+  status->set_model(config_.GetString("model"));
   status->set_uptime_seconds(
       static_cast<double>(SteadyClock::Get().NowMicros() - start_micros_) * 1e-6);
-  // No agents are attached until the distributed system exists, so the replica cannot serve.
-  status->set_serving(false);
-  status->set_policy(arbiter_);
+  status->set_policy(config_.GetString("arbiter"));
+  std::shared_ptr<const ServingContext> ctx = Context();
+  if (ctx != nullptr) ctx->engine->Snapshot(status);
+  absl::MutexLock lock(&mu_);
+  // Live figures when the agents answer (they change with every remap), else those from Init.
+  absl::StatusOr<std::vector<vamp::v1::GetStatsResponse>> stats =
+      group_ != nullptr ? group_->GetStats()
+                        : absl::StatusOr<std::vector<vamp::v1::GetStatsResponse>>(
+                              absl::UnavailableError("no agents"));
+  if (stats.ok()) {
+    for (const auto& r : *stats) *status->add_ranks() = r.memory();
+  } else {
+    for (const auto& r : rank_memory_) *status->add_ranks() = r;
+  }
 }
 
 }  // namespace vamp

@@ -1,42 +1,79 @@
-// vamp-controller as an object: the gRPC server (Admin, health, reflection) and the /metrics
-// exposer of one model replica. main.cc wraps it in a process; tests start it in-process.
+// vamp-controller as an object: one model replica's frontends (HTTP, gRPC Serving), its Admin
+// service, agent registration, Prometheus metrics, optionally the local agents it spawns, and a
+// supervisor that (re)builds the serving engine whenever a full, healthy set of agents is there.
+// main.cc wraps it in a process; tests start it in-process.
 #ifndef VAMP_CONTROLLER_CONTROLLER_SERVER_H_
 #define VAMP_CONTROLLER_CONTROLLER_SERVER_H_
 
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "controller/admin_service.h"
+#include "controller/agent_launcher.h"
+#include "controller/agent_registry.h"
+#include "controller/http_frontend.h"
+#include "controller/serving_context.h"
+#include "controller/serving_service.h"
 
 namespace vamp {
 
 class ControllerServer {
  public:
-  // Starts serving per `config` (schema: ControllerConfigSchema()). Errors name the address
-  // that could not be bound.
-  static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const Config& config);
+  // Starts serving per `config` (schema: ControllerConfigSchema()). `self_path` locates the
+  // vamp-agent binary for spawn_agents when agent_binary is not given. Errors name the field or
+  // the address that could not be bound.
+  static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const Config& config,
+                                                                 const std::string& self_path = "");
   ~ControllerServer();
 
   int grpc_port() const { return grpc_->port(); }
-  int metrics_port() const { return metrics_->port(); }
-  // Stops accepting calls and waits briefly for calls in flight.
+  int admin_port() const { return admin_grpc_->port(); }
+  int http_port() const { return http_->port(); }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  // Whether a serving engine is up with all agents healthy.
+  bool serving() const;
+  // Waits up to `timeout` for serving() to be true.
+  bool WaitUntilServing(absl::Duration timeout) const;
+  // The spawned agents (tests kill them to exercise fault handling); null without spawn_agents.
+  AgentLauncher* launcher() { return launcher_.get(); }
   void Shutdown();
 
  private:
   explicit ControllerServer(const Config& config);
+  void Supervise();
+  absl::Status BringUp(const std::vector<AgentEndpoint>& endpoints);
+  void TearDown();
+  std::shared_ptr<const ServingContext> Context() const;
   void FillStatus(vamp::v1::GetStatusResponse* status) const;
 
-  const std::string model_;
-  const std::string arbiter_;
+  const Config config_;
   const int64_t start_micros_;
+  std::string auth_token_;
+
+  std::unique_ptr<AgentRegistry> registry_;
+  std::unique_ptr<ServingService> serving_service_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<MetricsExposer> metrics_;
   std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<GrpcServer> admin_grpc_;
+  std::unique_ptr<HttpFrontend> http_;
+  std::unique_ptr<AgentLauncher> launcher_;
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<AgentGroup> group_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const ServingContext> context_ ABSL_GUARDED_BY(mu_);
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<vamp::v1::RankMemory> rank_memory_ ABSL_GUARDED_BY(mu_);
+  std::thread supervisor_;
 };
 
 }  // namespace vamp

@@ -13,8 +13,12 @@ namespace {
 
 constexpr char kSummary[] =
     "vamp-controller schedules requests for one MoE model replica, owns the KV block pool and\n"
-    "the memory arbiter, and drives one vamp-agent per GPU. It serves gRPC (Admin, health,\n"
-    "reflection) and Prometheus /metrics. Stop it with SIGINT or SIGTERM.";
+    "the memory arbiter, and drives one vamp-agent per GPU (or CPU agent). It serves the\n"
+    "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
+    "/metrics), gRPC Serving and Admin (vampctl), and agent registration. With\n"
+    "--spawn_agents N it starts N local agents itself. Stop it with SIGINT or SIGTERM.\n\n"
+    "Example (CPU, tiny model):\n"
+    "  vamp-controller --model_path tests/data/tiny-qwen3-moe --spawn_agents 1";
 
 int Run(int argc, char** argv) {
   absl::StatusOr<vamp::CommandLine> cli =
@@ -48,7 +52,7 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<vamp::ControllerServer>> server =
-      vamp::ControllerServer::Start(cli->config);
+      vamp::ControllerServer::Start(cli->config, "/proc/self/exe");
   if (!server.ok()) {
     VAMP_LOG(ERROR) << "cannot start: " << server.status().message();
     return 1;
@@ -57,6 +61,8 @@ int Run(int argc, char** argv) {
   if (!ready_file.empty()) {
     std::ofstream out(ready_file);
     out << "{\"grpc_port\": " << (*server)->grpc_port()
+        << ", \"admin_port\": " << (*server)->admin_port()
+        << ", \"http_port\": " << (*server)->http_port()
         << ", \"metrics_port\": " << (*server)->metrics_port() << "}\n";
     if (!out) {
       VAMP_LOG(ERROR) << "cannot write ready_file '" << ready_file << "'";

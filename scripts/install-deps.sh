@@ -11,6 +11,7 @@ PKGS=(
   prometheus      # promtool, used by tests to validate /metrics expositions
   clang           # libFuzzer targets
   python3         # helper scripts (reports, plots)
+  curl            # scripts/run.sh talks to the HTTP API
   patchelf        # portable bundle (deploy/bundle)
 )
 missing=()

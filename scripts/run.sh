@@ -1,32 +1,41 @@
 #!/usr/bin/env bash
 # The main job: installs dependencies, builds VAMP and runs the whole system on its embedded
-# default, then keeps serving until Ctrl-C.
-#   scripts/run.sh           serve in the foreground
-#   scripts/run.sh --check   start, check health and status, then stop (exit 0 when healthy)
-# Environment: VAMP_GRPC_PORT (50051), VAMP_METRICS_PORT (9400), VAMP_BUILD_PRESET (release).
+# default — vamp-controller spawning CPU vamp-agents that serve the tiny qwen3_moe checkpoint in
+# tests/data — then sends one request and keeps serving until Ctrl-C.
+#   scripts/run.sh           serve in the foreground (HTTP on 127.0.0.1:8000)
+#   scripts/run.sh --check   start, check health, status and one completion, then stop
+# Environment: VAMP_HTTP_PORT (8000), VAMP_GRPC_PORT (50051), VAMP_ADMIN_PORT (50052),
+# VAMP_AGENTS (1; 2 runs tensor-parallel), VAMP_MODEL_PATH (tests/data/tiny-qwen3-moe),
+# VAMP_BUILD_PRESET (release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=serve
 case "${1:-}" in
   --check) mode=check ;;
   "") ;;
-  -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
 preset=${VAMP_BUILD_PRESET:-release}
+http_port=${VAMP_HTTP_PORT:-8000}
 grpc_port=${VAMP_GRPC_PORT:-50051}
-metrics_port=${VAMP_METRICS_PORT:-9400}
-if [[ $mode == check ]]; then grpc_port=0; metrics_port=0; fi
+admin_port=${VAMP_ADMIN_PORT:-50052}
+agents=${VAMP_AGENTS:-1}
+model=${VAMP_MODEL_PATH:-tests/data/tiny-qwen3-moe}
+if [[ $mode == check ]]; then http_port=0; grpc_port=0; admin_port=0; fi
 
 bash scripts/install-deps.sh
 echo "==> building ($preset)"
-bash scripts/build.sh --preset "$preset" vamp-controller vampctl
+bash scripts/build.sh --preset "$preset" vamp-controller vamp-agent vampctl
 bin=build/$preset
 
 ready=$(mktemp)
 rm -f "$ready"
-"$bin/controller/vamp-controller" --grpc_address "127.0.0.1:$grpc_port" \
-  --metrics_address "127.0.0.1:$metrics_port" --ready_file "$ready" &
+"$bin/controller/vamp-controller" --model_path "$model" --spawn_agents "$agents" \
+  --http_address "127.0.0.1:$http_port" --grpc_address "127.0.0.1:$grpc_port" \
+  --admin_address "127.0.0.1:$admin_port" --metrics_address "" \
+  --agent_host_memory_bytes 268435456 --agent_host_page_bytes 4096 --max_offload_ratio 0.5 \
+  --ready_file "$ready" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$ready"' EXIT
 for _ in $(seq 100); do
@@ -34,18 +43,36 @@ for _ in $(seq 100); do
   kill -0 $pid 2>/dev/null || { echo "run.sh: vamp-controller exited during start-up" >&2; exit 1; }
   sleep 0.1
 done
-[[ -s $ready ]] || { echo "run.sh: vamp-controller did not become ready in 10 s" >&2; exit 1; }
-port=$(sed -E 's/.*"grpc_port": ([0-9]+).*/\1/' "$ready")
-mport=$(sed -E 's/.*"metrics_port": ([0-9]+).*/\1/' "$ready")
-export VAMPCTL_ENDPOINT=127.0.0.1:$port
-echo "==> vampctl health"
-"$bin/cli/vampctl" health
+[[ -s $ready ]] || { echo "run.sh: vamp-controller did not start listening in 10 s" >&2; exit 1; }
+port_of() { sed -E "s/.*\"$1\": ([0-9]+).*/\1/" "$ready"; }
+http=$(port_of http_port)
+export VAMPCTL_ENDPOINT=127.0.0.1:$(port_of admin_port)
+echo "==> waiting for $agents agent(s) to load $model"
+for _ in $(seq 300); do
+  curl -sf "http://127.0.0.1:$http/health" >/dev/null && break
+  kill -0 $pid 2>/dev/null || { echo "run.sh: vamp-controller exited" >&2; exit 1; }
+  sleep 0.1
+done
+curl -sf "http://127.0.0.1:$http/health" >/dev/null ||
+  { echo "run.sh: the model is not being served after 30 s" >&2; exit 1; }
 echo "==> vampctl status"
 "$bin/cli/vampctl" status
-echo "==> metrics at http://127.0.0.1:$mport/metrics"
+echo "==> POST /v1/completions"
+request='{"prompt": "Hello, ", "max_tokens": 16, "temperature": 0, "ignore_eos": true}'
+echo "    $request"
+response=$(curl -sf "http://127.0.0.1:$http/v1/completions" -H 'Content-Type: application/json' \
+  -d "$request")
+echo "    $response"
+grep -q '"completion_tokens":16' <<<"$response" ||
+  { echo "run.sh: unexpected completion response" >&2; exit 1; }
 if [[ $mode == check ]]; then
-  echo "run.sh: controller healthy"
+  echo "run.sh: system healthy, completion served"
   exit 0
 fi
-echo "==> serving on 127.0.0.1:$port (gRPC); Ctrl-C stops"
+cat <<EOT
+==> serving on http://127.0.0.1:$http (OpenAI-compatible); Ctrl-C stops. Try:
+    curl -s http://127.0.0.1:$http/v1/completions -H 'Content-Type: application/json' \\
+      -d '{"prompt": "Hi", "max_tokens": 8, "stream": true}'
+    $bin/cli/vampctl status      # admin at $VAMPCTL_ENDPOINT
+EOT
 wait $pid

@@ -5,12 +5,20 @@
 //   1. expand the pool by moving expert groups into it (PoolExpander; VAMP's offload),
 //   2. evict cached free blocks in LRU order,
 //   3. preempt running requests (recompute later).
+// While a restore is pending (expansion().restore_pending), a plan may instead cancel it
+// (cancel_restore), which returns the withdrawn blocks to the pool; expansion is unavailable
+// until the restore is committed or cancelled.
 // After applying a plan the scheduler recomputes the gap and asks again while it is positive and
 // the previous plan made progress, so an arbiter may cover a gap in several rounds (the static
 // arbiter preempts one request per round, as vLLM does). An empty plan means "no way now": a
 // running requester is not scheduled this step, a waiting one stays waiting.
 //
-// Implementations: StaticArbiter (vLLM 0.15 baseline, here) and the cost-model arbiter (issue 5).
+// Besides covering gaps, an arbiter may give memory back: at every step boundary the scheduler
+// calls OnStepBoundary, and a positive answer starts a restore (expert groups go back from the KV
+// pool to the experts; see Scheduler). The paper's VAMP never restores; the cost-model arbiter
+// does so behind a flag.
+//
+// Implementations: StaticArbiter (vLLM 0.15 baseline, here) and VampArbiter (controller/arbiter/).
 // Arbiters only read: everything they see is const.
 #ifndef VAMP_CONTROLLER_CORE_MEMORY_ARBITER_H_
 #define VAMP_CONTROLLER_CORE_MEMORY_ARBITER_H_
@@ -46,23 +54,44 @@ struct ArbiterCosts {
   double combined_micros = -1;
 };
 
+// The inputs a cost-model arbiter priced its plans with, for the decision log (the static arbiter
+// leaves them at their defaults).
+struct ArbiterInputs {
+  double hit_rate = 0;        // r_hit: observed prefix-cache hit rate, 0..1
+  int32_t horizon_steps = 0;  // w: decode steps the offload cost is counted over
+  int32_t free_cached_blocks = 0;
+  int32_t remaining_groups = 0;  // expert groups that could still move into the pool
+  int32_t blocks_per_group = 0;
+  int32_t victims = 0;          // G: running requests a preemption plan needs (0 = infeasible)
+  double t_prefill_micros = 0;  // per token
+  double c_eff_micros = 0;      // per offloaded expert shard per step
+  double t_queue_micros = 0;    // preemption → reschedule delay
+};
+
 struct ArbiterPlan {
+  // Give the blocks withdrawn for a pending restore back to the pool first (pressure is back).
+  bool cancel_restore = false;
   int32_t expand_groups = 0;       // expert groups to move into the KV pool
   int32_t evict_blocks = 0;        // cached free blocks to evict, least recently used first
   std::vector<RequestId> preempt;  // running requests to preempt, in this order
   // Short name of the choice for logs and metrics, e.g. "evict", "preempt", "expand+evict".
   std::string choice;
   ArbiterCosts costs;
+  ArbiterInputs inputs;
 
-  bool empty() const { return expand_groups == 0 && evict_blocks == 0 && preempt.empty(); }
+  bool empty() const {
+    return !cancel_restore && expand_groups == 0 && evict_blocks == 0 && preempt.empty();
+  }
 };
 
-// One arbiter call as the scheduler recorded it.
+// One arbiter call as the scheduler recorded it: a gap it was asked to cover, or a restore it
+// started (gap_blocks 0, restore_groups > 0, plan.choice "restore").
 struct ArbiterRecord {
   int64_t step = 0;
   RequestId requester = 0;
   bool requester_running = false;
   int32_t gap_blocks = 0;
+  int32_t restore_groups = 0;
   ArbiterPlan plan;
   // What applying the plan achieved.
   int32_t blocks_added = 0;
@@ -70,8 +99,8 @@ struct ArbiterRecord {
   int32_t requests_preempted = 0;
 };
 
-// Moves expert groups into the KV pool (wired to the agents' remap by a later issue; the simulator
-// provides its own). Called synchronously at a step boundary, between steps.
+// Moves expert groups into the KV pool and back (wired to the agents' remap by a later issue; the
+// simulator provides its own). Called synchronously at a step boundary, between steps.
 class PoolExpander {
  public:
   virtual ~PoolExpander() = default;
@@ -82,12 +111,34 @@ class PoolExpander {
   // Moves `groups` groups (<= RemainingGroups()) and returns how many KV blocks were added: the
   // minimum over all ranks, the same on every rank.
   virtual absl::StatusOr<int32_t> Expand(int32_t groups) = 0;
+
+  // ---- Geometry for cost models (defaults: unknown) ----
+  // g: rank-local expert shards per group.
+  virtual int32_t ExpertsPerGroup() const { return 1; }
+  // E: rank-local expert shards per MoE layer (0 = unknown; the cost model then does not cap).
+  virtual int32_t ExpertsPerLayer() const { return 0; }
+
+  // ---- Restore (the reverse move; optional, default: not supported) ----
+  // Groups moved into the pool so far and not given back.
+  virtual int32_t OffloadedGroups() const { return 0; }
+  // KV blocks (the pool's highest ids) that must leave the pool before the last `groups` groups
+  // (<= OffloadedGroups()) can go back to the experts.
+  virtual int32_t BlocksToRelease(int32_t groups) const { return groups * BlocksPerGroup(); }
+  // Moves the last `groups` groups back to the experts. Called after the pool dropped
+  // BlocksToRelease(groups) blocks, so none of their pages is in use.
+  virtual absl::Status Restore(int32_t groups) {
+    return absl::UnimplementedError("this expander cannot restore");
+  }
 };
 
 struct ExpansionInfo {
   bool available = false;  // an expander exists and the pool is not shrinking
   int32_t remaining_groups = 0;
   int32_t blocks_per_group = 0;
+  int32_t experts_per_group = 1;  // g
+  int32_t experts_per_layer = 0;  // E (0 = unknown)
+  int32_t offloaded_groups = 0;   // groups in the pool now (what a restore could give back)
+  bool restore_pending = false;   // a restore is waiting for its blocks to be released
 };
 
 // Read-only view of the scheduler for an arbiter call.
@@ -132,6 +183,13 @@ class MemoryArbiter {
   // "static", "vamp", ...
   virtual absl::string_view name() const = 0;
   virtual ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) = 0;
+  // Called at the start of every Schedule() (a step boundary), before anything is planned, so that
+  // an arbiter can follow the scheduler's counters over time. Returns how many expert groups to
+  // give back to the experts now (0 = none); the scheduler acts on it only when groups are
+  // offloaded (context.expansion().offloaded_groups > 0) and no restore or shrink is pending.
+  // An arbiter that starts restores should cancel them (ArbiterPlan::cancel_restore) when a gap
+  // shows that the memory is needed.
+  virtual int32_t OnStepBoundary(const ArbiterContext& context) { return 0; }
 };
 
 }  // namespace vamp

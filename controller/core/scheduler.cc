@@ -95,11 +95,64 @@ const Request* Scheduler::FindRequest(RequestId id) const {
 
 ExpansionInfo Scheduler::Expansion() const {
   ExpansionInfo info;
-  if (expander_ == nullptr || kv_.pool().shrink_pending()) return info;
+  if (expander_ == nullptr) return info;
+  info.experts_per_group = expander_->ExpertsPerGroup();
+  info.experts_per_layer = expander_->ExpertsPerLayer();
+  info.offloaded_groups = expander_->OffloadedGroups();
+  info.restore_pending = restore_pending_groups_ > 0;
+  info.blocks_per_group = expander_->BlocksPerGroup();
+  if (kv_.pool().shrink_pending()) return info;
   info.available = true;
   info.remaining_groups = expander_->RemainingGroups();
-  info.blocks_per_group = expander_->BlocksPerGroup();
   return info;
+}
+
+void Scheduler::CancelRestore() {
+  absl::Status s = kv_.pool().CancelShrink();
+  VAMP_CHECK(s.ok()) << s;  // a pending restore always has a pending shrink
+  restore_pending_groups_ = 0;
+  ++counters_.num_restores_cancelled;
+}
+
+void Scheduler::StepBoundary() {
+  KvBlockPool& pool = kv_.pool();
+  if (restore_pending_groups_ > 0) {
+    if (pool.shrink_outstanding() > 0) return;
+    const int32_t before = pool.num_blocks();
+    absl::Status s = pool.CommitShrink();
+    VAMP_CHECK(s.ok()) << s;
+    counters_.num_restored_blocks += before - pool.num_blocks();
+    s = expander_->Restore(restore_pending_groups_);
+    if (!s.ok()) {
+      // The blocks have left the pool already; their pages stay unused until the expander can
+      // take them. Nothing else depends on them, so serving goes on.
+      VAMP_LOG(ERROR) << "restoring " << restore_pending_groups_ << " expert groups failed: " << s;
+    } else {
+      ++counters_.num_restores;
+    }
+    restore_pending_groups_ = 0;
+    return;  // one capacity change per step boundary
+  }
+  const ArbiterContext context(pool, running_, counters_, config_, step_, Expansion());
+  const int32_t groups = arbiter_->OnStepBoundary(context);
+  if (groups <= 0 || expander_ == nullptr || pool.shrink_pending()) return;
+  const int32_t offloaded = context.expansion().offloaded_groups;
+  if (offloaded <= 0) return;
+  const int32_t n = std::min(groups, offloaded);
+  const int32_t blocks = expander_->BlocksToRelease(n);
+  if (blocks <= 0) return;
+  if (absl::Status s = BeginShrinkPool(blocks); !s.ok()) {
+    VAMP_LOG(WARNING) << arbiter_->name() << " arbiter asked to restore " << n
+                      << " expert groups: " << s;
+    return;
+  }
+  restore_pending_groups_ = n;
+  ++counters_.num_restores_started;
+  ArbiterRecord record;
+  record.step = step_;
+  record.restore_groups = n;
+  record.plan.choice = "restore";
+  step_decisions_.push_back(std::move(record));
 }
 
 void Scheduler::Preempt(Request* victim) {
@@ -155,6 +208,11 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
     record.plan = arbiter_->Decide(context, need);
     const ArbiterPlan& plan = record.plan;
 
+    bool restore_cancelled = false;
+    if (plan.cancel_restore && restore_pending_groups_ > 0) {
+      CancelRestore();
+      restore_cancelled = true;
+    }
     if (plan.expand_groups > 0) {
       const ExpansionInfo info = Expansion();
       if (!info.available || info.remaining_groups <= 0) {
@@ -192,6 +250,7 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
       if (it->second.get() == request) requester_preempted = true;
     }
     const bool progress =
+        restore_cancelled ||
         record.blocks_added + record.blocks_evicted + record.requests_preempted > 0;
     step_decisions_.push_back(std::move(record));
     if (requester_preempted) return Room::kRequesterPreempted;
@@ -237,6 +296,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   step_num_preempted_ = 0;
   step_decisions_.clear();
   step_queue_times_.clear();
+  StepBoundary();
   token_budget_ = config_.max_num_batched_tokens;
   const int32_t threshold = config_.long_prefill_token_threshold;
 
@@ -459,9 +519,19 @@ absl::Status Scheduler::BeginShrinkPool(int32_t blocks) {
   return kv_.pool().BeginShrink(blocks);
 }
 
-absl::Status Scheduler::CommitShrinkPool() { return kv_.pool().CommitShrink(); }
+absl::Status Scheduler::CommitShrinkPool() {
+  if (restore_pending_groups_ > 0) {
+    return absl::FailedPreconditionError("CommitShrinkPool: the pending shrink is a restore's");
+  }
+  return kv_.pool().CommitShrink();
+}
 
-absl::Status Scheduler::CancelShrinkPool() { return kv_.pool().CancelShrink(); }
+absl::Status Scheduler::CancelShrinkPool() {
+  if (restore_pending_groups_ > 0) {
+    return absl::FailedPreconditionError("CancelShrinkPool: the pending shrink is a restore's");
+  }
+  return kv_.pool().CancelShrink();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Introspection

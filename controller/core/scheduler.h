@@ -15,6 +15,13 @@
 // Full blocks enter the prefix cache once their KV is computed, i.e. when the step's output
 // arrives.
 //
+// Restore (expert groups back from the KV pool, optional): at the start of each Schedule() the
+// arbiter may ask for groups back (MemoryArbiter::OnStepBoundary). The scheduler then withdraws
+// the pool's tail (BlocksToRelease blocks, KvBlockPool::BeginShrink); once no request holds any
+// of them, at a later step boundary, it commits the shrink and calls PoolExpander::Restore. While
+// a restore is pending the arbiter may cancel it to cover a gap (ArbiterPlan::cancel_restore): the
+// withdrawn blocks come back and the arbiter is asked again.
+//
 // Not thread-safe: one thread (the engine loop) owns the scheduler; other threads hand requests to
 // that thread. Deterministic: the same calls with the same clock readings give the same plans.
 #ifndef VAMP_CONTROLLER_CORE_SCHEDULER_H_
@@ -72,6 +79,7 @@ class Scheduler {
   absl::StatusOr<std::vector<RequestOutput>> UpdateFromOutput(const StepOutput& output);
 
   // ---- Capacity (step boundaries; see KvBlockPool) ----
+  // Commit/Cancel refuse (FailedPrecondition) while the pending shrink belongs to a restore.
   absl::Status GrowPool(int32_t blocks);
   absl::Status BeginShrinkPool(int32_t blocks);
   absl::Status CommitShrinkPool();
@@ -93,8 +101,10 @@ class Scheduler {
   const SchedulerCounters& counters() const { return counters_; }
   // Snapshot: pool state, request counts, counters and the latest step's figures.
   SchedulerStats Stats() const;
-  // Arbiter calls made by the latest Schedule().
+  // Arbiter calls made by the latest Schedule() (gaps, and a restore it started).
   const std::vector<ArbiterRecord>& step_decisions() const { return step_decisions_; }
+  // Expert groups of the restore under way (0 when none is pending).
+  int32_t restore_pending_groups() const { return restore_pending_groups_; }
   // O(blocks + tokens) consistency check for tests: pool invariants, reference counts equal to the
   // number of block tables holding each block, cached blocks' hashes equal to their owners'
   // token hashes, and every live request in exactly one of running / waiting.
@@ -122,6 +132,10 @@ class Scheduler {
   // Makes room (via the arbiter) for `request`'s table to cover `num_total_tokens`, then allocates.
   Room EnsureBlocks(Request* request, int32_t num_total_tokens, bool running);
   ExpansionInfo Expansion() const;
+  // Step-boundary work for restores: commits a pending one whose blocks are all released, or asks
+  // the arbiter whether to start one.
+  void StepBoundary();
+  void CancelRestore();
   void Preempt(Request* victim);
   void RecordAdmission(const Scheduled& s, int64_t now);
 
@@ -151,6 +165,7 @@ class Scheduler {
   int32_t step_num_scheduled_tokens_ = 0;
   std::vector<QueueTimeSample> step_queue_times_;
   std::vector<ArbiterRecord> step_decisions_;
+  int32_t restore_pending_groups_ = 0;
 };
 
 }  // namespace vamp

@@ -104,6 +104,13 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequ
   s.Update(OptionalBool(body, "stream", &out->stream));
   s.Update(OptionalNumber(body, "priority", -1000000, 1000000, &out->priority));
   if (!s.ok()) return s;
+  // Accepted by the API but not by the agents' samplers yet: refuse them here, per request,
+  // rather than fail a whole batch on the agents.
+  if (sp.min_tokens != 0) return FieldError("min_tokens", "is not supported yet");
+  if (sp.min_p != 0) return FieldError("min_p", "is not supported yet");
+  if (sp.presence_penalty != 0) return FieldError("presence_penalty", "is not supported yet");
+  if (sp.frequency_penalty != 0) return FieldError("frequency_penalty", "is not supported yet");
+  if (sp.repetition_penalty != 1) return FieldError("repetition_penalty", "is not supported yet");
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const Json& so = body["stream_options"];
     if (!so.is_object()) return FieldError("stream_options", "must be an object");

@@ -52,13 +52,15 @@ TEST(VampctlTest, UnreachableControllerExitsThree) {
 }
 
 TEST(VampctlTest, HealthAndStatusAgainstLiveController) {
+  const std::string model = std::string("--model_path=") + VAMP_TEST_DATA_DIR + "/tiny-qwen3-moe";
   const char* argv[] = {"vamp-controller", "--grpc_address=127.0.0.1:0",
-                        "--metrics_address=127.0.0.1:0"};
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 3, argv);
-  ASSERT_TRUE(cli.ok());
+                        "--admin_address=127.0.0.1:0", "--http_address=127.0.0.1:0",
+                        "--metrics_address=", model.c_str()};
+  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 6, argv);
+  ASSERT_TRUE(cli.ok()) << cli.status();
   absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
   ASSERT_TRUE(server.ok()) << server.status();
-  const std::string endpoint = "--endpoint 127.0.0.1:" + std::to_string((*server)->grpc_port());
+  const std::string endpoint = "--endpoint 127.0.0.1:" + std::to_string((*server)->admin_port());
   Result health = RunVampctl(endpoint + " health");
   EXPECT_EQ(health.exit_code, 0) << health.output;
   EXPECT_THAT(health.output, HasSubstr("SERVING"));
@@ -68,6 +70,15 @@ TEST(VampctlTest, HealthAndStatusAgainstLiveController) {
   Result json = RunVampctl(endpoint + " -o json status");
   EXPECT_EQ(json.exit_code, 0) << json.output;
   EXPECT_THAT(json.output, HasSubstr("\"policy\": \"vamp\""));
+  Result policy = RunVampctl(endpoint + " policy get");
+  EXPECT_EQ(policy.exit_code, 0) << policy.output;
+  EXPECT_THAT(policy.output, HasSubstr("max offload ratio  0.25"));
+  // No agents yet: the server refuses a forced offload (exit 4 = server error).
+  Result offload = RunVampctl(endpoint + " offload 2");
+  EXPECT_EQ(offload.exit_code, 4) << offload.output;
+  EXPECT_THAT(offload.output, HasSubstr("not being served"));
+  EXPECT_EQ(RunVampctl(endpoint + " offload zero").exit_code, 2);
+  EXPECT_EQ(RunVampctl(endpoint + " policy set").exit_code, 2);
 }
 
 }  // namespace

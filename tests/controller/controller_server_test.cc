@@ -1,51 +1,120 @@
+// The controller on its own (no agents registered): every frontend answers, reports that the model
+// is not served yet, and bad configuration fails start-up naming the field.
 #include "controller/controller_server.h"
 
 #include "controller/controller_config.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
 #include "tests/common/metrics_scrape.h"
 #include "vamp/v1/admin.grpc.pb.h"
+#include "vamp/v1/serving.grpc.pb.h"
 
 namespace vamp {
 namespace {
 
 using ::testing::HasSubstr;
 
-absl::StatusOr<std::unique_ptr<ControllerServer>> StartOnFreePorts(const char* arbiter) {
-  const char* argv[] = {"vamp-controller", "--grpc_address=127.0.0.1:0",
-                        "--metrics_address=127.0.0.1:0", arbiter};
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 4, argv);
-  if (!cli.ok()) return cli.status();
-  return ControllerServer::Start(cli->config);
+absl::StatusOr<CommandLine> Flags(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"vamp-controller",
+                                   "--grpc_address=127.0.0.1:0",
+                                   "--admin_address=127.0.0.1:0",
+                                   "--http_address=127.0.0.1:0",
+                                   "--metrics_address=127.0.0.1:0",
+                                   std::string("--model_path=") + VAMP_TEST_DATA_DIR +
+                                       "/tiny-qwen3-moe"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return ParseCommandLine(ControllerConfigSchema(), static_cast<int>(argv.size()), argv.data());
 }
 
-TEST(ControllerServerTest, StatusOverGrpcAndMetricsPassPromtool) {
-  absl::StatusOr<std::unique_ptr<ControllerServer>> server = StartOnFreePorts("--arbiter=static");
+TEST(ControllerServerTest, AnswersEverywhereBeforeAgentsArrive) {
+  absl::StatusOr<CommandLine> cli = Flags({"--arbiter=static"});
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = vamp::v1::Admin::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string((*server)->grpc_port()), grpc::InsecureChannelCredentials()));
+  EXPECT_FALSE((*server)->serving());
+
+  auto admin = vamp::v1::Admin::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*server)->admin_port()), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   vamp::v1::GetStatusResponse status;
-  ASSERT_TRUE(stub->GetStatus(&ctx, {}, &status).ok());
+  ASSERT_TRUE(admin->GetStatus(&ctx, {}, &status).ok());
   EXPECT_EQ(status.policy(), "static");
-  EXPECT_EQ(status.model(), "tiny-qwen3-moe");
   EXPECT_FALSE(status.serving());
-  EXPECT_GE(status.uptime_seconds(), 0.0);
+  grpc::ClientContext offload_ctx;
+  vamp::v1::ForceRemapRequest one;
+  one.set_num_groups(1);
+  vamp::v1::ForceRemapResponse remapped;
+  EXPECT_EQ(admin->ForceOffload(&offload_ctx, one, &remapped).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
 
-  absl::StatusOr<std::string> body = testing::ScrapeMetrics((*server)->metrics_port());
-  ASSERT_TRUE(body.ok()) << body.status();
-  EXPECT_THAT(*body, HasSubstr("vamp_controller_build_info{version=\"0.1.0\"} 1"));
-  absl::Status check = testing::PromtoolCheckMetrics(*body);
-  if (absl::IsUnavailable(check)) GTEST_SKIP() << check;
-  EXPECT_TRUE(check.ok()) << check;
+  // gRPC health: the process answers, the Serving service is NOT_SERVING until agents serve.
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->grpc_port()),
+                                     grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext hctx;
+  grpc::health::v1::HealthCheckRequest hreq;
+  hreq.set_service("vamp.v1.Serving");
+  grpc::health::v1::HealthCheckResponse hresp;
+  ASSERT_TRUE(health->Check(&hctx, hreq, &hresp).ok());
+  EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+
+  auto serving = vamp::v1::Serving::NewStub(channel);
+  grpc::ClientContext gctx;
+  vamp::v1::GenerateRequest greq;
+  greq.add_prompt_token_ids(1);
+  auto reader = serving->Generate(&gctx, greq);
+  vamp::v1::GenerateResponse gresp;
+  while (reader->Read(&gresp)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  httplib::Client http("127.0.0.1", (*server)->http_port());
+  auto h = http.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  auto c = http.Post("/v1/completions", R"({"prompt": "hi"})", "application/json");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 503);
+  EXPECT_THAT(c->body, HasSubstr("not being served yet"));
+  auto missing = http.Get("/v2/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(nlohmann::json::parse(missing->body)["error"]["code"], 404);
+
+  for (int port : {(*server)->metrics_port(), (*server)->http_port()}) {
+    absl::StatusOr<std::string> body = testing::ScrapeMetrics(port);
+    ASSERT_TRUE(body.ok()) << body.status();
+    EXPECT_THAT(*body, HasSubstr("vamp_controller_build_info{version=\"0.1.0\"} 1"));
+    absl::Status check = testing::PromtoolCheckMetrics(*body);
+    if (absl::IsUnavailable(check)) GTEST_SKIP() << check;
+    EXPECT_TRUE(check.ok()) << check;
+  }
 }
 
 TEST(ControllerServerTest, BadConfigNamesField) {
-  const char* argv[] = {"vamp-controller", "--max_offload_ratio=1.5"};
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 2, argv);
-  ASSERT_FALSE(cli.ok());
-  EXPECT_THAT(cli.status().message(), HasSubstr("'max_offload_ratio'"));
+  absl::StatusOr<CommandLine> range = Flags({"--max_offload_ratio=1.5"});
+  ASSERT_FALSE(range.ok());
+  EXPECT_THAT(range.status().message(), HasSubstr("'max_offload_ratio'"));
+
+  const char* argv[] = {"vamp-controller", "--grpc_address=127.0.0.1:0"};
+  absl::StatusOr<CommandLine> no_model = ParseCommandLine(ControllerConfigSchema(), 2, argv);
+  ASSERT_TRUE(no_model.ok());
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server =
+      ControllerServer::Start(no_model->config);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("model_path"));
+
+  absl::StatusOr<CommandLine> bad_token = Flags({"--auth_token_file=/nonexistent/token"});
+  ASSERT_TRUE(bad_token.ok());
+  server = ControllerServer::Start(bad_token->config);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("auth_token_file"));
 }
 
 }  // namespace

@@ -1,0 +1,137 @@
+// AgentEngine: what one vamp-agent does with the controller's messages (proto/vamp/v1/agent.proto),
+// independent of gRPC. It owns the rank's model shard, memory (expert regions, KV region, page
+// pool), staging, runner and tensor-parallel communicator.
+//
+// Init: loads the model (config.json + safetensors, or dummy weights), plans memory from the
+// budget (a fraction of --host_memory_bytes on CPU), creates the page pool, expert store and KV
+// region, connects the tensor-parallel group (tp_size > 1: TcpCommunicator over
+// parallel.host_transport_address) and builds the ModelRunner.
+//   - The same InitRequest again keeps weights, memory and the current offload state, rebuilds the
+//     communicator (the peers are being re-initialised too) and forgets every request: a restarted
+//     controller starts with an empty batch. A different InitRequest rebuilds everything.
+//   - dtype bfloat16/float16 is accepted on CPU, which computes and stores KV in float32.
+//   - Bad requests fail before anything is torn down: InvalidArgument naming the field (model_path,
+//     load_format, dtype, parallel.*, memory.*); FailedPrecondition when the memory budget cannot
+//     hold the model (the message says what does not fit and by how much); Unimplemented for a
+//     CUDA device (the CUDA model runner does not exist yet).
+//
+// Step (one StepRequest, in order; controller/core/step_plan.h is the contract):
+//   1. rollback_remap_ids: undo remaps this rank applied (an id it does not know failed here, or
+//      never arrived; nothing to undo);
+//   2. remaps: offload / restore n groups through the MemoryRepartitioner; afterwards the rank uses
+//      exactly expected_kv_blocks blocks (when > 0; never more than it has, never fewer than its
+//      requests occupy) and the runner gets the new KV view;
+//   3. finished ids (forgotten; unknown ids are ignored), preempted ids (block table and batch slot
+//      dropped, tokens and sampling kept), new requests, cached requests (a resumed one comes back
+//      with its whole new block table and recomputes from num_computed_tokens);
+//   4. the forward pass and sampling when tokens are scheduled.
+// Every failure becomes StepResponse.error_message naming the field (e.g.
+// "cached_requests[0].request_id 7 is unknown"); nothing of a rejected step is applied, and the
+// engine keeps serving. A failed remap does not stop the step's forward pass: every
+// tensor-parallel rank must join every collective, and the step's block ids never depend on a
+// remap of the same step. Sampled tokens are returned by every rank.
+//
+// Thread-safe: calls are serialised (a Capacity or GetStats waits for a step in progress). Abort()
+// may be called from any thread at any time.
+#ifndef VAMP_AGENT_AGENT_ENGINE_H_
+#define VAMP_AGENT_AGENT_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/agent_metrics.h"
+#include "agent/agent_options.h"
+#include "agent/tcp_communicator.h"
+#include "vamp/v1/agent.pb.h"
+
+namespace vamp {
+
+// Values used for MemorySpec fields the controller leaves at 0.
+struct InitDefaults {
+  double gpu_memory_utilization = 0.90;
+  int32_t block_size = 16;
+  int32_t max_num_batched_tokens = 8192;
+  int32_t max_num_seqs = 256;
+};
+
+struct AgentEngineOptions {
+  DeviceSpec device;
+  // Host memory backend (CPU agents); see AgentOptions.
+  uint64_t host_page_bytes = uint64_t{2} << 20;
+  uint64_t host_memory_bytes = uint64_t{4} << 30;
+  bool host_populate = false;
+  uint64_t host_runtime_overhead_bytes = 0;
+  // TcpCommunicator timeouts and the secret presented to the other ranks.
+  int64_t tp_connect_timeout_ms = 120000;
+  int64_t tp_io_timeout_ms = 120000;
+  std::string auth_token;
+  InitDefaults defaults;
+  // Base of the sampling seeds of requests without their own seed (identical on every rank).
+  uint64_t sampling_seed = 0;
+  // Successful remaps remembered for rollback (the controller rolls back the one it just sent).
+  int max_remap_history = 64;
+};
+
+class AgentEngine {
+ public:
+  // `metrics` may be null; otherwise it must outlive the engine.
+  AgentEngine(AgentEngineOptions options, AgentMetrics* metrics);
+  ~AgentEngine();
+  AgentEngine(const AgentEngine&) = delete;
+  AgentEngine& operator=(const AgentEngine&) = delete;
+
+  absl::StatusOr<vamp::v1::InitResponse> Init(const vamp::v1::InitRequest& request);
+  // Never fails as a call: errors are in the response's error_message.
+  vamp::v1::StepResponse Step(const vamp::v1::StepRequest& request);
+  // kv_blocks_now: blocks in use; kv_blocks_after: what this rank would have after offloading
+  // (delta > 0) or restoring (delta < 0) |delta| groups. A delta past the cap, or restoring more
+  // than is offloaded, answers kv_blocks_after = kv_blocks_now (offloaded_groups and
+  // max_offload_groups say why). FailedPrecondition before Init.
+  absl::StatusOr<vamp::v1::CapacityResponse> Capacity(const vamp::v1::CapacityRequest& request);
+  vamp::v1::GetStatsResponse GetStats();
+
+  bool initialized();
+  // The rank given by the last successful Init, or -1.
+  int rank();
+  // This rank's memory split (rank and device only before Init).
+  vamp::v1::RankMemory Memory();
+  // Fails a tensor-parallel collective or connection in progress (shutdown, or a new Init that
+  // must not wait for a step stuck on a dead peer).
+  void Abort(absl::Status reason);
+
+ private:
+  struct Instance;
+  struct RequestState;
+
+  absl::Status ApplyRemap(Instance& in, int index, const vamp::v1::RemapCommand& command)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Rollback(Instance& in, const std::string& remap_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RunStep(Instance& in, const vamp::v1::StepRequest& request,
+                       vamp::v1::StepResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ConnectGroup(Instance& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ResetRunner(Instance& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  vamp::v1::RankMemory MemoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const AgentEngineOptions options_;
+  AgentMetrics* const metrics_;
+
+  absl::Mutex mu_;
+  std::unique_ptr<Instance> instance_ ABSL_GUARDED_BY(mu_);
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  vamp::v1::StepTimings last_step_ ABSL_GUARDED_BY(mu_);
+
+  // What Abort() reaches without waiting for mu_ (held by a step stuck in a collective).
+  absl::Mutex abort_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::shared_ptr<TcpCommunicator> live_comm_ ABSL_GUARDED_BY(abort_mu_);
+  std::shared_ptr<std::atomic<bool>> connect_cancel_ ABSL_GUARDED_BY(abort_mu_);
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_AGENT_AGENT_ENGINE_H_

@@ -1,0 +1,146 @@
+#include "agent/agent_options.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace vamp {
+namespace {
+
+constexpr int64_t kMaxBytes = int64_t{1} << 50;  // 1 PiB: any real memory size
+constexpr int64_t kMaxMillis = int64_t{24} * 3600 * 1000;
+
+}  // namespace
+
+std::string DeviceSpec::ToString() const {
+  return kind == Kind::kCpu ? "cpu" : absl::StrCat("cuda:", ordinal);
+}
+
+absl::StatusOr<DeviceSpec> ParseDevice(absl::string_view text) {
+  DeviceSpec spec;
+  if (text == "cpu") return spec;
+  if (text == "cuda") {
+    spec.kind = DeviceSpec::Kind::kCuda;
+    return spec;
+  }
+  if (absl::StartsWith(text, "cuda:")) {
+    int ordinal = -1;
+    if (absl::SimpleAtoi(text.substr(5), &ordinal) && ordinal >= 0) {
+      spec.kind = DeviceSpec::Kind::kCuda;
+      spec.ordinal = ordinal;
+      return spec;
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("config field 'device': '", text, "' is not cpu, cuda or cuda:N"));
+}
+
+const ConfigSchema& AgentConfigSchema() {
+  static const ConfigSchema* schema = [] {
+    const AgentOptions d;
+    auto* s = new ConfigSchema();
+    s->String("controller", "",
+              "host:port of the vamp-controller to register with (AgentRegistry). Registration "
+              "is retried with backoff until the controller answers, and repeated when the "
+              "controller restarts. Empty: do not register, just serve (the controller or a test "
+              "dials --listen itself)")
+        .String("listen", d.listen_address,
+                "host:port of this agent's gRPC service (Agent, health, reflection); port 0 picks "
+                "a free one (see --ready_file)")
+        .String("advertise_address", "",
+                "host:port the controller should dial; empty: the --listen host (the host name "
+                "when listening on 0.0.0.0 or [::]) with the bound port")
+        .String("device", "cpu",
+                "where the model runs: cpu, or cuda:N (accepted only in a CUDA build with that "
+                "device present; the CUDA model runner is not implemented yet, so Init then "
+                "fails with an explanation)")
+        .Int("rank", -1, -1, 1 << 20,
+             "tensor-parallel rank to ask the controller for; -1 lets the controller assign one")
+        .String("auth_token_file", "",
+                "file holding the shared secret (trailing whitespace ignored). When set, every "
+                "call to this agent must carry the metadata 'authorization: Bearer <token>' "
+                "(UNAUTHENTICATED otherwise), and the agent presents it when registering and to "
+                "its tensor-parallel peers. The token is never logged")
+        .String("metrics_address", d.metrics_address,
+                "host:port for Prometheus /metrics; port 0 picks a free one; empty disables it")
+        .String("ready_file", "",
+                "when set, write {\"grpc_port\", \"metrics_port\", \"address\"} as JSON to this "
+                "file once serving (scripts and tests start the agent on port 0)")
+        .String("log_level", "info", "debug | info | warning | error")
+        .Int("host_page_bytes", static_cast<int64_t>(d.host_page_bytes), 4096, int64_t{1} << 30,
+             "CPU agents: page size of the host memory backend (the emulated VMM granularity; "
+             "a multiple of the OS page). Experts move between the expert regions and the KV "
+             "cache in groups whose bytes are a multiple of this")
+        .Int("host_memory_bytes", static_cast<int64_t>(d.host_memory_bytes), 1 << 20, kMaxBytes,
+             "CPU agents: the memory the agent treats as its device memory; "
+             "InitRequest.memory.gpu_memory_utilization is a fraction of it")
+        .Bool("host_populate", d.host_populate,
+              "CPU agents: commit every page's memory when the pool is created (like cuMemCreate) "
+              "rather than on first touch")
+        .Int("host_runtime_overhead_bytes", static_cast<int64_t>(d.host_runtime_overhead_bytes), 0,
+             kMaxBytes,
+             "CPU agents: memory the plan keeps out of the budget for the runtime (the GPU "
+             "counterpart is the CUDA context and library workspaces)")
+        .Int("tp_connect_timeout_ms", d.tp_connect_timeout_ms, 100, kMaxMillis,
+             "CPU tensor parallelism: how long Init waits for all ranks to connect over "
+             "parallel.host_transport_address")
+        .Int("tp_io_timeout_ms", d.tp_io_timeout_ms, 100, kMaxMillis,
+             "CPU tensor parallelism: how long one all-reduce waits for a peer before failing "
+             "the step (a dead peer fails it at once)")
+        .Int("register_max_backoff_ms", d.registration.max_backoff_ms, 10, kMaxMillis,
+             "longest wait between two registration attempts")
+        .Int("register_timeout_ms", d.registration.rpc_timeout_ms, 10, kMaxMillis,
+             "deadline of one call to the controller (Register, health)");
+    return s;
+  }();
+  return *schema;
+}
+
+absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config) {
+  AgentOptions o;
+  o.controller_address = config.GetString("controller");
+  o.listen_address = config.GetString("listen");
+  o.advertise_address = config.GetString("advertise_address");
+  o.metrics_address = config.GetString("metrics_address");
+  absl::StatusOr<DeviceSpec> device = ParseDevice(config.GetString("device"));
+  if (!device.ok()) return device.status();
+  o.device = *device;
+  o.rank = static_cast<int>(config.GetInt("rank"));
+  if (const std::string& path = config.GetString("auth_token_file"); !path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config field 'auth_token_file': cannot read '", path, "'"));
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    o.auth_token = std::string(absl::StripTrailingAsciiWhitespace(text.str()));
+    if (o.auth_token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config field 'auth_token_file': '", path, "' is empty"));
+    }
+  }
+  o.host_page_bytes = static_cast<uint64_t>(config.GetInt("host_page_bytes"));
+  if (o.host_page_bytes % 4096 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field 'host_page_bytes': ", o.host_page_bytes, " is not a multiple of 4096"));
+  }
+  o.host_memory_bytes = static_cast<uint64_t>(config.GetInt("host_memory_bytes"));
+  o.host_populate = config.GetBool("host_populate");
+  o.host_runtime_overhead_bytes =
+      static_cast<uint64_t>(config.GetInt("host_runtime_overhead_bytes"));
+  o.tp_connect_timeout_ms = config.GetInt("tp_connect_timeout_ms");
+  o.tp_io_timeout_ms = config.GetInt("tp_io_timeout_ms");
+  o.registration.max_backoff_ms = config.GetInt("register_max_backoff_ms");
+  o.registration.rpc_timeout_ms = config.GetInt("register_timeout_ms");
+  if (o.registration.initial_backoff_ms > o.registration.max_backoff_ms) {
+    o.registration.initial_backoff_ms = o.registration.max_backoff_ms;
+  }
+  return o;
+}
+
+}  // namespace vamp

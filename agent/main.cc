@@ -1,0 +1,103 @@
+// vamp-agent: one process per GPU (tensor-parallel rank), or a CPU agent for development and tests
+// (shared/DESIGN.md, "Processes"). See `vamp-agent --help`.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "agent/agent_options.h"
+#include "agent/agent_service.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+
+namespace {
+
+constexpr char kSummary[] =
+    "vamp-agent runs one tensor-parallel rank of a VAMP model replica: it owns the rank's\n"
+    "memory (expert regions, KV cache, staging buffers), loads its shard of the model when the\n"
+    "controller calls Init, and executes every scheduler step the controller streams to it,\n"
+    "including the expert <-> KV remaps. It registers with the controller given by --controller\n"
+    "(retrying until it answers, and again after a controller restart), serves the Agent gRPC\n"
+    "service with grpc.health.v1 and reflection on --listen, and Prometheus /metrics on\n"
+    "--metrics_address. Without a GPU it runs on the CPU (--device cpu), where "
+    "--host_memory_bytes\n"
+    "plays the device memory. Stop it with SIGINT or SIGTERM.\n"
+    "\n"
+    "Example (a controller on 127.0.0.1:50051, token in ./token):\n"
+    "  vamp-agent --controller 127.0.0.1:50051 --auth_token_file token --device cpu \\\n"
+    "             --listen 127.0.0.1:0 --ready_file /tmp/agent0.json";
+
+// Writes the ready file atomically (readers polling for it never see half a file).
+bool WriteReadyFile(const std::string& path, const vamp::AgentService& agent) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "{\"grpc_port\": " << agent.grpc_port() << ", \"metrics_port\": " << agent.metrics_port()
+        << ", \"address\": \"" << agent.address() << "\"}\n";
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+int Run(int argc, char** argv) {
+  absl::StatusOr<vamp::CommandLine> cli =
+      vamp::ParseCommandLine(vamp::AgentConfigSchema(), argc, argv);
+  if (!cli.ok()) {
+    std::fprintf(stderr, "vamp-agent: %s\n", std::string(cli.status().message()).c_str());
+    return 2;
+  }
+  if (cli->help_requested) {
+    std::cout << vamp::AgentConfigSchema().HelpText("vamp-agent", kSummary);
+    return 0;
+  }
+  if (!cli->positional.empty()) {
+    std::fprintf(stderr, "vamp-agent: unexpected argument '%s' (see --help)\n",
+                 cli->positional[0].c_str());
+    return 2;
+  }
+  absl::StatusOr<vamp::LogLevel> level = vamp::ParseLogLevel(cli->config.GetString("log_level"));
+  if (!level.ok()) {
+    std::fprintf(stderr, "vamp-agent: config field 'log_level': %s\n",
+                 std::string(level.status().message()).c_str());
+    return 2;
+  }
+  vamp::SetMinLogLevel(*level);
+  absl::StatusOr<vamp::AgentOptions> options = vamp::AgentOptionsFromConfig(cli->config);
+  if (!options.ok()) {
+    std::fprintf(stderr, "vamp-agent: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
+  options->metrics_registry = vamp::MetricsRegistry();
+
+  // Block the stop signals before any thread starts so that only sigwait below receives them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<vamp::AgentService>> agent =
+      vamp::AgentService::Start(*std::move(options));
+  if (!agent.ok()) {
+    VAMP_LOG(ERROR) << "cannot start: " << agent.status().message();
+    return 1;
+  }
+  if (const std::string& ready = cli->config.GetString("ready_file"); !ready.empty()) {
+    if (!WriteReadyFile(ready, **agent)) {
+      VAMP_LOG(ERROR) << "cannot write ready_file '" << ready << "'";
+      return 1;
+    }
+  }
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  VAMP_LOG(INFO) << "received signal " << signal_number << ", shutting down";
+  (*agent)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

@@ -1,0 +1,87 @@
+// The controller's connection to its agents: one vamp-agent per tensor-parallel rank, driven in
+// lockstep. Every step goes to all ranks and completes when all have answered; a rank that errs,
+// disconnects or does not answer within the step timeout breaks the group (healthy() turns false)
+// and the call fails with an error naming the rank. The caller fails the affected requests and
+// re-initialises the group when its agents are back.
+#ifndef VAMP_CONTROLLER_AGENT_GROUP_H_
+#define VAMP_CONTROLLER_AGENT_GROUP_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "vamp/v1/agent.grpc.pb.h"
+
+namespace vamp {
+
+struct AgentEndpoint {
+  int rank = 0;
+  std::string address;  // host:port of the agent's Agent service
+};
+
+struct AgentGroupOptions {
+  // A step (or remap) that takes longer on any rank than this fails the group (ms).
+  int64_t step_timeout_ms = 30000;
+  // Init loads the model; it may take long (ms).
+  int64_t init_timeout_ms = 600000;
+  // Capacity and stats queries (ms).
+  int64_t rpc_timeout_ms = 5000;
+  // Shared secret sent as "authorization: Bearer <token>" on every call; empty = none.
+  std::string auth_token;
+};
+
+class AgentGroup {
+ public:
+  // Connects to every endpoint (ranks 0..n-1, each exactly once) and opens the step streams.
+  static absl::StatusOr<std::unique_ptr<AgentGroup>> Connect(std::vector<AgentEndpoint> endpoints,
+                                                             AgentGroupOptions options);
+  ~AgentGroup();
+
+  int world_size() const { return static_cast<int>(ranks_.size()); }
+  bool healthy() const { return healthy_.load(); }
+
+  // Initialises every rank with `request` (its parallel spec's tp_size/tp_rank set per rank), in
+  // parallel. Responses are in rank order.
+  absl::StatusOr<std::vector<vamp::v1::InitResponse>> Init(const vamp::v1::InitRequest& request);
+  // Sends `request` to every rank and returns their answers in rank order. Any rank's
+  // error_message fails the call (the group stays healthy: the agents are alive and in step);
+  // a broken stream or a timeout fails it and marks the group unhealthy.
+  absl::StatusOr<std::vector<vamp::v1::StepResponse>> Step(const vamp::v1::StepRequest& request);
+  absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> Capacity(int32_t delta_groups);
+  absl::StatusOr<std::vector<vamp::v1::GetStatsResponse>> GetStats();
+
+ private:
+  struct Rank {
+    AgentEndpoint endpoint;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<vamp::v1::Agent::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> stream_context;
+    std::unique_ptr<grpc::ClientReaderWriter<vamp::v1::StepRequest, vamp::v1::StepResponse>>
+        stream;
+  };
+  explicit AgentGroup(AgentGroupOptions options) : options_(std::move(options)) {}
+  void PrepareContext(grpc::ClientContext* context, int64_t timeout_ms) const;
+  absl::Status OpenStreams();
+  void Watchdog();
+
+  const AgentGroupOptions options_;
+  std::vector<Rank> ranks_;
+  std::atomic<bool> healthy_{true};
+
+  // The step watchdog: while a step is in flight, cancels every stream at its deadline.
+  absl::Mutex mu_;
+  int64_t step_deadline_micros_ ABSL_GUARDED_BY(mu_) = 0;  // 0 = no step in flight
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watchdog_;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_CONTROLLER_AGENT_GROUP_H_

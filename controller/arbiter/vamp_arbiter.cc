@@ -1,0 +1,473 @@
+#include "controller/arbiter/vamp_arbiter.h"
+
+#include <algorithm>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "controller/core/static_arbiter.h"
+
+namespace vamp {
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+absl::Status VampArbiterConfig::Validate() const {
+  auto bad = [](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("config field '", field, "': ", why));
+  };
+  const CostCoefficients& c = costs;
+  if (!(c.alpha >= 0)) return bad("vamp_alpha", "must be >= 0");
+  if (!(c.tau_steps > 0)) return bad("vamp_tau_steps", "must be > 0");
+  if (!(c.t_prefill_micros >= 0)) return bad("vamp_t_prefill_us", "must be >= 0");
+  if (!(c.t_overhead_micros >= 0)) return bad("vamp_t_overhead_us", "must be >= 0");
+  if (!(c.t_sched_micros >= 0)) return bad("vamp_t_sched_us", "must be >= 0");
+  if (!(c.t_queue_micros >= 0)) return bad("vamp_t_queue_us", "must be >= 0");
+  if (!(c.c_eff_micros >= 0)) return bad("vamp_c_eff_us", "must be >= 0");
+  if (c.horizon_min_steps < 1) return bad("vamp_horizon_min_steps", "must be >= 1");
+  if (c.horizon_max_steps < c.horizon_min_steps) {
+    return bad("vamp_horizon_max_steps", "must be >= vamp_horizon_min_steps");
+  }
+  if (expansion_step_groups < 1) return bad("vamp_expansion_step_groups", "must be >= 1");
+  if (hit_rate_window_requests < 0) return bad("vamp_hit_rate_window_requests", "must be >= 0");
+  if (!(t_queue_ewma_weight > 0 && t_queue_ewma_weight <= 1)) {
+    return bad("vamp_t_queue_ewma_weight", "must be in (0, 1]");
+  }
+  if (restore.quiet_steps < 0) return bad("vamp_restore_quiet_steps", "must be >= 0");
+  if (restore.step_groups < 0) return bad("vamp_restore_step_groups", "must be >= 0");
+  if (restore.cold_age_steps < 0) return bad("vamp_restore_cold_age_steps", "must be >= 0");
+  if (!(restore.headroom >= 0)) return bad("vamp_restore_headroom", "must be >= 0");
+  if (restore.benefit_horizon_steps < 0) {
+    return bad("vamp_restore_benefit_horizon_steps", "must be >= 0");
+  }
+  if (restore.check_interval_steps < 1) {
+    return bad("vamp_restore_check_interval_steps", "must be >= 1");
+  }
+  const SelfCalibrationConfig& s = self_calibration;
+  if (!(s.ewma_weight > 0 && s.ewma_weight <= 1)) {
+    return bad("vamp_calibration_ewma_weight", "must be in (0, 1]");
+  }
+  if (s.min_samples < 1) return bad("vamp_calibration_min_samples", "must be >= 1");
+  if (s.min_prefill_tokens < 1) return bad("vamp_calibration_min_prefill_tokens", "must be >= 1");
+  if (s.max_decode_step_prefill_tokens < 0) {
+    return bad("vamp_calibration_max_decode_prefill_tokens", "must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+void AddVampArbiterConfigFields(ConfigSchema& schema) {
+  const VampArbiterConfig d;
+  const CostCoefficients& c = d.costs;
+  constexpr double kBig = 1e12;
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  schema
+      .Double("vamp_alpha", c.alpha, 0, 1e6,
+              "Cost model: weight of the observed hit rate in a cached block's reuse estimate")
+      .Double("vamp_tau_steps", c.tau_steps, 1e-9, kBig,
+              "Cost model: block age (scheduler steps) at which its reuse estimate halves")
+      .Double("vamp_t_prefill_us", c.t_prefill_micros, 0, kBig,
+              "Cost model: re-prefill cost per token (µs; learned with vamp_self_calibration)")
+      .Double("vamp_t_overhead_us", c.t_overhead_micros, 0, kBig,
+              "Cost model: re-prefill cost per evicted block beyond its tokens (µs)")
+      .Double("vamp_t_sched_us", c.t_sched_micros, 0, kBig,
+              "Cost model: cost of scheduling a preempted request again (µs)")
+      .Double("vamp_t_queue_us", c.t_queue_micros, 0, kBig,
+              "Cost model: initial preemption-to-reschedule delay (µs); learned from observations")
+      .Double("vamp_c_eff_us", c.c_eff_micros, 0, kBig,
+              "Cost model: per-step cost of one offloaded expert shard (µs; learned with "
+              "vamp_self_calibration)")
+      .Int("vamp_horizon_min_steps", c.horizon_min_steps, 1, kInt32Max,
+           "Cost model: lower clamp of the offload horizon w (decode steps)")
+      .Int("vamp_horizon_max_steps", c.horizon_max_steps, 1, kInt32Max,
+           "Cost model: upper clamp of the offload horizon w (decode steps)")
+      .Int("vamp_expansion_step_groups", d.expansion_step_groups, 1, kInt32Max,
+           "Expert groups per KV pool expansion step")
+      .Int("vamp_hit_rate_window_requests", d.hit_rate_window_requests, 0, kInt32Max,
+           "Admissions the observed prefix-cache hit rate is computed over (0 = since start)")
+      .Double("vamp_t_queue_ewma_weight", d.t_queue_ewma_weight, 1e-9, 1,
+              "Weight of a new preemption-to-reschedule observation in t_queue (1 = latest)")
+      .Bool("vamp_restore", d.restore.enabled,
+            "Give expert groups back when KV pressure subsides (not in the paper)")
+      .Int("vamp_restore_quiet_steps", d.restore.quiet_steps, 0, kInt32Max,
+           "Restore: steps without pressure (a gap cold blocks could not cover) before a "
+           "restore")
+      .Int("vamp_restore_step_groups", d.restore.step_groups, 0, kInt32Max,
+           "Restore: groups per restore (0 = vamp_expansion_step_groups)")
+      .Int("vamp_restore_cold_age_steps", d.restore.cold_age_steps, 0, kInt32Max,
+           "Restore: cached free blocks idle this many steps count as idle capacity")
+      .Double("vamp_restore_headroom", d.restore.headroom, 0, 1e6,
+              "Restore: idle capacity must exceed (1 + headroom) x the blocks a restore takes")
+      .Int("vamp_restore_benefit_horizon_steps", d.restore.benefit_horizon_steps, 0, kInt32Max,
+           "Restore: steps over which a restore's staging saving is counted against its cost")
+      .Int("vamp_restore_check_interval_steps", d.restore.check_interval_steps, 1, kInt32Max,
+           "Restore: steps between restores and between checks of the idle capacity")
+      .Bool("vamp_self_calibration", d.self_calibration.enabled,
+            "Learn t_prefill and c_eff from observed step times (not in the paper)")
+      .Double("vamp_calibration_ewma_weight", d.self_calibration.ewma_weight, 1e-9, 1,
+              "Self-calibration: weight of a new observation")
+      .Int("vamp_calibration_min_samples", d.self_calibration.min_samples, 1, kInt32Max,
+           "Self-calibration: observations before an estimate replaces the configured value")
+      .Int("vamp_calibration_min_prefill_tokens", d.self_calibration.min_prefill_tokens, 1,
+           kInt32Max,
+           "Self-calibration: steps with at least this many prefill tokens feed t_prefill")
+      .Int("vamp_calibration_max_decode_prefill_tokens",
+           d.self_calibration.max_decode_step_prefill_tokens, 0, kInt32Max,
+           "Self-calibration: steps with at most this many prefill tokens feed c_eff");
+}
+
+absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& config) {
+  VampArbiterConfig v;
+  CostCoefficients& c = v.costs;
+  c.alpha = config.GetDouble("vamp_alpha");
+  c.tau_steps = config.GetDouble("vamp_tau_steps");
+  c.t_prefill_micros = config.GetDouble("vamp_t_prefill_us");
+  c.t_overhead_micros = config.GetDouble("vamp_t_overhead_us");
+  c.t_sched_micros = config.GetDouble("vamp_t_sched_us");
+  c.t_queue_micros = config.GetDouble("vamp_t_queue_us");
+  c.c_eff_micros = config.GetDouble("vamp_c_eff_us");
+  c.horizon_min_steps = static_cast<int32_t>(config.GetInt("vamp_horizon_min_steps"));
+  c.horizon_max_steps = static_cast<int32_t>(config.GetInt("vamp_horizon_max_steps"));
+  v.expansion_step_groups = static_cast<int32_t>(config.GetInt("vamp_expansion_step_groups"));
+  v.hit_rate_window_requests = static_cast<int32_t>(config.GetInt("vamp_hit_rate_window_requests"));
+  v.t_queue_ewma_weight = config.GetDouble("vamp_t_queue_ewma_weight");
+  v.restore.enabled = config.GetBool("vamp_restore");
+  v.restore.quiet_steps = static_cast<int32_t>(config.GetInt("vamp_restore_quiet_steps"));
+  v.restore.step_groups = static_cast<int32_t>(config.GetInt("vamp_restore_step_groups"));
+  v.restore.cold_age_steps = config.GetInt("vamp_restore_cold_age_steps");
+  v.restore.headroom = config.GetDouble("vamp_restore_headroom");
+  v.restore.benefit_horizon_steps =
+      static_cast<int32_t>(config.GetInt("vamp_restore_benefit_horizon_steps"));
+  v.restore.check_interval_steps =
+      static_cast<int32_t>(config.GetInt("vamp_restore_check_interval_steps"));
+  v.self_calibration.enabled = config.GetBool("vamp_self_calibration");
+  v.self_calibration.ewma_weight = config.GetDouble("vamp_calibration_ewma_weight");
+  v.self_calibration.min_samples =
+      static_cast<int32_t>(config.GetInt("vamp_calibration_min_samples"));
+  v.self_calibration.min_prefill_tokens = config.GetInt("vamp_calibration_min_prefill_tokens");
+  v.self_calibration.max_decode_step_prefill_tokens =
+      config.GetInt("vamp_calibration_max_decode_prefill_tokens");
+  if (absl::Status s = v.Validate(); !s.ok()) return s;
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Learning
+
+VampArbiter::VampArbiter(const VampArbiterConfig& config)
+    : config_(config), t_queue_micros_(config.costs.t_queue_micros) {
+  hit_snapshots_.push_back({0, 0, 0});
+}
+
+void VampArbiter::Observe(const SchedulerCounters& counters) {
+  const PrefixCacheStats& pc = counters.prefix_cache;
+  if (pc.requests != hit_snapshots_.back().requests) {
+    hit_snapshots_.push_back({pc.requests, pc.query_tokens, pc.hit_tokens});
+    const int64_t window = config_.hit_rate_window_requests;
+    if (window > 0) {
+      while (hit_snapshots_.size() >= 2 && hit_snapshots_[1].requests <= pc.requests - window) {
+        hit_snapshots_.pop_front();
+      }
+    }
+    const HitSnapshot& base = hit_snapshots_.front();
+    const int64_t query = pc.query_tokens - base.query_tokens;
+    hit_rate_ = query > 0 ? static_cast<double>(pc.hit_tokens - base.hit_tokens) / query : 0.0;
+  }
+  if (counters.num_resumed > seen_resumed_) {
+    const double sample =
+        static_cast<double>(counters.total_resume_delay_micros - seen_resume_delay_micros_) /
+        static_cast<double>(counters.num_resumed - seen_resumed_);
+    const double b = config_.t_queue_ewma_weight;
+    t_queue_micros_ = t_queue_samples_ == 0 ? sample : (1 - b) * t_queue_micros_ + b * sample;
+    ++t_queue_samples_;
+    seen_resumed_ = counters.num_resumed;
+    seen_resume_delay_micros_ = counters.total_resume_delay_micros;
+  }
+}
+
+void VampArbiter::ObserveStep(const StepTiming& t) {
+  const SelfCalibrationConfig& s = config_.self_calibration;
+  if (!s.enabled) return;
+  auto update = [&](double sample, double* estimate, int64_t* samples) {
+    *estimate = *samples == 0 ? sample : (1 - s.ewma_weight) * *estimate + s.ewma_weight * sample;
+    ++*samples;
+  };
+  const int64_t tokens = t.prefill_tokens + t.decode_tokens;
+  if (t.prefill_tokens >= s.min_prefill_tokens && tokens > 0) {
+    // Re-prefill runs in steps like this one; staging waits are priced by c_eff, not here.
+    update(std::max(0.0, t.step_micros - t.exposed_staging_micros) / static_cast<double>(tokens),
+           &t_prefill_estimate_, &t_prefill_samples_);
+  }
+  if (t.prefill_tokens <= s.max_decode_step_prefill_tokens && t.decode_tokens > 0 &&
+      t.offloaded_experts_per_layer > 0) {
+    update(t.exposed_staging_micros / t.offloaded_experts_per_layer, &c_eff_estimate_,
+           &c_eff_samples_);
+  }
+}
+
+CostCoefficients VampArbiter::Current() const {
+  CostCoefficients c = config_.costs;
+  c.t_queue_micros = t_queue_micros_;
+  const SelfCalibrationConfig& s = config_.self_calibration;
+  if (s.enabled && t_prefill_samples_ >= s.min_samples) c.t_prefill_micros = t_prefill_estimate_;
+  if (s.enabled && c_eff_samples_ >= s.min_samples) c.c_eff_micros = c_eff_estimate_;
+  return c;
+}
+
+LiveCoefficients VampArbiter::live() const {
+  const CostCoefficients c = Current();
+  LiveCoefficients l;
+  l.hit_rate = hit_rate_;
+  l.t_queue_micros = c.t_queue_micros;
+  l.t_prefill_micros = c.t_prefill_micros;
+  l.c_eff_micros = c.c_eff_micros;
+  l.t_prefill_samples = t_prefill_samples_;
+  l.c_eff_samples = c_eff_samples_;
+  l.t_queue_samples = t_queue_samples_;
+  return l;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decisions
+
+namespace {
+
+// Running requests other than `exclude`, in the order preemption takes them (static_arbiter.h:
+// the newest first under FCFS, the largest (priority, arrival, seq) under the priority policy).
+std::vector<const Request*> PreemptionOrder(const ArbiterContext& context, const Request* exclude) {
+  std::vector<const Request*> order;
+  order.reserve(context.num_running());
+  for (int32_t i = context.num_running() - 1; i >= 0; --i) {
+    const Request* r = &context.running(i);
+    if (r != exclude) order.push_back(r);
+  }
+  if (context.config().policy == SchedulingPolicy::kPriority) {
+    std::stable_sort(order.begin(), order.end(), [](const Request* a, const Request* b) {
+      return std::make_tuple(a->priority(), a->arrival_micros(), a->seq()) >
+             std::make_tuple(b->priority(), b->arrival_micros(), b->seq());
+    });
+  }
+  return order;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+ArbiterPlan VampArbiter::Decide(const ArbiterContext& context, const MemoryGap& gap) {
+  Observe(context.counters());
+  const CostCoefficients c = Current();
+  const KvBlockPool& pool = context.pool();
+  const ExpansionInfo& e = context.expansion();
+  const int32_t block_size = context.config().block_size;
+  const int64_t step = context.step();
+  const int32_t need = gap.blocks;
+  const int32_t free_cached = pool.num_free_cached();
+  const int32_t remaining = e.available ? e.remaining_groups : 0;
+  const int64_t bpg = e.blocks_per_group;
+  const bool can_expand = remaining > 0 && bpg > 0;
+  const int64_t expansion_step = config_.expansion_step_groups;
+
+  // With restore on, cold cached blocks are idle capacity: a gap they cover is no pressure.
+  const bool cold_covers = config_.restore.enabled && free_cached >= need &&
+                           OldestCachedAreCold(pool, step, need, config_.restore.cold_age_steps);
+  if (!cold_covers) last_pressure_step_ = step;
+  if (e.restore_pending && !cold_covers) {
+    // The memory a pending restore holds back is needed after all: take it first.
+    ArbiterPlan cancel;
+    cancel.cancel_restore = true;
+    cancel.choice = "cancel-restore";
+    return cancel;
+  }
+
+  ArbiterPlan plan;
+  ArbiterInputs& in = plan.inputs;
+  in.hit_rate = hit_rate_;
+  in.horizon_steps = DecodeHorizon(c, context);
+  in.free_cached_blocks = free_cached;
+  in.remaining_groups = remaining;
+  in.blocks_per_group = e.blocks_per_group;
+  in.t_prefill_micros = c.t_prefill_micros;
+  in.c_eff_micros = c.c_eff_micros;
+  in.t_queue_micros = c.t_queue_micros;
+  ArbiterCosts& costs = plan.costs;
+
+  // C_c: the gap's worth of LRU cached blocks.
+  if (free_cached >= need) {
+    costs.evict_micros = EvictionCost(c, pool, step, block_size, hit_rate_, need);
+  }
+  // C_e: whole expansion steps covering the gap.
+  int32_t expand_groups = 0;
+  if (can_expand && remaining * bpg >= need) {
+    const int64_t steps = CeilDiv(CeilDiv(need, bpg), expansion_step);
+    expand_groups = static_cast<int32_t>(std::min<int64_t>(steps * expansion_step, remaining));
+    costs.expand_micros =
+        OffloadCost(c, expand_groups, e.experts_per_group, e.experts_per_layer, in.horizon_steps);
+  }
+  // C_b: expand without overshooting (or up to the limit), evict the rest.
+  int32_t combined_groups = 0;
+  int32_t combined_evict = 0;
+  if (can_expand) {
+    const int64_t groups = remaining * bpg >= need ? (need / bpg) / expansion_step * expansion_step
+                                                   : static_cast<int64_t>(remaining);
+    const int64_t rest = need - groups * bpg;
+    if (groups > 0 && rest > 0 && rest <= free_cached) {
+      combined_groups = static_cast<int32_t>(groups);
+      combined_evict = static_cast<int32_t>(rest);
+      costs.combined_micros = OffloadCost(c, combined_groups, e.experts_per_group,
+                                          e.experts_per_layer, in.horizon_steps) +
+                              EvictionCost(c, pool, step, block_size, hit_rate_, combined_evict);
+    }
+  }
+  // C_p: victims until the uncached blocks they free cover the gap.
+  std::vector<RequestId> victims;
+  if (gap.requester_running) {
+    double cost = 0;
+    int64_t freed = 0;
+    for (const Request* v : PreemptionOrder(context, gap.requester)) {
+      const PreemptionYield y = PreemptionYieldOf(*v, pool, block_size);
+      if (y.uncached_blocks == 0) continue;  // frees nothing the gap can use
+      victims.push_back(v->id());
+      cost += PreemptionCost(c, y.partial_tokens);
+      freed += y.uncached_blocks;
+      if (freed >= need) break;
+    }
+    if (freed >= need) {
+      costs.preempt_micros = cost;
+      in.victims = static_cast<int32_t>(victims.size());
+    } else {
+      victims.clear();
+    }
+  }
+
+  // The cheapest feasible plan; ties to the earlier candidate.
+  enum Kind { kNone, kEvict, kCombined, kExpand, kPreempt };
+  Kind best = kNone;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (auto [kind, cost] :
+       {std::pair{kEvict, costs.evict_micros}, std::pair{kCombined, costs.combined_micros},
+        std::pair{kExpand, costs.expand_micros}, std::pair{kPreempt, costs.preempt_micros}}) {
+    if (cost >= 0 && cost < best_cost) {
+      best = kind;
+      best_cost = cost;
+    }
+  }
+  // Spend idle capacity before growing the pool again (the restore rule's other half).
+  if (cold_covers) best = kEvict;
+  switch (best) {
+    case kEvict:
+      plan.evict_blocks = need;
+      plan.choice = "evict";
+      return plan;
+    case kCombined:
+      plan.expand_groups = combined_groups;
+      plan.evict_blocks = combined_evict;
+      plan.choice = "expand+evict";
+      return plan;
+    case kExpand:
+      plan.expand_groups = expand_groups;
+      plan.choice = "expand";
+      return plan;
+    case kPreempt:
+      plan.preempt = std::move(victims);
+      plan.choice = "preempt";
+      return plan;
+    case kNone:
+      break;
+  }
+  // Nothing covers the gap in one plan: make what progress there is; the scheduler asks again.
+  if (can_expand) {
+    plan.expand_groups = remaining;
+    plan.evict_blocks = static_cast<int32_t>(
+        std::clamp<int64_t>(need - remaining * bpg, 0, static_cast<int64_t>(free_cached)));
+    plan.choice = "fallback:expand";
+    return plan;
+  }
+  plan.evict_blocks = std::min(need, free_cached);
+  if (gap.requester_running) {
+    if (const Request* v = NewestRunningRequest(context, context.config().policy)) {
+      plan.preempt.push_back(v->id());
+    }
+  }
+  if (plan.empty()) {
+    plan.choice = "wait";
+  } else if (plan.preempt.empty()) {
+    plan.choice = "fallback:evict";
+  } else {
+    plan.choice = plan.evict_blocks > 0 ? "fallback:evict+preempt" : "fallback:preempt";
+  }
+  return plan;
+}
+
+int32_t VampArbiter::OnStepBoundary(const ArbiterContext& context) {
+  Observe(context.counters());
+  const RestoreConfig& r = config_.restore;
+  if (!r.enabled) return 0;
+  const ExpansionInfo& e = context.expansion();
+  const int64_t step = context.step();
+  if (e.offloaded_groups <= 0 || e.restore_pending || e.blocks_per_group <= 0) return 0;
+  if (step - last_pressure_step_ < r.quiet_steps ||
+      step - last_restore_step_ < r.check_interval_steps) {
+    return 0;
+  }
+  if (step < next_restore_check_step_) return 0;
+  const int32_t groups = std::min(r.step_groups > 0 ? r.step_groups : config_.expansion_step_groups,
+                                  e.offloaded_groups);
+  const double required =
+      (1.0 + r.headroom) * static_cast<double>(groups) * static_cast<double>(e.blocks_per_group);
+  const KvBlockPool& pool = context.pool();
+  int64_t idle = pool.num_free_uncached();
+  if (idle < required) {
+    pool.ForEachCachedFree([&](const KvBlock& b) {
+      if (step - b.last_used_step < r.cold_age_steps) return false;  // LRU: the rest are younger
+      return ++idle < required;
+    });
+  }
+  if (idle < required) {
+    next_restore_check_step_ = step + r.check_interval_steps;
+    return 0;
+  }
+  // Price it: the restore takes the tail [first, num_blocks) whatever it holds.
+  const CostCoefficients c = Current();
+  const int32_t block_size = context.config().block_size;
+  const BlockId first = static_cast<BlockId>(
+      std::max<int64_t>(0, pool.num_blocks() - static_cast<int64_t>(groups) * e.blocks_per_group));
+  double cost = 0;
+  for (BlockId id = first; id < pool.num_blocks(); ++id) {
+    const KvBlock& b = pool.block(id);
+    if (b.ref_count == 0 && b.cached) {
+      cost += BlockEvictionCost(c, hit_rate_, step - b.last_used_step, block_size);
+    }
+  }
+  for (int32_t i = 0; i < context.num_running(); ++i) {
+    const std::vector<BlockId>& table = context.running(i).block_ids();
+    for (size_t k = 0; k < table.size(); ++k) {
+      if (table[k] >= first) {
+        cost +=
+            static_cast<double>(table.size() - k) * BlockEvictionCost(c, hit_rate_, 0, block_size);
+        break;
+      }
+    }
+  }
+  const double saving =
+      OffloadCost(c, groups, e.experts_per_group, /*experts_per_layer=*/0, r.benefit_horizon_steps);
+  if (cost >= saving) {
+    next_restore_check_step_ = step + r.check_interval_steps;
+    return 0;
+  }
+  last_restore_step_ = step;
+  return groups;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryArbiter>> CreateArbiter(absl::string_view name,
+                                                             const VampArbiterConfig& vamp) {
+  if (name == "static") return std::make_unique<StaticArbiter>();
+  if (name == "vamp") {
+    if (absl::Status s = vamp.Validate(); !s.ok()) return s;
+    return std::make_unique<VampArbiter>(vamp);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown arbiter '", name, "' (known: static, vamp)"));
+}
+
+}  // namespace vamp

@@ -1,0 +1,184 @@
+// The cost-model memory arbiter ("vamp"): covers each KV allocation gap with the cheapest
+// feasible plan among cached-block eviction (C_c), expert offload (C_e), preemption (C_p) and
+// expand-then-evict (C_b) — cost_model.h has the formulas, shared/DESIGN.md the rationale.
+//
+// Plans, for a gap of `gap` blocks (blocks_per_group = what one expert group adds):
+//   evict      the gap's worth of least recently used cached free blocks; feasible when that many
+//              exist.
+//   expand     the fewest whole expansion steps (expansion_step_groups, 4 by default) that cover
+//              the gap, capped by the groups left under the offload limit; feasible when the
+//              groups left cover the gap.
+//   expand+evict  expand as far as possible without overshooting the gap (whole steps), or all
+//              groups left when the limit binds, and evict the rest; feasible when the cached free
+//              blocks cover the rest.
+//   preempt    running requests other than the requester, in the policy's preemption order (the
+//              newest first under FCFS), until the uncached blocks they free cover the gap; only
+//              for a running requester (a waiting one waits, as in vLLM).
+// Ties go to the first in that order. When none is feasible the arbiter falls back to what still
+// makes progress: expanding whatever groups are left, else the static arbiter's plan (evict what
+// is cached, preempt the newest running request — the requester itself if it is the newest).
+//
+// Learned inputs:
+//   r_hit    prefix-cache hit rate over the latest `hit_rate_window_requests` admissions (vLLM
+//            reports its hit rate over a window of recent requests as well).
+//   t_queue  starts at the configured value, then an exponentially weighted mean of the observed
+//            preemption → reschedule delays.
+//   t_prefill, c_eff  (self_calibration.enabled, beyond the paper) exponentially weighted
+//            estimates from ObserveStep: t_prefill from prefill-heavy steps' time per token,
+//            c_eff from decode steps' exposed staging time per offloaded shard.
+//
+// Restore (restore.enabled, beyond the paper, which never gives experts back). Cold blocks —
+// cached free blocks idle for at least restore.cold_age_steps — count as idle capacity. A gap that
+// the cold blocks at the LRU end cover is evicted from them (not expanded) and is no sign of
+// pressure; any other gap is. A restore of restore.step_groups groups is considered when there
+// has been no pressure for restore.quiet_steps steps (and no restore for
+// restore.check_interval_steps), and the idle capacity (uncached free + cold blocks) exceeds
+// (1 + restore.headroom) times what it takes out of the pool. The two thresholds form the
+// hysteresis band: the pool grows only when idle capacity is gone, and shrinks only while plenty
+// of it remains after the shrink. (A full pool of cached blocks gaps on every allocation, so "no
+// gap" would never hold; "no pressure" does.) The restore is then priced with the cost model: it
+// takes the pool's highest block ids whatever they hold, so it costs C_c of the warm cached blocks
+// there and, for a running request holding a tail block, of every block from there to the end of
+// its table (a prefix match stops at the first missing block); it saves g·groups·c_eff per step,
+// counted over restore.benefit_horizon_steps. The arbiter asks for the groups back when the saving
+// is larger.
+//
+// Not thread-safe: the scheduler's thread calls everything.
+#ifndef VAMP_CONTROLLER_ARBITER_VAMP_ARBITER_H_
+#define VAMP_CONTROLLER_ARBITER_VAMP_ARBITER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/config.h"
+#include "controller/arbiter/cost_model.h"
+#include "controller/core/memory_arbiter.h"
+
+namespace vamp {
+
+struct RestoreConfig {
+  bool enabled = false;
+  // Steps without pressure (a gap the cold blocks could not cover) before a restore may start.
+  int32_t quiet_steps = 200;
+  // Groups one restore gives back (0 = the expansion step).
+  int32_t step_groups = 0;
+  // Cached free blocks idle this long count as idle capacity. Longer than the think time of a
+  // live session in steps, so that sessions between turns keep their context.
+  int64_t cold_age_steps = 1000;
+  // Idle capacity must exceed (1 + headroom) × the blocks a restore takes.
+  double headroom = 1.0;
+  // Steps over which a restore's saving (its shards' staging, c_eff per shard and step) is
+  // counted against its cost (the warm blocks it takes out of the cache).
+  int32_t benefit_horizon_steps = 1000;
+  // Steps between two restores, and after a check that found too little idle capacity before
+  // the next (counting cold blocks walks the LRU queue).
+  int32_t check_interval_steps = 20;
+};
+
+struct SelfCalibrationConfig {
+  bool enabled = false;
+  // Weight of a new observation in the exponentially weighted estimates.
+  double ewma_weight = 0.05;
+  // Observations before an estimate replaces the configured coefficient.
+  int32_t min_samples = 16;
+  // Steps with at least this many prefill tokens feed t_prefill.
+  int64_t min_prefill_tokens = 1024;
+  // Steps with at most this many prefill tokens (decode steps) feed c_eff.
+  int64_t max_decode_step_prefill_tokens = 0;
+};
+
+struct VampArbiterConfig {
+  CostCoefficients costs;
+  // Groups per expansion step (the pool grows by whole steps; the last one may be smaller at the
+  // offload limit).
+  int32_t expansion_step_groups = 4;
+  // Admissions the observed hit rate is computed over (0 = since start).
+  int32_t hit_rate_window_requests = 1000;
+  // Weight of a new observation in t_queue's exponentially weighted mean (1 = latest only).
+  double t_queue_ewma_weight = 0.5;
+  RestoreConfig restore;
+  SelfCalibrationConfig self_calibration;
+
+  // InvalidArgument naming the field.
+  absl::Status Validate() const;
+};
+
+// Declares every field (prefixed "vamp_") with the defaults above; reads them back, validated.
+void AddVampArbiterConfigFields(ConfigSchema& schema);
+absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& config);
+
+// What the engine measured for one step, for self-calibration.
+struct StepTiming {
+  double step_micros = 0;                   // the step as the slowest rank ran it
+  double exposed_staging_micros = 0;        // of which waiting for expert staging copies
+  int64_t prefill_tokens = 0;               // tokens of sequences still in prefill
+  int64_t decode_tokens = 0;                // one per decoding sequence
+  int32_t offloaded_experts_per_layer = 0;  // experts above the residency boundary
+};
+
+// The coefficients the arbiter prices with now (learned values where it has them).
+struct LiveCoefficients {
+  double hit_rate = 0;
+  double t_queue_micros = 0;
+  double t_prefill_micros = 0;
+  double c_eff_micros = 0;
+  int64_t t_prefill_samples = 0;
+  int64_t c_eff_samples = 0;
+  int64_t t_queue_samples = 0;
+};
+
+class VampArbiter final : public MemoryArbiter {
+ public:
+  // `config` must be valid (Validate).
+  explicit VampArbiter(const VampArbiterConfig& config);
+
+  absl::string_view name() const override { return "vamp"; }
+  ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) override;
+  int32_t OnStepBoundary(const ArbiterContext& context) override;
+
+  // Feeds self-calibration (ignored unless enabled). Call once per executed step.
+  void ObserveStep(const StepTiming& timing);
+
+  LiveCoefficients live() const;
+  const VampArbiterConfig& config() const { return config_; }
+
+ private:
+  // Follows the scheduler's cumulative counters: hit-rate window and t_queue.
+  void Observe(const SchedulerCounters& counters);
+  CostCoefficients Current() const;
+
+  struct HitSnapshot {
+    int64_t requests;
+    int64_t query_tokens;
+    int64_t hit_tokens;
+  };
+
+  VampArbiterConfig config_;
+  // Hit-rate window: snapshots of the cumulative counters, oldest first; the front is the latest
+  // one at least a window older than the newest.
+  std::deque<HitSnapshot> hit_snapshots_;
+  double hit_rate_ = 0;
+  double t_queue_micros_;
+  int64_t t_queue_samples_ = 0;
+  int64_t seen_resumed_ = 0;
+  int64_t seen_resume_delay_micros_ = 0;
+  double t_prefill_estimate_ = 0;
+  int64_t t_prefill_samples_ = 0;
+  double c_eff_estimate_ = 0;
+  int64_t c_eff_samples_ = 0;
+  int64_t last_pressure_step_ = 0;
+  int64_t last_restore_step_ = 0;
+  int64_t next_restore_check_step_ = 0;
+};
+
+// "static" or "vamp" (the latter configured by `vamp`); InvalidArgument for anything else.
+absl::StatusOr<std::unique_ptr<MemoryArbiter>> CreateArbiter(absl::string_view name,
+                                                             const VampArbiterConfig& vamp);
+
+}  // namespace vamp
+
+#endif  // VAMP_CONTROLLER_ARBITER_VAMP_ARBITER_H_

@@ -1,0 +1,284 @@
+#include "controller/http_frontend.h"
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "controller/event_queue.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "prometheus/text_serializer.h"
+
+namespace vamp {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Dump(const Json& j) {
+  // Byte-level detokenisation can cut a UTF-8 sequence; never fail on it.
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+void SendError(httplib::Response& res, const absl::Status& status) {
+  res.status = HttpStatusFor(status);
+  res.set_content(ErrorBody(status), "application/json");
+}
+
+const char* FinishReasonText(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kNone:
+      break;
+  }
+  return nullptr;
+}
+
+Json Usage(const EngineEvent& e) {
+  return {{"prompt_tokens", e.prompt_tokens},
+          {"completion_tokens", e.completion_tokens},
+          {"total_tokens", e.prompt_tokens + e.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", e.cached_prompt_tokens}}}};
+}
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+class Handler {
+ public:
+  Handler(HttpFrontendOptions options, ServingContextProvider context)
+      : options_(std::move(options)), context_(std::move(context)) {}
+
+  bool Authorized(const httplib::Request& req, httplib::Response& res) const {
+    if (options_.api_keys.empty()) return true;
+    const std::string header = req.get_header_value("Authorization");
+    for (const std::string& key : options_.api_keys) {
+      if (header == "Bearer " + key) return true;
+    }
+    SendError(res, absl::UnauthenticatedError("a valid API key is required "
+                                              "(Authorization: Bearer <key>)"));
+    return false;
+  }
+
+  void Models(httplib::Response& res) const {
+    std::shared_ptr<const ServingContext> ctx = context_();
+    Json data = Json::array();
+    if (ctx != nullptr) {
+      data.push_back({{"id", ctx->model.id},
+                      {"object", "model"},
+                      {"owned_by", "vamp"},
+                      {"max_model_len", ctx->model.max_model_len}});
+    }
+    res.set_content(Dump({{"object", "list"}, {"data", data}}), "application/json");
+  }
+
+  void Health(httplib::Response& res) const {
+    std::shared_ptr<const ServingContext> ctx = context_();
+    const bool serving = ctx != nullptr && ctx->engine->healthy() && !ctx->engine->draining();
+    res.status = serving ? 200 : 503;
+    res.set_content(serving ? "{\"status\": \"serving\"}" : "{\"status\": \"not serving\"}",
+                    "application/json");
+  }
+
+  void Generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+    std::shared_ptr<const ServingContext> ctx = context_();
+    if (ctx == nullptr) {
+      SendError(res, absl::UnavailableError("the model is not being served yet (agents are "
+                                            "starting or failed); retry later"));
+      return;
+    }
+    absl::StatusOr<ServingRequest> parsed =
+        chat ? ParseChatCompletionRequest(req.body, ctx->model, *ctx->tokenizer)
+             : ParseCompletionRequest(req.body, ctx->model, *ctx->tokenizer);
+    if (!parsed.ok()) {
+      SendError(res, parsed.status());
+      return;
+    }
+    const bool stream = parsed->stream;
+    const bool include_usage = parsed->include_usage;
+    auto queue = std::make_shared<EventQueue>();
+    absl::StatusOr<RequestId> id = ctx->engine->Submit(
+        *std::move(parsed), [queue](const EngineEvent& e) { queue->Push(e); });
+    if (!id.ok()) {
+      SendError(res, id.status());
+      return;
+    }
+    const std::string rid = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", *id);
+    const int64_t created = UnixSeconds();
+    if (!stream) {
+      Unary(res, ctx, queue, *id, rid, created, chat);
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [ctx, queue, id = *id, rid, created, chat, include_usage, first = true](
+            size_t, httplib::DataSink& sink) mutable {
+          std::optional<EngineEvent> e = queue->Pop(absl::Seconds(1));
+          if (!e.has_value()) {
+            // Keep-alive comment: also how a vanished client is noticed.
+            if (!sink.write(": ping\n\n", 8)) {
+              ctx->engine->Abort(id);
+              return false;
+            }
+            return true;
+          }
+          Json chunk = {{"id", rid},
+                        {"created", created},
+                        {"model", ctx->model.id},
+                        {"object", chat ? "chat.completion.chunk" : "text_completion"}};
+          const std::string text = ctx->tokenizer->Decode(e->token_ids);
+          const char* reason = FinishReasonText(e->finish_reason);
+          Json choice = {{"index", 0},
+                         {"finish_reason", reason ? Json(reason) : Json(nullptr)},
+                         {"token_ids", e->token_ids}};
+          if (chat) {
+            Json delta = {{"content", text}};
+            if (first) delta["role"] = "assistant";
+            choice["delta"] = delta;
+          } else {
+            choice["text"] = text;
+          }
+          first = false;
+          if (!e->error.empty()) choice["error"] = e->error;
+          chunk["choices"] = Json::array({choice});
+          std::string out = absl::StrCat("data: ", Dump(chunk), "\n\n");
+          if (e->finished && include_usage) {
+            Json usage = {{"id", rid},
+                          {"created", created},
+                          {"model", ctx->model.id},
+                          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                          {"choices", Json::array()},
+                          {"usage", Usage(*e)}};
+            absl::StrAppend(&out, "data: ", Dump(usage), "\n\n");
+          }
+          if (e->finished) absl::StrAppend(&out, "data: [DONE]\n\n");
+          if (!sink.write(out.data(), out.size())) {
+            ctx->engine->Abort(id);
+            return false;
+          }
+          if (e->finished) sink.done();
+          return true;
+        });
+  }
+
+ private:
+  void Unary(httplib::Response& res, const std::shared_ptr<const ServingContext>& ctx,
+             const std::shared_ptr<EventQueue>& queue, RequestId id, const std::string& rid,
+             int64_t created, bool chat) {
+    std::vector<int32_t> tokens;
+    const auto deadline = absl::Now() + absl::Seconds(options_.request_timeout_s);
+    while (true) {
+      std::optional<EngineEvent> e = queue->Pop(absl::Seconds(1));
+      if (!e.has_value()) {
+        if (absl::Now() > deadline) {
+          ctx->engine->Abort(id);
+          SendError(res, absl::DeadlineExceededError(absl::StrCat(
+                             "the request did not finish within ", options_.request_timeout_s,
+                             " s")));
+          return;
+        }
+        continue;
+      }
+      tokens.insert(tokens.end(), e->token_ids.begin(), e->token_ids.end());
+      if (!e->finished) continue;
+      if (!e->error.empty()) {
+        SendError(res, absl::UnavailableError(absl::StrCat("request failed: ", e->error)));
+        return;
+      }
+      const std::string text = ctx->tokenizer->Decode(tokens);
+      const char* reason = FinishReasonText(e->finish_reason);
+      Json choice = {{"index", 0},
+                     {"finish_reason", reason ? Json(reason) : Json(nullptr)},
+                     {"token_ids", tokens},
+                     {"logprobs", nullptr}};
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+      } else {
+        choice["text"] = text;
+      }
+      Json body = {{"id", rid},
+                   {"object", chat ? "chat.completion" : "text_completion"},
+                   {"created", created},
+                   {"model", ctx->model.id},
+                   {"choices", Json::array({choice})},
+                   {"usage", Usage(*e)}};
+      res.set_content(Dump(body), "application/json");
+      return;
+    }
+  }
+
+  const HttpFrontendOptions options_;
+  const ServingContextProvider context_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(HttpFrontendOptions options,
+                                                                 ServingContextProvider context) {
+  std::vector<std::string> parts = absl::StrSplit(options.address, absl::MaxSplits(':', 1));
+  int port = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http_address '", options.address, "' is not host:port"));
+  }
+  std::unique_ptr<HttpFrontend> frontend(new HttpFrontend());
+  frontend->server_ = std::make_unique<httplib::Server>();
+  auto handler = std::make_shared<Handler>(options, std::move(context));
+  httplib::Server& s = *frontend->server_;
+  s.Post("/v1/completions", [handler](const httplib::Request& req, httplib::Response& res) {
+    if (handler->Authorized(req, res)) handler->Generate(req, res, /*chat=*/false);
+  });
+  s.Post("/v1/chat/completions", [handler](const httplib::Request& req, httplib::Response& res) {
+    if (handler->Authorized(req, res)) handler->Generate(req, res, /*chat=*/true);
+  });
+  s.Get("/v1/models", [handler](const httplib::Request& req, httplib::Response& res) {
+    if (handler->Authorized(req, res)) handler->Models(res);
+  });
+  s.Get("/health", [handler](const httplib::Request&, httplib::Response& res) {
+    handler->Health(res);
+  });
+  s.Get("/metrics", [](const httplib::Request&, httplib::Response& res) {
+    prometheus::TextSerializer serializer;
+    res.set_content(serializer.Serialize(MetricsRegistry()->Collect()),
+                    "text/plain; version=0.0.4");
+  });
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (res.status == 404 && res.body.empty()) {
+      SendError(res, absl::NotFoundError(absl::StrCat("no route for ", req.method, " ",
+                                                      req.path)));
+    }
+  });
+  if (port == 0) {
+    port = s.bind_to_any_port(parts[0]);
+  } else if (!s.bind_to_port(parts[0], port)) {
+    port = -1;
+  }
+  if (port <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for HTTP on '", options.address, "' (in use or malformed?)"));
+  }
+  frontend->port_ = port;
+  frontend->thread_ = std::thread([f = frontend.get()] { f->server_->listen_after_bind(); });
+  return frontend;
+}
+
+HttpFrontend::~HttpFrontend() { Stop(); }
+
+void HttpFrontend::Stop() {
+  if (server_ != nullptr) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace vamp

@@ -1,0 +1,49 @@
+// The OpenAI-compatible HTTP API of vamp-controller (cpp-httplib): POST /v1/completions and
+// /v1/chat/completions (JSON, or SSE with "stream": true), GET /v1/models, /health (200 serving,
+// 503 not) and /metrics (Prometheus text of the process registry). Errors are OpenAI-style JSON
+// with the matching HTTP status; a client that disconnects mid-stream aborts its request.
+#ifndef VAMP_CONTROLLER_HTTP_FRONTEND_H_
+#define VAMP_CONTROLLER_HTTP_FRONTEND_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "controller/serving_context.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace vamp {
+
+struct HttpFrontendOptions {
+  std::string address = "127.0.0.1:8000";  // host:port; port 0 picks one
+  // Accepted "Authorization: Bearer <key>" values; empty = no key needed.
+  std::vector<std::string> api_keys;
+  // A non-streaming request gives up after this long (s).
+  double request_timeout_s = 600;
+};
+
+class HttpFrontend {
+ public:
+  // `context` is called per request.
+  static absl::StatusOr<std::unique_ptr<HttpFrontend>> Start(HttpFrontendOptions options,
+                                                            ServingContextProvider context);
+  ~HttpFrontend();
+  int port() const { return port_; }
+  void Stop();
+
+ private:
+  HttpFrontend() = default;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_CONTROLLER_HTTP_FRONTEND_H_

@@ -1,0 +1,492 @@
+#include "controller/serving_engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+#include "controller/core/static_arbiter.h"
+
+namespace vamp {
+namespace {
+
+constexpr size_t kDecisionLogSize = 1000;
+
+// Controller metrics in the style operators know from vLLM (names vamp_<subsystem>_..._<unit>).
+struct EngineMetrics {
+  prometheus::Gauge& running;
+  prometheus::Gauge& waiting;
+  prometheus::Gauge& kv_usage;
+  prometheus::Gauge& kv_blocks;
+  prometheus::Gauge& offload_ratio;
+  prometheus::Gauge& offloaded_groups;
+  prometheus::Counter& query_tokens;
+  prometheus::Counter& hit_tokens;
+  prometheus::Counter& preemptions;
+  prometheus::Counter& steps;
+  prometheus::Family<prometheus::Counter>& decisions;
+  prometheus::Family<prometheus::Counter>& finished;
+  prometheus::Histogram& ttft;
+  prometheus::Histogram& itl;
+  prometheus::Histogram& e2e;
+  prometheus::Histogram& queue;
+
+  static EngineMetrics& Get() {
+    static EngineMetrics* m = [] {
+      auto& r = *MetricsRegistry();
+      auto gauge = [&](const char* name, const char* help) -> prometheus::Gauge& {
+        return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+      };
+      auto counter = [&](const char* name, const char* help) -> prometheus::Counter& {
+        return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+      };
+      auto histogram = [&](const char* name, const char* help) -> prometheus::Histogram& {
+        return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
+            {}, LatencyBucketsSeconds());
+      };
+      return new EngineMetrics{
+          gauge("vamp_scheduler_requests_running", "Requests in the running batch"),
+          gauge("vamp_scheduler_requests_waiting", "Requests waiting, preempted ones included"),
+          gauge("vamp_kv_usage_ratio", "Used KV blocks over all KV blocks, 0..1"),
+          gauge("vamp_kv_pool_blocks", "KV blocks in the pool (grows with offload)"),
+          gauge("vamp_kv_offload_ratio", "Offloaded groups over the cap's groups, 0..1"),
+          gauge("vamp_experts_offloaded_groups", "Expert groups offloaded per eligible layer"),
+          counter("vamp_prefix_cache_query_tokens_total", "Prompt tokens looked up in the cache"),
+          counter("vamp_prefix_cache_hit_tokens_total", "Prompt tokens served by the cache"),
+          counter("vamp_scheduler_preemptions_total", "Requests preempted (recomputed later)"),
+          counter("vamp_scheduler_steps_total", "Model steps run"),
+          prometheus::BuildCounter()
+              .Name("vamp_arbiter_decisions_total")
+              .Help("Memory arbiter decisions by chosen action")
+              .Register(r),
+          prometheus::BuildCounter()
+              .Name("vamp_requests_finished_total")
+              .Help("Finished requests by reason")
+              .Register(r),
+          histogram("vamp_request_time_to_first_token_seconds", "Arrival to first token"),
+          histogram("vamp_request_inter_token_latency_seconds", "Between consecutive tokens"),
+          histogram("vamp_request_e2e_latency_seconds", "Arrival to the last token"),
+          histogram("vamp_request_queue_time_seconds", "Arrival to first scheduling")};
+    }();
+    return *m;
+  }
+};
+
+void ToProto(const SamplingParams& sp, vamp::v1::SamplingParams* out) {
+  out->set_temperature(sp.temperature);
+  out->set_top_k(sp.top_k);
+  out->set_top_p(sp.top_p);
+  out->set_min_p(sp.min_p);
+  out->set_presence_penalty(sp.presence_penalty);
+  out->set_frequency_penalty(sp.frequency_penalty);
+  out->set_repetition_penalty(sp.repetition_penalty);
+  if (sp.seed.has_value()) {
+    out->set_seed(*sp.seed);
+    out->set_has_seed(true);
+  }
+}
+
+}  // namespace
+
+ServingEngine::ServingEngine(AgentGroup* group, ServingEngineOptions options)
+    : group_(group), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* group,
+                                                                   ServingEngineOptions options) {
+  std::unique_ptr<ServingEngine> engine(new ServingEngine(group, std::move(options)));
+  ServingEngine* e = engine.get();
+  e->expander_ = std::make_unique<RemoteExpander>(group, [e] { return e->NextStepId(); });
+  if (absl::Status s = e->expander_->Refresh(); !s.ok()) return s;
+  SchedulerConfig config = e->options_.scheduler;
+  config.num_blocks = static_cast<int32_t>(e->expander_->kv_blocks());
+  std::unique_ptr<MemoryArbiter> arbiter;
+  if (e->options_.make_arbiter) {
+    absl::StatusOr<std::unique_ptr<MemoryArbiter>> made =
+        e->options_.make_arbiter(e->options_.arbiter);
+    if (!made.ok()) return made.status();
+    arbiter = *std::move(made);
+  } else if (e->options_.arbiter == "static") {
+    arbiter = std::make_unique<StaticArbiter>();
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("arbiter '", e->options_.arbiter, "' needs an arbiter factory"));
+  }
+  VAMP_ASSIGN_OR_RETURN(
+      e->scheduler_,
+      Scheduler::Create(config, &SteadyClock::Get(), std::move(arbiter), e->expander_.get()));
+  VAMP_LOG(INFO) << "serving engine: " << config.num_blocks << " KV blocks of "
+                 << config.block_size << " tokens, arbiter " << e->scheduler_->arbiter().name()
+                 << ", up to " << e->expander_->max_groups() << " expert groups offloadable ("
+                 << e->expander_->BlocksPerGroup() << " blocks each)";
+  e->PublishSnapshot();
+  e->thread_ = std::thread([e] { e->Loop(); });
+  return engine;
+}
+
+ServingEngine::~ServingEngine() { Stop(); }
+
+void ServingEngine::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    stop_ = true;
+    work_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<RequestId> ServingEngine::Submit(ServingRequest request, EngineSink sink) {
+  if (!healthy_) {
+    return absl::UnavailableError("the model's agents are not available; retry later");
+  }
+  if (draining_) return absl::UnavailableError("the server is draining and admits no requests");
+  absl::MutexLock lock(&mu_);
+  const RequestId id = next_request_id_++;
+  pending_.push_back({id, std::move(request), std::move(sink), SteadyClock::Get().NowMicros()});
+  work_ = true;
+  return id;
+}
+
+void ServingEngine::Abort(RequestId id) {
+  absl::MutexLock lock(&mu_);
+  aborts_.push_back(id);
+  work_ = true;
+}
+
+absl::Status ServingEngine::ForceRemap(int32_t groups) {
+  if (groups == 0) return absl::InvalidArgumentError("num_groups must not be 0");
+  if (!healthy_) return absl::UnavailableError("the model's agents are not available");
+  RemapCommandState command{groups};
+  absl::MutexLock lock(&mu_);
+  commands_.push_back(&command);
+  work_ = true;
+  auto done = [&command, this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return command.done || stop_; };
+  mu_.Await(absl::Condition(&done));
+  if (!command.done) return absl::CancelledError("the engine stopped");
+  return command.result;
+}
+
+void ServingEngine::Drain() {
+  draining_ = true;
+  VAMP_LOG(INFO) << "draining: no new requests are admitted";
+}
+
+void ServingEngine::Loop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      const bool busy = healthy_ && scheduler_->has_unfinished_requests();
+      if (!busy) {
+        mu_.AwaitWithTimeout(absl::Condition(&work_),
+                             absl::Microseconds(options_.idle_wait_micros * 50));
+      }
+      if (stop_) break;
+      work_ = false;
+    }
+    if (!healthy_) {
+      FailAll(absl::UnavailableError("agent group is unhealthy"));
+      continue;
+    }
+    AdmitPending();
+    RunCommands();
+    if (scheduler_->has_unfinished_requests()) RunStep();
+    PublishSnapshot();
+  }
+  FailAll(absl::CancelledError("the server is shutting down"));
+}
+
+void ServingEngine::AdmitPending() {
+  std::deque<Pending> pending;
+  std::vector<RequestId> aborts;
+  {
+    absl::MutexLock lock(&mu_);
+    pending.swap(pending_);
+    aborts.swap(aborts_);
+  }
+  for (Pending& p : pending) {
+    RequestSpec spec;
+    spec.id = p.id;
+    spec.prompt_token_ids = std::move(p.request.prompt_token_ids);
+    spec.sampling_params = std::move(p.request.sampling);
+    spec.eos_token_id = options_.eos_token_id;
+    spec.priority = p.request.priority;
+    spec.cache_salt = std::move(p.request.cache_salt);
+    spec.arrival_micros = p.arrival_micros;
+    const int32_t prompt_tokens = static_cast<int32_t>(spec.prompt_token_ids.size());
+    absl::Status s = scheduler_->AddRequest(std::move(spec));
+    if (!s.ok()) {
+      EngineEvent event;
+      event.finished = true;
+      event.finish_reason = FinishReason::kAbort;
+      event.error = std::string(s.message());
+      event.prompt_tokens = prompt_tokens;
+      p.sink(event);
+      continue;
+    }
+    live_[p.id] = Live{std::move(p.sink), p.arrival_micros, prompt_tokens};
+  }
+  for (RequestId id : aborts) {
+    if (live_.erase(id) > 0) (void)scheduler_->AbortRequest(id);
+  }
+}
+
+void ServingEngine::RunCommands() {
+  RemapCommandState* command = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (commands_.empty()) return;
+    command = commands_.front();
+  }
+  absl::Status result;
+  if (command->groups > 0) {
+    absl::StatusOr<int32_t> added = command->groups <= expander_->RemainingGroups()
+                                        ? expander_->Expand(command->groups)
+                                        : absl::StatusOr<int32_t>(absl::FailedPreconditionError(
+                                              absl::StrCat("cannot offload ", command->groups,
+                                                           " groups: ",
+                                                           expander_->RemainingGroups(),
+                                                           " remain under the cap")));
+    if (added.ok()) result = scheduler_->GrowPool(*added);
+    else result = added.status();
+  } else {
+    const int32_t groups = -command->groups;
+    if (groups > expander_->offloaded_groups()) {
+      result = absl::FailedPreconditionError(absl::StrCat(
+          "cannot restore ", groups, " groups: ", expander_->offloaded_groups(), " are offloaded"));
+    } else {
+      absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> capacity =
+          group_->Capacity(-groups);
+      if (!capacity.ok()) {
+        result = capacity.status();
+      } else {
+        int64_t after = INT64_MAX;
+        for (const auto& c : *capacity) after = std::min(after, c.kv_blocks_after());
+        const int32_t withdraw = static_cast<int32_t>(scheduler_->pool().num_blocks() - after);
+        if (!scheduler_->pool().shrink_pending()) result = scheduler_->BeginShrinkPool(withdraw);
+        // The tail's blocks must be free before the agents take the pages back; requests using
+        // them keep running and the command is retried after the next step.
+        if (result.ok() && scheduler_->pool().shrink_outstanding() > 0) return;
+        if (result.ok()) result = scheduler_->CommitShrinkPool();
+        if (result.ok()) result = expander_->Restore(groups);
+      }
+    }
+  }
+  PublishSnapshot();  // the caller reads the new pool size as soon as it is woken
+  absl::MutexLock lock(&mu_);
+  commands_.pop_front();
+  command->result = result;
+  command->done = true;
+}
+
+void ServingEngine::RunStep() {
+  absl::StatusOr<StepPlan> plan = scheduler_->Schedule();
+  if (!plan.ok()) {
+    VAMP_LOG(ERROR) << "scheduling failed: " << plan.status();
+    FailAll(plan.status());
+    return;
+  }
+  EngineMetrics& metrics = EngineMetrics::Get();
+  for (const ArbiterRecord& d : scheduler_->step_decisions()) {
+    metrics.decisions.Add({{"action", d.plan.choice.empty() ? "none" : d.plan.choice}})
+        .Increment();
+    absl::MutexLock lock(&mu_);
+    decisions_.push_back(d);
+    if (decisions_.size() > kDecisionLogSize) decisions_.pop_front();
+  }
+  const bool has_ids = !plan->preempted_ids.empty() || !plan->finished_ids.empty();
+  if (plan->empty() && !has_ids) {
+    // Nothing runnable (e.g. everyone waits for memory held by a pending restore): back off.
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&work_), absl::Microseconds(options_.idle_wait_micros));
+    return;
+  }
+  vamp::v1::StepRequest request;
+  request.set_step_id(NextStepId());
+  request.set_num_blocks(plan->num_blocks);
+  for (const NewRequestPlan& n : plan->new_requests) {
+    vamp::v1::NewRequest* r = request.add_new_requests();
+    r->set_request_id(n.request_id);
+    r->mutable_prompt_token_ids()->Add(n.prompt_token_ids.begin(), n.prompt_token_ids.end());
+    r->mutable_block_ids()->Add(n.block_ids.begin(), n.block_ids.end());
+    r->set_num_computed_tokens(n.num_computed_tokens);
+    r->set_num_scheduled_tokens(n.num_scheduled_tokens);
+    ToProto(n.sampling_params, r->mutable_sampling());
+    r->set_eos_token_id(n.eos_token_id.value_or(-1));
+    r->set_min_tokens(n.sampling_params.min_tokens);
+  }
+  for (const CachedRequestPlan& c : plan->cached_requests) {
+    vamp::v1::CachedRequest* r = request.add_cached_requests();
+    r->set_request_id(c.request_id);
+    r->set_resumed(c.resumed);
+    r->mutable_new_block_ids()->Add(c.new_block_ids.begin(), c.new_block_ids.end());
+    r->set_num_computed_tokens(c.num_computed_tokens);
+    r->set_num_scheduled_tokens(c.num_scheduled_tokens);
+  }
+  request.mutable_preempted_request_ids()->Add(plan->preempted_ids.begin(),
+                                               plan->preempted_ids.end());
+  request.mutable_finished_request_ids()->Add(plan->finished_ids.begin(),
+                                              plan->finished_ids.end());
+  absl::StatusOr<std::vector<vamp::v1::StepResponse>> responses = group_->Step(request);
+  if (!responses.ok()) {
+    healthy_ = group_->healthy();
+    FailAll(responses.status());
+    return;
+  }
+  if (plan->empty()) return;
+  StepOutput output;
+  output.step = plan->step;
+  for (const vamp::v1::SampledTokens& s : (*responses)[0].sampled()) {
+    SampledTokens tokens;
+    tokens.request_id = s.request_id();
+    tokens.token_ids.assign(s.token_ids().begin(), s.token_ids().end());
+    output.sampled.push_back(std::move(tokens));
+  }
+  absl::StatusOr<std::vector<RequestOutput>> outputs = scheduler_->UpdateFromOutput(output);
+  if (!outputs.ok()) {
+    VAMP_LOG(ERROR) << "agents answered step " << request.step_id()
+                    << " inconsistently: " << outputs.status();
+    FailAll(outputs.status());
+    return;
+  }
+  metrics.steps.Increment();
+  for (const QueueTimeSample& q : scheduler_->Stats().step_queue_times) {
+    metrics.queue.Observe(static_cast<double>(q.queue_micros) * 1e-6);
+  }
+  Deliver(*outputs);
+}
+
+void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs) {
+  EngineMetrics& metrics = EngineMetrics::Get();
+  const int64_t now = SteadyClock::Get().NowMicros();
+  for (const RequestOutput& o : outputs) {
+    auto it = live_.find(o.request_id);
+    if (it == live_.end()) continue;  // aborted by its client meanwhile
+    Live& live = it->second;
+    const Request* request = scheduler_->FindRequest(o.request_id);
+    EngineEvent event;
+    event.token_ids.assign(o.new_token_ids.begin(), o.new_token_ids.end());
+    const double since_arrival_s = static_cast<double>(now - live.arrival_micros) * 1e-6;
+    if (!event.token_ids.empty()) {
+      if (live.completion_tokens == 0) {
+        metrics.ttft.Observe(since_arrival_s);
+      } else {
+        metrics.itl.Observe(static_cast<double>(now - live.last_token_micros) * 1e-6);
+      }
+      live.last_token_micros = now;
+    }
+    live.completion_tokens += static_cast<int32_t>(event.token_ids.size());
+    event.prompt_tokens = live.prompt_tokens;
+    event.completion_tokens = live.completion_tokens;
+    // The request is gone from the scheduler once finished: remember its hit while it is there.
+    if (request != nullptr) live.cached_prompt_tokens = request->num_cached_tokens();
+    event.cached_prompt_tokens = live.cached_prompt_tokens;
+    event.micros_since_arrival = now - live.arrival_micros;
+    if (o.finish_reason != FinishReason::kNone) {
+      event.finished = true;
+      event.finish_reason = o.finish_reason;
+      metrics.e2e.Observe(since_arrival_s);
+      metrics.finished.Add({{"reason", std::string(FinishReasonName(o.finish_reason))}})
+          .Increment();
+    }
+    live.sink(event);
+    if (event.finished) live_.erase(it);
+  }
+}
+
+void ServingEngine::FailAll(const absl::Status& status) {
+  std::deque<Pending> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    pending.swap(pending_);
+    for (RemapCommandState* c : commands_) {
+      c->result = status;
+      c->done = true;
+    }
+    commands_.clear();
+  }
+  EngineEvent event;
+  event.finished = true;
+  event.finish_reason = FinishReason::kAbort;
+  event.error = std::string(status.message());
+  for (Pending& p : pending) p.sink(event);
+  for (auto& [id, live] : live_) {
+    EngineEvent e = event;
+    e.prompt_tokens = live.prompt_tokens;
+    e.completion_tokens = live.completion_tokens;
+    live.sink(e);
+  }
+  live_.clear();
+  if (!healthy_ || !status.ok()) {
+    // The scheduler's view of the agents' KV caches is void once a step failed.
+    healthy_ = false;
+  }
+}
+
+void ServingEngine::PublishSnapshot() {
+  if (scheduler_ == nullptr) return;
+  const SchedulerStats stats = scheduler_->Stats();
+  const SchedulerCounters& c = scheduler_->counters();
+  EngineMetrics& metrics = EngineMetrics::Get();
+  metrics.running.Set(stats.num_running);
+  metrics.waiting.Set(stats.num_waiting);
+  metrics.kv_usage.Set(stats.num_blocks == 0 ? 0.0
+                                             : static_cast<double>(stats.num_used_blocks) /
+                                                   stats.num_blocks);
+  metrics.kv_blocks.Set(stats.num_blocks);
+  metrics.offloaded_groups.Set(expander_->offloaded_groups());
+  metrics.offload_ratio.Set(expander_->max_groups() == 0
+                                ? 0.0
+                                : static_cast<double>(expander_->offloaded_groups()) /
+                                      expander_->max_groups());
+  // Counters are cumulative in the scheduler; the Prometheus counters follow by the difference.
+  auto follow = [](prometheus::Counter& counter, int64_t total) {
+    const double delta = static_cast<double>(total) - counter.Value();
+    if (delta > 0) counter.Increment(delta);
+  };
+  follow(metrics.query_tokens, c.prefix_cache.query_tokens + c.prefix_cache.preempted_query_tokens);
+  follow(metrics.hit_tokens, c.prefix_cache.hit_tokens + c.prefix_cache.preempted_hit_tokens);
+  follow(metrics.preemptions, c.num_preemptions);
+
+  vamp::v1::GetStatusResponse s;
+  s.set_serving(healthy_);
+  s.set_draining(draining_);
+  s.set_policy(std::string(scheduler_->arbiter().name()));
+  auto* kv = s.mutable_kv_pool();
+  kv->set_total_blocks(stats.num_blocks);
+  kv->set_used_blocks(stats.num_used_blocks);
+  kv->set_cached_free_blocks(stats.num_free_cached_blocks);
+  kv->set_uncached_free_blocks(stats.num_free_uncached_blocks);
+  kv->set_block_size(scheduler_->config().block_size);
+  const int64_t queries = c.prefix_cache.query_tokens;
+  kv->set_prefix_cache_hit_ratio(
+      queries == 0 ? 0.0 : static_cast<double>(c.prefix_cache.hit_tokens) / queries);
+  auto* q = s.mutable_queue();
+  q->set_running(stats.num_running);
+  q->set_waiting(stats.num_waiting - stats.num_waiting_preempted);
+  q->set_preempted(stats.num_waiting_preempted);
+  q->set_finished_total(c.num_finished + c.num_aborted);
+  s.set_offloaded_groups(expander_->offloaded_groups());
+  s.set_offload_ratio(metrics.offload_ratio.Value());
+  absl::MutexLock lock(&mu_);
+  snapshot_ = std::move(s);
+}
+
+void ServingEngine::Snapshot(vamp::v1::GetStatusResponse* status) const {
+  absl::MutexLock lock(&mu_);
+  status->MergeFrom(snapshot_);
+  status->set_serving(healthy_.load());
+  status->set_draining(draining_.load());
+}
+
+std::vector<ArbiterRecord> ServingEngine::RecentDecisions(int limit) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<ArbiterRecord> out;
+  for (auto it = decisions_.rbegin(); it != decisions_.rend() && static_cast<int>(out.size()) < limit;
+       ++it) {
+    out.push_back(*it);
+  }
+  return out;
+}
+
+}  // namespace vamp

@@ -1,0 +1,141 @@
+// ServingEngine: the controller's engine loop. One thread owns the Scheduler and drives the agent
+// group step by step: it admits submitted requests, plans a step, sends it to every rank, applies
+// the sampled tokens and hands each request's new tokens to its sink. Memory pressure reaches the
+// arbiter inside Schedule(); an offload it chooses becomes a synchronized remap (RemoteExpander).
+//
+// Threads: Submit/Abort/ForceRemap/Drain/Snapshot are thread-safe and never block on a step; sinks
+// run on the engine thread and must not block (they queue to their client).
+//
+// Faults: when the agent group breaks (a rank died or stopped answering), every live request ends
+// with FinishReason kAbort and an error naming the rank, the engine reports unhealthy and refuses
+// new submissions with UNAVAILABLE. The controller then replaces the group and the engine once the
+// agents are back (their KV caches are gone, so nothing carries over).
+#ifndef VAMP_CONTROLLER_SERVING_ENGINE_H_
+#define VAMP_CONTROLLER_SERVING_ENGINE_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "controller/agent_group.h"
+#include "controller/core/scheduler.h"
+#include "controller/frontend/openai_api.h"
+#include "controller/remote_expander.h"
+#include "vamp/v1/admin.pb.h"
+
+namespace vamp {
+
+// What a request's sink receives: new tokens, and at the end the finish reason and usage.
+struct EngineEvent {
+  std::vector<int32_t> token_ids;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error;  // set when the request failed (finish_reason kAbort)
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;  // so far
+  int32_t cached_prompt_tokens = 0;
+  int64_t micros_since_arrival = 0;
+};
+using EngineSink = std::function<void(const EngineEvent&)>;
+
+struct ServingEngineOptions {
+  SchedulerConfig scheduler;  // num_blocks is taken from the agents
+  std::string arbiter = "vamp";  // "static" | "vamp"
+  std::optional<int32_t> eos_token_id;
+  // Idle wait of the loop when nothing is runnable (µs).
+  int64_t idle_wait_micros = 2000;
+  // Creates the arbiter by name (the controller passes the factory so tests can inject one).
+  std::function<absl::StatusOr<std::unique_ptr<MemoryArbiter>>(const std::string&)> make_arbiter;
+};
+
+class ServingEngine {
+ public:
+  // `group` must be initialised (Init succeeded) and outlive the engine.
+  static absl::StatusOr<std::unique_ptr<ServingEngine>> Start(AgentGroup* group,
+                                                             ServingEngineOptions options);
+  ~ServingEngine();
+
+  // Queues a request; its events go to `sink`. UNAVAILABLE while unhealthy or draining.
+  absl::StatusOr<RequestId> Submit(ServingRequest request, EngineSink sink);
+  // Ends a request (client went away); its sink gets no further events.
+  void Abort(RequestId id);
+  // Offloads (groups > 0) or restores (groups < 0) expert groups on every rank, between steps.
+  // Blocks until done. Restore waits until the KV tail it takes back is free.
+  absl::Status ForceRemap(int32_t groups);
+  // Stops admitting requests; running ones finish.
+  void Drain();
+  void Stop();
+
+  bool healthy() const { return healthy_.load(); }
+  bool draining() const { return draining_.load(); }
+  // Fills the parts of an Admin status the engine knows (queue, KV pool, offload, policy).
+  void Snapshot(vamp::v1::GetStatusResponse* status) const;
+  std::vector<ArbiterRecord> RecentDecisions(int limit) const;
+
+ private:
+  struct Pending {
+    RequestId id;
+    ServingRequest request;
+    EngineSink sink;
+    int64_t arrival_micros;
+  };
+  struct Live {
+    EngineSink sink;
+    int64_t arrival_micros;
+    int32_t prompt_tokens;
+    int32_t completion_tokens = 0;
+    int64_t last_token_micros = 0;
+    int32_t cached_prompt_tokens = 0;
+  };
+  struct RemapCommandState {
+    int32_t groups;
+    bool done = false;
+    absl::Status result;
+  };
+
+  ServingEngine(AgentGroup* group, ServingEngineOptions options);
+  void Loop();
+  void AdmitPending();
+  void RunCommands();
+  void RunStep();
+  void FailAll(const absl::Status& status);
+  void Deliver(const std::vector<RequestOutput>& outputs);
+  void PublishSnapshot();
+  int64_t NextStepId() { return next_step_id_++; }
+
+  AgentGroup* group_;
+  ServingEngineOptions options_;
+  std::unique_ptr<RemoteExpander> expander_;
+  std::unique_ptr<Scheduler> scheduler_;  // engine thread only
+  absl::flat_hash_map<RequestId, Live> live_;  // engine thread only
+  int64_t next_step_id_ = 1;  // engine thread only (and the expander, called from it)
+
+  std::atomic<bool> healthy_{true};
+  std::atomic<bool> draining_{false};
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  RequestId next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<RequestId> aborts_ ABSL_GUARDED_BY(mu_);
+  std::deque<RemapCommandState*> commands_ ABSL_GUARDED_BY(mu_);
+  bool work_ ABSL_GUARDED_BY(mu_) = false;
+  // Published by the engine thread after every step, for Snapshot().
+  vamp::v1::GetStatusResponse snapshot_ ABSL_GUARDED_BY(mu_);
+  std::deque<ArbiterRecord> decisions_ ABSL_GUARDED_BY(mu_);
+
+  std::thread thread_;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_CONTROLLER_SERVING_ENGINE_H_

@@ -1,0 +1,307 @@
+// The whole system on loopback: vamp-controller (in this process) spawning real vamp-agent
+// processes on the tiny checkpoint, driven through HTTP, gRPC and vampctl as clients would.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+
+#include "controller/controller_config.h"
+#include "controller/controller_server.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/metrics_scrape.h"
+#include "vamp/v1/admin.grpc.pb.h"
+#include "vamp/v1/serving.grpc.pb.h"
+
+namespace vamp {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+struct Goldens {
+  std::vector<std::vector<int>> prompts;
+  std::vector<std::vector<int>> continuations;
+};
+
+Goldens LoadGoldens() {
+  std::ifstream in(std::string(VAMP_TEST_DATA_DIR) + "/tiny-qwen3-moe-goldens.json");
+  Json j = Json::parse(in);
+  return {j["prompts"].get<std::vector<std::vector<int>>>(),
+          j["greedy_continuations"].get<std::vector<std::vector<int>>>()};
+}
+
+std::unique_ptr<ControllerServer> StartSystem(int agents, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {
+      "vamp-controller",
+      "--grpc_address=127.0.0.1:0",
+      "--admin_address=127.0.0.1:0",
+      "--http_address=127.0.0.1:0",
+      "--metrics_address=",
+      std::string("--model_path=") + VAMP_TEST_DATA_DIR + "/tiny-qwen3-moe",
+      "--spawn_agents=" + std::to_string(agents),
+      std::string("--agent_binary=") + VAMP_BINARY_DIR + "/agent/vamp-agent",
+      "--agent_host_memory_bytes=268435456",
+      "--agent_host_page_bytes=4096",
+      "--max_offload_ratio=0.75",
+      "--step_timeout_s=10",
+      "--log_level=warning"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  absl::StatusOr<CommandLine> cli =
+      ParseCommandLine(ControllerConfigSchema(), static_cast<int>(argv.size()), argv.data());
+  EXPECT_TRUE(cli.ok()) << cli.status();
+  if (!cli.ok()) return nullptr;
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return nullptr;
+  EXPECT_TRUE((*server)->WaitUntilServing(absl::Seconds(60))) << "agents never came up";
+  return *std::move(server);
+}
+
+Json Completion(int port, const Json& body, int* status = nullptr) {
+  httplib::Client http("127.0.0.1", port);
+  http.set_read_timeout(60);
+  auto r = http.Post("/v1/completions", body.dump(), "application/json");
+  EXPECT_TRUE(r) << "HTTP request failed";
+  if (!r) return {};
+  if (status != nullptr) *status = r->status;
+  return Json::parse(r->body);
+}
+
+Json GreedyBody(const std::vector<int>& prompt, int max_tokens) {
+  return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
+          {"ignore_eos", true}};
+}
+
+// POSTs `body` to /v1/completions, handing the response body to `receive` as it arrives.
+bool PostStreaming(httplib::Client& http, const std::string& body,
+                   const std::function<bool(const char*, size_t)>& receive) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    return receive(data, n);
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  return http.send(req, res, error) && res.status == 200;
+}
+
+// Streams a completion over SSE; returns the token ids in order, and the final finish reason.
+std::vector<int> StreamCompletion(int port, const Json& body, std::string* finish_reason,
+                                  const std::function<void(int)>& after_tokens = nullptr) {
+  httplib::Client http("127.0.0.1", port);
+  http.set_read_timeout(60);
+  std::vector<int> tokens;
+  std::string buffer;
+  Json b = body;
+  b["stream"] = true;
+  const bool r = PostStreaming(
+      http, b.dump(), [&](const char* data, size_t n) {
+        buffer.append(data, n);
+        size_t end;
+        while ((end = buffer.find("\n\n")) != std::string::npos) {
+          std::string event = buffer.substr(0, end);
+          buffer.erase(0, end + 2);
+          if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
+          Json chunk = Json::parse(event.substr(6));
+          for (int t : chunk["choices"][0]["token_ids"]) tokens.push_back(t);
+          if (!chunk["choices"][0]["finish_reason"].is_null()) {
+            *finish_reason = chunk["choices"][0]["finish_reason"];
+          }
+          if (after_tokens) after_tokens(static_cast<int>(tokens.size()));
+        }
+        return true;
+      });
+  EXPECT_TRUE(r);
+  return tokens;
+}
+
+TEST(SystemTest, OneAgentMatchesGoldensOverHttpSseAndGrpc) {
+  Goldens g = LoadGoldens();
+  std::unique_ptr<ControllerServer> server = StartSystem(1);
+  ASSERT_NE(server, nullptr);
+  for (size_t i = 0; i < g.prompts.size(); ++i) {
+    Json r = Completion(server->http_port(), GreedyBody(g.prompts[i], 16));
+    EXPECT_EQ(r["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[i])
+        << "prompt " << i;
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(r["usage"]["completion_tokens"], 16);
+    EXPECT_EQ(r["usage"]["prompt_tokens"], static_cast<int>(g.prompts[i].size()));
+  }
+  std::string reason;
+  EXPECT_EQ(StreamCompletion(server->http_port(), GreedyBody(g.prompts[3], 16), &reason),
+            g.continuations[3]);
+  EXPECT_EQ(reason, "length");
+
+  auto stub = vamp::v1::Serving::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server->grpc_port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  vamp::v1::GenerateRequest req;
+  req.set_request_id("grpc-1");
+  for (int t : g.prompts[2]) req.add_prompt_token_ids(t);
+  req.mutable_stop()->set_max_tokens(16);
+  req.mutable_stop()->set_ignore_eos(true);
+  auto reader = stub->Generate(&ctx, req);
+  std::vector<int> tokens;
+  vamp::v1::GenerateResponse resp;
+  bool finished = false;
+  while (reader->Read(&resp)) {
+    EXPECT_EQ(resp.request_id(), "grpc-1");
+    tokens.insert(tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+    finished = finished || resp.finished();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(finished);
+  EXPECT_EQ(tokens, g.continuations[2]);
+}
+
+TEST(SystemTest, TwoAgentsTensorParallelMatchGoldens) {
+  Goldens g = LoadGoldens();
+  std::unique_ptr<ControllerServer> server = StartSystem(2);
+  ASSERT_NE(server, nullptr);
+  for (size_t i = 0; i < g.prompts.size(); ++i) {
+    Json r = Completion(server->http_port(), GreedyBody(g.prompts[i], 16));
+    EXPECT_EQ(r["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[i])
+        << "prompt " << i;
+  }
+}
+
+TEST(SystemTest, PrefixHitsAcrossTurnsAndForcedRemapKeepTokens) {
+  Goldens g = LoadGoldens();
+  std::unique_ptr<ControllerServer> server = StartSystem(1);
+  ASSERT_NE(server, nullptr);
+  // Turn 1, then turn 2 re-sends turn 1's prompt and answer: its prefix comes from the cache.
+  std::vector<int> turn1 = g.prompts[3];
+  Json r1 = Completion(server->http_port(), GreedyBody(turn1, 16));
+  std::vector<int> turn2 = turn1;
+  for (int t : r1["choices"][0]["token_ids"]) turn2.push_back(t);
+  turn2.insert(turn2.end(), {65, 66, 67});
+  Json r2 = Completion(server->http_port(), GreedyBody(turn2, 8));
+  EXPECT_GE(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 64);
+
+  // Offload in the middle of a streamed request, then restore: the tokens never change.
+  auto admin = vamp::v1::Admin::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server->admin_port()), grpc::InsecureChannelCredentials()));
+  auto remap = [&](bool offload, int groups) {
+    grpc::ClientContext ctx;
+    vamp::v1::ForceRemapRequest req;
+    req.set_num_groups(groups);
+    vamp::v1::ForceRemapResponse resp;
+    grpc::Status s = offload ? admin->ForceOffload(&ctx, req, &resp)
+                             : admin->ForceRestore(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  };
+  std::string reason;
+  int64_t blocks_before = 0, blocks_after = 0;
+  std::vector<int> tokens = StreamCompletion(
+      server->http_port(), GreedyBody(g.prompts[1], 16), &reason, [&](int n) {
+        if (n == 4) {
+          grpc::ClientContext ctx;
+          vamp::v1::GetStatusResponse st;
+          ASSERT_TRUE(admin->GetStatus(&ctx, {}, &st).ok());
+          blocks_before = st.kv_pool().total_blocks();
+          vamp::v1::ForceRemapResponse resp = remap(true, 2);
+          EXPECT_EQ(resp.offloaded_groups(), 2);
+          blocks_after = resp.kv_blocks();
+        }
+      });
+  EXPECT_EQ(tokens, g.continuations[1]);
+  EXPECT_GT(blocks_after, blocks_before);
+  vamp::v1::ForceRemapResponse restored = remap(false, 2);
+  EXPECT_EQ(restored.offloaded_groups(), 0);
+  EXPECT_EQ(restored.kv_blocks(), blocks_before);
+  Json again = Completion(server->http_port(), GreedyBody(g.prompts[1], 16));
+  EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[1]);
+}
+
+TEST(SystemTest, MalformedRequestsGet4xxAndOthersKeepServing) {
+  Goldens g = LoadGoldens();
+  std::unique_ptr<ControllerServer> server = StartSystem(1);
+  ASSERT_NE(server, nullptr);
+  int status = 0;
+  Json bad = Completion(server->http_port(), {{"prompt", "x"}, {"temperature", -1}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(bad["error"]["param"], "temperature");
+  Json unknown = Completion(server->http_port(), {{"prompt", "x"}, {"model", "nope"}}, &status);
+  EXPECT_EQ(status, 404);
+  Json too_long = Completion(server->http_port(),
+                             {{"prompt", std::vector<int>(2000, 5)}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(too_long["error"]["param"], "prompt");
+  Json ok = Completion(server->http_port(), GreedyBody(g.prompts[0], 16), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(ok["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
+  // Text in, text out through the byte-level fallback tokenizer.
+  Json text = Completion(server->http_port(),
+                         {{"prompt", "Hello, "}, {"max_tokens", 16}, {"temperature", 0},
+                          {"ignore_eos", true}},
+                         &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(text["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[1]);
+
+  absl::StatusOr<std::string> metrics = testing::ScrapeMetrics(server->http_port());
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_THAT(*metrics, HasSubstr("vamp_request_time_to_first_token_seconds_count"));
+  absl::Status check = testing::PromtoolCheckMetrics(*metrics);
+  if (!absl::IsUnavailable(check)) EXPECT_TRUE(check.ok()) << check;
+}
+
+TEST(SystemTest, AgentKilledMidRequestFailsItClearlyThenRecovers) {
+  Goldens g = LoadGoldens();
+  std::unique_ptr<ControllerServer> server = StartSystem(1);
+  ASSERT_NE(server, nullptr);
+  const pid_t agent = server->launcher()->pids()[0];
+  std::string reason;
+  std::string error;
+  httplib::Client http("127.0.0.1", server->http_port());
+  http.set_read_timeout(60);
+  std::string body_text;
+  bool killed = false;
+  Json body = GreedyBody(g.prompts[3], 900);
+  body["stream"] = true;
+  const bool r = PostStreaming(http, body.dump(), [&](const char* data, size_t n) {
+                       body_text.append(data, n);
+                       if (!killed && body_text.find("token_ids") != std::string::npos) {
+                         kill(agent, SIGKILL);
+                         killed = true;
+                       }
+                       return true;
+                     });
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(killed);
+  // The stream ends with an error chunk naming what happened, not a hang.
+  EXPECT_THAT(body_text, HasSubstr("\"finish_reason\":\"abort\""));
+  EXPECT_THAT(body_text, HasSubstr("error"));
+  EXPECT_THAT(body_text, HasSubstr("[DONE]"));
+  // The launcher restarts the agent; the controller re-initialises it and serves again.
+  ASSERT_TRUE(server->WaitUntilServing(absl::Seconds(60)));
+  Json again = Completion(server->http_port(), GreedyBody(g.prompts[0], 16));
+  EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
+}
+
+TEST(SystemTest, VampctlAgainstLiveSystem) {
+  std::unique_ptr<ControllerServer> server = StartSystem(2);
+  ASSERT_NE(server, nullptr);
+  const std::string command = std::string(VAMP_BINARY_DIR) + "/cli/vampctl --endpoint 127.0.0.1:" +
+                              std::to_string(server->admin_port()) + " status 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  char buf[256];
+  while (fgets(buf, sizeof(buf), pipe) != nullptr) out += buf;
+  EXPECT_EQ(pclose(pipe), 0) << out;
+  EXPECT_THAT(out, HasSubstr("serving        yes"));
+  EXPECT_THAT(out, HasSubstr("kv blocks"));  // the per-rank table
+  EXPECT_THAT(out, HasSubstr("cpu"));
+}
+
+}  // namespace
+}  // namespace vamp
