@@ -27,6 +27,31 @@ int64_t SimModelShape::DenseBytesPerLayer() const {
 absl::StatusOr<Calibration> CalibrationPreset(const std::string& name) {
   Calibration c;
   if (name == "qwen3-30b-a3b") return c;
+  if (name == "qwen3-next-80b-a3b-h100-tp2") {
+    // The paper's H100 platform (Table I: 94 GiB H100 PCIe cards, i.e. H100 NVL with HBM3 at
+    // 3.9 TB/s and 835 dense bf16 TFLOP/s against the H200's 4.8 TB/s and 989 TFLOP/s): the H200
+    // throughputs scaled by those ratios, PCIe Gen5 pinned copies at 50 GB/s, and TP all-reduces
+    // over PCIe.
+    absl::StatusOr<Calibration> tp2 = CalibrationPreset("qwen3-next-80b-a3b-tp2");
+    if (!tp2.ok()) return tp2.status();
+    c = *tp2;
+    c.model.name = name;
+    HardwareCalibration& h = c.hardware;
+    const HardwareCalibration h200;
+    constexpr double kBandwidth = 3.9 / 4.8;
+    constexpr double kFlops = 835.0 / 989.0;
+    h.name = "h100-pcie";
+    h.weight_read_bytes_per_s = h200.weight_read_bytes_per_s * kBandwidth;
+    h.kv_read_bytes_per_s = h200.kv_read_bytes_per_s * kBandwidth;
+    h.moe_flops_per_s = h200.moe_flops_per_s * kFlops;
+    h.dense_flops_per_s = h200.dense_flops_per_s * kFlops;
+    h.attention_flops_per_s = h200.attention_flops_per_s * kFlops;
+    h.h2d_bytes_per_s = 50e9;
+    h.allreduce_us = 25;
+    // No NVLink between the two PCIe cards: NCCL's bus bandwidth over PCIe Gen5 peer-to-peer.
+    h.allreduce_bytes_per_s = 25e9;
+    return c;
+  }
   if (name == "qwen3-next-80b-a3b-tp2") {
     SimModelShape& m = c.model;
     m.name = name;
@@ -44,14 +69,15 @@ absl::StatusOr<Calibration> CalibrationPreset(const std::string& name) {
     return c;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown calibration preset '", name, "' (known: qwen3-30b-a3b, qwen3-next-80b-a3b-tp2)"));
+      "unknown calibration preset '", name,
+      "' (known: qwen3-30b-a3b, qwen3-next-80b-a3b-tp2, qwen3-next-80b-a3b-h100-tp2)"));
 }
 
 namespace {
 
 template <typename T>
-absl::Status ReadField(const nlohmann::json& object, const std::string& section,
-                       const char* field, T* out, const std::string& path) {
+absl::Status ReadField(const nlohmann::json& object, const std::string& section, const char* field,
+                       T* out, const std::string& path) {
   if (!object.contains(field)) return absl::OkStatus();
   const nlohmann::json& v = object[field];
   const std::string where = absl::StrCat(path, ": field '", section, ".", field, "'");
@@ -105,21 +131,19 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
     auto& o = c.model;
     s.Update(CheckKnown(m, "model",
                         {"name", "hidden", "moe_intermediate", "num_experts", "top_k",
-                         "shared_expert_intermediate", "num_layers", "num_kv_layers",
-                         "num_q_heads", "num_kv_heads", "head_dim", "vocab", "dtype_bytes",
-                         "tp_size"},
+                         "shared_expert_intermediate", "num_layers", "num_kv_layers", "num_q_heads",
+                         "num_kv_heads", "head_dim", "vocab", "dtype_bytes", "tp_size"},
                         path));
     s.Update(ReadField(m, "model", "name", &o.name, path));
     s.Update(ReadField(m, "model", "hidden", &o.hidden, path));
     s.Update(ReadField(m, "model", "moe_intermediate", &o.moe_intermediate, path));
     s.Update(ReadField(m, "model", "num_experts", &o.num_experts, path));
     s.Update(ReadField(m, "model", "top_k", &o.top_k, path));
-    if (m.contains("shared_expert_intermediate") &&
-        m["shared_expert_intermediate"] == 0) {
+    if (m.contains("shared_expert_intermediate") && m["shared_expert_intermediate"] == 0) {
       o.shared_expert_intermediate = 0;
     } else {
-      s.Update(ReadField(m, "model", "shared_expert_intermediate",
-                         &o.shared_expert_intermediate, path));
+      s.Update(
+          ReadField(m, "model", "shared_expert_intermediate", &o.shared_expert_intermediate, path));
     }
     s.Update(ReadField(m, "model", "num_layers", &o.num_layers, path));
     s.Update(ReadField(m, "model", "num_kv_layers", &o.num_kv_layers, path));
@@ -133,12 +157,12 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
   if (doc.contains("hardware")) {
     const nlohmann::json& h = doc["hardware"];
     auto& o = c.hardware;
-    s.Update(CheckKnown(h, "hardware",
-                        {"name", "weight_read_bytes_per_s", "kv_read_bytes_per_s",
-                         "moe_flops_per_s", "dense_flops_per_s", "attention_flops_per_s",
-                         "h2d_bytes_per_s", "step_overhead_us", "layer_overhead_us",
-                         "allreduce_us"},
-                        path));
+    s.Update(CheckKnown(
+        h, "hardware",
+        {"name", "weight_read_bytes_per_s", "kv_read_bytes_per_s", "moe_flops_per_s",
+         "dense_flops_per_s", "attention_flops_per_s", "h2d_bytes_per_s", "step_overhead_us",
+         "layer_overhead_us", "allreduce_us", "allreduce_bytes_per_s"},
+        path));
     s.Update(ReadField(h, "hardware", "name", &o.name, path));
     s.Update(ReadField(h, "hardware", "weight_read_bytes_per_s", &o.weight_read_bytes_per_s, path));
     s.Update(ReadField(h, "hardware", "kv_read_bytes_per_s", &o.kv_read_bytes_per_s, path));
@@ -149,14 +173,16 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
     s.Update(ReadField(h, "hardware", "step_overhead_us", &o.step_overhead_us, path));
     s.Update(ReadField(h, "hardware", "layer_overhead_us", &o.layer_overhead_us, path));
     s.Update(ReadField(h, "hardware", "allreduce_us", &o.allreduce_us, path));
+    s.Update(ReadField(h, "hardware", "allreduce_bytes_per_s", &o.allreduce_bytes_per_s, path));
   }
   if (!s.ok()) return s;
   const SimModelShape& m = c.model;
   if (m.top_k > m.num_experts || m.num_kv_layers > m.num_layers ||
       m.moe_intermediate % m.tp_size != 0 || m.num_q_heads % m.tp_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": model shape is inconsistent (top_k <= num_experts, num_kv_layers <= num_layers, "
-              "moe_intermediate and num_q_heads divisible by tp_size)"));
+        path,
+        ": model shape is inconsistent (top_k <= num_experts, num_kv_layers <= num_layers, "
+        "moe_intermediate and num_q_heads divisible by tp_size)"));
   }
   if (c.hardware.weight_read_bytes_per_s <= 0 || c.hardware.h2d_bytes_per_s <= 0 ||
       c.hardware.moe_flops_per_s <= 0 || c.hardware.kv_read_bytes_per_s <= 0 ||

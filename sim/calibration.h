@@ -30,9 +30,9 @@ struct SimModelShape {
   int32_t tp_size = 1;
 
   // Per rank, in bytes.
-  int64_t ExpertBytes() const;            // one expert's shard [w13 | w2]
-  int64_t KvBytesPerToken() const;        // all KV layers, K and V
-  int64_t DenseBytesPerLayer() const;     // attention projections, router, shared expert
+  int64_t ExpertBytes() const;         // one expert's shard [w13 | w2]
+  int64_t KvBytesPerToken() const;     // all KV layers, K and V
+  int64_t DenseBytesPerLayer() const;  // attention projections, router, shared expert
   int32_t QHeadsPerRank() const { return num_q_heads / tp_size; }
   int32_t KvHeadsPerRank() const { return std::max(1, num_kv_heads / tp_size); }
 };
@@ -58,6 +58,9 @@ struct HardwareCalibration {
   double layer_overhead_us = 20;
   // Tensor-parallel all-reduce per layer (two per layer), µs; unused at tp_size 1.
   double allreduce_us = 15;
+  // Bus bandwidth of those all-reduces (bytes/s) for the activation volume (tokens × hidden ×
+  // dtype each); 0 = latency only (NVLink-class links, where small steps dominate).
+  double allreduce_bytes_per_s = 0;
 };
 
 struct Calibration {
@@ -65,7 +68,8 @@ struct Calibration {
   HardwareCalibration hardware;
 };
 
-// Named presets: "qwen3-30b-a3b" (TP1) and "qwen3-next-80b-a3b-tp2" (Qwen3-Next shapes, TP2).
+// Named presets: "qwen3-30b-a3b" (TP1, H200), "qwen3-next-80b-a3b-tp2" (Qwen3-Next shapes, TP2,
+// H200 throughputs) and "qwen3-next-80b-a3b-h100-tp2" (the same on the paper's H100 PCIe cards).
 absl::StatusOr<Calibration> CalibrationPreset(const std::string& name);
 
 // Reads a calibration file over `base`. Errors name the file and the field.

@@ -15,8 +15,8 @@ double StepTimeModel::MoeLayerMicros(int64_t tokens) const {
   const double flops = 2.0 * static_cast<double>(tokens) * m.top_k * 3.0 * m.hidden *
                        (m.moe_intermediate / m.tp_size);
   // Whichever bound dominates: weight streaming for small batches, tensor cores for large ones.
-  return 1e6 * std::max(bytes / c_.hardware.weight_read_bytes_per_s,
-                        flops / c_.hardware.moe_flops_per_s);
+  return 1e6 *
+         std::max(bytes / c_.hardware.weight_read_bytes_per_s, flops / c_.hardware.moe_flops_per_s);
 }
 
 StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
@@ -28,8 +28,7 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
   double attention_flops = 0;  // per KV layer, this rank
   double kv_bytes = 0;         // per KV layer, this rank
   const double q_width = static_cast<double>(m.QHeadsPerRank()) * m.head_dim;
-  const double kv_bytes_per_token_layer =
-      2.0 * m.KvHeadsPerRank() * m.head_dim * m.dtype_bytes;
+  const double kv_bytes_per_token_layer = 2.0 * m.KvHeadsPerRank() * m.head_dim * m.dtype_bytes;
   for (const SequenceWork& s : batch) {
     tokens += s.new_tokens;
     // QK^T and PV over the cached context plus the causal half of the new tokens.
@@ -41,11 +40,16 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
   const double attention_us =
       1e6 * std::max(attention_flops / h.attention_flops_per_s, kv_bytes / h.kv_read_bytes_per_s);
   const double dense_bytes = static_cast<double>(m.DenseBytesPerLayer());
-  const double dense_us = 1e6 * std::max(dense_bytes / h.weight_read_bytes_per_s,
-                                         2.0 * tokens * (dense_bytes / m.dtype_bytes) /
-                                             h.dense_flops_per_s);
+  const double dense_us =
+      1e6 * std::max(dense_bytes / h.weight_read_bytes_per_s,
+                     2.0 * tokens * (dense_bytes / m.dtype_bytes) / h.dense_flops_per_s);
   const double moe_us = MoeLayerMicros(tokens);
-  const double tp_us = m.tp_size > 1 ? 2 * h.allreduce_us : 0;
+  // Two all-reduces of the layer's activations per layer (after attention and after the MoE).
+  const double allreduce_volume_us =
+      h.allreduce_bytes_per_s > 0
+          ? 1e6 * static_cast<double>(tokens) * m.hidden * m.dtype_bytes / h.allreduce_bytes_per_s
+          : 0;
+  const double tp_us = m.tp_size > 1 ? 2 * (h.allreduce_us + allreduce_volume_us) : 0;
   const double copy_per_layer_us =
       1e6 * static_cast<double>(offloaded_experts_per_layer) * m.ExpertBytes() / h.h2d_bytes_per_s;
 
@@ -53,11 +57,11 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
   // their state is O(1) in the context length.
   double layers_us = 0;
   for (int32_t l = 0; l < m.num_layers; ++l) {
-    const bool kv_layer = m.num_kv_layers == m.num_layers ||
-                          (l % std::max(1, m.num_layers / m.num_kv_layers)) ==
-                              std::max(1, m.num_layers / m.num_kv_layers) - 1;
-    const double compute = h.layer_overhead_us + dense_us + moe_us + tp_us +
-                           (kv_layer ? attention_us : 0);
+    const bool kv_layer =
+        m.num_kv_layers == m.num_layers || (l % std::max(1, m.num_layers / m.num_kv_layers)) ==
+                                               std::max(1, m.num_layers / m.num_kv_layers) - 1;
+    const double compute =
+        h.layer_overhead_us + dense_us + moe_us + tp_us + (kv_layer ? attention_us : 0);
     t.compute_us += compute;
     // Layer l+1's offloaded experts are copied while layer l runs; layer 0 (the first MoE layer)
     // stays resident, so the copy under the last layer belongs to no one.

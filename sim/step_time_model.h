@@ -21,15 +21,15 @@ namespace vamp::sim {
 
 // One sequence's work in a step.
 struct SequenceWork {
-  int32_t new_tokens = 0;       // prefill chunk length, or 1 for decode
-  int64_t context_tokens = 0;   // tokens already in the KV cache before this step
+  int32_t new_tokens = 0;      // prefill chunk length, or 1 for decode
+  int64_t context_tokens = 0;  // tokens already in the KV cache before this step
 };
 
 struct StepTime {
-  double compute_us = 0;        // all layers' compute, no staging
-  double copy_us = 0;           // host→device copy time of all offloaded bytes
-  double exposed_copy_us = 0;   // copy time not hidden behind compute
-  double total_us = 0;          // the step as the client sees it
+  double compute_us = 0;       // all layers' compute, no staging
+  double copy_us = 0;          // host→device copy time of all offloaded bytes
+  double exposed_copy_us = 0;  // copy time not hidden behind compute
+  double total_us = 0;         // the step as the client sees it
 };
 
 class StepTimeModel {

@@ -37,11 +37,12 @@
 // hysteresis band: the pool grows only when idle capacity is gone, and shrinks only while plenty
 // of it remains after the shrink. (A full pool of cached blocks gaps on every allocation, so "no
 // gap" would never hold; "no pressure" does.) The restore is then priced with the cost model: it
-// takes the pool's highest block ids whatever they hold, so it costs C_c of the warm cached blocks
-// there and, for a running request holding a tail block, of every block from there to the end of
-// its table (a prefix match stops at the first missing block); it saves g·groups·c_eff per step,
-// counted over restore.benefit_horizon_steps. The arbiter asks for the groups back when the saving
-// is larger.
+// takes the pool's highest block ids whatever they hold, so it costs C_c of the cached free
+// blocks there and, for a running request holding a tail block, of every block from there to the
+// end of its table (a prefix match stops at the first missing block); it saves g·groups·c_eff per
+// step, counted over restore.benefit_horizon_steps. The arbiter asks for the groups back when the
+// saving is larger. Pressure while a restore is pending cancels it (ArbiterPlan::cancel_restore)
+// before anything else is priced.
 //
 // Not thread-safe: the scheduler's thread calls everything.
 #ifndef VAMP_CONTROLLER_ARBITER_VAMP_ARBITER_H_

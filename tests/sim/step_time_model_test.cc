@@ -21,11 +21,11 @@ TEST(StepTimeModelTest, MoeLayerReproducesDesignMeasurements) {
 
 TEST(StepTimeModelTest, GeometryMatchesDesign) {
   Calibration c;
-  EXPECT_EQ(c.model.KvBytesPerToken(), 96 * 1024);           // Qwen3-30B-A3B: 96 KiB/token
-  EXPECT_EQ(c.model.ExpertBytes(), 3LL * 2048 * 768 * 2);   // 9 MiB
+  EXPECT_EQ(c.model.KvBytesPerToken(), 96 * 1024);         // Qwen3-30B-A3B: 96 KiB/token
+  EXPECT_EQ(c.model.ExpertBytes(), 3LL * 2048 * 768 * 2);  // 9 MiB
   absl::StatusOr<Calibration> next = CalibrationPreset("qwen3-next-80b-a3b-tp2");
   ASSERT_TRUE(next.ok());
-  EXPECT_EQ(next->model.ExpertBytes(), 3 * 1024 * 1024);    // 3 MiB shard at TP2
+  EXPECT_EQ(next->model.ExpertBytes(), 3 * 1024 * 1024);                      // 3 MiB shard at TP2
   EXPECT_EQ(next->model.KvBytesPerToken() * next->model.tp_size, 24 * 1024);  // 24 KiB/token
   EXPECT_FALSE(CalibrationPreset("gpt-5").ok());
 }
@@ -75,8 +75,32 @@ TEST(CalibrationTest, FileOverridesAndErrorsNameField) {
   EXPECT_THAT(LoadCalibration(path, Calibration{}).status().message(),
               HasSubstr("unknown field 'model.layers'"));
   std::ofstream(path) << R"({"model": {"top_k": 500}})";
-  EXPECT_THAT(LoadCalibration(path, Calibration{}).status().message(),
-              HasSubstr("inconsistent"));
+  EXPECT_THAT(LoadCalibration(path, Calibration{}).status().message(), HasSubstr("inconsistent"));
+}
+
+}  // namespace
+}  // namespace vamp::sim
+
+namespace vamp::sim {
+namespace {
+
+TEST(StepTimeModelTest, AllReduceVolumeCostsTimeOverPcie) {
+  absl::StatusOr<Calibration> c = CalibrationPreset("qwen3-next-80b-a3b-h100-tp2");
+  ASSERT_TRUE(c.ok());
+  EXPECT_DOUBLE_EQ(c->hardware.h2d_bytes_per_s, 50e9);
+  Calibration latency_only = *c;
+  latency_only.hardware.allreduce_bytes_per_s = 0;
+  const std::vector<SequenceWork> prefill = {{8192, 0}};
+  const double with_volume = StepTimeModel(*c).Estimate(prefill, 0).total_us;
+  const double without = StepTimeModel(latency_only).Estimate(prefill, 0).total_us;
+  // Two all-reduces of 8192 × 2048 bf16 values per layer, 48 layers, at 25 GB/s.
+  EXPECT_NEAR(with_volume - without, 2 * 48 * 1e6 * 8192.0 * 2048 * 2 / 25e9, 1.0);
+  // A decode step barely notices (16 tokens: 64 KiB per all-reduce).
+  const std::vector<SequenceWork> decode(16, {1, 4000});
+  const double decode_us = StepTimeModel(*c).Estimate(decode, 0).total_us;
+  EXPECT_NEAR(decode_us - StepTimeModel(latency_only).Estimate(decode, 0).total_us,
+              2 * 48 * 1e6 * 16.0 * 2048 * 2 / 25e9, 1.0);
+  EXPECT_LT(decode_us - StepTimeModel(latency_only).Estimate(decode, 0).total_us, 0.02 * decode_us);
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+#include "sim/offload_geometry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace vamp::sim {
+
+absl::StatusOr<OffloadGeometry> ComputeOffloadGeometry(const SimModelShape& model,
+                                                       const OffloadOptions& o) {
+  if (o.page_bytes <= 0) return absl::InvalidArgumentError("offload: page_bytes must be > 0");
+  if (!(o.max_offload_ratio >= 0 && o.max_offload_ratio <= 1)) {
+    return absl::InvalidArgumentError("offload: max_offload_ratio must be in [0, 1]");
+  }
+  if (o.staging_buffer_experts < 0) {
+    return absl::InvalidArgumentError("offload: staging_buffer_experts must be >= 0");
+  }
+  if (o.block_size < 1) return absl::InvalidArgumentError("offload: block_size must be >= 1");
+  OffloadGeometry g;
+  g.page_bytes = o.page_bytes;
+  g.expert_bytes = model.ExpertBytes();
+  g.experts_per_layer = model.num_experts;
+  g.experts_per_group = static_cast<int32_t>(o.page_bytes / std::gcd(o.page_bytes, g.expert_bytes));
+  g.group_bytes = g.experts_per_group * g.expert_bytes;
+  g.eligible_layers = std::max(0, model.num_layers - 1);
+  g.kv_block_bytes = model.KvBytesPerToken() * o.block_size;
+  g.base_kv_bytes = o.base_kv_bytes;
+  if (o.base_kv_bytes < g.kv_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("offload: base_kv_bytes (", o.base_kv_bytes,
+                                                   ") holds no ", g.kv_block_bytes,
+                                                   "-byte KV block"));
+  }
+  int64_t cap = static_cast<int64_t>(std::floor(o.max_offload_ratio * model.num_experts + 1e-9));
+  if (o.staging_buffer_experts > 0) cap = std::min<int64_t>(cap, o.staging_buffer_experts);
+  g.max_groups = g.experts_per_group > model.num_experts || g.eligible_layers == 0
+                     ? 0
+                     : static_cast<int32_t>(cap / g.experts_per_group);
+  g.max_offload_experts = g.max_groups * g.experts_per_group;
+  return g;
+}
+
+}  // namespace vamp::sim

@@ -1,0 +1,305 @@
+#include "sim/report.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "sim/svg_chart.h"
+
+namespace vamp::sim {
+
+std::vector<PaperPoint> PaperFigure9H100() {
+  return {
+      {"static", 16, 22.1, "22.1 ± 0.6 s, already beyond its boundary"},
+      {"vamp-15", 24, 54.7, "54.7 ± 2.1 s, crossed its boundary"},
+      {"vamp-20", 28, 63.5, "63.5 ± 2.1 s, crossed its boundary"},
+      {"vamp-25", 16, -1, "3.0–3.9 s through c = 28"},
+      {"vamp-25", 20, -1, "3.0–3.9 s"},
+      {"vamp-25", 24, -1, "3.0–3.9 s"},
+      {"vamp-25", 28, -1, "3.0–3.9 s"},
+  };
+}
+
+namespace {
+
+double TtftP(const SimResult& r, double p) { return Percentile(r.ttft_s, p); }
+
+LineChart Line(std::string title, std::string x_label, std::string y_label, bool log_y = false) {
+  LineChart c;
+  c.title = std::move(title);
+  c.x_label = std::move(x_label);
+  c.y_label = std::move(y_label);
+  c.log_y = log_y;
+  return c;
+}
+
+ChartSeries Series(std::string name, bool markers = true) {
+  ChartSeries s;
+  s.name = std::move(name);
+  s.markers = markers;
+  return s;
+}
+
+std::string Decisions(const SimResult& r) {
+  std::vector<std::string> parts;
+  for (const auto& [choice, n] : r.decisions) parts.push_back(absl::StrCat(choice, " ", n));
+  return parts.empty() ? "–" : absl::StrJoin(parts, ", ");
+}
+
+double PoolGiB(const SimResult& r, int32_t blocks) {
+  return static_cast<double>(blocks) * static_cast<double>(r.geometry.kv_block_bytes) /
+         static_cast<double>(1LL << 30);
+}
+
+double PeakOffloadPercent(const SimResult& r) {
+  return r.geometry.experts_per_layer == 0
+             ? 0
+             : 100.0 * r.max_groups * r.geometry.experts_per_group / r.geometry.experts_per_layer;
+}
+
+const SimResult* Find(const std::vector<RunRecord>& runs, const std::string& policy, int32_t c) {
+  for (const RunRecord& r : runs) {
+    if (r.result.policy == policy && r.concurrency == c) return &r.result;
+  }
+  return nullptr;
+}
+
+std::string PaperCell(const std::vector<PaperPoint>& paper, const std::string& policy, int32_t c) {
+  for (const PaperPoint& p : paper) {
+    if (p.policy == policy && p.concurrency == c) return p.note;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string ResultsTable(const std::vector<RunRecord>& runs, bool with_concurrency) {
+  std::string s = absl::StrCat(
+      "| ", with_concurrency ? "c | " : "",
+      "policy | turns | TTFT p50 / p90 / p99 (s) | TPOT mean (ms) | req/s | out tok/s | "
+      "hit rate | preempt | preempt/1k turns | queue mean (s) | peak pool GiB (×base) | "
+      "peak offload | arbiter decisions | steps | sim wall (s) |\n|",
+      with_concurrency ? " ---: |" : "",
+      " --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | "
+      "---: | ---: |\n");
+  for (const RunRecord& run : runs) {
+    const SimResult& r = run.result;
+    const double turns = static_cast<double>(std::max<int64_t>(1, r.turns_completed));
+    absl::StrAppend(
+        &s, "| ", with_concurrency ? absl::StrCat(run.concurrency, " | ") : "", r.policy, " | ",
+        r.turns_completed,
+        r.turns_rejected > 0 ? absl::StrCat(" (", r.turns_rejected, " rej.)") : "",
+        r.stalled ? " STALLED" : "",
+        absl::StrFormat(" | %.2f / %.2f / %.2f | %.1f | %.3f | %.1f | %.1f %% | %d | %.1f | %.2f ",
+                        TtftP(r, 50), TtftP(r, 90), TtftP(r, 99), r.MeanTpotMs(),
+                        r.RequestThroughput(), r.OutputTokensPerSecond(),
+                        100 * r.counters.prefix_cache.HitRate(), r.counters.num_preemptions,
+                        1000.0 * r.counters.num_preemptions / turns, r.MeanQueueSeconds()),
+        absl::StrFormat("| %.1f (%.2f×) | %.1f %% | ", PoolGiB(r, r.max_blocks),
+                        static_cast<double>(r.max_blocks) / std::max(1, r.base_blocks),
+                        PeakOffloadPercent(r)),
+        Decisions(r), absl::StrFormat(" | %d | %.1f |\n", r.steps, r.wall_s));
+  }
+  return s;
+}
+
+std::string PhaseTable(const std::vector<RunRecord>& runs, bool with_concurrency, double from_s) {
+  std::string s = absl::StrCat(
+      "| ", with_concurrency ? "c | " : "",
+      "policy | turns | TTFT p50 / p99 (s) | TPOT mean (ms) | restores | pool at end (GiB) | "
+      "offload at end |\n|",
+      with_concurrency ? " ---: |" : "", " --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const RunRecord& run : runs) {
+    const SimResult& r = run.result;
+    std::vector<double> ttft, tpot;
+    for (const TurnRecord& t : r.turn_records) {
+      if (t.arrival_s < from_s) continue;
+      ttft.push_back(t.ttft_s);
+      if (t.tpot_ms >= 0) tpot.push_back(t.tpot_ms);
+    }
+    double tpot_mean = 0;
+    for (double v : tpot) tpot_mean += v / static_cast<double>(tpot.size());
+    const TimeSample last = r.series.empty() ? TimeSample{} : r.series.back();
+    absl::StrAppend(&s, "| ", with_concurrency ? absl::StrCat(run.concurrency, " | ") : "",
+                    r.policy,
+                    absl::StrFormat(" | %d | %.2f / %.2f | %.1f | %d | %.1f | %.1f %% |\n",
+                                    ttft.size(), Percentile(ttft, 50), Percentile(ttft, 99),
+                                    tpot_mean, r.counters.num_restores, PoolGiB(r, last.num_blocks),
+                                    100 * last.offload_ratio));
+  }
+  return s;
+}
+
+RenderedReport RenderReport(const ReportSpec& spec) {
+  RenderedReport out;
+  std::string& md = out.markdown;
+  auto svg = [&](const std::string& name, std::string contents, const std::string& alt) {
+    const std::string file = absl::StrCat(spec.svg_prefix, "-", name, ".svg");
+    out.svgs.push_back({file, std::move(contents)});
+    absl::StrAppend(&md, "![", alt, "](", file, ")\n\n");
+  };
+  absl::StrAppend(&md, "# ", spec.title, "\n\n");
+  absl::StrAppend(&md, "Command:\n\n```\n", spec.command, "\n```\n\n");
+  for (const std::string& line : spec.setting) absl::StrAppend(&md, "- ", line, "\n");
+  absl::StrAppendFormat(&md, "- Simulator wall time: %.1f s for %d runs on %d threads\n\n",
+                        spec.total_wall_s, spec.runs.size(), spec.threads);
+
+  const bool sweep = !spec.concurrencies.empty();
+  if (sweep) {
+    // TTFT p99 against concurrency, next to the paper.
+    absl::StrAppend(&md, "## Steady-state TTFT p99 (s) against concurrency\n\n| policy |");
+    for (int32_t c : spec.concurrencies) absl::StrAppend(&md, " c = ", c, " |");
+    absl::StrAppend(&md, "\n| --- |");
+    for (size_t i = 0; i < spec.concurrencies.size(); ++i) absl::StrAppend(&md, " ---: |");
+    absl::StrAppend(&md, "\n");
+    for (const std::string& policy : spec.policies) {
+      absl::StrAppend(&md, "| ", policy, " |");
+      for (int32_t c : spec.concurrencies) {
+        const SimResult* r = Find(spec.runs, policy, c);
+        const std::string paper = PaperCell(spec.paper, policy, c);
+        absl::StrAppend(&md, " ", r ? absl::StrFormat("%.2f", TtftP(*r, 99)) : "–",
+                        paper.empty() ? "" : absl::StrCat(" (paper: ", paper, ")"), " |");
+      }
+      absl::StrAppend(&md, "\n");
+    }
+    absl::StrAppend(&md, "\n");
+    LineChart ttft =
+        Line("Steady-state TTFT p99", "concurrent sessions c", "TTFT p99 (s, log)", true);
+    LineChart hit = Line("Prefix-cache hit rate", "concurrent sessions c", "hit rate (%)");
+    LineChart tpot = Line("Mean TPOT", "concurrent sessions c", "TPOT (ms)");
+    for (const std::string& policy : spec.policies) {
+      ChartSeries a = Series(policy), b = Series(policy), t = Series(policy);
+      for (int32_t c : spec.concurrencies) {
+        if (const SimResult* r = Find(spec.runs, policy, c)) {
+          a.points.push_back({static_cast<double>(c), TtftP(*r, 99)});
+          b.points.push_back({static_cast<double>(c), 100 * r->counters.prefix_cache.HitRate()});
+          t.points.push_back({static_cast<double>(c), r->MeanTpotMs()});
+        }
+      }
+      ttft.series.push_back(a);
+      hit.series.push_back(b);
+      tpot.series.push_back(t);
+    }
+    // The paper's points (only those it states as numbers), as open squares in the policy's
+    // colour.
+    for (size_t i = 0; i < spec.policies.size(); ++i) {
+      const std::string& policy = spec.policies[i];
+      ChartSeries p = Series(absl::StrCat(policy, " (paper)"));
+      p.dashed = true;
+      p.hollow_markers = true;
+      p.color = static_cast<int>(i);
+      for (const PaperPoint& pp : spec.paper) {
+        if (pp.policy == policy && pp.ttft_p99_s > 0) {
+          p.points.push_back({static_cast<double>(pp.concurrency), pp.ttft_p99_s});
+        }
+      }
+      if (!p.points.empty()) ttft.series.push_back(p);
+    }
+    svg("ttft-p99", RenderLineChart(ttft), "TTFT p99 against concurrency");
+    svg("hit-rate", RenderLineChart(hit), "Prefix-cache hit rate against concurrency");
+    svg("tpot", RenderLineChart(tpot), "Mean TPOT against concurrency");
+  }
+
+  absl::StrAppend(&md, "## All runs\n\n", ResultsTable(spec.runs, sweep), "\n");
+  if (spec.phase_split_s > 0) {
+    absl::StrAppendFormat(&md, "## Late phase: turns arriving at or after %.0f s\n\n",
+                          spec.phase_split_s);
+    absl::StrAppend(&md, PhaseTable(spec.runs, sweep, spec.phase_split_s), "\n");
+  }
+
+  // Time series and decisions at the largest concurrency (or the single workload).
+  const int32_t focus = sweep ? spec.concurrencies.back() : 0;
+  std::vector<const SimResult*> focused;
+  for (const std::string& policy : spec.policies) {
+    if (const SimResult* r = Find(spec.runs, policy, focus)) focused.push_back(r);
+  }
+  if (!focused.empty()) {
+    const std::string where = sweep ? absl::StrCat(" (c = ", focus, ")") : "";
+    absl::StrAppend(&md, "## Over time", where, "\n\n");
+    LineChart pool =
+        Line(absl::StrCat("KV pool size per GPU", where), "virtual time (s)", "KV pool (GiB)");
+    LineChart ratio = Line(absl::StrCat("Expert offload ratio", where), "virtual time (s)",
+                           "offloaded experts per eligible layer (%)");
+    LineChart waiting =
+        Line(absl::StrCat("Waiting requests", where), "virtual time (s)", "waiting");
+    for (const SimResult* r : focused) {
+      ChartSeries p = Series(r->policy, false), o = Series(r->policy, false),
+                  w = Series(r->policy, false);
+      for (const TimeSample& t : r->series) {
+        p.points.push_back({t.t_s, PoolGiB(*r, t.num_blocks)});
+        o.points.push_back({t.t_s, 100 * t.offload_ratio});
+        w.points.push_back({t.t_s, static_cast<double>(t.waiting)});
+      }
+      pool.series.push_back(p);
+      ratio.series.push_back(o);
+      waiting.series.push_back(w);
+    }
+    svg("kv-pool", RenderLineChart(pool), "KV pool size over time");
+    svg("offload-ratio", RenderLineChart(ratio), "Offload ratio over time");
+    svg("waiting", RenderLineChart(waiting), "Waiting requests over time");
+
+    std::map<std::string, size_t> kinds;
+    for (const SimResult* r : focused) {
+      for (const auto& [choice, n] : r->decisions) kinds.emplace(choice, 0);
+    }
+    if (!kinds.empty()) {
+      BarChart bars;
+      bars.title = absl::StrCat("Arbiter decisions by kind", where);
+      bars.y_label = "decisions (log)";
+      bars.log_y = true;
+      for (const SimResult* r : focused) bars.categories.push_back(r->policy);
+      for (const auto& [choice, unused] : kinds) {
+        BarGroup g;
+        g.name = choice;
+        for (const SimResult* r : focused) {
+          auto it = r->decisions.find(choice);
+          g.values.push_back(it == r->decisions.end() ? 0 : static_cast<double>(it->second));
+        }
+        bars.groups.push_back(g);
+      }
+      absl::StrAppend(&md, "## Arbiter decisions", where, "\n\n");
+      svg("decisions", RenderBarChart(bars), "Arbiter decisions by kind");
+    }
+  }
+
+  // §VI-D: the scores behind the choices, and the learned coefficients.
+  std::string scores;
+  for (const RunRecord& run : spec.runs) {
+    const SimResult& r = run.result;
+    if (!r.live.has_value()) continue;
+    absl::StrAppend(
+        &scores, "| ", sweep ? absl::StrCat(run.concurrency, " | ") : "", r.policy,
+        absl::StrFormat(
+            " | %d | %s | %s | %d | %s | %s | %.1f %% | %.0f | %.1f | %.1f |\n",
+            r.evict_choice_cc_ms.size(),
+            r.evict_choice_cc_ms.empty() ? "–"
+                                         : absl::StrFormat("%.2f", Median(r.evict_choice_cc_ms)),
+            r.evict_choice_ce_ms.empty() ? "–"
+                                         : absl::StrFormat("%.2f", Median(r.evict_choice_ce_ms)),
+            r.expand_choice_cc_ms.size(),
+            r.expand_choice_cc_ms.empty() ? "–"
+                                          : absl::StrFormat("%.2f", Median(r.expand_choice_cc_ms)),
+            r.expand_choice_ce_ms.empty() ? "–"
+                                          : absl::StrFormat("%.2f", Median(r.expand_choice_ce_ms)),
+            100 * r.live->hit_rate, r.live->t_queue_micros, r.live->t_prefill_micros,
+            r.live->c_eff_micros));
+  }
+  if (!scores.empty()) {
+    absl::StrAppend(
+        &md, "## Cost-model scores (§VI-D) and learned coefficients at the end\n\n",
+        "Medians of the logged scores (ms) over the decisions that chose eviction and over those "
+        "that chose expansion (where both were evaluated); then r_hit (window), t_queue (µs), "
+        "t_prefill (µs/token) and c_eff (µs) as the arbiter priced them last.\n\n| ",
+        sweep ? "c | " : "",
+        "policy | evict choices | median C_c | median C_e | expand choices | median C_c | "
+        "median C_e | r_hit | t_queue | t_prefill | c_eff |\n|",
+        sweep ? " ---: |" : "",
+        " --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n", scores,
+        "\n");
+  }
+  return out;
+}
+
+}  // namespace vamp::sim

@@ -1,0 +1,80 @@
+#include "controller/arbiter/decision_log.h"
+
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace vamp {
+namespace {
+
+using ::testing::HasSubstr;
+
+ArbiterRecord Record(int64_t step, const std::string& choice) {
+  ArbiterRecord r;
+  r.step = step;
+  r.gap_blocks = 7;
+  r.plan.choice = choice;
+  if (choice == "expand") {
+    r.plan.expand_groups = 4;
+    r.blocks_added = 400;
+  } else {
+    r.plan.evict_blocks = 7;
+    r.blocks_evicted = 7;
+  }
+  r.plan.costs.evict_micros = 22500;
+  r.plan.costs.expand_micros = 6297.6;
+  return r;
+}
+
+TEST(DecisionLogTest, KeepsTheNewestEntriesAndCountsAll) {
+  DecisionLog log(3);
+  for (int64_t step = 1; step <= 5; ++step) {
+    log.Append(step * 1000, Record(step, step % 2 ? "expand" : "evict"));
+  }
+  const std::vector<DecisionLogEntry> recent = log.Recent(10);
+  ASSERT_EQ(recent.size(), 3u);
+  EXPECT_EQ(recent[0].record.step, 3);
+  EXPECT_EQ(recent[1].record.step, 4);
+  EXPECT_EQ(recent[2].record.step, 5);
+  EXPECT_EQ(recent[2].time_micros, 5000);
+  ASSERT_EQ(log.Recent(2).size(), 2u);
+  EXPECT_EQ(log.Recent(2)[0].record.step, 4);
+  const DecisionCounts counts = log.Counts();
+  EXPECT_EQ(counts.decisions, 5);
+  EXPECT_EQ(counts.by_choice.at("expand"), 3);
+  EXPECT_EQ(counts.by_choice.at("evict"), 2);
+  EXPECT_EQ(counts.expanded_groups, 12);
+  EXPECT_EQ(counts.blocks_added, 1200);
+  EXPECT_EQ(counts.blocks_evicted, 14);
+}
+
+TEST(DecisionLogTest, FormatShowsInputsCostsAndChoice) {
+  DecisionLogEntry e{2'500'000, Record(42, "expand")};
+  e.record.plan.inputs.hit_rate = 0.9;
+  e.record.plan.inputs.horizon_steps = 64;
+  const std::string line = DecisionLog::Format(e);
+  EXPECT_THAT(line, HasSubstr("step=42"));
+  EXPECT_THAT(line, HasSubstr("gap=7"));
+  EXPECT_THAT(line, HasSubstr("r_hit=0.900 w=64"));
+  EXPECT_THAT(line, HasSubstr("C_c=22.500ms C_e=6.298ms C_p=-ms C_b=-ms choice=expand"));
+  EXPECT_THAT(line, HasSubstr("added=400"));
+}
+
+TEST(DecisionLogTest, ConcurrentReadersSeeConsistentCounts) {
+  DecisionLog log(64);
+  std::thread writer([&] {
+    for (int i = 0; i < 2000; ++i) log.Append(i, Record(i, "evict"));
+  });
+  for (int i = 0; i < 200; ++i) {
+    const DecisionCounts c = log.Counts();
+    EXPECT_EQ(c.blocks_evicted, 7 * c.decisions);
+    EXPECT_LE(log.Recent(64).size(), 64u);
+  }
+  writer.join();
+  EXPECT_EQ(log.Counts().decisions, 2000);
+}
+
+}  // namespace
+}  // namespace vamp

@@ -1,0 +1,189 @@
+// The scheduler's restore path (expert groups back from the KV pool) driven through the arbiter
+// hook: the tail is withdrawn, the groups go back once it is free, and a gap meanwhile cancels.
+#include <memory>
+
+#include "controller/arbiter/decision_log.h"
+#include "controller/arbiter/vamp_arbiter.h"
+#include "gtest/gtest.h"
+#include "tests/controller/core/scheduler_test_util.h"
+
+namespace vamp {
+namespace {
+
+using testing::Harness;
+using testing::Iota;
+using testing::Spec;
+
+// Expands and restores whole groups of `blocks_per_group`.
+class RestorableExpander : public PoolExpander {
+ public:
+  RestorableExpander(int32_t groups, int32_t blocks_per_group)
+      : limit_(groups), blocks_per_group_(blocks_per_group) {}
+  int32_t RemainingGroups() const override { return limit_ - offloaded_; }
+  int32_t BlocksPerGroup() const override { return blocks_per_group_; }
+  absl::StatusOr<int32_t> Expand(int32_t groups) override {
+    offloaded_ += groups;
+    return groups * blocks_per_group_;
+  }
+  int32_t OffloadedGroups() const override { return offloaded_; }
+  absl::Status Restore(int32_t groups) override {
+    offloaded_ -= groups;
+    ++restores;
+    return absl::OkStatus();
+  }
+  int restores = 0;
+
+ private:
+  int32_t limit_;
+  int32_t blocks_per_group_;
+  int32_t offloaded_ = 0;
+};
+
+// Expands by one group per gap (cancelling a pending restore first); asks for `restore` groups
+// back at the next step boundary.
+class ScriptedArbiter : public MemoryArbiter {
+ public:
+  absl::string_view name() const override { return "scripted"; }
+  ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) override {
+    ArbiterPlan plan;
+    if (context.expansion().restore_pending) {
+      plan.cancel_restore = true;
+      plan.choice = "cancel-restore";
+    } else if (context.expansion().available && context.expansion().remaining_groups > 0) {
+      plan.expand_groups = 1;
+      plan.choice = "expand";
+    }
+    return plan;
+  }
+  int32_t OnStepBoundary(const ArbiterContext& context) override {
+    last_offloaded = context.expansion().offloaded_groups;
+    const int32_t r = restore;
+    restore = 0;
+    return r;
+  }
+  int32_t restore = 0;
+  int32_t last_offloaded = -1;
+};
+
+SchedulerConfig SmallConfig() {
+  SchedulerConfig c;
+  c.block_size = 4;
+  c.num_blocks = 8;
+  c.max_num_batched_tokens = 64;
+  c.max_model_len = 16;
+  return c;
+}
+
+TEST(RestoreTest, RestoreCommitsOnceTheTailIsFree) {
+  RestorableExpander expander(4, 4);
+  auto owned = std::make_unique<ScriptedArbiter>();
+  ScriptedArbiter* arbiter = owned.get();
+  Harness h(SmallConfig(), std::move(owned), &expander);
+  // Two 12-token prompts need 6 blocks, plus decode: the pool grows by a group.
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(12), 2)).ok());
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(12, 100), 2)).ok());
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(3, Iota(8, 200), 2)).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.scheduler().pool().num_blocks(), 12);
+  EXPECT_EQ(expander.OffloadedGroups(), 1);
+
+  arbiter->restore = 1;
+  h.Step();  // begins: the tail (blocks 8..11) is free, so it is withdrawn at once
+  EXPECT_EQ(arbiter->last_offloaded, 1);
+  EXPECT_EQ(h.scheduler().restore_pending_groups(), 1);
+  ASSERT_EQ(h.scheduler().step_decisions().size(), 1u);
+  EXPECT_EQ(h.scheduler().step_decisions()[0].plan.choice, "restore");
+  EXPECT_EQ(h.scheduler().step_decisions()[0].restore_groups, 1);
+  EXPECT_EQ(h.scheduler().Stats().num_withdrawn_blocks, 4);
+  EXPECT_FALSE(h.scheduler().CommitShrinkPool().ok());  // it belongs to the restore
+  h.Step();                                             // commits
+  EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
+  EXPECT_EQ(h.scheduler().pool().num_blocks(), 8);
+  EXPECT_EQ(expander.restores, 1);
+  EXPECT_EQ(expander.OffloadedGroups(), 0);
+  const SchedulerCounters& c = h.scheduler().counters();
+  EXPECT_EQ(c.num_restores_started, 1);
+  EXPECT_EQ(c.num_restores, 1);
+  EXPECT_EQ(c.num_restored_blocks, 4);
+  EXPECT_EQ(c.num_restores_cancelled, 0);
+  EXPECT_TRUE(h.scheduler().CheckInvariants().ok());
+}
+
+TEST(RestoreTest, GapCancelsAPendingRestore) {
+  RestorableExpander expander(4, 4);
+  auto owned = std::make_unique<ScriptedArbiter>();
+  ScriptedArbiter* arbiter = owned.get();
+  SchedulerConfig config = SmallConfig();
+  config.max_model_len = 32;
+  Harness h(config, std::move(owned), &expander);
+  // Three 9-token prompts decoding two more tokens each need 3 blocks apiece: the pool grows to
+  // 12 and the third request holds block 8, in the tail a restore would take.
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(9), 3)).ok());
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(9, 100), 3)).ok());
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(3, Iota(9, 200), 3)).ok());
+  h.Step();
+  EXPECT_EQ(h.scheduler().pool().num_blocks(), 12);
+  arbiter->restore = 1;
+  h.Step();  // begins; the tail is partly in use, so the restore waits
+  EXPECT_EQ(h.scheduler().restore_pending_groups(), 1);
+  EXPECT_GT(h.scheduler().pool().shrink_outstanding(), 0);
+  // A fourth request needs blocks: the gap cancels the restore and the withdrawn blocks serve it.
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(4, Iota(8, 300), 1)).ok());
+  auto s = h.Step();
+  EXPECT_EQ(s.plan.new_requests.size(), 1u);
+  ASSERT_GE(h.scheduler().step_decisions().size(), 1u);
+  EXPECT_EQ(h.scheduler().step_decisions()[0].plan.choice, "cancel-restore");
+  EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
+  EXPECT_EQ(h.scheduler().counters().num_restores_cancelled, 1);
+  EXPECT_EQ(h.scheduler().pool().num_blocks(), 12);
+  EXPECT_EQ(expander.restores, 0);
+  h.RunToCompletion();
+  EXPECT_EQ(h.scheduler().counters().num_finished, 4);
+}
+
+TEST(RestoreTest, VampArbiterRestoresAfterPressureAndLogsIt) {
+  VampArbiterConfig config;
+  config.expansion_step_groups = 1;
+  config.restore.enabled = true;
+  config.restore.quiet_steps = 5;
+  config.restore.cold_age_steps = 3;
+  config.restore.check_interval_steps = 1;
+  config.costs.c_eff_micros = 0.01;                      // offloading is always cheapest here,
+  config.restore.benefit_horizon_steps = 1'000'000'000;  // and so is restoring
+  RestorableExpander expander(4, 4);
+  Harness h(SmallConfig(), std::make_unique<VampArbiter>(config), &expander);
+  DecisionLog log(16);
+  SchedulerConfig c = SmallConfig();
+  // Turn 1 of three sessions, then their second turns: reuse makes the arbiter expand.
+  for (RequestId id = 1; id <= 3; ++id) {
+    ASSERT_TRUE(h.scheduler().AddRequest(Spec(id, Iota(8, 100 * id), 4)).ok());
+  }
+  int steps = 0;
+  while (h.scheduler().has_unfinished_requests() && steps++ < 100) {
+    h.Step();
+    log.AppendAll(h.clock().NowMicros(), h.scheduler().step_decisions());
+  }
+  for (RequestId id = 1; id <= 3; ++id) {
+    ASSERT_TRUE(h.scheduler().AddRequest(Spec(10 + id, Iota(12, 100 * id), 2)).ok());
+  }
+  while (h.scheduler().has_unfinished_requests() && steps++ < 200) {
+    h.Step();
+    log.AppendAll(h.clock().NowMicros(), h.scheduler().step_decisions());
+  }
+  const int32_t expanded = expander.OffloadedGroups();
+  ASSERT_GT(expanded, 0) << "the workload should have needed an expansion";
+  // Idle steps: once quiet and the cached blocks are cold, groups go back one at a time.
+  for (int i = 0; i < 60; ++i) {
+    h.scheduler().Schedule().IgnoreError();  // nothing runs: empty plans
+    log.AppendAll(h.clock().NowMicros(), h.scheduler().step_decisions());
+  }
+  EXPECT_EQ(expander.OffloadedGroups(), 0);
+  EXPECT_EQ(h.scheduler().pool().num_blocks(), c.num_blocks);
+  const DecisionCounts counts = log.Counts();
+  EXPECT_EQ(counts.by_choice.at("restore"), expanded);
+  EXPECT_GE(counts.by_choice.at("expand"), 1);
+  EXPECT_TRUE(h.scheduler().CheckInvariants().ok());
+}
+
+}  // namespace
+}  // namespace vamp
