@@ -14,7 +14,6 @@
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "controller/arbiter/vamp_arbiter.h"
-#include "controller/core/static_arbiter.h"
 
 namespace vamp {
 namespace {
@@ -305,12 +304,13 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   engine_options.scheduler = scheduler;
   engine_options.arbiter = config_.GetString("arbiter");
   if (first.eos_token_id() >= 0) engine_options.eos_token_id = first.eos_token_id();
+  engine_options.experts_per_group = std::max(1, first.experts_per_group());
+  engine_options.experts_per_layer = first.num_experts();
   const Config* config = &config_;
   engine_options.make_arbiter =
       [config](const std::string& name) -> absl::StatusOr<std::unique_ptr<MemoryArbiter>> {
-    if (name == "static") return std::make_unique<StaticArbiter>();
-    VAMP_ASSIGN_OR_RETURN(VampArbiterConfig c, VampArbiterConfigFromConfig(*config));
-    return std::make_unique<VampArbiter>(c);
+    VAMP_ASSIGN_OR_RETURN(VampArbiterConfig vamp, VampArbiterConfigFromConfig(*config));
+    return CreateArbiter(name, vamp);
   };
   auto context = std::make_shared<ServingContext>();
   context->model = ServedModel{config_.GetString("model"), scheduler.max_model_len,

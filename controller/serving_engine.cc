@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
+#include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/static_arbiter.h"
 
 namespace vamp {
@@ -97,6 +98,7 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* 
   std::unique_ptr<ServingEngine> engine(new ServingEngine(group, std::move(options)));
   ServingEngine* e = engine.get();
   e->expander_ = std::make_unique<RemoteExpander>(group, [e] { return e->NextStepId(); });
+  e->expander_->SetGeometry(e->options_.experts_per_group, e->options_.experts_per_layer);
   if (absl::Status s = e->expander_->Refresh(); !s.ok()) return s;
   SchedulerConfig config = e->options_.scheduler;
   config.num_blocks = static_cast<int32_t>(e->expander_->kv_blocks());
@@ -112,6 +114,7 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* 
     return absl::InvalidArgumentError(
         absl::StrCat("arbiter '", e->options_.arbiter, "' needs an arbiter factory"));
   }
+  e->vamp_arbiter_ = dynamic_cast<VampArbiter*>(arbiter.get());
   VAMP_ASSIGN_OR_RETURN(
       e->scheduler_,
       Scheduler::Create(config, &SteadyClock::Get(), std::move(arbiter), e->expander_.get()));
@@ -350,6 +353,24 @@ void ServingEngine::RunStep() {
     return;
   }
   metrics.steps.Increment();
+  if (vamp_arbiter_ != nullptr) {
+    // Feeds the cost model's self-calibration (a no-op unless enabled): the slowest rank's time.
+    StepTiming timing;
+    for (const vamp::v1::StepResponse& r : *responses) {
+      timing.step_micros = std::max<double>(timing.step_micros, r.timings().total_us());
+      timing.exposed_staging_micros =
+          std::max<double>(timing.exposed_staging_micros, r.timings().staging_stall_us());
+    }
+    for (const NewRequestPlan& n : plan->new_requests) timing.prefill_tokens += n.num_scheduled_tokens;
+    for (const CachedRequestPlan& c : plan->cached_requests) {
+      const Request* r = scheduler_->FindRequest(c.request_id);
+      const bool decoding = r != nullptr && c.num_computed_tokens >= r->num_prompt_tokens();
+      (decoding ? timing.decode_tokens : timing.prefill_tokens) += c.num_scheduled_tokens;
+    }
+    timing.offloaded_experts_per_layer =
+        expander_->offloaded_groups() * expander_->ExpertsPerGroup();
+    vamp_arbiter_->ObserveStep(timing);
+  }
   for (const QueueTimeSample& q : scheduler_->Stats().step_queue_times) {
     metrics.queue.Observe(static_cast<double>(q.queue_micros) * 1e-6);
   }

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "controller/agent_group.h"
+#include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/scheduler.h"
 #include "controller/frontend/openai_api.h"
 #include "controller/remote_expander.h"
@@ -51,6 +52,9 @@ struct ServingEngineOptions {
   SchedulerConfig scheduler;  // num_blocks is taken from the agents
   std::string arbiter = "vamp";  // "static" | "vamp"
   std::optional<int32_t> eos_token_id;
+  // Rank-local expert geometry from the agents' Init answers (for the cost model).
+  int32_t experts_per_group = 1;
+  int32_t experts_per_layer = 0;
   // Idle wait of the loop when nothing is runnable (µs).
   int64_t idle_wait_micros = 2000;
   // Creates the arbiter by name (the controller passes the factory so tests can inject one).
@@ -116,6 +120,7 @@ class ServingEngine {
   ServingEngineOptions options_;
   std::unique_ptr<RemoteExpander> expander_;
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
+  VampArbiter* vamp_arbiter_ = nullptr;    // the scheduler's arbiter when it is the cost model
   absl::flat_hash_map<RequestId, Live> live_;  // engine thread only
   int64_t next_step_id_ = 1;  // engine thread only (and the expander, called from it)
 
