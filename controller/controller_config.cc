@@ -32,7 +32,7 @@ const ConfigSchema& ControllerConfigSchema() {
              "started elsewhere and register themselves")
         .String("agent_binary", "", "vamp-agent to spawn; default: next to vamp-controller")
         .String("agent_device", "cpu", "--device for spawned agents: cpu or cuda")
-        .Int("agent_host_memory_bytes", 1LL << 30, 64LL << 20, 1LL << 40,
+        .Int("agent_host_memory_bytes", 1LL << 30, 1LL << 20, 1LL << 40,
              "memory budget of each spawned CPU agent, in bytes (its 'device memory')")
         .Int("agent_host_page_bytes", 64 << 10, 4096, 2LL << 20,
              "page size of spawned CPU agents' memory pools, in bytes")
