@@ -48,11 +48,12 @@ grpc::ServerUnaryReactor* AdminService::GetPolicy(grpc::CallbackServerContext* c
 }
 
 grpc::ServerUnaryReactor* AdminService::Remap(grpc::CallbackServerContext* context,
-                                              int32_t groups,
+                                              int32_t num_groups, bool offload,
                                               vamp::v1::ForceRemapResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!Authorized(context, reactor)) return reactor;
-  if (groups == 0) {
+  const int32_t groups = offload ? num_groups : -num_groups;
+  if (num_groups < 1) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "num_groups: must be >= 1"));
     return reactor;
   }
@@ -78,23 +79,13 @@ grpc::ServerUnaryReactor* AdminService::Remap(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* AdminService::ForceOffload(grpc::CallbackServerContext* context,
                                                      const vamp::v1::ForceRemapRequest* request,
                                                      vamp::v1::ForceRemapResponse* response) {
-  if (request->num_groups() < 0) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "num_groups: must be >= 1"));
-    return reactor;
-  }
-  return Remap(context, request->num_groups(), response);
+  return Remap(context, request->num_groups(), /*offload=*/true, response);
 }
 
 grpc::ServerUnaryReactor* AdminService::ForceRestore(grpc::CallbackServerContext* context,
                                                      const vamp::v1::ForceRemapRequest* request,
                                                      vamp::v1::ForceRemapResponse* response) {
-  if (request->num_groups() < 0) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "num_groups: must be >= 1"));
-    return reactor;
-  }
-  return Remap(context, -request->num_groups(), response);
+  return Remap(context, request->num_groups(), /*offload=*/false, response);
 }
 
 grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* context,

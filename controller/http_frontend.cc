@@ -28,18 +28,10 @@ void SendError(httplib::Response& res, const absl::Status& status) {
   res.set_content(ErrorBody(status), "application/json");
 }
 
-const char* FinishReasonText(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kNone:
-      break;
-  }
-  return nullptr;
+// OpenAI's finish_reason: null while the request runs, else the scheduler's reason name.
+Json FinishReasonJson(FinishReason r) {
+  if (r == FinishReason::kNone) return nullptr;
+  return std::string(FinishReasonName(r));
 }
 
 Json Usage(const EngineEvent& e) {
@@ -139,9 +131,8 @@ class Handler {
                         {"model", ctx->model.id},
                         {"object", chat ? "chat.completion.chunk" : "text_completion"}};
           const std::string text = ctx->tokenizer->Decode(e->token_ids);
-          const char* reason = FinishReasonText(e->finish_reason);
           Json choice = {{"index", 0},
-                         {"finish_reason", reason ? Json(reason) : Json(nullptr)},
+                         {"finish_reason", FinishReasonJson(e->finish_reason)},
                          {"token_ids", e->token_ids}};
           if (chat) {
             Json delta = {{"content", text}};
@@ -198,9 +189,8 @@ class Handler {
         return;
       }
       const std::string text = ctx->tokenizer->Decode(tokens);
-      const char* reason = FinishReasonText(e->finish_reason);
       Json choice = {{"index", 0},
-                     {"finish_reason", reason ? Json(reason) : Json(nullptr)},
+                     {"finish_reason", FinishReasonJson(e->finish_reason)},
                      {"token_ids", tokens},
                      {"logprobs", nullptr}};
       if (chat) {

@@ -203,21 +203,30 @@ absl::Status HostMemoryBackend::MapPage(DeviceAddress address, PhysicalPageHandl
   return absl::OkStatus();
 }
 
-absl::Status HostMemoryBackend::SetReadWriteAccess(DeviceAddress address, uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<std::pair<HostMemoryBackend::Reservation*, uint64_t>>
+HostMemoryBackend::LocateMappedRange(DeviceAddress address, uint64_t bytes,
+                                     absl::string_view what) {
   if (address % page_bytes_ != 0 || bytes % page_bytes_ != 0) {
-    return absl::InvalidArgumentError("SetReadWriteAccess: range is not page-aligned");
+    return absl::InvalidArgumentError(absl::StrCat(what, ": range is not page-aligned"));
   }
   auto located = Locate(address, bytes);
   if (!located.ok()) return located.status();
   auto [reservation, first] = *located;
-  const uint64_t n = bytes / page_bytes_;
-  for (uint64_t i = first; i < first + n; ++i) {
+  for (uint64_t i = first; i < first + bytes / page_bytes_; ++i) {
     if (reservation->mapped[i] == kUnmapped) {
       return absl::FailedPreconditionError(
-          absl::StrCat("SetReadWriteAccess: page slot ", i, " of the range is not mapped"));
+          absl::StrCat(what, ": page slot ", i, " of the range is not mapped"));
     }
   }
+  return located;
+}
+
+absl::Status HostMemoryBackend::SetReadWriteAccess(DeviceAddress address, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  auto located = LocateMappedRange(address, bytes, "SetReadWriteAccess");
+  if (!located.ok()) return located.status();
+  auto [reservation, first] = *located;
+  const uint64_t n = bytes / page_bytes_;
   if (mprotect(reinterpret_cast<void*>(address), bytes, PROT_READ | PROT_WRITE) != 0) {
     return ErrnoError("mprotect", errno);
   }
@@ -229,19 +238,10 @@ absl::Status HostMemoryBackend::SetReadWriteAccess(DeviceAddress address, uint64
 
 absl::Status HostMemoryBackend::UnmapPages(DeviceAddress address, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
-  if (address % page_bytes_ != 0 || bytes % page_bytes_ != 0) {
-    return absl::InvalidArgumentError("UnmapPages: range is not page-aligned");
-  }
-  auto located = Locate(address, bytes);
+  auto located = LocateMappedRange(address, bytes, "UnmapPages");
   if (!located.ok()) return located.status();
   auto [reservation, first] = *located;
   const uint64_t n = bytes / page_bytes_;
-  for (uint64_t i = first; i < first + n; ++i) {
-    if (reservation->mapped[i] == kUnmapped) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("UnmapPages: page slot ", i, " of the range is not mapped"));
-    }
-  }
   // Replace the pages with an inaccessible anonymous mapping: the range stays reserved.
   void* got = mmap(reinterpret_cast<void*>(address), bytes, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);

@@ -70,6 +70,11 @@ class HostMemoryBackend final : public MemoryBackend {
   // The reservation holding [address, address + bytes) and the index of its first page slot.
   absl::StatusOr<std::pair<Reservation*, uint64_t>> Locate(DeviceAddress address, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Locate for a page-aligned range whose every slot holds a page; errors start with `what`.
+  absl::StatusOr<std::pair<Reservation*, uint64_t>> LocateMappedRange(DeviceAddress address,
+                                                                       uint64_t bytes,
+                                                                       absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks that every page of [address, address + bytes) is mapped and accessible.
   absl::Status CheckAccessible(DeviceAddress address, uint64_t bytes, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
