@@ -1,0 +1,27 @@
+// Internal to kernels/cuda: turning CUDA launch and library errors into absl::Status.
+#ifndef VAMP_KERNELS_CUDA_LAUNCH_H_
+#define VAMP_KERNELS_CUDA_LAUNCH_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace vamp::kernels::cuda::internal {
+
+// The status of the kernel launch just made on this thread (cudaGetLastError, which also clears a
+// non-sticky error), naming `kernel` in the message.
+absl::Status LaunchStatus(const char* kernel);
+
+// OK for cudaSuccess; otherwise an Internal error naming `what`.
+absl::Status CudaStatus(cudaError_t error, const char* what);
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Multiprocessor count of the current device (sizes persistent grids).
+absl::Status MultiProcessorCount(int* count);
+
+}  // namespace vamp::kernels::cuda::internal
+
+#endif  // VAMP_KERNELS_CUDA_LAUNCH_H_

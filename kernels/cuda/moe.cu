@@ -1,0 +1,233 @@
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace vamp::kernels::cuda {
+namespace {
+
+using internal::kFullMask;
+
+constexpr int kRouterThreads = 128;
+constexpr int kPermuteThreads = 1024;
+constexpr int kRowThreads = 256;
+
+// True when candidate (av, ai) beats (bv, bi): a larger logit, or an equal one with a lower id.
+// Index -1 means "no candidate".
+__device__ __forceinline__ bool Beats(float av, int ai, float bv, int bi) {
+  if (ai < 0) return false;
+  if (bi < 0) return true;
+  return av > bv || (av == bv && ai < bi);
+}
+
+__device__ __forceinline__ void WarpArgMax(float& v, int& i) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(kFullMask, v, offset);
+    const int oi = __shfl_xor_sync(kFullMask, i, offset);
+    if (Beats(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+// One block per token. Dynamic shared memory: num_experts flags marking experts already chosen.
+__global__ void RouterTopKKernel(const float* router_logits, int64_t logits_stride,
+                                 int64_t num_experts, int64_t top_k, bool renormalize,
+                                 int32_t* topk_ids, float* topk_weights) {
+  extern __shared__ unsigned char taken[];
+  __shared__ float scratch[32];
+  __shared__ float warp_v[32];
+  __shared__ int warp_i[32];
+  const int64_t t = blockIdx.x;
+  const float* logits = router_logits + t * logits_stride;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int num_warps = blockDim.x / 32;
+
+  float max_logit = -INFINITY;
+  for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    max_logit = fmaxf(max_logit, logits[e]);
+    taken[e] = 0;
+  }
+  max_logit = internal::BlockMax(max_logit, scratch);
+  float denom = 0.0f;
+  for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x)
+    denom += expf(logits[e] - max_logit);
+  denom = internal::BlockSum(denom, scratch);
+
+  int32_t* ids = topk_ids + t * top_k;
+  float* weights = topk_weights + t * top_k;
+  for (int64_t j = 0; j < top_k; ++j) {
+    float v = 0.0f;
+    int i = -1;
+    for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+      if (!taken[e] && Beats(logits[e], static_cast<int>(e), v, i)) {
+        v = logits[e];
+        i = static_cast<int>(e);
+      }
+    }
+    WarpArgMax(v, i);
+    if (lane == 0) {
+      warp_v[warp] = v;
+      warp_i[warp] = i;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      v = lane < num_warps ? warp_v[lane] : 0.0f;
+      i = lane < num_warps ? warp_i[lane] : -1;
+      WarpArgMax(v, i);
+      if (lane == 0) {
+        taken[i] = 1;
+        ids[j] = i;
+        weights[j] = expf(logits[i] - max_logit) / denom;
+      }
+    }
+    __syncthreads();
+  }
+  if (renormalize && threadIdx.x == 0) {
+    // Thread 0 wrote every weight above, so it reads them back in program order.
+    float sum = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) sum += weights[j];
+    for (int64_t j = 0; j < top_k; ++j) weights[j] /= sum;
+  }
+}
+
+// One block. Dynamic shared memory: next_row[num_experts] then ids[kPermuteThreads].
+__global__ void MoePermuteKernel(const int32_t* topk_ids, int64_t num_pairs, int64_t top_k,
+                                 int64_t num_experts, int32_t* expert_offsets, int32_t* row_token,
+                                 int32_t* pair_row) {
+  extern __shared__ int32_t permute_shared[];
+  int32_t* next_row = permute_shared;
+  int32_t* chunk_ids = permute_shared + num_experts;
+  for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x) next_row[e] = 0;
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < num_pairs; p += blockDim.x) {
+    const int32_t e = topk_ids[p];
+    if (e >= 0 && e < num_experts) atomicAdd(&next_row[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t running = 0;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      const int32_t count = next_row[e];
+      next_row[e] = running;
+      expert_offsets[e] = running;
+      running += count;
+    }
+    expert_offsets[num_experts] = running;
+  }
+  __syncthreads();
+  // Placement in pair order keeps the sort stable: the block stages 1024 ids in shared memory,
+  // then warp 0 places them 32 at a time; lanes with the same expert take consecutive rows in
+  // lane order (__match_any_sync), and the group's lowest lane advances that expert's cursor.
+  const int lane = threadIdx.x % 32;
+  for (int64_t base = 0; base < num_pairs; base += blockDim.x) {
+    const int64_t p = base + threadIdx.x;
+    chunk_ids[threadIdx.x] = p < num_pairs ? topk_ids[p] : -1;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      for (int sub = 0; sub < static_cast<int>(blockDim.x); sub += 32) {
+        const int64_t pair = base + sub + lane;
+        if (base + sub >= num_pairs) break;  // uniform across the warp
+        const int32_t e = chunk_ids[sub + lane];
+        const bool valid = pair < num_pairs && e >= 0 && e < num_experts;
+        const unsigned group = __match_any_sync(kFullMask, valid ? e : -1);
+        if (valid) {
+          const int32_t start = next_row[e];
+          const int rank = __popc(group & ((1u << lane) - 1u));
+          const int32_t row = start + rank;
+          pair_row[pair] = row;
+          row_token[row] = static_cast<int32_t>(pair / top_k);
+        } else if (pair < num_pairs) {
+          pair_row[pair] = -1;
+        }
+        __syncwarp();  // every lane read its cursor before the leader moves it
+        if (valid && lane == __ffs(group) - 1) next_row[e] += __popc(group);
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void SiluAndMulKernel(const float* x, int64_t x_stride, int64_t inter, float* out,
+                                 int64_t out_stride) {
+  const int64_t r = blockIdx.x;
+  const float* gate = x + r * x_stride;
+  const float* up = gate + inter;
+  float* o = out + r * out_stride;
+  for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
+    const float g = gate[j];
+    o[j] = g / (1.0f + expf(-g)) * up[j];
+  }
+}
+
+__global__ void MoeUnpermuteKernel(const float* expert_out, int64_t expert_out_stride,
+                                   const int32_t* pair_row, const float* topk_weights,
+                                   int64_t top_k, int64_t hidden, float* out, int64_t out_stride) {
+  const int64_t t = blockIdx.x;
+  float* o = out + t * out_stride;
+  for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) {
+      const float w = topk_weights[t * top_k + j];
+      const float* y =
+          expert_out + static_cast<int64_t>(pair_row[t * top_k + j]) * expert_out_stride;
+      acc += w * y[d];
+    }
+    o[d] = acc;
+  }
+}
+
+}  // namespace
+
+absl::Status RouterTopK(const float* router_logits, int64_t logits_stride, int64_t num_tokens,
+                        int64_t num_experts, int64_t top_k, bool renormalize, int32_t* topk_ids,
+                        float* topk_weights, cudaStream_t stream) {
+  if (top_k < 0 || top_k > num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RouterTopK: top_k ", top_k, " outside [0, num_experts = ", num_experts, "]"));
+  }
+  if (num_tokens == 0 || top_k == 0) return absl::OkStatus();
+  RouterTopKKernel<<<num_tokens, kRouterThreads, num_experts, stream>>>(
+      router_logits, logits_stride, num_experts, top_k, renormalize, topk_ids, topk_weights);
+  return internal::LaunchStatus("RouterTopKKernel");
+}
+
+absl::Status MoePermute(const int32_t* topk_ids, int64_t num_tokens, int64_t top_k,
+                        int64_t num_experts, int32_t* expert_offsets, int32_t* row_token,
+                        int32_t* pair_row, cudaStream_t stream) {
+  const int64_t num_pairs = num_tokens * top_k;
+  if (num_pairs > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoePermute: ", num_pairs, " pairs overflow int32 rows"));
+  }
+  const size_t shared = (num_experts + kPermuteThreads) * sizeof(int32_t);
+  if (shared > 48 * 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoePermute: ", num_experts, " experts exceed the shared-memory cursor table"));
+  }
+  MoePermuteKernel<<<1, kPermuteThreads, shared, stream>>>(topk_ids, num_pairs, top_k, num_experts,
+                                                           expert_offsets, row_token, pair_row);
+  return internal::LaunchStatus("MoePermuteKernel");
+}
+
+absl::Status SiluAndMul(const float* x, int64_t x_stride, int64_t num_rows, int64_t inter,
+                        float* out, int64_t out_stride, cudaStream_t stream) {
+  if (num_rows == 0) return absl::OkStatus();
+  SiluAndMulKernel<<<num_rows, kRowThreads, 0, stream>>>(x, x_stride, inter, out, out_stride);
+  return internal::LaunchStatus("SiluAndMulKernel");
+}
+
+absl::Status MoeUnpermute(const float* expert_out, int64_t expert_out_stride,
+                          const int32_t* pair_row, const float* topk_weights, int64_t num_tokens,
+                          int64_t top_k, int64_t hidden, float* out, int64_t out_stride,
+                          cudaStream_t stream) {
+  if (num_tokens == 0) return absl::OkStatus();
+  MoeUnpermuteKernel<<<num_tokens, kRowThreads, 0, stream>>>(
+      expert_out, expert_out_stride, pair_row, topk_weights, top_k, hidden, out, out_stride);
+  return internal::LaunchStatus("MoeUnpermuteKernel");
+}
+
+}  // namespace vamp::kernels::cuda

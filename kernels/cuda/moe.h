@@ -1,0 +1,46 @@
+// Mixture-of-Experts kernels, CUDA twins of kernels/cpu/moe.h (float32, device pointers, same
+// arguments plus a stream). The expert GEMM is in kernels/cuda/gemm.h (cuBLAS).
+//
+// Agreement with the CPU twins: topk_ids, expert_offsets, row_token and pair_row are identical
+// (integer outputs; the selection compares the same float32 logits); weights and activations agree
+// to float32 rounding (reductions run in a different order, and nvcc may fuse multiply-adds).
+#ifndef VAMP_KERNELS_CUDA_MOE_H_
+#define VAMP_KERNELS_CUDA_MOE_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace vamp::kernels::cuda {
+
+// As cpu::RouterTopK: softmax over each row, the top_k largest in descending order (ties: lower
+// expert id first), renormalised when `renormalize`. 0 <= top_k <= num_experts.
+absl::Status RouterTopK(const float* router_logits, int64_t logits_stride, int64_t num_tokens,
+                        int64_t num_experts, int64_t top_k, bool renormalize, int32_t* topk_ids,
+                        float* topk_weights, cudaStream_t stream);
+
+// As cpu::MoePermute: stable counting sort of the (token, choice) pairs by expert. Ids outside
+// [0, num_experts) cannot be reported from the device (the CPU twin aborts): such pairs get
+// pair_row -1 and no row, and expert_offsets[num_experts] counts only the valid pairs.
+// Runs as one thread block (placement is sequential per 32 pairs), which is ample for decode and
+// moderate prefill batches; a multi-block version is future work.
+absl::Status MoePermute(const int32_t* topk_ids, int64_t num_tokens, int64_t top_k,
+                        int64_t num_experts, int32_t* expert_offsets, int32_t* row_token,
+                        int32_t* pair_row, cudaStream_t stream);
+
+// out[r, j] = silu(x[r, j]) * x[r, inter + j] for j < inter.
+absl::Status SiluAndMul(const float* x, int64_t x_stride, int64_t num_rows, int64_t inter,
+                        float* out, int64_t out_stride, cudaStream_t stream);
+
+// out[t, :] = sum_{j < top_k} topk_weights[t*top_k + j] * expert_out[pair_row[t*top_k + j], :],
+// accumulated in choice order.
+absl::Status MoeUnpermute(const float* expert_out, int64_t expert_out_stride,
+                          const int32_t* pair_row, const float* topk_weights, int64_t num_tokens,
+                          int64_t top_k, int64_t hidden, float* out, int64_t out_stride,
+                          cudaStream_t stream);
+
+}  // namespace vamp::kernels::cuda
+
+#endif  // VAMP_KERNELS_CUDA_MOE_H_

@@ -1,0 +1,66 @@
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/rope.h"
+
+namespace vamp::kernels::cuda {
+namespace {
+
+// One block per token, one warp per head (q heads first, then k heads).
+constexpr int kRopeWarps = 4;
+
+__global__ void QkNormRopeKernel(float* q, int64_t q_stride, float* k, int64_t k_stride,
+                                 int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                                 const float* q_norm_weight, const float* k_norm_weight, float eps,
+                                 const int64_t* positions, const float* cos_sin_cache,
+                                 int64_t max_positions) {
+  const int64_t t = blockIdx.x;
+  const int64_t pos = positions[t];
+  if (pos < 0 || pos >= max_positions) return;
+  const int64_t half = head_dim / 2;
+  const float* cos = cos_sin_cache + pos * head_dim;
+  const float* sin = cos + half;
+  const int lane = threadIdx.x % 32;
+  for (int64_t h = threadIdx.x / 32; h < num_q_heads + num_kv_heads; h += kRopeWarps) {
+    const bool is_q = h < num_q_heads;
+    float* x =
+        is_q ? q + t * q_stride + h * head_dim : k + t * k_stride + (h - num_q_heads) * head_dim;
+    const float* w = is_q ? q_norm_weight : k_norm_weight;
+    float inv_rms = 1.0f;
+    if (w != nullptr) {
+      float sum_sq = 0.0f;
+      for (int64_t j = lane; j < head_dim; j += 32) sum_sq += x[j] * x[j];
+      sum_sq = internal::WarpSum(sum_sq);  // all lanes have read x before any writes it
+      inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(head_dim) + eps);
+    }
+    for (int64_t i = lane; i < half; i += 32) {
+      float x1 = x[i];
+      float x2 = x[i + half];
+      if (w != nullptr) {
+        x1 = w[i] * (x1 * inv_rms);
+        x2 = w[i + half] * (x2 * inv_rms);
+      }
+      x[i] = x1 * cos[i] - x2 * sin[i];
+      x[i + half] = x2 * cos[i] + x1 * sin[i];
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t num_tokens,
+                        int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                        const float* q_norm_weight, const float* k_norm_weight, float eps,
+                        const int64_t* positions, const float* cos_sin_cache, int64_t max_positions,
+                        cudaStream_t stream) {
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("QkNormRope: head_dim ", head_dim, " is odd"));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  QkNormRopeKernel<<<num_tokens, kRopeWarps * 32, 0, stream>>>(
+      q, q_stride, k, k_stride, num_q_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight,
+      eps, positions, cos_sin_cache, max_positions);
+  return internal::LaunchStatus("QkNormRopeKernel");
+}
+
+}  // namespace vamp::kernels::cuda

@@ -1,0 +1,27 @@
+// Qwen3's per-head q/k RMSNorm fused with rotary position embedding (neox style), CUDA twin of
+// kernels/cpu/rope.h (float32, device pointers, same arguments plus a stream). The cos/sin cache is
+// the one cpu::BuildRopeCache fills, copied to the device once.
+#ifndef VAMP_KERNELS_CUDA_ROPE_H_
+#define VAMP_KERNELS_CUDA_ROPE_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace vamp::kernels::cuda {
+
+// In place, as cpu::QkNormRope: each head of q[t] and k[t] is RMS-normalised over head_dim with
+// q_norm_weight / k_norm_weight (skipped when null), then rotated by positions[t]. head_dim must
+// be even. A position outside [0, max_positions) cannot be reported from the device: that token
+// is left untouched (the CPU twin aborts), so callers validate positions on the host.
+absl::Status QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t num_tokens,
+                        int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                        const float* q_norm_weight, const float* k_norm_weight, float eps,
+                        const int64_t* positions, const float* cos_sin_cache, int64_t max_positions,
+                        cudaStream_t stream);
+
+}  // namespace vamp::kernels::cuda
+
+#endif  // VAMP_KERNELS_CUDA_ROPE_H_
