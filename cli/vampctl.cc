@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -34,6 +35,10 @@ constexpr char kUsage[] =
     "  health          ask grpc.health.v1 whether the controller answers (exit 4 if not)\n"
     "  status          version, model, uptime, policy, KV pool, queue and every rank's memory\n"
     "  policy get      the memory arbiter and offload cap in force\n"
+    "  policy set KEY=VALUE...   arbiter=static|vamp, restore=on|off (the cap needs a restart)\n"
+    "  coefficients get          the cost model's coefficients\n"
+    "  coefficients set KEY=VALUE...   alpha, tau_steps, t_prefill_us_per_token, t_overhead_us,\n"
+    "                  t_sched_us, t_queue_us, c_eff_us, expansion_step_groups\n"
     "  offload N       move N expert groups per layer into the KV cache on every rank now\n"
     "  restore N       give N groups back to the experts (waits until their KV blocks are free)\n"
     "  drain           stop admitting requests; running ones finish\n"
@@ -166,6 +171,125 @@ int Decisions(const Options& options, const std::shared_ptr<grpc::Channel>& chan
   return kExitOk;
 }
 
+// KEY=VALUE arguments after the sub-command (options.args[1..]).
+bool ParseAssignments(const Options& options, std::vector<std::pair<std::string, std::string>>* out,
+                      std::string* error) {
+  for (size_t i = 1; i < options.args.size(); ++i) {
+    const std::string& a = options.args[i];
+    const size_t eq = a.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == a.size()) {
+      *error = "'" + a + "' is not KEY=VALUE";
+      return false;
+    }
+    out->emplace_back(a.substr(0, eq), a.substr(eq + 1));
+  }
+  if (out->empty()) {
+    *error = "nothing to set (give KEY=VALUE arguments)";
+    return false;
+  }
+  return true;
+}
+
+void PrintPolicy(const Options& options, const vamp::v1::Policy& p) {
+  if (options.output == "json") {
+    PrintJson(p);
+  } else {
+    std::cout << absl::StrFormat("arbiter            %s\nmax offload ratio  %.2f\nrestore            %s\n",
+                                 p.arbiter(), p.max_offload_ratio(),
+                                 p.restore_enabled() ? "on" : "off");
+  }
+}
+
+int PolicySet(const Options& options, const std::shared_ptr<grpc::Channel>& channel) {
+  std::vector<std::pair<std::string, std::string>> sets;
+  std::string error;
+  if (!ParseAssignments(options, &sets, &error)) return UsageError("policy set: " + error);
+  auto stub = vamp::v1::Admin::NewStub(channel);
+  vamp::v1::Policy policy;
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context, options.timeout_seconds);
+    grpc::Status status = stub->GetPolicy(&context, {}, &policy);
+    if (!status.ok()) return RpcError("GetPolicy", status, options.endpoint);
+  }
+  for (const auto& [key, value] : sets) {
+    if (key == "arbiter") {
+      policy.set_arbiter(value);
+    } else if (key == "restore" && (value == "on" || value == "off")) {
+      policy.set_restore_enabled(value == "on");
+    } else {
+      return UsageError("policy set: '" + key + "=" + value +
+                        "' is not arbiter=static|vamp or restore=on|off");
+    }
+  }
+  grpc::ClientContext context;
+  SetDeadline(&context, options.timeout_seconds);
+  vamp::v1::Policy response;
+  grpc::Status status = stub->SetPolicy(&context, policy, &response);
+  if (!status.ok()) return RpcError("SetPolicy", status, options.endpoint);
+  PrintPolicy(options, response);
+  return kExitOk;
+}
+
+int Coefficients(const Options& options, const std::shared_ptr<grpc::Channel>& channel) {
+  const bool set = options.args.size() >= 1 && options.args[0] == "set";
+  if (options.args.empty() || (options.args[0] != "get" && !set) ||
+      (!set && options.args.size() > 1)) {
+    return UsageError("coefficients takes 'get' or 'set KEY=VALUE...'");
+  }
+  std::vector<std::pair<std::string, std::string>> sets;
+  std::string error;
+  if (set && !ParseAssignments(options, &sets, &error)) {
+    return UsageError("coefficients set: " + error);
+  }
+  auto stub = vamp::v1::Admin::NewStub(channel);
+  vamp::v1::CostCoefficients c;
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context, options.timeout_seconds);
+    grpc::Status status = stub->GetCoefficients(&context, {}, &c);
+    if (!status.ok()) return RpcError("GetCoefficients", status, options.endpoint);
+  }
+  if (set) {
+    const google::protobuf::Descriptor* d = c.GetDescriptor();
+    const google::protobuf::Reflection* r = c.GetReflection();
+    for (const auto& [key, value] : sets) {
+      const google::protobuf::FieldDescriptor* f = d->FindFieldByName(key);
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      if (f == nullptr) return UsageError("coefficients set: unknown coefficient '" + key + "'");
+      if (end == value.c_str() || *end != '\0') {
+        return UsageError("coefficients set: " + key + "='" + value + "' is not a number");
+      }
+      if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT32) {
+        r->SetInt32(&c, f, static_cast<int32_t>(v));
+      } else {
+        r->SetDouble(&c, f, v);
+      }
+    }
+    grpc::ClientContext context;
+    SetDeadline(&context, options.timeout_seconds);
+    vamp::v1::CostCoefficients response;
+    grpc::Status status = stub->SetCoefficients(&context, c, &response);
+    if (!status.ok()) return RpcError("SetCoefficients", status, options.endpoint);
+    c = response;
+  }
+  if (options.output == "json") {
+    PrintJson(c);
+    return kExitOk;
+  }
+  const google::protobuf::Descriptor* d = c.GetDescriptor();
+  const google::protobuf::Reflection* r = c.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    std::cout << absl::StrFormat("%-24s %s\n", f->name(),
+                                 f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT32
+                                     ? absl::StrCat(r->GetInt32(c, f))
+                                     : absl::StrFormat("%g", r->GetDouble(c, f)));
+  }
+  return kExitOk;
+}
+
 int PolicyGet(const Options& options, const std::shared_ptr<grpc::Channel>& channel) {
   auto stub = vamp::v1::Admin::NewStub(channel);
   grpc::ClientContext context;
@@ -173,13 +297,7 @@ int PolicyGet(const Options& options, const std::shared_ptr<grpc::Channel>& chan
   vamp::v1::Policy response;
   grpc::Status status = stub->GetPolicy(&context, {}, &response);
   if (!status.ok()) return RpcError("GetPolicy", status, options.endpoint);
-  if (options.output == "json") {
-    PrintJson(response);
-  } else {
-    std::cout << absl::StrFormat("arbiter            %s\nmax offload ratio  %.2f\nrestore            %s\n",
-                                 response.arbiter(), response.max_offload_ratio(),
-                                 response.restore_enabled() ? "on" : "off");
-  }
+  PrintPolicy(options, response);
   return kExitOk;
 }
 
@@ -305,8 +423,8 @@ int Run(int argc, char** argv) {
     return UsageError("--output: '" + options.output + "' is not one of table, json");
   }
   if (options.command.empty()) return UsageError("no command given");
-  static const char* const kCommands[] = {"health", "status",  "policy",   "offload",
-                                          "restore", "drain", "decisions"};
+  static const char* const kCommands[] = {"health", "status",  "policy",    "offload",
+                                          "restore", "drain", "decisions", "coefficients"};
   if (std::find(std::begin(kCommands), std::end(kCommands), options.command) ==
       std::end(kCommands)) {
     return UsageError("unknown command '" + options.command + "'");
@@ -319,11 +437,12 @@ int Run(int argc, char** argv) {
                  options.endpoint.c_str(), options.timeout_seconds);
     return kExitUnreachable;
   }
-  const size_t max_args = options.command == "policy" || options.command == "offload" ||
-                                  options.command == "restore" || options.command == "decisions"
-                              ? 1
-                              : 0;
-  if (options.args.size() > max_args) {
+  const bool variadic = options.command == "policy" || options.command == "coefficients";
+  const size_t max_args =
+      options.command == "offload" || options.command == "restore" || options.command == "decisions"
+          ? 1
+          : 0;
+  if (!variadic && options.args.size() > max_args) {
     return UsageError("unexpected argument '" + options.args[max_args] + "'");
   }
   if (options.command == "health") return Health(options, channel);
@@ -332,9 +451,11 @@ int Run(int argc, char** argv) {
   if (options.command == "restore") return Remap(options, channel, /*offload=*/false);
   if (options.command == "drain") return Drain(options, channel);
   if (options.command == "decisions") return Decisions(options, channel);
+  if (options.command == "coefficients") return Coefficients(options, channel);
   if (options.command == "policy") {
-    if (options.args.empty() || options.args[0] != "get") {
-      return UsageError("policy takes 'get' (changing the arbiter needs a restart: --arbiter)");
+    if (!options.args.empty() && options.args[0] == "set") return PolicySet(options, channel);
+    if (options.args.size() != 1 || options.args[0] != "get") {
+      return UsageError("policy takes 'get' or 'set KEY=VALUE...'");
     }
     return PolicyGet(options, channel);
   }

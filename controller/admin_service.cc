@@ -37,13 +37,121 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
   return reactor;
 }
 
+vamp::v1::Policy AdminService::CurrentPolicy(
+    const std::shared_ptr<const ServingContext>& ctx) const {
+  vamp::v1::Policy policy = backend_.policy;
+  if (ctx != nullptr) {
+    policy.set_arbiter(ctx->engine->arbiter_name());
+    policy.set_restore_enabled(ctx->engine->vamp_config().restore.enabled);
+  }
+  return policy;
+}
+
 grpc::ServerUnaryReactor* AdminService::GetPolicy(grpc::CallbackServerContext* context,
                                                   const vamp::v1::GetPolicyRequest*,
                                                   vamp::v1::Policy* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!Authorized(context, reactor)) return reactor;
-  *response = backend_.policy;
+  *response = CurrentPolicy(backend_.context());
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::SetPolicy(grpc::CallbackServerContext* context,
+                                                  const vamp::v1::Policy* request,
+                                                  vamp::v1::Policy* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!Authorized(context, reactor)) return reactor;
+  std::shared_ptr<const ServingContext> ctx = backend_.context();
+  if (ctx == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is not being served"));
+    return reactor;
+  }
+  if (request->arbiter() != "static" && request->arbiter() != "vamp") {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "arbiter: '" + request->arbiter() +
+                                     "' is not one of static, vamp"));
+    return reactor;
+  }
+  // The cap sizes the agents' staging buffers and pinned copies at Init.
+  if (request->max_offload_ratio() != backend_.policy.max_offload_ratio()) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("max_offload_ratio: changing the cap (", backend_.policy.max_offload_ratio(),
+                     ") needs a restart with --max_offload_ratio")));
+    return reactor;
+  }
+  VampArbiterConfig vamp = ctx->engine->vamp_config();
+  vamp.restore.enabled = request->restore_enabled();
+  const std::string arbiter = request->arbiter();
+  std::thread([this, ctx, arbiter, vamp, response, reactor] {
+    absl::Status s = ctx->engine->SetArbiter(arbiter, vamp);
+    if (s.ok()) *response = CurrentPolicy(ctx);
+    reactor->Finish(ToGrpc(s));
+  }).detach();
+  return reactor;
+}
+
+namespace {
+
+void ToProto(const VampArbiterConfig& c, vamp::v1::CostCoefficients* out) {
+  out->set_alpha(c.costs.alpha);
+  out->set_tau_steps(c.costs.tau_steps);
+  out->set_t_prefill_us_per_token(c.costs.t_prefill_micros);
+  out->set_t_overhead_us(c.costs.t_overhead_micros);
+  out->set_t_sched_us(c.costs.t_sched_micros);
+  out->set_t_queue_us(c.costs.t_queue_micros);
+  out->set_c_eff_us(c.costs.c_eff_micros);
+  out->set_expansion_step_groups(c.expansion_step_groups);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AdminService::GetCoefficients(
+    grpc::CallbackServerContext* context, const vamp::v1::GetCoefficientsRequest*,
+    vamp::v1::CostCoefficients* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!Authorized(context, reactor)) return reactor;
+  std::shared_ptr<const ServingContext> ctx = backend_.context();
+  if (ctx == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is not being served"));
+    return reactor;
+  }
+  ToProto(ctx->engine->vamp_config(), response);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::SetCoefficients(grpc::CallbackServerContext* context,
+                                                        const vamp::v1::CostCoefficients* request,
+                                                        vamp::v1::CostCoefficients* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!Authorized(context, reactor)) return reactor;
+  std::shared_ptr<const ServingContext> ctx = backend_.context();
+  if (ctx == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is not being served"));
+    return reactor;
+  }
+  VampArbiterConfig vamp = ctx->engine->vamp_config();
+  vamp.costs.alpha = request->alpha();
+  vamp.costs.tau_steps = request->tau_steps();
+  vamp.costs.t_prefill_micros = request->t_prefill_us_per_token();
+  vamp.costs.t_overhead_micros = request->t_overhead_us();
+  vamp.costs.t_sched_micros = request->t_sched_us();
+  vamp.costs.t_queue_micros = request->t_queue_us();
+  vamp.costs.c_eff_micros = request->c_eff_us();
+  vamp.expansion_step_groups = request->expansion_step_groups();
+  if (absl::Status s = vamp.Validate(); !s.ok()) {
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+  std::thread([ctx, vamp, response, reactor] {
+    // The coefficients belong to the cost model: reconfigure it in place (or keep them for when
+    // the policy switches to it).
+    absl::Status s = ctx->engine->SetArbiter(ctx->engine->arbiter_name(), vamp);
+    if (s.ok()) ToProto(ctx->engine->vamp_config(), response);
+    reactor->Finish(ToGrpc(s));
+  }).detach();
   return reactor;
 }
 

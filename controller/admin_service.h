@@ -18,6 +18,7 @@ struct AdminBackend {
   std::function<void(vamp::v1::GetStatusResponse*)> status;
   // The serving context (null while not serving).
   ServingContextProvider context;
+  // The configured policy (arbiter, cap, restore), reported while nothing is served.
   vamp::v1::Policy policy;
   // Required bearer token; empty = none.
   std::string auth_token;
@@ -33,6 +34,15 @@ class AdminService final : public vamp::v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* GetPolicy(grpc::CallbackServerContext* context,
                                       const vamp::v1::GetPolicyRequest* request,
                                       vamp::v1::Policy* response) override;
+  grpc::ServerUnaryReactor* SetPolicy(grpc::CallbackServerContext* context,
+                                      const vamp::v1::Policy* request,
+                                      vamp::v1::Policy* response) override;
+  grpc::ServerUnaryReactor* GetCoefficients(grpc::CallbackServerContext* context,
+                                            const vamp::v1::GetCoefficientsRequest* request,
+                                            vamp::v1::CostCoefficients* response) override;
+  grpc::ServerUnaryReactor* SetCoefficients(grpc::CallbackServerContext* context,
+                                            const vamp::v1::CostCoefficients* request,
+                                            vamp::v1::CostCoefficients* response) override;
   grpc::ServerUnaryReactor* ForceOffload(grpc::CallbackServerContext* context,
                                          const vamp::v1::ForceRemapRequest* request,
                                          vamp::v1::ForceRemapResponse* response) override;
@@ -52,6 +62,9 @@ class AdminService final : public vamp::v1::Admin::CallbackService {
   // Offloads or restores `num_groups` (>= 1) groups on every rank.
   grpc::ServerUnaryReactor* Remap(grpc::CallbackServerContext* context, int32_t num_groups,
                                   bool offload, vamp::v1::ForceRemapResponse* response);
+
+  // The policy in force: the engine's when serving, else the configured one.
+  vamp::v1::Policy CurrentPolicy(const std::shared_ptr<const ServingContext>& ctx) const;
 
   AdminBackend backend_;
 };

@@ -306,12 +306,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   if (first.eos_token_id() >= 0) engine_options.eos_token_id = first.eos_token_id();
   engine_options.experts_per_group = std::max(1, first.experts_per_group());
   engine_options.experts_per_layer = first.num_experts();
-  const Config* config = &config_;
-  engine_options.make_arbiter =
-      [config](const std::string& name) -> absl::StatusOr<std::unique_ptr<MemoryArbiter>> {
-    VAMP_ASSIGN_OR_RETURN(VampArbiterConfig vamp, VampArbiterConfigFromConfig(*config));
-    return CreateArbiter(name, vamp);
-  };
+  VAMP_ASSIGN_OR_RETURN(engine_options.vamp, VampArbiterConfigFromConfig(config_));
   auto context = std::make_shared<ServingContext>();
   context->model = ServedModel{config_.GetString("model"), scheduler.max_model_len,
                                first.vocab_size()};

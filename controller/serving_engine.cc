@@ -102,17 +102,12 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* 
   if (absl::Status s = e->expander_->Refresh(); !s.ok()) return s;
   SchedulerConfig config = e->options_.scheduler;
   config.num_blocks = static_cast<int32_t>(e->expander_->kv_blocks());
-  std::unique_ptr<MemoryArbiter> arbiter;
-  if (e->options_.make_arbiter) {
-    absl::StatusOr<std::unique_ptr<MemoryArbiter>> made =
-        e->options_.make_arbiter(e->options_.arbiter);
-    if (!made.ok()) return made.status();
-    arbiter = *std::move(made);
-  } else if (e->options_.arbiter == "static") {
-    arbiter = std::make_unique<StaticArbiter>();
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("arbiter '", e->options_.arbiter, "' needs an arbiter factory"));
+  VAMP_ASSIGN_OR_RETURN(std::unique_ptr<MemoryArbiter> arbiter,
+                        CreateArbiter(e->options_.arbiter, e->options_.vamp));
+  {
+    absl::MutexLock lock(&e->mu_);
+    e->arbiter_name_ = e->options_.arbiter;
+    e->vamp_config_ = e->options_.vamp;
   }
   e->vamp_arbiter_ = dynamic_cast<VampArbiter*>(arbiter.get());
   VAMP_ASSIGN_OR_RETURN(
@@ -157,10 +152,9 @@ void ServingEngine::Abort(RequestId id) {
   work_ = true;
 }
 
-absl::Status ServingEngine::ForceRemap(int32_t groups) {
-  if (groups == 0) return absl::InvalidArgumentError("num_groups must not be 0");
+absl::Status ServingEngine::RunBetweenSteps(std::function<std::optional<absl::Status>()> run) {
   if (!healthy_) return absl::UnavailableError("the model's agents are not available");
-  RemapCommandState command{groups};
+  Command command{std::move(run)};
   absl::MutexLock lock(&mu_);
   commands_.push_back(&command);
   work_ = true;
@@ -168,6 +162,45 @@ absl::Status ServingEngine::ForceRemap(int32_t groups) {
   mu_.Await(absl::Condition(&done));
   if (!command.done) return absl::CancelledError("the engine stopped");
   return command.result;
+}
+
+absl::Status ServingEngine::ForceRemap(int32_t groups) {
+  if (groups == 0) return absl::InvalidArgumentError("num_groups must not be 0");
+  return RunBetweenSteps([this, groups] { return Remap(groups); });
+}
+
+absl::Status ServingEngine::SetArbiter(const std::string& name, const VampArbiterConfig& vamp) {
+  return RunBetweenSteps([this, name, vamp]() -> std::optional<absl::Status> {
+    // Same policy: reconfigure the cost model in place, keeping what it learned.
+    if (name == "vamp" && vamp_arbiter_ != nullptr) {
+      absl::Status s = vamp_arbiter_->Reconfigure(vamp);
+      if (s.ok()) {
+        absl::MutexLock lock(&mu_);
+        vamp_config_ = vamp;
+      }
+      return s;
+    }
+    absl::StatusOr<std::unique_ptr<MemoryArbiter>> arbiter = CreateArbiter(name, vamp);
+    if (!arbiter.ok()) return arbiter.status();
+    VampArbiter* vamp_arbiter = dynamic_cast<VampArbiter*>(arbiter->get());
+    if (absl::Status s = scheduler_->ReplaceArbiter(*std::move(arbiter)); !s.ok()) return s;
+    vamp_arbiter_ = vamp_arbiter;
+    VAMP_LOG(INFO) << "memory arbiter is now " << name;
+    absl::MutexLock lock(&mu_);
+    arbiter_name_ = name;
+    vamp_config_ = vamp;
+    return absl::OkStatus();
+  });
+}
+
+std::string ServingEngine::arbiter_name() const {
+  absl::MutexLock lock(&mu_);
+  return arbiter_name_;
+}
+
+VampArbiterConfig ServingEngine::vamp_config() const {
+  absl::MutexLock lock(&mu_);
+  return vamp_config_;
 }
 
 void ServingEngine::Drain() {
@@ -235,51 +268,48 @@ void ServingEngine::AdmitPending() {
 }
 
 void ServingEngine::RunCommands() {
-  RemapCommandState* command = nullptr;
+  Command* command = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (commands_.empty()) return;
     command = commands_.front();
   }
-  absl::Status result;
-  if (command->groups > 0) {
-    absl::StatusOr<int32_t> added = command->groups <= expander_->RemainingGroups()
-                                        ? expander_->Expand(command->groups)
-                                        : absl::StatusOr<int32_t>(absl::FailedPreconditionError(
-                                              absl::StrCat("cannot offload ", command->groups,
-                                                           " groups: ",
-                                                           expander_->RemainingGroups(),
-                                                           " remain under the cap")));
-    if (added.ok()) result = scheduler_->GrowPool(*added);
-    else result = added.status();
-  } else {
-    const int32_t groups = -command->groups;
-    if (groups > expander_->offloaded_groups()) {
-      result = absl::FailedPreconditionError(absl::StrCat(
-          "cannot restore ", groups, " groups: ", expander_->offloaded_groups(), " are offloaded"));
-    } else {
-      absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> capacity =
-          group_->Capacity(-groups);
-      if (!capacity.ok()) {
-        result = capacity.status();
-      } else {
-        int64_t after = INT64_MAX;
-        for (const auto& c : *capacity) after = std::min(after, c.kv_blocks_after());
-        const int32_t withdraw = static_cast<int32_t>(scheduler_->pool().num_blocks() - after);
-        if (!scheduler_->pool().shrink_pending()) result = scheduler_->BeginShrinkPool(withdraw);
-        // The tail's blocks must be free before the agents take the pages back; requests using
-        // them keep running and the command is retried after the next step.
-        if (result.ok() && scheduler_->pool().shrink_outstanding() > 0) return;
-        if (result.ok()) result = scheduler_->CommitShrinkPool();
-        if (result.ok()) result = expander_->Restore(groups);
-      }
-    }
-  }
-  PublishSnapshot();  // the caller reads the new pool size as soon as it is woken
+  std::optional<absl::Status> result = command->run();
+  if (!result.has_value()) return;  // retried after the next step
+  PublishSnapshot();  // the caller reads the new state as soon as it is woken
   absl::MutexLock lock(&mu_);
   commands_.pop_front();
-  command->result = result;
+  command->result = *result;
   command->done = true;
+}
+
+std::optional<absl::Status> ServingEngine::Remap(int32_t groups) {
+  if (groups > 0) {
+    if (groups > expander_->RemainingGroups()) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot offload ", groups, " groups: ",
+                                                        expander_->RemainingGroups(),
+                                                        " remain under the cap"));
+    }
+    absl::StatusOr<int32_t> added = expander_->Expand(groups);
+    if (!added.ok()) return added.status();
+    return scheduler_->GrowPool(*added);
+  }
+  groups = -groups;
+  if (groups > expander_->offloaded_groups()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot restore ", groups, " groups: ", expander_->offloaded_groups(), " are offloaded"));
+  }
+  if (!scheduler_->pool().shrink_pending()) {
+    if (absl::Status s = scheduler_->BeginShrinkPool(expander_->BlocksToRelease(groups));
+        !s.ok()) {
+      return s;
+    }
+  }
+  // The tail's blocks must be free before the agents take the pages back; requests using them
+  // keep running and the command is retried after the next step.
+  if (scheduler_->pool().shrink_outstanding() > 0) return std::nullopt;
+  if (absl::Status s = scheduler_->CommitShrinkPool(); !s.ok()) return s;
+  return expander_->Restore(groups);
 }
 
 void ServingEngine::RunStep() {
@@ -420,7 +450,7 @@ void ServingEngine::FailAll(const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     pending.swap(pending_);
-    for (RemapCommandState* c : commands_) {
+    for (Command* c : commands_) {
       c->result = status;
       c->done = true;
     }

@@ -52,13 +52,14 @@ struct ServingEngineOptions {
   SchedulerConfig scheduler;  // num_blocks is taken from the agents
   std::string arbiter = "vamp";  // "static" | "vamp"
   std::optional<int32_t> eos_token_id;
+  // The cost model's configuration (used when arbiter is "vamp", and by SetArbiter).
+  VampArbiterConfig vamp;
   // Rank-local expert geometry from the agents' Init answers (for the cost model).
   int32_t experts_per_group = 1;
   int32_t experts_per_layer = 0;
   // Idle wait of the loop when nothing is runnable (µs).
   int64_t idle_wait_micros = 2000;
-  // Creates the arbiter by name (the controller passes the factory so tests can inject one).
-  std::function<absl::StatusOr<std::unique_ptr<MemoryArbiter>>(const std::string&)> make_arbiter;
+
 };
 
 class ServingEngine {
@@ -75,6 +76,12 @@ class ServingEngine {
   // Offloads (groups > 0) or restores (groups < 0) expert groups on every rank, between steps.
   // Blocks until done. Restore waits until the KV tail it takes back is free.
   absl::Status ForceRemap(int32_t groups);
+  // Switches the memory arbiter ("static" | "vamp") between steps; the vamp arbiter is built from
+  // `vamp`. Also used to change the cost model's coefficients (same name, new config).
+  absl::Status SetArbiter(const std::string& name, const VampArbiterConfig& vamp);
+  // The arbiter in force and the cost-model configuration the engine holds.
+  std::string arbiter_name() const;
+  VampArbiterConfig vamp_config() const;
   // Stops admitting requests; running ones finish.
   void Drain();
   void Stop();
@@ -100,8 +107,10 @@ class ServingEngine {
     int64_t last_token_micros = 0;
     int32_t cached_prompt_tokens = 0;
   };
-  struct RemapCommandState {
-    int32_t groups;
+  // Work for the engine thread between steps. `run` returns nullopt to be retried after the next
+  // step (a restore waiting for its KV tail to drain), else its result.
+  struct Command {
+    std::function<std::optional<absl::Status>()> run;
     bool done = false;
     absl::Status result;
   };
@@ -110,6 +119,9 @@ class ServingEngine {
   void Loop();
   void AdmitPending();
   void RunCommands();
+  // Queues `run` for the engine thread and waits for its result.
+  absl::Status RunBetweenSteps(std::function<std::optional<absl::Status>()> run);
+  std::optional<absl::Status> Remap(int32_t groups);
   void RunStep();
   void FailAll(const absl::Status& status);
   void Deliver(const std::vector<RequestOutput>& outputs);
@@ -132,7 +144,9 @@ class ServingEngine {
   RequestId next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<RequestId> aborts_ ABSL_GUARDED_BY(mu_);
-  std::deque<RemapCommandState*> commands_ ABSL_GUARDED_BY(mu_);
+  std::deque<Command*> commands_ ABSL_GUARDED_BY(mu_);
+  std::string arbiter_name_ ABSL_GUARDED_BY(mu_);
+  VampArbiterConfig vamp_config_ ABSL_GUARDED_BY(mu_);
   bool work_ ABSL_GUARDED_BY(mu_) = false;
   // Published by the engine thread after every step, for Snapshot().
   vamp::v1::GetStatusResponse snapshot_ ABSL_GUARDED_BY(mu_);

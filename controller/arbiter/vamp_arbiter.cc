@@ -205,6 +205,12 @@ void VampArbiter::ObserveStep(const StepTiming& t) {
   }
 }
 
+absl::Status VampArbiter::Reconfigure(const VampArbiterConfig& config) {
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  config_ = config;
+  return absl::OkStatus();
+}
+
 CostCoefficients VampArbiter::Current() const {
   CostCoefficients c = config_.costs;
   c.t_queue_micros = t_queue_micros_;

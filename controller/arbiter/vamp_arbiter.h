@@ -146,6 +146,10 @@ class VampArbiter final : public MemoryArbiter {
 
   LiveCoefficients live() const;
   const VampArbiterConfig& config() const { return config_; }
+  // Replaces the configuration at a step boundary (the owner's thread): new coefficients,
+  // expansion step and restore settings. Learned values (t_queue, calibration) are kept.
+  // InvalidArgument naming the field when `config` does not Validate.
+  absl::Status Reconfigure(const VampArbiterConfig& config);
 
  private:
   // Follows the scheduler's cumulative counters: hit-rate window and t_queue.

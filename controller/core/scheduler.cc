@@ -107,6 +107,16 @@ ExpansionInfo Scheduler::Expansion() const {
   return info;
 }
 
+absl::Status Scheduler::ReplaceArbiter(std::unique_ptr<MemoryArbiter> arbiter) {
+  if (arbiter == nullptr) return absl::InvalidArgumentError("ReplaceArbiter: null arbiter");
+  if (step_in_flight()) {
+    return absl::FailedPreconditionError("ReplaceArbiter: a step is in flight");
+  }
+  if (restore_pending_groups_ > 0) CancelRestore();
+  arbiter_ = std::move(arbiter);
+  return absl::OkStatus();
+}
+
 void Scheduler::CancelRestore() {
   absl::Status s = kv_.pool().CancelShrink();
   VAMP_CHECK(s.ok()) << s;  // a pending restore always has a pending shrink

@@ -78,6 +78,10 @@ class Scheduler {
   // and got no token. Tokens for requests still in prefill are ignored.
   absl::StatusOr<std::vector<RequestOutput>> UpdateFromOutput(const StepOutput& output);
 
+  // Replaces the memory arbiter between steps (a policy change); a restore the old arbiter
+  // started is cancelled. FailedPrecondition while a step is in flight.
+  absl::Status ReplaceArbiter(std::unique_ptr<MemoryArbiter> arbiter);
+
   // ---- Capacity (step boundaries; see KvBlockPool) ----
   // Commit/Cancel refuse (FailedPrecondition) while the pending shrink belongs to a restore.
   absl::Status GrowPool(int32_t blocks);

@@ -79,6 +79,7 @@ TEST(VampctlTest, HealthAndStatusAgainstLiveController) {
   EXPECT_THAT(offload.output, HasSubstr("not being served"));
   EXPECT_EQ(RunVampctl(endpoint + " offload zero").exit_code, 2);
   EXPECT_EQ(RunVampctl(endpoint + " policy set").exit_code, 2);
+  EXPECT_EQ(RunVampctl(endpoint + " policy frob").exit_code, 2);
 }
 
 }  // namespace

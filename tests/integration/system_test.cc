@@ -288,19 +288,55 @@ TEST(SystemTest, AgentKilledMidRequestFailsItClearlyThenRecovers) {
   EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
 }
 
+// Runs vampctl against `server`; returns its exit code and fills `out` with what it printed.
+int Vampctl(const ControllerServer& server, const std::string& args, std::string* out) {
+  const std::string command = std::string(VAMP_BINARY_DIR) + "/cli/vampctl --endpoint 127.0.0.1:" +
+                              std::to_string(server.admin_port()) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  out->clear();
+  char buf[256];
+  while (fgets(buf, sizeof(buf), pipe) != nullptr) *out += buf;
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 TEST(SystemTest, VampctlAgainstLiveSystem) {
+  Goldens g = LoadGoldens();
   std::unique_ptr<ControllerServer> server = StartSystem(2);
   ASSERT_NE(server, nullptr);
-  const std::string command = std::string(VAMP_BINARY_DIR) + "/cli/vampctl --endpoint 127.0.0.1:" +
-                              std::to_string(server->admin_port()) + " status 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
   std::string out;
-  char buf[256];
-  while (fgets(buf, sizeof(buf), pipe) != nullptr) out += buf;
-  EXPECT_EQ(pclose(pipe), 0) << out;
+  EXPECT_EQ(Vampctl(*server, "status", &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("serving        yes"));
   EXPECT_THAT(out, HasSubstr("kv blocks"));  // the per-rank table
   EXPECT_THAT(out, HasSubstr("cpu"));
+
+  EXPECT_EQ(Vampctl(*server, "offload 2", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("2 offloaded now"));
+  EXPECT_EQ(Vampctl(*server, "restore 2", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("0 offloaded now"));
+
+  // Policy and coefficients change at a step boundary while serving.
+  EXPECT_EQ(Vampctl(*server, "policy set arbiter=static", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("arbiter            static"));
+  EXPECT_EQ(Vampctl(*server, "policy set arbiter=vamp restore=on", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("restore            on"));
+  EXPECT_EQ(Vampctl(*server, "coefficients set c_eff_us=2.5 alpha=0.4", &out), 0) << out;
+  EXPECT_EQ(Vampctl(*server, "-o json coefficients get", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("\"cEffUs\": 2.5"));
+  EXPECT_THAT(out, HasSubstr("\"alpha\": 0.4"));
+  // The server refuses impossible values (exit 4) and names the field; usage errors exit 2.
+  EXPECT_EQ(Vampctl(*server, "coefficients set alpha=-1", &out), 4) << out;
+  EXPECT_THAT(out, HasSubstr("alpha"));
+  EXPECT_EQ(Vampctl(*server, "coefficients set beta=1", &out), 2) << out;
+  EXPECT_EQ(Vampctl(*server, "policy set max_offload_ratio=0.1", &out), 2) << out;
+  // Still serving the same tokens.
+  Json again = Completion(server->http_port(), GreedyBody(g.prompts[2], 16));
+  EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[2]);
+
+  EXPECT_EQ(Vampctl(*server, "drain", &out), 0) << out;
+  int status = 0;
+  Completion(server->http_port(), GreedyBody(g.prompts[0], 4), &status);
+  EXPECT_EQ(status, 503);
 }
 
 }  // namespace

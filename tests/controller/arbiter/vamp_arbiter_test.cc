@@ -29,6 +29,22 @@ class VampArbiterTest : public ::testing::Test, public ArbiterFixture {
   VampArbiter arbiter_{VampArbiterConfig{}};
 };
 
+TEST(VampArbiterReconfigureTest, ValidatesAndReplacesTheConfiguration) {
+  VampArbiter arbiter{VampArbiterConfig{}};
+  VampArbiterConfig bad;
+  bad.costs.alpha = -1;
+  absl::Status s = arbiter.Reconfigure(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("alpha"));
+  EXPECT_DOUBLE_EQ(arbiter.config().costs.alpha, 0.5);  // unchanged
+  VampArbiterConfig good;
+  good.costs.c_eff_micros = 2.5;
+  good.expansion_step_groups = 2;
+  ASSERT_TRUE(arbiter.Reconfigure(good).ok());
+  EXPECT_DOUBLE_EQ(arbiter.config().costs.c_eff_micros, 2.5);
+  EXPECT_EQ(arbiter.config().expansion_step_groups, 2);
+}
+
 TEST_F(VampArbiterTest, HighReuseOffloads) {
   AddCachedFree(500, /*used_at=*/10);
   SetHitRate(0.9);

@@ -157,6 +157,21 @@ TEST(SchedulerTest, StepProtocolIsEnforced) {
   EXPECT_TRUE(s.CheckInvariants().ok());
 }
 
+TEST(SchedulerTest, ArbiterIsReplacedOnlyBetweenSteps) {
+  Harness h(SmallConfig());
+  Scheduler& s = h.scheduler();
+  EXPECT_EQ(s.ReplaceArbiter(nullptr).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(s.AddRequest(Spec(1, Iota(3), 5)).ok());
+  auto plan = s.Schedule();
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(s.ReplaceArbiter(std::make_unique<StaticArbiter>()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s.UpdateFromOutput(StepOutput{plan->step, {{1, {5}}}}).ok());
+  ASSERT_TRUE(s.ReplaceArbiter(std::make_unique<StaticArbiter>()).ok());
+  EXPECT_EQ(s.arbiter().name(), "static");
+  EXPECT_TRUE(s.CheckInvariants().ok());
+}
+
 TEST(SchedulerTest, TokensForRequestsStillInPrefillAreIgnored) {
   Harness h(SmallConfig());
   Scheduler& s = h.scheduler();
