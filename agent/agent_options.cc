@@ -1,6 +1,7 @@
 #include "agent/agent_options.h"
 
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -93,6 +94,9 @@ const ConfigSchema& AgentConfigSchema() {
              "the step (a dead peer fails it at once)")
         .Int("register_max_backoff_ms", d.registration.max_backoff_ms, 10, kMaxMillis,
              "longest wait between two registration attempts")
+        .String("controller_ca_file", "",
+                "PEM CA certificate to verify a controller that serves TLS (its "
+                "--tls_cert_file); empty: plaintext")
         .Int("register_timeout_ms", d.registration.rpc_timeout_ms, 10, kMaxMillis,
              "deadline of one call to the controller (Register, health)");
     return s;
@@ -137,6 +141,15 @@ absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config) {
   o.tp_io_timeout_ms = config.GetInt("tp_io_timeout_ms");
   o.registration.max_backoff_ms = config.GetInt("register_max_backoff_ms");
   o.registration.rpc_timeout_ms = config.GetInt("register_timeout_ms");
+  if (const std::string& ca = config.GetString("controller_ca_file"); !ca.empty()) {
+    std::ifstream in(ca, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config field 'controller_ca_file': cannot read '", ca, "'"));
+    }
+    o.registration.controller_ca_pem.assign(std::istreambuf_iterator<char>(in),
+                                            std::istreambuf_iterator<char>());
+  }
   if (o.registration.initial_backoff_ms > o.registration.max_backoff_ms) {
     o.registration.initial_backoff_ms = o.registration.max_backoff_ms;
   }

@@ -38,6 +38,8 @@ struct RegistrationOptions {
   // When the controller's health service cannot be watched (no Watch support), how often it is
   // polled instead (ms).
   int64_t poll_interval_ms = 1000;
+  // PEM root certificate(s) to verify a controller that serves TLS; empty = plaintext.
+  std::string controller_ca_pem;
 };
 
 struct AgentOptions {

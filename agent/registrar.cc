@@ -25,8 +25,13 @@ Registrar::Registrar(std::string controller_address, int requested_rank, std::st
   // Reconnect quickly once the controller is back.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(options_.max_backoff_ms));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(options_.initial_backoff_ms));
-  channel_ =
-      grpc::CreateCustomChannel(controller_address_, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options_.controller_ca_pem.empty()) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = options_.controller_ca_pem;
+    credentials = grpc::SslCredentials(tls);
+  }
+  channel_ = grpc::CreateCustomChannel(controller_address_, credentials, args);
 }
 
 Registrar::~Registrar() { Stop(); }

@@ -49,6 +49,10 @@ const ConfigSchema& ControllerConfigSchema() {
         .String("auth_token_file", "",
                 "file holding the shared secret agents present (and that Admin calls need); "
                 "empty = none")
+        .String("tls_cert_file", "",
+                "PEM certificate (chain) for HTTPS and gRPC TLS on the client-facing and admin "
+                "endpoints; with tls_key_file; empty = plaintext")
+        .String("tls_key_file", "", "PEM private key for tls_cert_file")
         .String("api_key_file", "",
                 "file of API keys (one per line) the HTTP API requires; empty = open")
         .String("log_level", "info", "debug | info | warning | error")

@@ -53,6 +53,14 @@ absl::StatusOr<std::string> ReadSecret(const std::string& path, absl::string_vie
   return secret;
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (data.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
+  return data;
+}
+
 // A loopback port free right now, for the CPU agents' all-reduce rendezvous.
 absl::StatusOr<int> FreeLoopbackPort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -92,6 +100,19 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   }
   HttpFrontendOptions http;
   http.address = config.GetString("http_address");
+  http.tls_cert_file = config.GetString("tls_cert_file");
+  http.tls_key_file = config.GetString("tls_key_file");
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (http.tls_cert_file.empty() != http.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
+  }
+  if (!http.tls_cert_file.empty()) {
+    VAMP_ASSIGN_OR_RETURN(std::string cert, ReadFile(http.tls_cert_file, "tls_cert_file"));
+    VAMP_ASSIGN_OR_RETURN(std::string key, ReadFile(http.tls_key_file, "tls_key_file"));
+    grpc::SslServerCredentialsOptions tls;
+    tls.pem_key_cert_pairs.push_back({key, cert});
+    credentials = grpc::SslServerCredentials(tls);
+  }
   if (!config.GetString("api_key_file").empty()) {
     std::ifstream in(config.GetString("api_key_file"));
     if (!in) {
@@ -131,13 +152,15 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     VAMP_ASSIGN_OR_RETURN(server->metrics_,
                           MetricsExposer::Start(config.GetString("metrics_address")));
   }
+  // Agents register on the same port as clients, so with TLS they must speak TLS to it too.
   VAMP_ASSIGN_OR_RETURN(server->grpc_,
                         GrpcServer::Start(config.GetString("grpc_address"),
                                           {server->serving_service_.get(),
-                                           server->registry_.get()}));
+                                           server->registry_.get()},
+                                          credentials));
   VAMP_ASSIGN_OR_RETURN(server->admin_grpc_,
                         GrpcServer::Start(config.GetString("admin_address"),
-                                          {server->admin_.get()}));
+                                          {server->admin_.get()}, credentials));
   VAMP_ASSIGN_OR_RETURN(server->http_, HttpFrontend::Start(http, context));
   // Until a full set of agents serves the model, health says so.
   server->grpc_->SetServing("vamp.v1.Serving", false);
@@ -164,6 +187,11 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
                    "--host_memory_bytes", absl::StrCat(config.GetInt("agent_host_memory_bytes")),
                    "--host_page_bytes", absl::StrCat(config.GetInt("agent_host_page_bytes")),
                    "--log_level", config.GetString("log_level")};
+    if (!http.tls_cert_file.empty()) {
+      // The registration port serves TLS: spawned agents verify it with the same certificate.
+      launch.args.push_back("--controller_ca_file");
+      launch.args.push_back(http.tls_cert_file);
+    }
     if (!config.GetString("auth_token_file").empty()) {
       launch.args.push_back("--auth_token_file");
       launch.args.push_back(config.GetString("auth_token_file"));

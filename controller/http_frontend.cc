@@ -9,6 +9,8 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "controller/event_queue.h"
+// Debian's cpp-httplib is built with OpenSSL; the define exposes its SSLServer.
+#define CPPHTTPLIB_OPENSSL_SUPPORT
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"
@@ -224,7 +226,21 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(HttpFrontendOp
         absl::StrCat("http_address '", options.address, "' is not host:port"));
   }
   std::unique_ptr<HttpFrontend> frontend(new HttpFrontend());
-  frontend->server_ = std::make_unique<httplib::Server>();
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
+  }
+  if (!options.tls_cert_file.empty()) {
+    auto tls = std::make_unique<httplib::SSLServer>(options.tls_cert_file.c_str(),
+                                                    options.tls_key_file.c_str());
+    if (!tls->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tls_cert_file/tls_key_file: cannot load a certificate and key from '",
+          options.tls_cert_file, "' and '", options.tls_key_file, "'"));
+    }
+    frontend->server_ = std::move(tls);
+  } else {
+    frontend->server_ = std::make_unique<httplib::Server>();
+  }
   auto handler = std::make_shared<Handler>(options, std::move(context));
   httplib::Server& s = *frontend->server_;
   s.Post("/v1/completions", [handler](const httplib::Request& req, httplib::Response& res) {

@@ -26,6 +26,9 @@ struct HttpFrontendOptions {
   std::vector<std::string> api_keys;
   // A non-streaming request gives up after this long (s).
   double request_timeout_s = 600;
+  // PEM files; when both are set the API is served over HTTPS only.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class HttpFrontend {

@@ -12,6 +12,7 @@ PKGS=(
   clang           # libFuzzer targets
   python3         # helper scripts (reports, plots)
   curl            # scripts/run.sh talks to the HTTP API
+  openssl libssl-dev  # TLS (HTTPS via cpp-httplib); tests make throwaway certificates
   patchelf        # portable bundle (deploy/bundle)
 )
 missing=()

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#define CPPHTTPLIB_OPENSSL_SUPPORT  // Debian's cpp-httplib is built with OpenSSL
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/metrics_scrape.h"
@@ -409,6 +410,59 @@ TEST(SystemTest, MemoryPressureArbitersKeepOutputsIdentical) {
   EXPECT_THAT(vamp.actions, ::testing::Contains(HasSubstr("expand")));
   EXPECT_GT(vamp.status.kv_pool().total_blocks(), baseline.status.kv_pool().total_blocks());
   EXPECT_GT(vamp.cached_tokens, baseline.cached_tokens);
+}
+
+}  // namespace
+}  // namespace vamp
+
+namespace vamp {
+namespace {
+
+TEST(SystemTest, TlsOnHttpAndGrpcWhenCertificatesAreConfigured) {
+  Goldens g = LoadGoldens();
+  const std::string dir = ::testing::TempDir() + "/vamp_tls";
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+  const std::string make = "mkdir -p " + dir + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout " +
+                           key + " -out " + cert +
+                           " -days 1 -subj /CN=localhost -addext "
+                           "subjectAltName=IP:127.0.0.1,DNS:localhost >/dev/null 2>&1";
+  if (std::system(make.c_str()) != 0) GTEST_SKIP() << "openssl cannot make a test certificate";
+  // The spawned agent registers over TLS too, verifying the controller with the same certificate.
+  std::unique_ptr<ControllerServer> server =
+      StartSystem(1, {"--tls_cert_file=" + cert, "--tls_key_file=" + key});
+  ASSERT_NE(server, nullptr);
+
+  httplib::SSLClient https("127.0.0.1", server->http_port());
+  https.set_ca_cert_path(cert.c_str());
+  https.enable_server_certificate_verification(true);
+  https.set_read_timeout(60);
+  auto r = https.Post("/v1/completions", GreedyBody(g.prompts[1], 16).dump(), "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(Json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int>>(),
+            g.continuations[1]);
+  // Plain HTTP to the HTTPS port gets no answer.
+  httplib::Client plain("127.0.0.1", server->http_port());
+  plain.set_read_timeout(5);
+  auto p = plain.Get("/health");
+  EXPECT_TRUE(!p || p->status != 200);
+
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = [&] {
+    std::ifstream in(cert);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }();
+  auto secure = vamp::v1::Admin::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server->admin_port()), grpc::SslCredentials(tls)));
+  grpc::ClientContext ctx;
+  vamp::v1::GetStatusResponse status;
+  ASSERT_TRUE(secure->GetStatus(&ctx, {}, &status).ok());
+  EXPECT_TRUE(status.serving());
+  auto insecure = vamp::v1::Admin::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server->admin_port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ictx;
+  ictx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  EXPECT_FALSE(insecure->GetStatus(&ictx, {}, &status).ok());
 }
 
 }  // namespace
