@@ -1,0 +1,207 @@
+#include "engine/runner/cuda/cuda_expert_weights.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/memory/cuda_status.h"
+
+namespace vamp {
+
+absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> CudaExpertStoreWeights::Create(
+    ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream,
+    CudaStagingOptions options) {
+  if (store == nullptr) return absl::InvalidArgumentError("CudaExpertStoreWeights needs a store");
+  const ExpertGeometry& g = store->geometry();
+  if (store->backend()->name() != "cuda") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the GPU engine reads experts through device pointers; the expert store uses "
+                     "the '",
+                     store->backend()->name(), "' memory backend"));
+  }
+  if (g.w13_bytes != static_cast<uint64_t>(layout.W13Elements()) * sizeof(float) ||
+      g.w2_bytes != static_cast<uint64_t>(layout.W2Elements()) * sizeof(float)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert store geometry (w13 ", g.w13_bytes, " B, w2 ", g.w2_bytes,
+                     " B) does not match float32 shards of hidden ", layout.hidden,
+                     " and intermediate ", layout.inter));
+  }
+  if (options.num_buffers < 1) {
+    return absl::InvalidArgumentError("staging needs at least one buffer");
+  }
+  std::unique_ptr<CudaExpertStoreWeights> w(
+      new CudaExpertStoreWeights(store, layout, compute_stream, options));
+  VAMP_RETURN_IF_ERROR(w->Init());
+  return w;
+}
+
+CudaExpertStoreWeights::CudaExpertStoreWeights(ExpertStore* store, ExpertShardLayout layout,
+                                               cudaStream_t compute_stream,
+                                               CudaStagingOptions options)
+    : store_(store), layout_(layout), compute_stream_(compute_stream), options_(options) {}
+
+absl::Status CudaExpertStoreWeights::Init() {
+  VAMP_ASSIGN_OR_RETURN(copy_stream_, CudaStream::Create());
+  const ExpertGeometry& g = store_->geometry();
+  if (g.max_groups > 0) {
+    for (int i = 0; i < options_.num_buffers; ++i) {
+      VAMP_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(g.staging_buffer_bytes()));
+      buffers_.push_back(std::move(b));
+    }
+  }
+  const size_t jobs = g.eligible_layers.size();
+  copied_.assign(jobs, nullptr);
+  released_.assign(jobs, nullptr);
+  for (size_t i = 0; i < jobs; ++i) {
+    VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied_[i], cudaEventDisableTiming));
+    VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreateWithFlags(&released_[i], cudaEventDisableTiming));
+  }
+  VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreateWithFlags(&pass_start_, cudaEventDisableTiming));
+  return absl::OkStatus();
+}
+
+CudaExpertStoreWeights::~CudaExpertStoreWeights() {
+  if (copy_stream_.get() != nullptr) cudaStreamSynchronize(copy_stream_.get());
+  for (cudaEvent_t e : copied_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  for (cudaEvent_t e : released_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  if (pass_start_ != nullptr) cudaEventDestroy(pass_start_);
+}
+
+absl::Status CudaExpertStoreWeights::StoreExpertShard(int layer, int expert,
+                                                      absl::Span<const float> shard) {
+  if (static_cast<int64_t>(shard.size()) != layout_.Elements()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert shard of ", shard.size(), " elements, expected ", layout_.Elements()));
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(shard.data());
+  const uint64_t w13 = layout_.W13Elements() * sizeof(float);
+  const uint64_t w2 = layout_.W2Elements() * sizeof(float);
+  return store_->WriteExpert(layer, expert, absl::MakeConstSpan(bytes, w13),
+                             absl::MakeConstSpan(bytes + w13, w2));
+}
+
+absl::Status CudaExpertStoreWeights::Rebuild() {
+  // The store writes weights (loading, Restore) with synchronous cudaMemcpy on the legacy default
+  // stream, whose DMA from pageable memory may still be in flight when the call returns and which
+  // does not order our non-blocking streams: wait for the whole device once per table change.
+  VAMP_CUDART_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  const ExpertGeometry& g = store_->geometry();
+  const int num_layers =
+      g.moe_layers.empty() ? 0 : *std::max_element(g.moe_layers.begin(), g.moe_layers.end()) + 1;
+  staged_layers_.clear();
+  for (int layer : g.moe_layers) {
+    if (store_->OffloadedHostRange(layer).bytes > 0) staged_layers_.push_back(layer);
+  }
+  VAMP_ASSIGN_OR_RETURN(plan_, PlanStagingPass(staged_layers_, options_.num_buffers));
+  if (plan_.size() > copied_.size()) {
+    return absl::InternalError(
+        absl::StrCat(plan_.size(), " staged layers but only ", copied_.size(), " eligible layers"));
+  }
+  job_of_layer_.assign(num_layers, -1);
+  for (size_t i = 0; i < plan_.size(); ++i) job_of_layer_[plan_[i].layer] = static_cast<int>(i);
+
+  w13_.assign(num_layers, {});
+  w2_.assign(num_layers, {});
+  for (int layer : g.moe_layers) {
+    const std::vector<ExpertLocation> table = store_->PointerTable(layer);
+    const int job = job_of_layer_[layer];
+    std::vector<const float*>& w13 = w13_[layer];
+    std::vector<const float*>& w2 = w2_[layer];
+    w13.resize(table.size());
+    w2.resize(table.size());
+    for (size_t e = 0; e < table.size(); ++e) {
+      const ExpertLocation& loc = table[e];
+      if (loc.where == ExpertLocation::Where::kResident) {
+        w13[e] = reinterpret_cast<const float*>(static_cast<uintptr_t>(loc.w13));
+        w2[e] = reinterpret_cast<const float*>(static_cast<uintptr_t>(loc.w2));
+        continue;
+      }
+      if (job < 0 || buffers_.empty() || loc.w2 + g.w2_bytes > g.staging_buffer_bytes()) {
+        return absl::InternalError(absl::StrCat("expert ", e, " of layer ", layer,
+                                                " is staged but has no staging buffer"));
+      }
+      const uint8_t* base = buffers_[plan_[job].buffer].data();
+      w13[e] = reinterpret_cast<const float*>(base + loc.w13);
+      w2[e] = reinterpret_cast<const float*>(base + loc.w2);
+    }
+  }
+  built_ = true;
+  built_version_ = store_->table_version();
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertStoreWeights::EnqueueCopy(int job) {
+  const StagingCopy& copy = plan_[job];
+  const ExpertStore::HostRange range = store_->OffloadedHostRange(copy.layer);
+  if (range.bytes > store_->geometry().staging_buffer_bytes()) {
+    return absl::InternalError(absl::StrCat("layer ", copy.layer, " offloads ", range.bytes,
+                                            " B, more than a staging buffer holds"));
+  }
+  cudaStream_t s = copy_stream_.get();
+  if (copy.after_release_of >= 0) {
+    VAMP_CUDART_RETURN_IF_ERROR(cudaStreamWaitEvent(s, released_[copy.after_release_of], 0));
+  }
+  VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(buffers_[copy.buffer].data(), range.data, range.bytes,
+                                              cudaMemcpyHostToDevice, s));
+  VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(copied_[job], s));
+  enqueued_[job] = true;
+  ++stats_.copies;
+  stats_.bytes += range.bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertStoreWeights::BeginPass() {
+  if (!built_ || built_version_ != store_->table_version()) VAMP_RETURN_IF_ERROR(Rebuild());
+  ++stats_.passes;
+  enqueued_.assign(plan_.size(), false);
+  if (plan_.empty()) return absl::OkStatus();
+  // Every copy of this pass comes after everything already on the compute stream (in particular
+  // the previous pass's reads of the staging buffers).
+  VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(pass_start_, compute_stream_));
+  VAMP_CUDART_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), pass_start_, 0));
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    if (plan_[i].after_release_of < 0) VAMP_RETURN_IF_ERROR(EnqueueCopy(static_cast<int>(i)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ExpertLayerTable> CudaExpertStoreWeights::AcquireLayer(int layer) {
+  if (layer < 0 || layer >= static_cast<int>(w13_.size()) || w13_[layer].empty()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " has no experts in the store"));
+  }
+  if (const int job = job_of_layer_[layer]; job >= 0) {
+    if (!enqueued_[job]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, "'s staging copy was not enqueued: layers out of order"));
+    }
+    VAMP_CUDART_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copied_[job], 0));
+  }
+  return ExpertLayerTable{w13_[layer].data(), w2_[layer].data()};
+}
+
+absl::Status CudaExpertStoreWeights::ReleaseLayer(int layer) {
+  if (layer < 0 || layer >= static_cast<int>(job_of_layer_.size())) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " has no experts in the store"));
+  }
+  const int job = job_of_layer_[layer];
+  if (job < 0) return absl::OkStatus();
+  VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(released_[job], compute_stream_));
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    if (plan_[i].after_release_of == job && !enqueued_[i]) {
+      VAMP_RETURN_IF_ERROR(EnqueueCopy(static_cast<int>(i)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertStoreWeights::EndPass() {
+  // Nothing to wait for on the host: copies not enqueued (a pass that stopped early) never run,
+  // and the next pass orders its copies after this pass's compute through pass_start_.
+  return absl::OkStatus();
+}
+
+}  // namespace vamp

@@ -1,0 +1,109 @@
+// The GPU engine's view of the ExpertStore (CUDA VMM backend): the loader writes expert shards into
+// the store (ExpertWeightSink), and the forward pass reads them through per-layer pointer tables
+// (ExpertWeights) whose entries are device addresses: the resident region below the residency
+// boundary b, a device staging buffer above it.
+//
+// Staging (shared/DESIGN.md, "Staging") follows the backend-independent plan of staging_plan.h on a
+// dedicated copy stream, ordered by events only (no host waits):
+//   - BeginPass records an event on the compute stream that every copy of the pass waits for (the
+//     previous pass's readers are done), then enqueues the copies whose buffer has no earlier
+//     reader in the pass (with two buffers: the first two staged layers).
+//   - AcquireLayer(l) makes the compute stream wait for layer l's copy (a no-op on the GPU once the
+//     copy is done).
+//   - ReleaseLayer(l) records "buffer free" on the compute stream after layer l's expert GEMMs and
+//     only then enqueues the copy that reuses that buffer, which waits for that event. So while
+//     layer l computes, layer l+1's copy (already enqueued) runs on the copy stream.
+// Copies read the store's pinned host copies (OffloadedHostRange), so they run at full PCIe speed.
+//
+// Contract: the caller enqueues each layer's expert reads on `compute_stream` between AcquireLayer
+// and ReleaseLayer, and calls these from one thread (the forward pass). The store's boundary
+// changes only between passes, after a fence on the device (the repartitioner's InFlightFence);
+// tables are rebuilt when the store's table_version changes.
+#ifndef VAMP_ENGINE_RUNNER_CUDA_CUDA_EXPERT_WEIGHTS_H_
+#define VAMP_ENGINE_RUNNER_CUDA_CUDA_EXPERT_WEIGHTS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/experts/expert_store.h"
+#include "engine/model/causal_lm.h"
+#include "engine/runner/cuda/cuda_runner_support.h"
+#include "engine/staging/staging_plan.h"
+
+namespace vamp {
+
+struct CudaStagingOptions {
+  // Staging buffers; 2 is the double buffer of the design, 1 serialises copies and compute.
+  int num_buffers = 2;
+};
+
+struct CudaStagingStats {
+  int64_t passes = 0;
+  int64_t copies = 0;  // host->device copies enqueued
+  uint64_t bytes = 0;  // bytes they move
+};
+
+class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeights {
+ public:
+  // `store` (on the "cuda" memory backend, float32 shards matching `layout`) must outlive this
+  // object, and so must `compute_stream`, the stream the forward pass runs on. Allocates the
+  // staging buffers (staging_buffer_bytes each, none when nothing can be offloaded), the copy
+  // stream and the events.
+  static absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> Create(
+      ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream,
+      CudaStagingOptions options = {});
+  // Waits for the copy stream, then frees buffers and events.
+  ~CudaExpertStoreWeights() override;
+
+  // ExpertWeightSink: writes [w13 | w2] of one expert into its region.
+  absl::Status StoreExpertShard(int layer, int expert, absl::Span<const float> shard) override;
+
+  // ExpertWeights (tables of device pointers; see the contract above).
+  absl::Status BeginPass() override;
+  absl::StatusOr<ExpertLayerTable> AcquireLayer(int layer) override;
+  absl::Status ReleaseLayer(int layer) override;
+  absl::Status EndPass() override;
+
+  // The decoder layers staged in the current (or last) pass, in order.
+  const std::vector<int>& staged_layers() const { return staged_layers_; }
+  const CudaStagingStats& stats() const { return stats_; }
+  cudaStream_t copy_stream() const { return copy_stream_.get(); }
+
+ private:
+  CudaExpertStoreWeights(ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream,
+                         CudaStagingOptions options);
+  absl::Status Init();
+  // Rebuilds pointer tables and the staging plan for the store's current boundary.
+  absl::Status Rebuild();
+  // Enqueues plan_[job]'s copy on the copy stream (after its buffer's previous reader released it).
+  absl::Status EnqueueCopy(int job);
+
+  ExpertStore* const store_;
+  const ExpertShardLayout layout_;
+  const cudaStream_t compute_stream_;
+  const CudaStagingOptions options_;
+  CudaStream copy_stream_;
+  std::vector<DeviceBuffer> buffers_;  // staging buffers
+  // Per plan job (at most one per eligible layer): copy done, and buffer released by its reader.
+  std::vector<cudaEvent_t> copied_, released_;
+  cudaEvent_t pass_start_ = nullptr;
+
+  // Below: touched only by the thread running the forward pass.
+  bool built_ = false;
+  uint64_t built_version_ = 0;
+  std::vector<int> staged_layers_;
+  std::vector<StagingCopy> plan_;
+  std::vector<int> job_of_layer_;               // by decoder layer: index into plan_, or -1
+  std::vector<std::vector<const float*>> w13_;  // by decoder layer (empty for non-MoE layers)
+  std::vector<std::vector<const float*>> w2_;
+  std::vector<bool> enqueued_;  // per job, in the current pass
+  CudaStagingStats stats_;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_ENGINE_RUNNER_CUDA_CUDA_EXPERT_WEIGHTS_H_
