@@ -358,7 +358,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
 
 void ControllerServer::TearDown() {
   std::shared_ptr<const ServingContext> context;
-  std::unique_ptr<AgentGroup> group;
+  std::shared_ptr<AgentGroup> group;
   {
     absl::MutexLock lock(&mu_);
     context = std::move(context_);
@@ -377,16 +377,23 @@ void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {
   status->set_policy(config_.GetString("arbiter"));
   std::shared_ptr<const ServingContext> ctx = Context();
   if (ctx != nullptr) ctx->engine->Snapshot(status);
-  absl::MutexLock lock(&mu_);
+  std::shared_ptr<AgentGroup> group;
+  std::vector<vamp::v1::RankMemory> from_init;
+  {
+    absl::MutexLock lock(&mu_);
+    group = group_;
+    from_init = rank_memory_;
+  }
   // Live figures when the agents answer (they change with every remap), else those from Init.
+  // The RPC runs without mu_ so that a slow agent never stalls the frontends.
   absl::StatusOr<std::vector<vamp::v1::GetStatsResponse>> stats =
-      group_ != nullptr ? group_->GetStats()
-                        : absl::StatusOr<std::vector<vamp::v1::GetStatsResponse>>(
-                              absl::UnavailableError("no agents"));
+      group != nullptr ? group->GetStats()
+                       : absl::StatusOr<std::vector<vamp::v1::GetStatsResponse>>(
+                             absl::UnavailableError("no agents"));
   if (stats.ok()) {
     for (const auto& r : *stats) *status->add_ranks() = r.memory();
   } else {
-    for (const auto& r : rank_memory_) *status->add_ranks() = r;
+    for (const auto& r : from_init) *status->add_ranks() = r;
   }
 }
 

@@ -69,7 +69,8 @@ class ControllerServer {
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::unique_ptr<AgentGroup> group_ ABSL_GUARDED_BY(mu_);
+  // Shared so that status queries can use it without holding mu_ across an RPC.
+  std::shared_ptr<AgentGroup> group_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const ServingContext> context_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   std::vector<vamp::v1::RankMemory> rank_memory_ ABSL_GUARDED_BY(mu_);
