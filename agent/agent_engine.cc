@@ -22,6 +22,14 @@
 #include "engine/model/model_loader.h"
 #include "engine/runner/model_runner.h"
 #include "engine/staging/expert_store_weights.h"
+#if VAMP_AGENT_CUDA
+#include <cuda_runtime_api.h>
+
+#include "engine/memory/cuda_backend.h"
+#include "engine/runner/cuda/cuda_expert_weights.h"
+#include "engine/runner/cuda/cuda_qwen3_moe.h"
+#include "engine/runner/cuda/cuda_runner_support.h"
+#endif
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -46,18 +54,28 @@ struct RemapRecord {
 };
 
 // Everything one successful Init built. Members are destroyed in reverse order: the runner and
-// model before the expert store and KV region they read, those before the pool and backend.
+// models before the expert weights and KV region they read, the expert weights before the stream
+// they order their copies on, those before the pool and backend.
 struct AgentEngine::Instance {
   vamp::v1::InitRequest request;
   ModelConfig config;
   MemoryPlan plan;
   RunnerConfig runner_config;
+  // The device this instance runs on: CUDA (device ordinal) or the host.
+  bool cuda = false;
+  int cuda_device = 0;
   std::unique_ptr<MemoryBackend> backend;
-  std::unique_ptr<CallbackFence> fence;
+  std::unique_ptr<InFlightFence> fence;
   AgentMemory memory;
-  std::unique_ptr<ExpertStoreWeights> experts;
+#if VAMP_AGENT_CUDA
+  CudaStream stream;  // the forward pass's stream (CUDA only)
+  std::unique_ptr<CudaExpertStoreWeights> cuda_experts;
+#endif
+  std::unique_ptr<ExpertStoreWeights> experts;  // CPU only
+  // The loaded model: what the CPU runner runs; on CUDA, the host copy the device model wraps.
   std::unique_ptr<CausalLm> model;
-  std::shared_ptr<TcpCommunicator> comm;  // null when tp_size == 1
+  std::unique_ptr<CausalLm> device_model;  // CUDA only: CudaQwen3MoeModel over `model`
+  std::shared_ptr<TcpCommunicator> comm;   // null when tp_size == 1
   std::unique_ptr<ModelRunner> runner;
   uint64_t other_weight_bytes = 0;
   // KV blocks the controller's pool uses on this rank (<= the region's blocks).
@@ -68,6 +86,27 @@ struct AgentEngine::Instance {
 
   int rank() const { return request.parallel().tp_rank(); }
   int tp_size() const { return std::max(1, request.parallel().tp_size()); }
+  // What the runner runs and reads experts through.
+  CausalLm* runner_model() const {
+    return device_model != nullptr ? device_model.get() : model.get();
+  }
+  ExpertWeights* expert_weights() const {
+#if VAMP_AGENT_CUDA
+    if (cuda_experts != nullptr) return cuda_experts.get();
+#endif
+    return experts.get();
+  }
+  // Staging counters so far (the GPU path never waits on the host: wait_us stays 0 there).
+  StagingStats staging() const {
+#if VAMP_AGENT_CUDA
+    if (cuda_experts != nullptr) {
+      StagingStats s;
+      s.bytes = cuda_experts->stats().bytes;
+      return s;
+    }
+#endif
+    return experts->engine().stats();
+  }
 };
 
 namespace {
@@ -160,14 +199,12 @@ absl::StatusOr<RunnerSamplingParams> ToRunnerSampling(const vamp::v1::SamplingPa
   return p;
 }
 
+// The memory the plan divides: `device_bytes` (the GPU's, or --host_memory_bytes on CPU) in pages
+// of `page_bytes`.
 absl::StatusOr<ResolvedInit> ResolveInit(const vamp::v1::InitRequest& r,
-                                         const AgentEngineOptions& o) {
-  if (o.device.kind == DeviceSpec::Kind::kCuda) {
-    return absl::UnimplementedError(absl::StrCat(
-        "device ", o.device.ToString(),
-        ": the CUDA model runner is not implemented yet; this agent can only run models with "
-        "--device cpu"));
-  }
+                                         const AgentEngineOptions& o, uint64_t device_bytes,
+                                         uint64_t page_bytes) {
+  const bool cuda = o.device.kind == DeviceSpec::Kind::kCuda;
   ResolvedInit out;
   if (r.model_path().empty()) {
     return absl::InvalidArgumentError(
@@ -183,9 +220,9 @@ absl::StatusOr<ResolvedInit> ResolveInit(const vamp::v1::InitRequest& r,
         absl::StrCat("dtype '", r.dtype(), "' is not one of auto, float32, bfloat16, float16"));
   }
   if (r.dtype() == "bfloat16" || r.dtype() == "float16") {
-    // The CPU engine has float32 kernels only; the weights are widened on load.
-    VAMP_LOG(WARNING) << "dtype " << r.dtype()
-                      << " requested: the CPU engine computes and stores KV in float32";
+    // Both engines have float32 kernels only; the weights are widened on load.
+    VAMP_LOG(WARNING) << "dtype " << r.dtype() << " requested: the " << (cuda ? "CUDA" : "CPU")
+                      << " engine computes and stores KV in float32";
   }
   const vamp::v1::ParallelSpec& p = r.parallel();
   out.parallel.tp_size = p.tp_size() == 0 ? 1 : p.tp_size();
@@ -197,6 +234,11 @@ absl::StatusOr<ResolvedInit> ResolveInit(const vamp::v1::InitRequest& r,
   if (out.parallel.tp_rank < 0 || out.parallel.tp_rank >= out.parallel.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.tp_rank ", p.tp_rank(), " is outside [0, tp_size = ", out.parallel.tp_size, ")"));
+  }
+  if (cuda && out.parallel.tp_size > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parallel.tp_size ", out.parallel.tp_size, " on device ", o.device.ToString(),
+        ": NCCL tensor parallelism is not implemented yet; CUDA agents serve with tp_size 1"));
   }
   if (out.parallel.tp_size > 1 && p.host_transport_address().empty()) {
     return absl::InvalidArgumentError(
@@ -252,23 +294,27 @@ absl::StatusOr<ResolvedInit> ResolveInit(const vamp::v1::InitRequest& r,
 
   out.plan_config.tp_rank = out.parallel.tp_rank;
   out.plan_config.tp_size = out.parallel.tp_size;
-  out.plan_config.device_memory_bytes = o.host_memory_bytes;
+  out.plan_config.device_memory_bytes = device_bytes;
   out.plan_config.gpu_memory_utilization = util;
-  out.plan_config.page_bytes = o.host_page_bytes;
+  out.plan_config.page_bytes = page_bytes;
   out.plan_config.kv_block_size = block_size;
   out.plan_config.offload.max_offload_ratio = m.max_offload_ratio();
   out.plan_config.max_num_batched_tokens = batched;
   out.plan_config.max_num_seqs = seqs;
   out.plan_config.max_model_len = 0;
-  out.plan_config.runtime_overhead_bytes = o.host_runtime_overhead_bytes;
+  // On CUDA the utilisation fraction leaves room for the context and cuBLAS; the device copies of
+  // the non-expert weights and the activation workspace are in the plan's weight and activation
+  // terms.
+  out.plan_config.runtime_overhead_bytes = cuda ? 0 : o.host_runtime_overhead_bytes;
   out.plan_config.activation_bytes = m.activation_reserve_bytes();
 
   const ModelShape shape = out.config.ToModelShape(sizeof(float));
   absl::StatusOr<MemoryPlan> plan = PlanMemory(shape, out.plan_config);
   if (!plan.ok()) {
     const std::string prefix = absl::StrFormat(
-        "memory (gpu_memory_utilization %.3f of --host_memory_bytes %d, page %d bytes): ", util,
-        o.host_memory_bytes, o.host_page_bytes);
+        "memory (gpu_memory_utilization %.3f of %s %d bytes, page %d bytes): ", util,
+        cuda ? absl::StrCat("device ", o.device.ToString()) : "--host_memory_bytes", device_bytes,
+        page_bytes);
     return WithCode(plan.status(),
                     plan.status().code() == absl::StatusCode::kResourceExhausted
                         ? absl::StatusCode::kFailedPrecondition
@@ -298,11 +344,41 @@ int64_t HighestUsedBlock(const ModelRunner& runner) {
   return highest;
 }
 
-// The runner's view of the first `blocks` blocks of the KV region.
-absl::StatusOr<KvCacheView> ViewOf(const KvRegion& region, int64_t num_layers, int64_t blocks) {
-  VAMP_ASSIGN_OR_RETURN(KvCacheView view, HostKvRegionView(region, static_cast<int>(num_layers)));
+// The runner's view of the first `blocks` blocks of the KV region: device addresses on CUDA,
+// host addresses otherwise. Built again after every remap (the mapped range changed).
+absl::StatusOr<KvCacheView> ViewOf(bool cuda, const KvRegion& region, int64_t num_layers,
+                                   int64_t blocks) {
+  KvCacheView view;
+  if (cuda) {
+#if VAMP_AGENT_CUDA
+    VAMP_ASSIGN_OR_RETURN(view, CudaKvRegionView(region, static_cast<int>(num_layers)));
+#else
+    return absl::FailedPreconditionError("a CUDA KV view needs a CUDA build");
+#endif
+  } else {
+    VAMP_ASSIGN_OR_RETURN(view, HostKvRegionView(region, static_cast<int>(num_layers)));
+  }
   view.num_blocks = blocks;
   return view;
+}
+
+// Makes `device` current on the calling thread (the CUDA runtime's current device is per thread,
+// and gRPC calls arrive on different threads), then, when `synchronize`, waits for all its work:
+// after a remap, the expert pages written back by a restore must be on the device before the next
+// step's kernels (on a non-blocking stream) read them.
+absl::Status UseCudaDevice(int device, bool synchronize) {
+#if VAMP_AGENT_CUDA
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess && synchronize) err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cuda:", device, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("cuda:", device, " needs a CUDA build of vamp-agent"));
+#endif
 }
 
 // Checks that the runner may use `target` blocks: at most `available`, and covering every block a
@@ -331,6 +407,12 @@ AgentEngine::AgentEngine(AgentEngineOptions options, AgentMetrics* metrics)
 AgentEngine::~AgentEngine() {
   Abort(absl::CancelledError("the agent is shutting down"));
   absl::MutexLock lock(&mu_);
+  if (instance_ != nullptr && instance_->cuda) {
+    // Device memory and streams are released on their device.
+    if (absl::Status s = UseCudaDevice(instance_->cuda_device, /*synchronize=*/true); !s.ok()) {
+      VAMP_LOG(ERROR) << "shutdown: " << s;
+    }
+  }
   instance_.reset();
 }
 
@@ -358,13 +440,17 @@ vamp::v1::RankMemory AgentEngine::Memory() {
 vamp::v1::RankMemory AgentEngine::MemoryLocked() {
   vamp::v1::RankMemory m;
   m.set_device(options_.device.ToString());
-  m.set_device_total_bytes(options_.host_memory_bytes);
-  m.set_page_bytes(options_.host_page_bytes);
   const Instance* in = instance_.get();
   if (in == nullptr) {
+    if (options_.device.kind == DeviceSpec::Kind::kCpu) {
+      m.set_device_total_bytes(options_.host_memory_bytes);
+      m.set_page_bytes(options_.host_page_bytes);
+    }
     m.set_rank(-1);
     return m;
   }
+  m.set_device_total_bytes(in->backend->device_memory_bytes());
+  m.set_page_bytes(in->backend->page_bytes());
   m.set_rank(in->rank());
   const uint64_t offloaded = in->memory.experts->offloaded_bytes();
   m.set_resident_expert_bytes(in->plan.expert_weight_bytes - offloaded);
@@ -410,18 +496,42 @@ absl::Status AgentEngine::ConnectGroup(Instance& in) {
 absl::Status AgentEngine::ResetRunner(Instance& in) {
   in.runner.reset();
   in.requests.clear();
-  VAMP_ASSIGN_OR_RETURN(KvCacheView view,
-                        ViewOf(*in.memory.kv, in.config.num_hidden_layers, in.usable_blocks));
-  VAMP_ASSIGN_OR_RETURN(in.runner, ModelRunner::Create(in.runner_config, in.model.get(),
-                                                       in.experts.get(), in.comm.get(), view));
+  VAMP_ASSIGN_OR_RETURN(KvCacheView view, ViewOf(in.cuda, *in.memory.kv,
+                                                 in.config.num_hidden_layers, in.usable_blocks));
+  VAMP_ASSIGN_OR_RETURN(in.runner, ModelRunner::Create(in.runner_config, in.runner_model(),
+                                                       in.expert_weights(), in.comm.get(), view));
   return absl::OkStatus();
 }
 
 absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitRequest& request) {
   const auto start = Steady::now();
+  const bool cuda = options_.device.kind == DeviceSpec::Kind::kCuda;
+  // The memory the plan divides. On CUDA the backend is created first (cheap: it allocates
+  // nothing) for the device's size and page granularity.
+  std::unique_ptr<MemoryBackend> cuda_backend;
+  uint64_t device_bytes = options_.host_memory_bytes;
+  uint64_t page_bytes = options_.host_page_bytes;
+  if (cuda) {
+#if VAMP_AGENT_CUDA
+    VAMP_RETURN_IF_ERROR(UseCudaDevice(options_.device.ordinal, /*synchronize=*/false));
+    absl::StatusOr<std::unique_ptr<MemoryBackend>> backend =
+        CreateCudaMemoryBackend(options_.device.ordinal);
+    if (!backend.ok()) {
+      return WithPrefix(backend.status(),
+                        absl::StrCat("device ", options_.device.ToString(), ": "));
+    }
+    cuda_backend = std::move(*backend);
+    device_bytes = cuda_backend->device_memory_bytes();
+    page_bytes = cuda_backend->page_bytes();
+#else
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", options_.device.ToString(), " needs a CUDA build of vamp-agent"));
+#endif
+  }
   // Everything that can be checked without touching the current model is checked first, so a
   // bad request leaves a working agent working.
-  VAMP_ASSIGN_OR_RETURN(ResolvedInit resolved, ResolveInit(request, options_));
+  VAMP_ASSIGN_OR_RETURN(ResolvedInit resolved,
+                        ResolveInit(request, options_, device_bytes, page_bytes));
   // A step blocked in a collective on a dead peer holds mu_: fail it instead of waiting.
   Abort(absl::AbortedError("the agent is being re-initialised"));
   absl::MutexLock lock(&mu_);
@@ -456,29 +566,65 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   VAMP_RETURN_IF_ERROR(ConnectGroup(*in));
 
   in->plan = resolved.plan;
-  absl::StatusOr<std::unique_ptr<HostMemoryBackend>> backend = HostMemoryBackend::Create(
-      options_.host_page_bytes, options_.host_memory_bytes, options_.host_populate);
-  if (!backend.ok()) return WithPrefix(backend.status(), "host memory backend: ");
-  in->backend = std::move(*backend);
-  // Every step (staging copies included) has finished when ExecuteStep returns, and remaps run
-  // between steps: nothing is ever in flight when a page is unmapped.
-  in->fence = std::make_unique<CallbackFence>([] { return absl::OkStatus(); });
+  in->cuda = cuda;
+  in->cuda_device = options_.device.ordinal;
+  if (cuda) {
+    in->backend = std::move(cuda_backend);
+#if VAMP_AGENT_CUDA
+    // Remaps run between steps, and a step returns with its stream idle; the fence still waits
+    // for the whole device (staging copies run on their own stream) before a page is unmapped.
+    in->fence = CreateCudaStreamFence(in->cuda_device, {});
+#endif
+  } else {
+    absl::StatusOr<std::unique_ptr<HostMemoryBackend>> backend = HostMemoryBackend::Create(
+        options_.host_page_bytes, options_.host_memory_bytes, options_.host_populate);
+    if (!backend.ok()) return WithPrefix(backend.status(), "host memory backend: ");
+    in->backend = std::move(*backend);
+    // Every step (staging copies included) has finished when ExecuteStep returns, and remaps run
+    // between steps: nothing is ever in flight when a page is unmapped.
+    in->fence = std::make_unique<CallbackFence>([] { return absl::OkStatus(); });
+  }
   absl::StatusOr<AgentMemory> memory =
       CreateAgentMemory(in->backend.get(), in->plan, in->fence.get());
   if (!memory.ok()) return WithPrefix(memory.status(), "memory: ");
   in->memory = std::move(*memory);
   VAMP_ASSIGN_OR_RETURN(ExpertShardLayout layout, ExpertLayoutFor(in->config, resolved.parallel));
-  absl::StatusOr<std::unique_ptr<ExpertStoreWeights>> experts =
-      ExpertStoreWeights::Create(in->memory.experts.get(), layout);
-  if (!experts.ok()) return WithPrefix(experts.status(), "expert store: ");
-  in->experts = std::move(*experts);
-  absl::StatusOr<std::unique_ptr<CausalLm>> model =
-      LoadModel(in->config, resolved.load, *in->experts);
+  // The loader writes expert shards into the store through the engine's expert weights.
+  ExpertWeightSink* sink = nullptr;
+  if (cuda) {
+#if VAMP_AGENT_CUDA
+    // The assembly order of engine/runner/cuda/cuda_qwen3_moe.h: stream, expert weights (on the
+    // store), host model, FinalizeLoad, device model, KV view, runner.
+    absl::StatusOr<CudaStream> stream = CudaStream::Create();
+    if (!stream.ok()) return WithPrefix(stream.status(), "CUDA stream: ");
+    in->stream = std::move(*stream);
+    absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> experts =
+        CudaExpertStoreWeights::Create(in->memory.experts.get(), layout, in->stream.get());
+    if (!experts.ok()) return WithPrefix(experts.status(), "expert store: ");
+    in->cuda_experts = std::move(*experts);
+    sink = in->cuda_experts.get();
+#endif
+  } else {
+    absl::StatusOr<std::unique_ptr<ExpertStoreWeights>> experts =
+        ExpertStoreWeights::Create(in->memory.experts.get(), layout);
+    if (!experts.ok()) return WithPrefix(experts.status(), "expert store: ");
+    in->experts = std::move(*experts);
+    sink = in->experts.get();
+  }
+  absl::StatusOr<std::unique_ptr<CausalLm>> model = LoadModel(in->config, resolved.load, *sink);
   if (!model.ok()) {
     return WithPrefix(model.status(), absl::StrCat("model_path '", request.model_path(), "': "));
   }
   in->model = std::move(*model);
   VAMP_RETURN_IF_ERROR(WithPrefix(in->memory.experts->FinalizeLoad(), "expert store: "));
+#if VAMP_AGENT_CUDA
+  if (cuda) {
+    absl::StatusOr<std::unique_ptr<CudaQwen3MoeModel>> device_model =
+        CudaQwen3MoeModel::Create(in->model.get(), in->runner_config, in->stream.get());
+    if (!device_model.ok()) return WithPrefix(device_model.status(), "CUDA model: ");
+    in->device_model = std::move(*device_model);
+  }
+#endif
   if (in->model->kv_heads_per_rank() != in->plan.kv.kv_heads_per_rank ||
       in->config.head_dim != in->plan.kv.head_dim) {
     return absl::InternalError(
@@ -607,7 +753,7 @@ absl::Status AgentEngine::ApplyRemap(Instance& in, int index,
   }
   in.usable_blocks = target;
   VAMP_ASSIGN_OR_RETURN(KvCacheView view,
-                        ViewOf(*in.memory.kv, in.config.num_hidden_layers, target));
+                        ViewOf(in.cuda, *in.memory.kv, in.config.num_hidden_layers, target));
   VAMP_RETURN_IF_ERROR(in.runner->SetKvCache(std::move(view)));
   if (!command.remap_id().empty()) {
     in.remaps.push_back({command.remap_id(), command.action(), n, before});
@@ -652,7 +798,7 @@ absl::Status AgentEngine::Rollback(Instance& in, const std::string& remap_id) {
                                [&](const RemapRecord& r) { return r.remap_id == remap_id; }));
   in.usable_blocks = target;
   VAMP_ASSIGN_OR_RETURN(KvCacheView view,
-                        ViewOf(*in.memory.kv, in.config.num_hidden_layers, target));
+                        ViewOf(in.cuda, *in.memory.kv, in.config.num_hidden_layers, target));
   VAMP_RETURN_IF_ERROR(in.runner->SetKvCache(std::move(view)));
   if (metrics_ != nullptr) {
     metrics_->ObserveRemap(undo_offload ? "offload" : "restore", "rollback", 0);
@@ -858,13 +1004,24 @@ vamp::v1::StepResponse AgentEngine::Step(const vamp::v1::StepRequest& request) {
     errors.push_back("agent is not initialised: call Init first");
   } else {
     Instance& in = *instance_;
-    staging_before = in.experts->engine().stats();
+    if (in.cuda) {
+      if (absl::Status s = UseCudaDevice(in.cuda_device, /*synchronize=*/false); !s.ok()) {
+        errors.push_back(std::string(s.message()));
+      }
+    }
+    staging_before = in.staging();
     const auto remap_start = Steady::now();
     for (const std::string& id : request.rollback_remap_ids()) {
       if (absl::Status s = Rollback(in, id); !s.ok()) errors.push_back(std::string(s.message()));
     }
     for (int i = 0; i < request.remaps_size(); ++i) {
       if (absl::Status s = ApplyRemap(in, i, request.remaps(i)); !s.ok()) {
+        errors.push_back(std::string(s.message()));
+      }
+    }
+    if (in.cuda && (request.remaps_size() > 0 || request.rollback_remap_ids_size() > 0)) {
+      // Expert pages a restore wrote back must be on the device before this step's kernels.
+      if (absl::Status s = UseCudaDevice(in.cuda_device, /*synchronize=*/true); !s.ok()) {
         errors.push_back(std::string(s.message()));
       }
     }
@@ -876,7 +1033,7 @@ vamp::v1::StepResponse AgentEngine::Step(const vamp::v1::StepRequest& request) {
     if (absl::Status s = RunStep(in, request, &response); !s.ok()) {
       errors.push_back(std::string(s.message()));
     }
-    staging_after = in.experts->engine().stats();
+    staging_after = in.staging();
   }
   response.set_rank(instance_ == nullptr ? -1 : instance_->rank());
   vamp::v1::StepTimings& t = *response.mutable_timings();

@@ -3,24 +3,28 @@
 // pool), staging, runner and tensor-parallel communicator.
 //
 // Init: loads the model (config.json + safetensors, or dummy weights), plans memory from the
-// budget (a fraction of --host_memory_bytes on CPU), creates the page pool, expert store and KV
-// region, connects the tensor-parallel group (tp_size > 1: TcpCommunicator over
-// parallel.host_transport_address) and builds the ModelRunner.
+// budget (a fraction of --host_memory_bytes on CPU, of the device's memory on CUDA), creates the
+// page pool, expert store and KV region, connects the tensor-parallel group (tp_size > 1:
+// TcpCommunicator over parallel.host_transport_address) and builds the ModelRunner.
+//   - On a CUDA device (--device cuda:N, CUDA builds): the CUDA VMM memory backend on that device,
+//     the model's non-expert weights copied to the device (CudaQwen3MoeModel), experts served and
+//     staged by CudaExpertStoreWeights, the same ModelRunner. Tensor parallel size 1 only.
 //   - The same InitRequest again keeps weights, memory and the current offload state, rebuilds the
 //     communicator (the peers are being re-initialised too) and forgets every request: a restarted
 //     controller starts with an empty batch. A different InitRequest rebuilds everything.
-//   - dtype bfloat16/float16 is accepted on CPU, which computes and stores KV in float32.
+//   - dtype bfloat16/float16 is accepted; both engines compute and store KV in float32.
 //   - Bad requests fail before anything is torn down: InvalidArgument naming the field (model_path,
 //     load_format, dtype, parallel.*, memory.*); FailedPrecondition when the memory budget cannot
-//     hold the model (the message says what does not fit and by how much); Unimplemented for a
-//     CUDA device (the CUDA model runner does not exist yet).
+//     hold the model (the message says what does not fit and by how much), or for tp_size > 1 on a
+//     CUDA device (NCCL tensor parallelism is not implemented yet).
 //
 // Step (one StepRequest, in order; controller/core/step_plan.h is the contract):
 //   1. rollback_remap_ids: undo remaps this rank applied (an id it does not know failed here, or
 //      never arrived; nothing to undo);
 //   2. remaps: offload / restore n groups through the MemoryRepartitioner; afterwards the rank uses
 //      exactly expected_kv_blocks blocks (when > 0; never more than it has, never fewer than its
-//      requests occupy) and the runner gets the new KV view;
+//      requests occupy) and the runner gets the new KV view (on CUDA, once the device has
+//      finished the weight writes of a restore);
 //   3. finished ids (forgotten; unknown ids are ignored), preempted ids (block table and batch slot
 //      dropped, tokens and sampling kept), new requests, cached requests (a resumed one comes back
 //      with its whole new block table and recomputes from num_computed_tokens);

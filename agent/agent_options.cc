@@ -56,9 +56,9 @@ const ConfigSchema& AgentConfigSchema() {
                 "host:port the controller should dial; empty: the --listen host (the host name "
                 "when listening on 0.0.0.0 or [::]) with the bound port")
         .String("device", "cpu",
-                "where the model runs: cpu, or cuda:N (accepted only in a CUDA build with that "
-                "device present; the CUDA model runner is not implemented yet, so Init then "
-                "fails with an explanation)")
+                "where the model runs: cpu, or cuda:N (a CUDA build with that device present: "
+                "the model runs on that GPU, its memory managed by the CUDA VMM backend; "
+                "tensor parallel size 1 only)")
         .Int("rank", -1, -1, 1 << 20,
              "tensor-parallel rank to ask the controller for; -1 lets the controller assign one")
         .String("auth_token_file", "",

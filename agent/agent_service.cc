@@ -118,9 +118,6 @@ absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Start(AgentOptions o
                        " is not usable: ", backend.status().message()));
     }
     agent->device_total_bytes_ = (*backend)->device_memory_bytes();
-    VAMP_LOG(WARNING) << "device " << o.device.ToString()
-                      << ": the CUDA model runner is not implemented yet; Init will fail until it "
-                         "is (use --device cpu to serve)";
 #else
     return absl::FailedPreconditionError(absl::StrCat(
         "config field 'device': ", o.device.ToString(),

@@ -710,17 +710,25 @@ TEST(AgentTest, MetricsPassPromtool) {
   EXPECT_TRUE(check.ok()) << check;
 }
 
-TEST(AgentTest, CudaDeviceNeedsCudaBuildAndRunner) {
+// The GPU serving cases are in agent_cuda_test.cc.
+TEST(AgentTest, CudaDeviceNeedsCudaBuildAndTpSizeOne) {
   AgentOptions options = TinyAgentOptions();
   options.device.kind = DeviceSpec::Kind::kCuda;
   absl::StatusOr<std::unique_ptr<AgentService>> agent = AgentService::Start(options);
 #if VAMP_HAVE_CUDA
   if (!agent.ok()) GTEST_SKIP() << "no usable CUDA device: " << agent.status();
   AgentClient client((*agent)->grpc_port());
+  vamp::v1::InitRequest request = TinyInitRequest();
+  request.mutable_parallel()->set_tp_size(2);
   vamp::v1::InitResponse init;
-  grpc::Status s = client.Init(TinyInitRequest(), &init);
-  EXPECT_EQ(s.error_code(), grpc::UNIMPLEMENTED);
-  EXPECT_THAT(s.error_message(), HasSubstr("CUDA model runner"));
+  grpc::Status s = client.Init(request, &init);
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
+#if VAMP_AGENT_CUDA
+  EXPECT_THAT(s.error_message(), HasSubstr("parallel.tp_size"));
+  EXPECT_THAT(s.error_message(), HasSubstr("NCCL tensor parallelism is not implemented yet"));
+#else
+  EXPECT_THAT(s.error_message(), HasSubstr("VAMP_AGENT_CUDA"));
+#endif
 #else
   ASSERT_FALSE(agent.ok());
   EXPECT_THAT(std::string(agent.status().message()), HasSubstr("'device'"));

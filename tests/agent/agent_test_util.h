@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -27,7 +28,14 @@
 
 namespace vamp::testing {
 
-inline std::string TinyModelDir() { return std::string(VAMP_TEST_DATA_DIR) + "/tiny-qwen3-moe"; }
+// tests/data: $VAMP_TEST_DATA when set (a bundle run on another machine, see
+// deploy/bundle/run_gpu_suite.sh), else the source tree's.
+inline std::string TestDataDir() {
+  const char* env = std::getenv("VAMP_TEST_DATA");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string(VAMP_TEST_DATA_DIR);
+}
+
+inline std::string TinyModelDir() { return TestDataDir() + "/tiny-qwen3-moe"; }
 
 struct Goldens {
   std::vector<std::vector<int32_t>> prompts;
@@ -35,7 +43,7 @@ struct Goldens {
 };
 
 inline Goldens LoadGoldens() {
-  std::ifstream in(std::string(VAMP_TEST_DATA_DIR) + "/tiny-qwen3-moe-goldens.json");
+  std::ifstream in(TestDataDir() + "/tiny-qwen3-moe-goldens.json");
   std::stringstream text;
   text << in.rdbuf();
   const auto json = nlohmann::json::parse(text.str());
