@@ -11,11 +11,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include <thread>
+
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+
+namespace httplib {
+class Server;
+}
 
 namespace vamp {
 
@@ -30,13 +35,15 @@ class MetricsExposer {
       const std::string& bind_address,
       std::shared_ptr<prometheus::Registry> registry = MetricsRegistry());
 
+  ~MetricsExposer();
+
   // The port actually bound.
   int port() const { return port_; }
 
  private:
-  MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer, int port)
-      : exposer_(std::move(exposer)), port_(port) {}
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  MetricsExposer(std::unique_ptr<httplib::Server> server, int port);
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
   int port_;
 };
 

@@ -9,8 +9,6 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "controller/event_queue.h"
-// Debian's cpp-httplib is built with OpenSSL; the define exposes its SSLServer.
-#define CPPHTTPLIB_OPENSSL_SUPPORT
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"

@@ -154,7 +154,7 @@ void ServingEngine::Abort(RequestId id) {
 
 absl::Status ServingEngine::RunBetweenSteps(std::function<std::optional<absl::Status>()> run) {
   if (!healthy_) return absl::UnavailableError("the model's agents are not available");
-  Command command{std::move(run)};
+  Command command{std::move(run), false, absl::OkStatus()};
   absl::MutexLock lock(&mu_);
   commands_.push_back(&command);
   work_ = true;
