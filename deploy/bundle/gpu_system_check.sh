@@ -13,8 +13,8 @@
 #   --model_path  default: tests/data/small-qwen3-moe-gpu of the repository holding this script
 #   --groups      groups to offload and restore (default 2)
 #   --no_agent_metrics  spawn the agent through a wrapper that turns its /metrics listener off
-#                 (vamp-controller gives spawned agents --metrics_address 127.0.0.1:0, which fails
-#                 where the bundled civetweb cannot bind it: the agent then exits at start-up)
+#                 (a workaround for bundles built before /metrics moved off civetweb, which could
+#                 not start in a process that loads cuBLAS)
 # Environment: VAMP_CHECK_TIMEOUT_S (start-up wait, default 300), VAMP_CHECK_KEEP_LOG=1 keeps the
 # controller's log.
 set -euo pipefail
