@@ -27,6 +27,15 @@ bool AdminService::Authorized(grpc::CallbackServerContext* context,
   return false;
 }
 
+std::shared_ptr<const ServingContext> AdminService::ServingContextOrFinish(
+    grpc::ServerUnaryReactor* reactor) const {
+  std::shared_ptr<const ServingContext> ctx = backend_.context();
+  if (ctx == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is not being served"));
+  }
+  return ctx;
+}
+
 grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* context,
                                                   const vamp::v1::GetStatusRequest*,
                                                   vamp::v1::GetStatusResponse* response) {
@@ -62,11 +71,8 @@ grpc::ServerUnaryReactor* AdminService::SetPolicy(grpc::CallbackServerContext* c
                                                   vamp::v1::Policy* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!Authorized(context, reactor)) return reactor;
-  std::shared_ptr<const ServingContext> ctx = backend_.context();
-  if (ctx == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is not being served"));
-    return reactor;
-  }
+  std::shared_ptr<const ServingContext> ctx = ServingContextOrFinish(reactor);
+  if (ctx == nullptr) return reactor;
   if (request->arbiter() != "static" && request->arbiter() != "vamp") {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "arbiter: '" + request->arbiter() +
@@ -112,11 +118,8 @@ grpc::ServerUnaryReactor* AdminService::GetCoefficients(
     vamp::v1::CostCoefficients* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!Authorized(context, reactor)) return reactor;
-  std::shared_ptr<const ServingContext> ctx = backend_.context();
-  if (ctx == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is not being served"));
-    return reactor;
-  }
+  std::shared_ptr<const ServingContext> ctx = ServingContextOrFinish(reactor);
+  if (ctx == nullptr) return reactor;
   ToProto(ctx->engine->vamp_config(), response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -127,11 +130,8 @@ grpc::ServerUnaryReactor* AdminService::SetCoefficients(grpc::CallbackServerCont
                                                         vamp::v1::CostCoefficients* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!Authorized(context, reactor)) return reactor;
-  std::shared_ptr<const ServingContext> ctx = backend_.context();
-  if (ctx == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is not being served"));
-    return reactor;
-  }
+  std::shared_ptr<const ServingContext> ctx = ServingContextOrFinish(reactor);
+  if (ctx == nullptr) return reactor;
   VampArbiterConfig vamp = ctx->engine->vamp_config();
   vamp.costs.alpha = request->alpha();
   vamp.costs.tau_steps = request->tau_steps();
@@ -165,11 +165,8 @@ grpc::ServerUnaryReactor* AdminService::Remap(grpc::CallbackServerContext* conte
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "num_groups: must be >= 1"));
     return reactor;
   }
-  std::shared_ptr<const ServingContext> ctx = backend_.context();
-  if (ctx == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is not being served"));
-    return reactor;
-  }
+  std::shared_ptr<const ServingContext> ctx = ServingContextOrFinish(reactor);
+  if (ctx == nullptr) return reactor;
   // The remap waits for a step boundary (and, for a restore, for the KV tail to drain).
   std::thread([ctx, groups, response, reactor] {
     absl::Status s = ctx->engine->ForceRemap(groups);
@@ -201,11 +198,8 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* conte
                                               vamp::v1::DrainResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!Authorized(context, reactor)) return reactor;
-  std::shared_ptr<const ServingContext> ctx = backend_.context();
-  if (ctx == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is not being served"));
-    return reactor;
-  }
+  std::shared_ptr<const ServingContext> ctx = ServingContextOrFinish(reactor);
+  if (ctx == nullptr) return reactor;
   ctx->engine->Drain();
   vamp::v1::GetStatusResponse status;
   ctx->engine->Snapshot(&status);

@@ -59,6 +59,9 @@ class AdminService final : public vamp::v1::Admin::CallbackService {
  private:
   // Checks the token; on failure finishes the reactor and returns false.
   bool Authorized(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor) const;
+  // The serving context; when there is none, finishes the reactor with UNAVAILABLE and returns null.
+  std::shared_ptr<const ServingContext> ServingContextOrFinish(
+      grpc::ServerUnaryReactor* reactor) const;
   // Offloads or restores `num_groups` (>= 1) groups on every rank.
   grpc::ServerUnaryReactor* Remap(grpc::CallbackServerContext* context, int32_t num_groups,
                                   bool offload, vamp::v1::ForceRemapResponse* response);

@@ -381,17 +381,18 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   return out;
 }
 
-absl::StatusOr<KvCacheView> HostKvRegionView(const KvRegion& region, int num_decoder_layers) {
+absl::StatusOr<KvCacheView> KvRegionView(const KvRegion& region, int num_decoder_layers,
+                                         absl::string_view backend, absl::string_view engine) {
   const KvBlockGeometry& g = region.geometry();
-  if (region.region().pool()->backend()->name() != "host") {
+  if (region.region().pool()->backend()->name() != backend) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the CPU engine needs the KV region on the host memory backend, not '",
-                     region.region().pool()->backend()->name(), "'"));
+        absl::StrCat("the ", engine, " engine needs the KV region on the ", backend,
+                     " memory backend, not '", region.region().pool()->backend()->name(), "'"));
   }
   if (g.dtype_bytes != static_cast<int64_t>(sizeof(float))) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the CPU engine stores KV in float32; the KV geometry has ", g.dtype_bytes,
-                     "-byte elements"));
+        absl::StrCat("the ", engine, " engine stores KV in float32; the KV geometry has ",
+                     g.dtype_bytes, "-byte elements"));
   }
   KvCacheView view;
   view.block_size = g.block_size;
@@ -408,6 +409,10 @@ absl::StatusOr<KvCacheView> HostKvRegionView(const KvRegion& region, int num_dec
     view.v[layer] = reinterpret_cast<float*>(base + g.VOffset(layer));
   }
   return view;
+}
+
+absl::StatusOr<KvCacheView> HostKvRegionView(const KvRegion& region, int num_decoder_layers) {
+  return KvRegionView(region, num_decoder_layers, "host", "CPU");
 }
 
 }  // namespace vamp

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/kv/kv_region.h"
 #include "engine/model/causal_lm.h"
 #include "engine/runner/persistent_batch.h"
@@ -82,6 +83,12 @@ class ModelRunner {
   std::vector<uint64_t> seeds_;
   std::vector<int64_t> draw_indices_;
 };
+
+// The float32 KvCacheView of `region`'s currently mapped blocks, for the `engine` ("CPU", "GPU")
+// that needs the region on memory backend `backend` ("host", "cuda"): block addresses are that
+// backend's addresses. FailedPrecondition for another backend or a non-float32 geometry.
+absl::StatusOr<KvCacheView> KvRegionView(const KvRegion& region, int num_decoder_layers,
+                                         absl::string_view backend, absl::string_view engine);
 
 // The KvCacheView of a KvRegion on the host memory backend (block addresses are host pointers),
 // covering its currently mapped blocks. FailedPrecondition for another backend or a non-float32

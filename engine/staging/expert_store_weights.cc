@@ -1,9 +1,11 @@
 #include "engine/staging/expert_store_weights.h"
 
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/staging/expert_pointer_tables.h"
 
 namespace vamp {
 
@@ -52,42 +54,17 @@ absl::Status ExpertStoreWeights::StoreExpertShard(int layer, int expert,
 }
 
 absl::Status ExpertStoreWeights::Rebuild() {
-  const ExpertGeometry& g = store_->geometry();
-  const int num_layers =
-      g.moe_layers.empty() ? 0 : *std::max_element(g.moe_layers.begin(), g.moe_layers.end()) + 1;
-  staged_layers_.clear();
-  for (int layer : g.moe_layers) {
-    if (store_->OffloadedHostRange(layer).bytes > 0) staged_layers_.push_back(layer);
+  std::vector<const uint8_t*> bases;
+  for (const std::vector<float>& b : buffers_) {
+    bases.push_back(reinterpret_cast<const uint8_t*>(b.data()));
   }
-  VAMP_ASSIGN_OR_RETURN(plan_, PlanStagingPass(staged_layers_, options_.num_buffers));
-  job_of_layer_.assign(num_layers, -1);
-  for (size_t i = 0; i < plan_.size(); ++i) job_of_layer_[plan_[i].layer] = static_cast<int>(i);
-
-  w13_.assign(num_layers, {});
-  w2_.assign(num_layers, {});
-  for (int layer : g.moe_layers) {
-    const std::vector<ExpertLocation> table = store_->PointerTable(layer);
-    const int job = job_of_layer_[layer];
-    std::vector<const float*>& w13 = w13_[layer];
-    std::vector<const float*>& w2 = w2_[layer];
-    w13.resize(table.size());
-    w2.resize(table.size());
-    for (size_t e = 0; e < table.size(); ++e) {
-      const ExpertLocation& loc = table[e];
-      if (loc.where == ExpertLocation::Where::kResident) {
-        w13[e] = reinterpret_cast<const float*>(static_cast<uintptr_t>(loc.w13));
-        w2[e] = reinterpret_cast<const float*>(static_cast<uintptr_t>(loc.w2));
-        continue;
-      }
-      if (job < 0 || buffers_.empty() || loc.w2 + g.w2_bytes > g.staging_buffer_bytes()) {
-        return absl::InternalError(absl::StrCat("expert ", e, " of layer ", layer,
-                                                " is staged but has no staging buffer"));
-      }
-      const auto* base = reinterpret_cast<const uint8_t*>(buffers_[plan_[job].buffer].data());
-      w13[e] = reinterpret_cast<const float*>(base + loc.w13);
-      w2[e] = reinterpret_cast<const float*>(base + loc.w2);
-    }
-  }
+  VAMP_ASSIGN_OR_RETURN(ExpertPointerTables t,
+                        BuildExpertPointerTables(*store_, bases, options_.num_buffers));
+  staged_layers_ = std::move(t.staged_layers);
+  plan_ = std::move(t.plan);
+  job_of_layer_ = std::move(t.job_of_layer);
+  w13_ = std::move(t.w13);
+  w2_ = std::move(t.w2);
   built_ = true;
   built_version_ = store_->table_version();
   return absl::OkStatus();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/memory/cuda_status.h"
+#include "engine/runner/model_runner.h"
 
 namespace vamp {
 
@@ -79,32 +80,7 @@ void PinnedBuffer::Reset() {
 }
 
 absl::StatusOr<KvCacheView> CudaKvRegionView(const KvRegion& region, int num_decoder_layers) {
-  const KvBlockGeometry& g = region.geometry();
-  if (region.region().pool()->backend()->name() != "cuda") {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the GPU engine needs the KV region on the cuda memory backend, not '",
-                     region.region().pool()->backend()->name(), "'"));
-  }
-  if (g.dtype_bytes != static_cast<int64_t>(sizeof(float))) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the GPU engine stores KV in float32; the KV geometry has ", g.dtype_bytes,
-                     "-byte elements"));
-  }
-  KvCacheView view;
-  view.block_size = g.block_size;
-  view.num_blocks = region.num_blocks();
-  view.strides.block_stride = static_cast<int64_t>(g.block_bytes / sizeof(float));
-  view.strides.token_stride = g.kv_heads_per_rank * g.head_dim;
-  view.strides.head_stride = g.head_dim;
-  view.k.assign(num_decoder_layers, nullptr);
-  view.v.assign(num_decoder_layers, nullptr);
-  auto* base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(region.base()));
-  for (int layer = 0; layer < num_decoder_layers; ++layer) {
-    if (!g.HasKv(layer)) continue;
-    view.k[layer] = reinterpret_cast<float*>(base + g.KOffset(layer));
-    view.v[layer] = reinterpret_cast<float*>(base + g.VOffset(layer));
-  }
-  return view;
+  return KvRegionView(region, num_decoder_layers, "cuda", "GPU");
 }
 
 }  // namespace vamp
