@@ -5,6 +5,7 @@
 #include <cmath>
 #include <deque>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,9 +27,11 @@
 #include <cuda_runtime_api.h>
 
 #include "engine/memory/cuda_backend.h"
+#include "engine/memory/cuda_status.h"
 #include "engine/runner/cuda/cuda_expert_weights.h"
 #include "engine/runner/cuda/cuda_qwen3_moe.h"
 #include "engine/runner/cuda/cuda_runner_support.h"
+#include "engine/runner/cuda/nccl_communicator.h"
 #endif
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -64,6 +67,12 @@ struct AgentEngine::Instance {
   // The device this instance runs on: CUDA (device ordinal) or the host.
   bool cuda = false;
   int cuda_device = 0;
+  DType dtype = DType::kFloat32;
+#if VAMP_AGENT_CUDA
+  // The tensor-parallel all-reduce of a CUDA group (null when tp_size == 1): declared before
+  // everything that holds it (the device model), so it is destroyed after them.
+  std::shared_ptr<NcclCommunicator> nccl;
+#endif
   std::unique_ptr<MemoryBackend> backend;
   std::unique_ptr<InFlightFence> fence;
   AgentMemory memory;
@@ -75,7 +84,7 @@ struct AgentEngine::Instance {
   // The loaded model: what the CPU runner runs; on CUDA, the host copy the device model wraps.
   std::unique_ptr<CausalLm> model;
   std::unique_ptr<CausalLm> device_model;  // CUDA only: CudaQwen3MoeModel over `model`
-  std::shared_ptr<TcpCommunicator> comm;   // null when tp_size == 1
+  std::shared_ptr<TcpCommunicator> comm;   // CPU groups only; null when tp_size == 1
   std::unique_ptr<ModelRunner> runner;
   uint64_t other_weight_bytes = 0;
   // KV blocks the controller's pool uses on this rank (<= the region's blocks).
@@ -112,6 +121,13 @@ struct AgentEngine::Instance {
 namespace {
 
 using Steady = std::chrono::steady_clock;
+
+// ParallelSpec.nccl_unique_id's size (NCCL_UNIQUE_ID_BYTES); known without NCCL so that requests
+// are checked the same way in every build.
+constexpr int kNcclUniqueIdBytes = 128;
+#if VAMP_AGENT_CUDA
+static_assert(kNcclUniqueIdBytes == NcclCommunicator::kUniqueIdBytes);
+#endif
 
 int64_t MicrosSince(Steady::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Steady::now() - start).count();
@@ -152,6 +168,7 @@ uint64_t GroupFingerprint(const vamp::v1::InitRequest& request) {
 
 // An InitRequest checked and completed with defaults.
 struct ResolvedInit {
+  DType dtype = DType::kFloat32;
   ModelConfig config;
   LoadOptions load;
   MemoryPlanConfig plan_config;
@@ -214,15 +231,11 @@ absl::StatusOr<ResolvedInit> ResolveInit(const vamp::v1::InitRequest& r,
   const std::string format = r.load_format().empty() ? "auto" : r.load_format();
   absl::StatusOr<LoadFormat> load_format = ParseLoadFormat(format);
   if (!load_format.ok()) return WithPrefix(load_format.status(), "load_format: ");
-  if (r.dtype() != "" && r.dtype() != "auto" && r.dtype() != "float32" && r.dtype() != "bfloat16" &&
-      r.dtype() != "float16") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dtype '", r.dtype(), "' is not one of auto, float32, bfloat16, float16"));
-  }
-  if (r.dtype() == "bfloat16" || r.dtype() == "float16") {
-    // Both engines have float32 kernels only; the weights are widened on load.
-    VAMP_LOG(WARNING) << "dtype " << r.dtype() << " requested: the " << (cuda ? "CUDA" : "CPU")
-                      << " engine computes and stores KV in float32";
+  VAMP_ASSIGN_OR_RETURN(out.dtype, ResolveAgentDType(r.dtype(), o.device.kind));
+  if (!cuda && (r.dtype() == "bfloat16" || r.dtype() == "float16")) {
+    // The CPU engine has float32 kernels only; the weights are widened on load.
+    VAMP_LOG(WARNING) << "dtype " << r.dtype()
+                      << " requested: the CPU engine computes and stores KV in float32";
   }
   const vamp::v1::ParallelSpec& p = r.parallel();
   out.parallel.tp_size = p.tp_size() == 0 ? 1 : p.tp_size();
@@ -235,12 +248,15 @@ absl::StatusOr<ResolvedInit> ResolveInit(const vamp::v1::InitRequest& r,
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.tp_rank ", p.tp_rank(), " is outside [0, tp_size = ", out.parallel.tp_size, ")"));
   }
-  if (cuda && out.parallel.tp_size > 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parallel.tp_size ", out.parallel.tp_size, " on device ", o.device.ToString(),
-        ": NCCL tensor parallelism is not implemented yet; CUDA agents serve with tp_size 1"));
+  if (cuda && out.parallel.tp_size > 1 &&
+      p.nccl_unique_id().size() != static_cast<size_t>(kNcclUniqueIdBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.nccl_unique_id has ", p.nccl_unique_id().size(), " bytes; tp_size ",
+                     out.parallel.tp_size, " on a CUDA agent needs the ", kNcclUniqueIdBytes,
+                     "-byte NCCL unique id that rank 0 created for this initialisation (Agent."
+                     "CreateCollectiveId; the controller hands it to every rank)"));
   }
-  if (out.parallel.tp_size > 1 && p.host_transport_address().empty()) {
+  if (!cuda && out.parallel.tp_size > 1 && p.host_transport_address().empty()) {
     return absl::InvalidArgumentError(
         "parallel.host_transport_address is required for tp_size > 1 on CPU agents: rank 0 "
         "listens there and the other ranks connect (a fixed host:port)");
@@ -308,7 +324,8 @@ absl::StatusOr<ResolvedInit> ResolveInit(const vamp::v1::InitRequest& r,
   out.plan_config.runtime_overhead_bytes = cuda ? 0 : o.host_runtime_overhead_bytes;
   out.plan_config.activation_bytes = m.activation_reserve_bytes();
 
-  const ModelShape shape = out.config.ToModelShape(sizeof(float));
+  // Expert shards, dense weights and KV are planned in the engine's element size.
+  const ModelShape shape = out.config.ToModelShape(DTypeBytes(out.dtype));
   absl::StatusOr<MemoryPlan> plan = PlanMemory(shape, out.plan_config);
   if (!plan.ok()) {
     const std::string prefix = absl::StrFormat(
@@ -399,7 +416,88 @@ absl::Status CheckUsable(const ModelRunner& runner, int64_t target, int64_t avai
   return absl::OkStatus();
 }
 
+#if VAMP_AGENT_CUDA
+// Checks that every rank of a new NCCL group was initialised with the same request, and connects
+// the peers (NCCL sets connections up at the first collective), in one all-reduce: each byte b_i
+// of the request's fingerprint as the float32 pair [b_i, b_i^2] (sums exact). Equal fingerprints
+// sum to [n b_i, n b_i^2] on every rank; a rank with another byte breaks one of the two sums (for
+// a fixed sum of n values, the sum of squares is n mean^2 only when all are equal). Waits at most
+// `timeout_ms` for the peers; `cancel` (Abort) ends the wait.
+absl::Status CheckNcclGroup(NcclCommunicator& comm, uint64_t fingerprint, int64_t timeout_ms,
+                            const std::atomic<bool>& cancel) {
+  constexpr int kBytes = 8;
+  float pairs[2 * kBytes];
+  for (int i = 0; i < kBytes; ++i) {
+    const float b = static_cast<float>((fingerprint >> (8 * i)) & 0xff);
+    pairs[2 * i] = b;
+    pairs[2 * i + 1] = b * b;
+  }
+  VAMP_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
+  VAMP_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(sizeof(pairs)));
+  VAMP_RETURN_IF_ERROR(CudaRuntimeStatus(
+      cudaMemcpyAsync(buffer.data(), pairs, sizeof(pairs), cudaMemcpyHostToDevice, stream.get()),
+      "cudaMemcpyAsync (group check)"));
+  VAMP_RETURN_IF_ERROR(comm.AllReduceSum(buffer.data(), 2 * kBytes, DType::kFloat32, stream.get()));
+  // Poll rather than synchronise: a rank that never takes part must not block Init for ever.
+  const auto deadline = Steady::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    const cudaError_t err = cudaStreamQuery(stream.get());
+    if (err == cudaSuccess) break;
+    if (err != cudaErrorNotReady) return CudaRuntimeStatus(err, "group check all-reduce");
+    VAMP_RETURN_IF_ERROR(comm.Check());
+    absl::Status stop;
+    if (cancel.load()) {
+      stop = absl::CancelledError("group check cancelled (the agent is re-initialised or stops)");
+    } else if (Steady::now() >= deadline) {
+      stop = absl::DeadlineExceededError(absl::StrCat(
+          "the other ranks did not join the group check all-reduce within ", timeout_ms, " ms"));
+    }
+    if (!stop.ok()) {
+      comm.Abort(stop);  // releases the waiting kernel, so the stream can be destroyed
+      return stop;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  VAMP_RETURN_IF_ERROR(comm.Check());
+  float sums[2 * kBytes];
+  VAMP_RETURN_IF_ERROR(CudaRuntimeStatus(
+      cudaMemcpyAsync(sums, buffer.data(), sizeof(sums), cudaMemcpyDeviceToHost, stream.get()),
+      "cudaMemcpyAsync (group check)"));
+  VAMP_RETURN_IF_ERROR(CudaRuntimeStatus(cudaStreamSynchronize(stream.get()),
+                                         "cudaStreamSynchronize (group check)"));
+  const float n = static_cast<float>(comm.size());
+  for (int i = 0; i < 2 * kBytes; ++i) {
+    if (sums[i] != n * pairs[i]) {
+      return absl::FailedPreconditionError(
+          "the ranks of this NCCL group were initialised with different InitRequests (model, "
+          "load format, dtype, memory spec or tp_size differ): every rank must get the same "
+          "request");
+    }
+  }
+  return absl::OkStatus();
+}
+#endif
+
 }  // namespace
+
+absl::StatusOr<DType> ResolveAgentDType(absl::string_view requested, DeviceSpec::Kind device) {
+  const bool cuda = device == DeviceSpec::Kind::kCuda;
+  if (requested.empty() || requested == "auto") {
+    return cuda ? DType::kBFloat16 : DType::kFloat32;
+  }
+  if (requested == "float16") {
+    if (!cuda) return DType::kFloat32;
+    return absl::InvalidArgumentError(
+        "dtype 'float16' is not supported by CUDA agents (Qwen3 checkpoints are bfloat16 and "
+        "float16 overflows their activations): use auto, bfloat16 or float32");
+  }
+  absl::StatusOr<DType> parsed = ParseDType(requested);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype '", requested, "' is not one of auto, bfloat16, float32", cuda ? "" : ", float16"));
+  }
+  return cuda ? *parsed : DType::kFloat32;
+}
 
 AgentEngine::AgentEngine(AgentEngineOptions options, AgentMetrics* metrics)
     : options_(std::move(options)), metrics_(metrics) {}
@@ -420,6 +518,29 @@ void AgentEngine::Abort(absl::Status reason) {
   absl::MutexLock lock(&abort_mu_);
   if (connect_cancel_ != nullptr) connect_cancel_->store(true);
   if (live_comm_ != nullptr) live_comm_->Abort(reason);
+#if VAMP_AGENT_CUDA
+  // ncclCommAbort: kernels waiting in a collective return, so a step stuck on a dead peer ends.
+  if (live_nccl_ != nullptr) live_nccl_->Abort(reason);
+#endif
+}
+
+absl::StatusOr<std::string> AgentEngine::CreateCollectiveId() {
+  if (options_.device.kind != DeviceSpec::Kind::kCuda) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CreateCollectiveId: this agent runs on ", options_.device.ToString(),
+        "; CPU agents all-reduce over TCP (parallel.host_transport_address), not NCCL"));
+  }
+#if VAMP_AGENT_CUDA
+  absl::StatusOr<std::string> id = NcclCommunicator::CreateUniqueId();
+  if (!id.ok()) return WithPrefix(id.status(), "CreateCollectiveId: ");
+  VAMP_LOG(INFO) << "created an NCCL unique id for the next Init of the group (this process hosts "
+                    "its bootstrap root until every rank has joined)";
+  return id;
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("CreateCollectiveId: ", options_.device.ToString(),
+                   " needs a CUDA build of vamp-agent (VAMP_AGENT_CUDA)"));
+#endif
 }
 
 bool AgentEngine::initialized() {
@@ -475,6 +596,13 @@ absl::Status AgentEngine::ConnectGroup(Instance& in) {
     if (connect_cancel_ != nullptr) connect_cancel_->store(true);
     connect_cancel_ = cancel = std::make_shared<std::atomic<bool>>(false);
   }
+  if (in.cuda) {
+#if VAMP_AGENT_CUDA
+    return ConnectNcclGroup(in, *cancel);
+#else
+    return absl::FailedPreconditionError("a CUDA tensor-parallel group needs a CUDA build");
+#endif
+  }
   TcpCommunicatorOptions o;
   o.rank = in.rank();
   o.size = in.tp_size();
@@ -492,6 +620,32 @@ absl::Status AgentEngine::ConnectGroup(Instance& in) {
   live_comm_ = in.comm;
   return absl::OkStatus();
 }
+
+#if VAMP_AGENT_CUDA
+absl::Status AgentEngine::ConnectNcclGroup(Instance& in, const std::atomic<bool>& cancel) {
+  in.nccl.reset();
+  NcclCommunicatorOptions o;
+  o.rank = in.rank();
+  o.size = in.tp_size();
+  o.device = in.cuda_device;
+  o.init_timeout_ms = options_.tp_connect_timeout_ms;
+  o.enqueue_timeout_ms = options_.tp_io_timeout_ms;
+  o.watchdog_interval_ms = options_.tp_watchdog_interval_ms;
+  VAMP_LOG(INFO) << "tensor parallelism: rank " << o.rank << " of " << o.size
+                 << " on cuda:" << o.device << " joining the NCCL group";
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
+      NcclCommunicator::Create(in.request.parallel().nccl_unique_id(), o, &cancel);
+  if (!comm.ok()) return WithPrefix(comm.status(), "parallel: ");
+  in.nccl = std::move(*comm);
+  {
+    absl::MutexLock lock(&abort_mu_);
+    live_nccl_ = in.nccl;
+  }
+  return WithPrefix(
+      CheckNcclGroup(*in.nccl, GroupFingerprint(in.request), options_.tp_io_timeout_ms, cancel),
+      "parallel: ");
+}
+#endif
 
 absl::Status AgentEngine::ResetRunner(Instance& in) {
   in.runner.reset();
@@ -536,7 +690,10 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   Abort(absl::AbortedError("the agent is being re-initialised"));
   absl::MutexLock lock(&mu_);
 
-  if (instance_ != nullptr &&
+  // A CUDA group forms with a fresh NCCL unique id each time, and the device model holds the
+  // communicator it was built with: such an Init always rebuilds.
+  const bool nccl_group = cuda && resolved.parallel.tp_size > 1;
+  if (instance_ != nullptr && !nccl_group &&
       google::protobuf::util::MessageDifferencer::Equals(instance_->request, request)) {
     Instance& in = *instance_;
     VAMP_LOG(INFO) << "Init: same request as before; keeping the model and memory, forgetting "
@@ -553,7 +710,8 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   }
 
   if (instance_ != nullptr) {
-    VAMP_LOG(INFO) << "Init: a different request; releasing the current model and memory";
+    VAMP_LOG(INFO) << "Init: " << (nccl_group ? "a new NCCL group" : "a different request")
+                   << "; releasing the current model and memory";
     instance_.reset();
     if (metrics_ != nullptr) metrics_->SetInitialized(false);
   }
@@ -561,13 +719,14 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   in->request = request;
   in->config = resolved.config;
   in->runner_config = resolved.runner;
+  in->cuda = cuda;
+  in->cuda_device = options_.device.ordinal;
+  in->dtype = resolved.dtype;
   // Connect first: it fails fast on a mismatched group, and loading (the slow part) then runs on
   // every rank at once.
   VAMP_RETURN_IF_ERROR(ConnectGroup(*in));
 
   in->plan = resolved.plan;
-  in->cuda = cuda;
-  in->cuda_device = options_.device.ordinal;
   if (cuda) {
     in->backend = std::move(cuda_backend);
 #if VAMP_AGENT_CUDA
@@ -589,6 +748,7 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   if (!memory.ok()) return WithPrefix(memory.status(), "memory: ");
   in->memory = std::move(*memory);
   VAMP_ASSIGN_OR_RETURN(ExpertShardLayout layout, ExpertLayoutFor(in->config, resolved.parallel));
+  layout.dtype = in->dtype;  // as planned: the store's shards are of the engine's dtype
   // The loader writes expert shards into the store through the engine's expert weights.
   ExpertWeightSink* sink = nullptr;
   if (cuda) {
@@ -619,9 +779,14 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   VAMP_RETURN_IF_ERROR(WithPrefix(in->memory.experts->FinalizeLoad(), "expert store: "));
 #if VAMP_AGENT_CUDA
   if (cuda) {
+    CudaForwardOptions forward;
+    forward.dtype = in->dtype;
+    forward.all_reduce = in->nccl.get();  // null for tp_size 1
     absl::StatusOr<std::unique_ptr<CudaQwen3MoeModel>> device_model =
-        CudaQwen3MoeModel::Create(in->model.get(), in->runner_config, in->stream.get());
+        CudaQwen3MoeModel::Create(in->model.get(), in->runner_config, in->stream.get(), forward);
     if (!device_model.ok()) return WithPrefix(device_model.status(), "CUDA model: ");
+    // What the non-expert weights occupy on the device (matrices in the engine's dtype).
+    in->other_weight_bytes = (*device_model)->weight_bytes();
     in->device_model = std::move(*device_model);
   }
 #endif
@@ -632,9 +797,11 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
                      " heads of ", in->config.head_dim, ", the memory plan ",
                      in->plan.kv.kv_heads_per_rank, " of ", in->plan.kv.head_dim));
   }
-  in->model->ForEachWeight([&](absl::string_view, absl::Span<const float> data) {
-    in->other_weight_bytes += data.size() * sizeof(float);
-  });
+  if (!cuda) {
+    in->model->ForEachWeight([&](absl::string_view, absl::Span<const float> data) {
+      in->other_weight_bytes += data.size() * sizeof(float);
+    });
+  }
   in->usable_blocks = in->memory.kv->num_blocks();
   VAMP_RETURN_IF_ERROR(ResetRunner(*in));
 
@@ -657,8 +824,9 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   VAMP_LOG(INFO) << "Init done in " << MicrosSince(start) / 1000
                  << " ms: " << instance_->config.architecture_name << " from "
                  << request.model_path() << " ("
-                 << (request.load_format().empty() ? "auto" : request.load_format())
-                 << "), TP rank " << instance_->rank() << " of " << instance_->tp_size() << "\n"
+                 << (request.load_format().empty() ? "auto" : request.load_format()) << "), "
+                 << DTypeName(instance_->dtype) << ", TP rank " << instance_->rank() << " of "
+                 << instance_->tp_size() << "\n"
                  << response.memory_plan_text();
   return response;
 }
@@ -1033,6 +1201,16 @@ vamp::v1::StepResponse AgentEngine::Step(const vamp::v1::StepRequest& request) {
     if (absl::Status s = RunStep(in, request, &response); !s.ok()) {
       errors.push_back(std::string(s.message()));
     }
+#if VAMP_AGENT_CUDA
+    // A failed peer (or Abort) breaks the NCCL group; the step's results cannot be trusted then.
+    if (in.nccl != nullptr) {
+      if (absl::Status health = in.nccl->Check(); !health.ok()) {
+        errors.push_back(absl::StrCat("parallel: the NCCL group (rank ", in.rank(), " of ",
+                                      in.tp_size(), ") is broken: ", health.message(),
+                                      "; the controller must initialise the group again"));
+      }
+    }
+#endif
     staging_after = in.staging();
   }
   response.set_rank(instance_ == nullptr ? -1 : instance_->rank());

@@ -4,19 +4,27 @@
 //
 // Init: loads the model (config.json + safetensors, or dummy weights), plans memory from the
 // budget (a fraction of --host_memory_bytes on CPU, of the device's memory on CUDA), creates the
-// page pool, expert store and KV region, connects the tensor-parallel group (tp_size > 1:
-// TcpCommunicator over parallel.host_transport_address) and builds the ModelRunner.
+// page pool, expert store and KV region, connects the tensor-parallel group and builds the
+// ModelRunner.
+//   - On the CPU: float32 throughout; tp_size > 1 all-reduces through TcpCommunicator over
+//     parallel.host_transport_address.
 //   - On a CUDA device (--device cuda:N, CUDA builds): the CUDA VMM memory backend on that device,
 //     the model's non-expert weights copied to the device (CudaQwen3MoeModel), experts served and
-//     staged by CudaExpertStoreWeights, the same ModelRunner. Tensor parallel size 1 only.
+//     staged by CudaExpertStoreWeights, the same ModelRunner. Weights, activations and KV are
+//     bfloat16 (dtype ""/"auto"/"bfloat16") or float32 ("float32"); the memory plan, the expert
+//     shards and the KV geometry use that element size. tp_size > 1 all-reduces on the device
+//     through NCCL (NcclCommunicator) from parallel.nccl_unique_id, which rank 0 created in
+//     CreateCollectiveId; every rank joins, then one all-reduce of a fingerprint of the request
+//     checks that all ranks got the same InitRequest (and connects the peers) before loading.
 //   - The same InitRequest again keeps weights, memory and the current offload state, rebuilds the
 //     communicator (the peers are being re-initialised too) and forgets every request: a restarted
-//     controller starts with an empty batch. A different InitRequest rebuilds everything.
-//   - dtype bfloat16/float16 is accepted; both engines compute and store KV in float32.
+//     controller starts with an empty batch. A different InitRequest rebuilds everything, and so
+//     does any Init of a CUDA group with tp_size > 1 (an NCCL unique id serves one group only).
 //   - Bad requests fail before anything is torn down: InvalidArgument naming the field (model_path,
-//     load_format, dtype, parallel.*, memory.*); FailedPrecondition when the memory budget cannot
-//     hold the model (the message says what does not fit and by how much), or for tp_size > 1 on a
-//     CUDA device (NCCL tensor parallelism is not implemented yet).
+//     load_format, dtype, parallel.* — e.g. parallel.nccl_unique_id missing or not 128 bytes —,
+//     memory.*); FailedPrecondition when the memory budget cannot hold the model (the message says
+//     what does not fit and by how much), or when the ranks' requests differ; DeadlineExceeded when
+//     the other ranks do not join within --tp_connect_timeout_ms.
 //
 // Step (one StepRequest, in order; controller/core/step_plan.h is the contract):
 //   1. rollback_remap_ids: undo remaps this rank applied (an id it does not know failed here, or
@@ -33,10 +41,11 @@
 // "cached_requests[0].request_id 7 is unknown"); nothing of a rejected step is applied, and the
 // engine keeps serving. A failed remap does not stop the step's forward pass: every
 // tensor-parallel rank must join every collective, and the step's block ids never depend on a
-// remap of the same step. Sampled tokens are returned by every rank.
+// remap of the same step. Sampled tokens are returned by every rank. A broken NCCL group (a peer
+// failed, or Abort()) fails every later step with a message saying so, until the next Init.
 //
 // Thread-safe: calls are serialised (a Capacity or GetStats waits for a step in progress). Abort()
-// may be called from any thread at any time.
+// and CreateCollectiveId() may be called from any thread at any time.
 #ifndef VAMP_AGENT_AGENT_ENGINE_H_
 #define VAMP_AGENT_AGENT_ENGINE_H_
 
@@ -51,9 +60,19 @@
 #include "agent/agent_metrics.h"
 #include "agent/agent_options.h"
 #include "agent/tcp_communicator.h"
+#include "engine/model/dtype.h"
 #include "vamp/v1/agent.pb.h"
 
 namespace vamp {
+
+class NcclCommunicator;  // engine/runner/cuda/nccl_communicator.h (CUDA builds)
+
+// The element type an agent on `device` computes and stores in, from InitRequest.dtype: CUDA
+// agents: "", "auto", "bfloat16" -> bfloat16, "float32" -> float32; CPU agents: float32 for "",
+// "auto", "float32", "bfloat16" and "float16" (the CPU engine is float32 only). InvalidArgument
+// naming dtype otherwise (float16 on CUDA agents: Qwen3 checkpoints are bfloat16 and float16
+// overflows their activations).
+absl::StatusOr<DType> ResolveAgentDType(absl::string_view requested, DeviceSpec::Kind device);
 
 // Values used for MemorySpec fields the controller leaves at 0.
 struct InitDefaults {
@@ -70,9 +89,15 @@ struct AgentEngineOptions {
   uint64_t host_memory_bytes = uint64_t{4} << 30;
   bool host_populate = false;
   uint64_t host_runtime_overhead_bytes = 0;
-  // TcpCommunicator timeouts and the secret presented to the other ranks.
+  // Tensor parallelism: how long Init waits for every rank to join (TcpCommunicator's connect,
+  // NCCL's init), how long one all-reduce waits for a peer (TCP: a send or receive; NCCL: an
+  // enqueue that needs the peers, and the group check at Init), and how often a CUDA agent polls
+  // NCCL's asynchronous errors (a failed peer aborts the group at once instead of at the step
+  // timeout), all in ms.
   int64_t tp_connect_timeout_ms = 120000;
   int64_t tp_io_timeout_ms = 120000;
+  int64_t tp_watchdog_interval_ms = 100;
+  // The secret presented to the other ranks (TCP handshake).
   std::string auth_token;
   InitDefaults defaults;
   // Base of the sampling seeds of requests without their own seed (identical on every rank).
@@ -90,6 +115,10 @@ class AgentEngine {
   AgentEngine& operator=(const AgentEngine&) = delete;
 
   absl::StatusOr<vamp::v1::InitResponse> Init(const vamp::v1::InitRequest& request);
+  // A fresh NCCL unique id (128 bytes) for the next Init of a CUDA group; this process hosts its
+  // bootstrap root until the ranks have joined. FailedPrecondition on a CPU agent or in a build
+  // without the CUDA engine.
+  absl::StatusOr<std::string> CreateCollectiveId();
   // Never fails as a call: errors are in the response's error_message.
   vamp::v1::StepResponse Step(const vamp::v1::StepRequest& request);
   // kv_blocks_now: blocks in use; kv_blocks_after: what this rank would have after offloading
@@ -119,6 +148,10 @@ class AgentEngine {
   absl::Status RunStep(Instance& in, const vamp::v1::StepRequest& request,
                        vamp::v1::StepResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ConnectGroup(Instance& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CUDA builds: joins the NCCL group of in.request's unique id and checks it (ConnectGroup's
+  // CUDA half); `cancel` is the connect cancel flag Abort() sets.
+  absl::Status ConnectNcclGroup(Instance& in, const std::atomic<bool>& cancel)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ResetRunner(Instance& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   vamp::v1::RankMemory MemoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -133,6 +166,7 @@ class AgentEngine {
   // What Abort() reaches without waiting for mu_ (held by a step stuck in a collective).
   absl::Mutex abort_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::shared_ptr<TcpCommunicator> live_comm_ ABSL_GUARDED_BY(abort_mu_);
+  std::shared_ptr<NcclCommunicator> live_nccl_ ABSL_GUARDED_BY(abort_mu_);  // CUDA builds only
   std::shared_ptr<std::atomic<bool>> connect_cancel_ ABSL_GUARDED_BY(abort_mu_);
 };
 

@@ -56,9 +56,11 @@ const ConfigSchema& AgentConfigSchema() {
                 "host:port the controller should dial; empty: the --listen host (the host name "
                 "when listening on 0.0.0.0 or [::]) with the bound port")
         .String("device", "cpu",
-                "where the model runs: cpu, or cuda:N (a CUDA build with that device present: "
-                "the model runs on that GPU, its memory managed by the CUDA VMM backend; "
-                "tensor parallel size 1 only)")
+                "where the model runs: cpu, cuda:N or cuda (a CUDA build with that device "
+                "present: the model runs on that GPU, its memory managed by the CUDA VMM "
+                "backend, bfloat16 unless the controller asks for float32; tensor-parallel "
+                "ranks all-reduce through NCCL). 'cuda' is cuda:<rank> with --rank >= 0 (one "
+                "agent per GPU, as --spawn_agents starts them), else cuda:0")
         .Int("rank", -1, -1, 1 << 20,
              "tensor-parallel rank to ask the controller for; -1 lets the controller assign one")
         .String("auth_token_file", "",
@@ -87,11 +89,13 @@ const ConfigSchema& AgentConfigSchema() {
              "CPU agents: memory the plan keeps out of the budget for the runtime (the GPU "
              "counterpart is the CUDA context and library workspaces)")
         .Int("tp_connect_timeout_ms", d.tp_connect_timeout_ms, 100, kMaxMillis,
-             "CPU tensor parallelism: how long Init waits for all ranks to connect over "
-             "parallel.host_transport_address")
+             "tensor parallelism: how long Init waits for all ranks to join (CPU: connect over "
+             "parallel.host_transport_address; CUDA: NCCL's communicator init)")
         .Int("tp_io_timeout_ms", d.tp_io_timeout_ms, 100, kMaxMillis,
-             "CPU tensor parallelism: how long one all-reduce waits for a peer before failing "
-             "the step (a dead peer fails it at once)")
+             "tensor parallelism: how long one all-reduce waits for a peer before failing the "
+             "step (CPU: a send or receive; a dead peer fails it at once. CUDA: an NCCL "
+             "enqueue that needs the peers, and the group check at Init; a collective that a "
+             "silent peer never joins is ended by the controller's step timeout and re-Init)")
         .Int("register_max_backoff_ms", d.registration.max_backoff_ms, 10, kMaxMillis,
              "longest wait between two registration attempts")
         .String("controller_ca_file", "",
@@ -114,6 +118,7 @@ absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config) {
   if (!device.ok()) return device.status();
   o.device = *device;
   o.rank = static_cast<int>(config.GetInt("rank"));
+  if (config.GetString("device") == "cuda" && o.rank >= 0) o.device.ordinal = o.rank;
   if (const std::string& path = config.GetString("auth_token_file"); !path.empty()) {
     std::ifstream in(path, std::ios::binary);
     if (!in) {

@@ -71,7 +71,8 @@ struct AgentOptions {
   // counterpart), bytes.
   uint64_t host_runtime_overhead_bytes = 0;
 
-  // --- Tensor parallelism between CPU agents (TcpCommunicator). ---
+  // --- Tensor parallelism (CPU agents: TcpCommunicator; CUDA agents: NCCL). See
+  // AgentEngineOptions. ---
   int64_t tp_connect_timeout_ms = 120000;
   int64_t tp_io_timeout_ms = 120000;
 
@@ -85,7 +86,8 @@ struct AgentOptions {
 const ConfigSchema& AgentConfigSchema();
 
 // Options from parsed flags: reads --auth_token_file (trailing whitespace stripped; an empty or
-// unreadable file is an error naming the flag), parses --device, and range-checks the rest.
+// unreadable file is an error naming the flag), parses --device ("cuda" with --rank r >= 0 is
+// cuda:r: one agent per GPU), and range-checks the rest.
 absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config);
 
 }  // namespace vamp

@@ -67,6 +67,19 @@ grpc::Status AgentGrpcService::Init(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status AgentGrpcService::CreateCollectiveId(
+    grpc::ServerContext* context, const vamp::v1::CreateCollectiveIdRequest* request,
+    vamp::v1::CreateCollectiveIdResponse* response) {
+  if (grpc::Status s = Authenticate(context); !s.ok()) return s;
+  absl::StatusOr<std::string> id = engine_->CreateCollectiveId();
+  if (!id.ok()) {
+    VAMP_LOG(ERROR) << id.status();
+    return ToGrpc(id.status());
+  }
+  response->set_nccl_unique_id(*std::move(id));
+  return grpc::Status::OK;
+}
+
 grpc::Status AgentGrpcService::Step(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<vamp::v1::StepResponse, vamp::v1::StepRequest>* stream) {

@@ -36,6 +36,9 @@ class AgentGrpcService final : public vamp::v1::Agent::Service {
 
   grpc::Status Init(grpc::ServerContext* context, const vamp::v1::InitRequest* request,
                     vamp::v1::InitResponse* response) override;
+  grpc::Status CreateCollectiveId(grpc::ServerContext* context,
+                                  const vamp::v1::CreateCollectiveIdRequest* request,
+                                  vamp::v1::CreateCollectiveIdResponse* response) override;
   grpc::Status Step(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<vamp::v1::StepResponse, vamp::v1::StepRequest>* stream) override;

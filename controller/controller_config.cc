@@ -24,14 +24,20 @@ const ConfigSchema& ControllerConfigSchema() {
                 "load_format=dummy only config.json is read")
         .Enum("load_format", "safetensors", {"safetensors", "dummy"},
               "safetensors: real weights; dummy: seeded random weights of the real shapes")
-        .Enum("dtype", "float32", {"float32", "bfloat16", "float16"},
-              "activation and weight dtype on the agents (CPU agents compute in float32)")
+        .Enum("dtype", "auto", {"auto", "bfloat16", "float32"},
+              "element type of weights, activations and KV cache on the agents: auto = "
+              "bfloat16 on CUDA agents, float32 on CPU agents (the CPU engine computes in "
+              "float32 whatever is asked); float32 on CUDA agents matches the CPU engine to "
+              "float32 rounding")
         .Int("world_size", 1, 1, 64, "agents (tensor-parallel ranks) the model needs")
         .Int("spawn_agents", 0, 0, 64,
              "start this many local vamp-agent processes (sets world_size); 0 = agents are "
              "started elsewhere and register themselves")
         .String("agent_binary", "", "vamp-agent to spawn; default: next to vamp-controller")
-        .String("agent_device", "cpu", "--device for spawned agents: cpu or cuda")
+        .String("agent_device", "cpu",
+                "--device for spawned agents: cpu, or cuda (rank r runs on cuda:r; with several "
+                "ranks they all-reduce through NCCL), or cuda:N (that GPU: one rank, since NCCL "
+                "needs a GPU per rank)")
         .Int("agent_host_memory_bytes", 1LL << 30, 1LL << 20, 1LL << 40,
              "memory budget of each spawned CPU agent, in bytes (its 'device memory')")
         .Int("agent_host_page_bytes", 64 << 10, 4096, 2LL << 20,

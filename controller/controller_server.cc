@@ -27,9 +27,8 @@ void RegisterBuildMetrics() {
         .Register(registry)
         .Add({{"version", kVersion}})
         .Set(1);
-    const double now = std::chrono::duration<double>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count();
+    const double now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     prometheus::BuildGauge()
         .Name("vamp_controller_start_time_seconds")
         .Help("Unix time at which the controller started")
@@ -49,7 +48,8 @@ absl::StatusOr<std::string> ReadSecret(const std::string& path, absl::string_vie
     return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
   }
   std::string secret(absl::StripAsciiWhitespace(line));
-  if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
+  if (secret.empty())
+    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
   return secret;
 }
 
@@ -57,7 +57,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (data.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
+  if (data.empty())
+    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
   return data;
 }
 
@@ -116,8 +117,8 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   if (!config.GetString("api_key_file").empty()) {
     std::ifstream in(config.GetString("api_key_file"));
     if (!in) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "api_key_file: cannot read '", config.GetString("api_key_file"), "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("api_key_file: cannot read '", config.GetString("api_key_file"), "'"));
     }
     std::string line;
     while (std::getline(in, line)) {
@@ -153,23 +154,21 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
                           MetricsExposer::Start(config.GetString("metrics_address")));
   }
   // Agents register on the same port as clients, so with TLS they must speak TLS to it too.
-  VAMP_ASSIGN_OR_RETURN(server->grpc_,
-                        GrpcServer::Start(config.GetString("grpc_address"),
-                                          {server->serving_service_.get(),
-                                           server->registry_.get()},
-                                          credentials));
-  VAMP_ASSIGN_OR_RETURN(server->admin_grpc_,
-                        GrpcServer::Start(config.GetString("admin_address"),
-                                          {server->admin_.get()}, credentials));
+  VAMP_ASSIGN_OR_RETURN(
+      server->grpc_,
+      GrpcServer::Start(config.GetString("grpc_address"),
+                        {server->serving_service_.get(), server->registry_.get()}, credentials));
+  VAMP_ASSIGN_OR_RETURN(
+      server->admin_grpc_,
+      GrpcServer::Start(config.GetString("admin_address"), {server->admin_.get()}, credentials));
   VAMP_ASSIGN_OR_RETURN(server->http_, HttpFrontend::Start(http, context));
   // Until a full set of agents serves the model, health says so.
   server->grpc_->SetServing("vamp.v1.Serving", false);
   VAMP_LOG(INFO) << "vamp-controller " << kVersion << ": HTTP on port " << server->http_port()
                  << ", gRPC on port " << server->grpc_port() << ", Admin on port "
-                 << server->admin_port() << (server->metrics_ ? absl::StrCat(
-                                                                    ", /metrics on port ",
-                                                                    server->metrics_port())
-                                                              : std::string())
+                 << server->admin_port()
+                 << (server->metrics_ ? absl::StrCat(", /metrics on port ", server->metrics_port())
+                                      : std::string())
                  << "; waiting for " << world_size << " agent(s)";
 
   if (spawn > 0) {
@@ -180,13 +179,20 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     AgentLauncherOptions launch;
     launch.binary = binary;
     launch.num_agents = spawn;
-    launch.args = {"--controller", absl::StrCat("127.0.0.1:", server->grpc_port()),
-                   "--listen", "127.0.0.1:0",
-                   "--metrics_address", "127.0.0.1:0",
-                   "--device", config.GetString("agent_device"),
-                   "--host_memory_bytes", absl::StrCat(config.GetInt("agent_host_memory_bytes")),
-                   "--host_page_bytes", absl::StrCat(config.GetInt("agent_host_page_bytes")),
-                   "--log_level", config.GetString("log_level")};
+    launch.args = {"--controller",
+                   absl::StrCat("127.0.0.1:", server->grpc_port()),
+                   "--listen",
+                   "127.0.0.1:0",
+                   "--metrics_address",
+                   "127.0.0.1:0",
+                   "--device",
+                   config.GetString("agent_device"),
+                   "--host_memory_bytes",
+                   absl::StrCat(config.GetInt("agent_host_memory_bytes")),
+                   "--host_page_bytes",
+                   absl::StrCat(config.GetInt("agent_host_page_bytes")),
+                   "--log_level",
+                   config.GetString("log_level")};
     if (!http.tls_cert_file.empty()) {
       // The registration port serves TLS: spawned agents verify it with the same certificate.
       launch.args.push_back("--controller_ca_file");
@@ -295,14 +301,15 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   AgentGroupOptions options;
   options.step_timeout_ms = static_cast<int64_t>(config_.GetDouble("step_timeout_s") * 1000);
   options.auth_token = auth_token_;
-  VAMP_ASSIGN_OR_RETURN(std::unique_ptr<AgentGroup> group,
-                        AgentGroup::Connect(endpoints, options));
+  VAMP_ASSIGN_OR_RETURN(std::unique_ptr<AgentGroup> group, AgentGroup::Connect(endpoints, options));
   VAMP_ASSIGN_OR_RETURN(SchedulerConfig scheduler, SchedulerConfigFromConfig(config_));
   vamp::v1::InitRequest init;
   init.set_model_path(config_.GetString("model_path"));
   init.set_load_format(config_.GetString("load_format"));
   init.set_dtype(config_.GetString("dtype"));
   if (endpoints.size() > 1) {
+    // Where CPU agents meet; CUDA agents meet through the NCCL unique id the group asks rank 0
+    // for (AgentGroup::Init), and ignore this.
     VAMP_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
     init.mutable_parallel()->set_host_transport_address(absl::StrCat("127.0.0.1:", port));
   }
@@ -312,8 +319,8 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   memory->set_max_offload_ratio(config_.GetDouble("max_offload_ratio"));
   memory->set_max_num_batched_tokens(scheduler.max_num_batched_tokens);
   memory->set_max_num_seqs(scheduler.max_num_seqs);
-  VAMP_LOG(INFO) << "initialising " << endpoints.size() << " agent(s) with "
-                 << init.model_path() << " (" << init.load_format() << ")";
+  VAMP_LOG(INFO) << "initialising " << endpoints.size() << " agent(s) with " << init.model_path()
+                 << " (" << init.load_format() << ", dtype " << init.dtype() << ")";
   VAMP_ASSIGN_OR_RETURN(std::vector<vamp::v1::InitResponse> ranks, group->Init(init));
   const vamp::v1::InitResponse& first = ranks.front();
   // Each agent prints its own memory plan; here, one line per rank.
@@ -336,8 +343,8 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   engine_options.experts_per_layer = first.num_experts();
   VAMP_ASSIGN_OR_RETURN(engine_options.vamp, VampArbiterConfigFromConfig(config_));
   auto context = std::make_shared<ServingContext>();
-  context->model = ServedModel{config_.GetString("model"), scheduler.max_model_len,
-                               first.vocab_size()};
+  context->model =
+      ServedModel{config_.GetString("model"), scheduler.max_model_len, first.vocab_size()};
   absl::StatusOr<std::unique_ptr<ByteTokenizer>> tokenizer =
       ByteTokenizer::Create(first.vocab_size());
   if (!tokenizer.ok()) return tokenizer.status();
@@ -351,8 +358,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   rank_memory_.clear();
   for (const auto& r : ranks) rank_memory_.push_back(r.memory());
   last_error_.clear();
-  VAMP_LOG(INFO) << "serving " << context_->model.id << " with " << endpoints.size()
-                 << " agent(s)";
+  VAMP_LOG(INFO) << "serving " << context_->model.id << " with " << endpoints.size() << " agent(s)";
   return absl::OkStatus();
 }
 
@@ -372,8 +378,8 @@ void ControllerServer::TearDown() {
 void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {
   status->set_version(kVersion);
   status->set_model(config_.GetString("model"));
-  status->set_uptime_seconds(
-      static_cast<double>(SteadyClock::Get().NowMicros() - start_micros_) * 1e-6);
+  status->set_uptime_seconds(static_cast<double>(SteadyClock::Get().NowMicros() - start_micros_) *
+                             1e-6);
   status->set_policy(config_.GetString("arbiter"));
   std::shared_ptr<const ServingContext> ctx = Context();
   if (ctx != nullptr) ctx->engine->Snapshot(status);

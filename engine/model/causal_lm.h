@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "engine/model/dtype.h"
 #include "engine/model/model_config.h"
 #include "engine/model/parallel.h"
 #include "kernels/cpu/attention.h"
@@ -42,15 +43,17 @@ struct ForwardBatch {
   int64_t num_seqs() const { return static_cast<int64_t>(seq_lens.size()); }
 };
 
-// Where each attention layer's K and V live (float32 on the CPU backend). Layer l's K element
-// (block b, token s, kv head h, dim d) is k[l][b*block_stride + s*token_stride + h*head_stride + d]
-// (kernels/cpu/attention.h); k[l] and v[l] are null for layers without KV.
+// Where each attention layer's K and V live, as `dtype` elements (float32 on the CPU backend).
+// Layer l's K element (block b, token s, kv head h, dim d) is element
+// b*block_stride + s*token_stride + h*head_stride + d of k[l] (kernels/cpu/attention.h); k[l] and
+// v[l] are null for layers without KV.
 struct KvCacheView {
   int64_t block_size = 0;
   int64_t num_blocks = 0;
+  DType dtype = DType::kFloat32;
   kernels::cpu::KvCacheStrides strides;
-  std::vector<float*> k;
-  std::vector<float*> v;
+  std::vector<void*> k;
+  std::vector<void*> v;
 };
 
 // The block-major layout of shared/DESIGN.md ("KV region"): block i holds, for every attention
@@ -60,33 +63,41 @@ struct BlockMajorKvLayout {
   int64_t num_layers = 0;  // attention layers
   int64_t kv_heads = 0;    // rank-local
   int64_t head_dim = 0;
+  DType dtype = DType::kFloat32;
 
   int64_t LayerElements() const { return 2 * block_size * kv_heads * head_dim; }
   int64_t BlockElements() const { return num_layers * LayerElements(); }
-  int64_t BlockBytes() const { return BlockElements() * static_cast<int64_t>(sizeof(float)); }
+  int64_t BlockBytes() const { return BlockElements() * DTypeBytes(dtype); }
   // The view of `num_blocks` blocks starting at `base`; `attention_layers[i]` is the decoder layer
   // of the i-th attention layer, `num_decoder_layers` sizes the view's per-layer vectors.
-  KvCacheView View(float* base, int64_t num_blocks, absl::Span<const int> attention_layers,
+  KvCacheView View(void* base, int64_t num_blocks, absl::Span<const int> attention_layers,
                    int num_decoder_layers) const;
 };
 
-// Rank-local expert shard layout, float32 elements: [w13 | w2] with w13 = [2 * inter, hidden]
-// (gate rows, then up rows) and w2 = [hidden, inter], inter = moe_intermediate_size / tp_size.
+// Rank-local expert shard layout: [w13 | w2] with w13 = [2 * inter, hidden] (gate rows, then up
+// rows) and w2 = [hidden, inter], inter = moe_intermediate_size / tp_size, stored as `dtype`
+// elements (the loader always hands over float32; the store's writer converts).
 struct ExpertShardLayout {
   int64_t hidden = 0;
   int64_t inter = 0;  // rank-local intermediate size
+  DType dtype = DType::kFloat32;
 
   int64_t W13Elements() const { return 2 * inter * hidden; }
   int64_t W2Elements() const { return hidden * inter; }
   int64_t Elements() const { return W13Elements() + W2Elements(); }
-  int64_t Bytes() const { return Elements() * static_cast<int64_t>(sizeof(float)); }
+  int64_t W13Bytes() const { return W13Elements() * DTypeBytes(dtype); }
+  int64_t Bytes() const { return Elements() * DTypeBytes(dtype); }
 };
 
 // One MoE layer's expert pointer table: w13[e] and w2[e] point at expert e's gate/up
-// ([2 * inter, hidden]) and down ([hidden, inter]) weights, wherever the expert currently is.
+// ([2 * inter, hidden]) and down ([hidden, inter]) weights (elements of the layout's dtype),
+// wherever the expert currently is. On the GPU, device_w13/device_w2 hold the same pointers in
+// device memory (for kernels that read the table on the device); null where there is no device.
 struct ExpertLayerTable {
-  const float* const* w13 = nullptr;
-  const float* const* w2 = nullptr;
+  const void* const* w13 = nullptr;
+  const void* const* w2 = nullptr;
+  const void* const* device_w13 = nullptr;
+  const void* const* device_w2 = nullptr;
 };
 
 // How the forward pass reaches expert weights: a per-layer pointer table, acquired before a MoE
@@ -104,14 +115,29 @@ class ExpertWeights {
   virtual absl::Status ReleaseLayer(int layer) = 0;
   // Called once after each forward pass (also after a failed one).
   virtual absl::Status EndPass() = 0;
+  // Whether the pass begun by BeginPass copies experts in (staging), i.e. whether AcquireLayer and
+  // ReleaseLayer enqueue work. A pass without copies may be captured once in a CUDA graph and
+  // replayed without calling them. Conservative default: yes.
+  virtual bool PassStagesExperts() const { return true; }
 };
 
 // Where the loader puts expert shards (the ExpertStore, or plain host buffers).
 class ExpertWeightSink {
  public:
   virtual ~ExpertWeightSink() = default;
-  // Stores expert `expert` of MoE layer `layer`: ExpertShardLayout::Elements() floats.
+  // Stores expert `expert` of MoE layer `layer`: ExpertShardLayout::Elements() floats (converted
+  // to the layout's dtype by the sink).
   virtual absl::Status StoreExpertShard(int layer, int expert, absl::Span<const float> shard) = 0;
+};
+
+// The sampling parameters of one step's logits rows (one entry per row, in
+// ForwardBatch::logits_indices order), as kernels::cpu::SampleTokens takes them.
+struct StepSampling {
+  absl::Span<const float> temperatures;
+  absl::Span<const int32_t> top_ks;
+  absl::Span<const float> top_ps;
+  absl::Span<const uint64_t> seeds;
+  absl::Span<const int64_t> draw_indices;
 };
 
 class CausalLm {
@@ -133,6 +159,19 @@ class CausalLm {
   // ids, positions, slots and block ids in range). Not thread-safe: one caller at a time.
   virtual absl::Status Forward(const ForwardBatch& batch, const KvCacheView& kv,
                                ExpertWeights* experts, Communicator* comm, float* logits) = 0;
+
+  // Whether ForwardAndSample is available: a model whose logits live on an accelerator samples
+  // there, so the runner never copies [rows, vocab] logits to the host. Default: no.
+  virtual bool SamplesOnDevice() const { return false; }
+  // Forward, then every logits row sampled with kernels::cpu::SampleTokens' semantics (same
+  // tokens, same counter-based draws) on the model's device; `tokens` and `logprobs` are host
+  // arrays of batch.logits_indices.size() entries. Only called when SamplesOnDevice().
+  virtual absl::Status ForwardAndSample(const ForwardBatch& batch, const KvCacheView& kv,
+                                        ExpertWeights* experts, Communicator* comm,
+                                        const StepSampling& sampling, int32_t* tokens,
+                                        float* logprobs) {
+    return absl::UnimplementedError("this model samples on the host");
+  }
 
   // Visits every non-expert weight this rank holds, by checkpoint-style name (tests, checksums).
   virtual void ForEachWeight(const std::function<void(absl::string_view name,

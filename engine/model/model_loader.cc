@@ -66,6 +66,9 @@ absl::Status HostExpertBuffers::StoreExpertShard(int layer, int expert,
                                               " is outside ", num_layers_, " layers x ",
                                               num_experts_, " experts"));
   }
+  if (layout_.dtype != DType::kFloat32) {
+    return absl::FailedPreconditionError("host expert buffers hold float32 shards");
+  }
   if (static_cast<int64_t>(shard.size()) != layout_.Elements()) {
     return absl::InvalidArgumentError(
         absl::StrCat("expert shard of ", shard.size(), " elements, expected ", layout_.Elements()));
@@ -93,7 +96,7 @@ absl::StatusOr<ExpertLayerTable> HostExpertBuffers::AcquireLayer(int layer) {
 }
 
 const float* HostExpertBuffers::shard(int layer, int expert) const {
-  return w13_[static_cast<size_t>(layer) * num_experts_ + expert];
+  return static_cast<const float*>(w13_[static_cast<size_t>(layer) * num_experts_ + expert]);
 }
 
 }  // namespace vamp

@@ -71,8 +71,8 @@ class HostExpertBuffers : public ExpertWeightSink, public ExpertWeights {
   int num_experts_;
   ExpertShardLayout layout_;
   std::vector<std::vector<float>> shards_;  // [layer * num_experts + expert]
-  std::vector<const float*> w13_;           // same indexing; null until stored
-  std::vector<const float*> w2_;
+  std::vector<const void*> w13_;            // same indexing; null until stored
+  std::vector<const void*> w2_;
 };
 
 }  // namespace vamp

@@ -256,6 +256,9 @@ absl::Status Qwen3MoeModel::Forward(const ForwardBatch& batch, const KvCacheView
     return absl::FailedPreconditionError(absl::StrCat(
         "the KV cache view covers ", kv.k.size(), " layers; the model has ", c.num_hidden_layers));
   }
+  if (kv.dtype != DType::kFloat32 || expert_layout_.dtype != DType::kFloat32) {
+    return absl::FailedPreconditionError("the CPU engine stores KV and experts in float32");
+  }
   float* x = Grow(hidden_, n * H);
   float* res = Grow(residual_, n * H);
   k::GatherRows(embed_.data(), H, batch.token_ids.data(), n, H, res, H);
@@ -317,8 +320,8 @@ absl::Status Qwen3MoeModel::Attention(int layer, const ForwardBatch& batch, cons
   k::QkNormRope(q, qkv_cols, kk, qkv_cols, n, q_heads_, kv_heads_, hd, L.q_norm.data(),
                 L.k_norm.data(), static_cast<float>(c.rms_norm_eps), batch.positions.data(),
                 rope_cache_.data(), c.max_position_embeddings);
-  float* k_cache = kv.k[layer];
-  float* v_cache = kv.v[layer];
+  auto* k_cache = static_cast<float*>(kv.k[layer]);
+  auto* v_cache = static_cast<float*>(kv.v[layer]);
   if (k_cache == nullptr || v_cache == nullptr) {
     return absl::InternalError(absl::StrCat("no KV cache for attention layer ", layer));
   }
@@ -354,12 +357,18 @@ absl::Status Qwen3MoeModel::Moe(int layer, int64_t n, ExpertWeights* experts) {
   k::GatherRows(x, H, row_token, rows, H, xs, H);
 
   VAMP_ASSIGN_OR_RETURN(const ExpertLayerTable table, experts->AcquireLayer(layer));
+  w13_table_.assign(E, nullptr);
+  w2_table_.assign(E, nullptr);
+  for (int64_t e = 0; e < E; ++e) {
+    w13_table_[e] = static_cast<const float*>(table.w13[e]);
+    w2_table_[e] = static_cast<const float*>(table.w2[e]);
+  }
   float* h13 = Grow(h13_, rows * 2 * Il);
-  k::ExpertGemm(xs, H, table.w13, 0, H, offsets, E, h13, 2 * Il, 2 * Il, H);
+  k::ExpertGemm(xs, H, w13_table_.data(), 0, H, offsets, E, h13, 2 * Il, 2 * Il, H);
   float* act = Grow(act_, rows * Il);
   k::SiluAndMul(h13, 2 * Il, rows, Il, act, Il);
   float* y = Grow(expert_out_, rows * H);
-  k::ExpertGemm(act, Il, table.w2, 0, Il, offsets, E, y, H, H, Il);
+  k::ExpertGemm(act, Il, w2_table_.data(), 0, Il, offsets, E, y, H, H, Il);
   VAMP_RETURN_IF_ERROR(experts->ReleaseLayer(layer));
 
   k::MoeUnpermute(y, H, pair_row, weights, n, top_k, H, x, H);

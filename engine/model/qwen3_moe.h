@@ -87,6 +87,7 @@ class Qwen3MoeModel : public CausalLm {
   std::vector<float> hidden_, residual_, qkv_buf_, attn_out_, attn_ws_;
   std::vector<float> router_logits_, topk_weights_, permuted_, h13_, act_, expert_out_;
   std::vector<int32_t> topk_ids_, expert_offsets_, row_token_, pair_row_;
+  std::vector<const float*> w13_table_, w2_table_;  // the acquired layer's table, typed
   std::vector<float> sel_hidden_, sel_residual_;
 };
 

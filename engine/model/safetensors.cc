@@ -18,20 +18,23 @@ namespace vamp {
 namespace {
 
 struct DTypeEntry {
-  DType dtype;
+  TensorDType dtype;
   const char* name;
   int64_t size;
 };
 
 constexpr DTypeEntry kDTypes[] = {
-    {DType::kBool, "BOOL", 1}, {DType::kU8, "U8", 1},          {DType::kI8, "I8", 1},
-    {DType::kI16, "I16", 2},   {DType::kU16, "U16", 2},        {DType::kF16, "F16", 2},
-    {DType::kBF16, "BF16", 2}, {DType::kI32, "I32", 4},        {DType::kU32, "U32", 4},
-    {DType::kF32, "F32", 4},   {DType::kI64, "I64", 8},        {DType::kU64, "U64", 8},
-    {DType::kF64, "F64", 8},   {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E5M2, "F8_E5M2", 1},
+    {TensorDType::kBool, "BOOL", 1},      {TensorDType::kU8, "U8", 1},
+    {TensorDType::kI8, "I8", 1},          {TensorDType::kI16, "I16", 2},
+    {TensorDType::kU16, "U16", 2},        {TensorDType::kF16, "F16", 2},
+    {TensorDType::kBF16, "BF16", 2},      {TensorDType::kI32, "I32", 4},
+    {TensorDType::kU32, "U32", 4},        {TensorDType::kF32, "F32", 4},
+    {TensorDType::kI64, "I64", 8},        {TensorDType::kU64, "U64", 8},
+    {TensorDType::kF64, "F64", 8},        {TensorDType::kF8E4M3, "F8_E4M3", 1},
+    {TensorDType::kF8E5M2, "F8_E5M2", 1},
 };
 
-const DTypeEntry& Entry(DType dtype) {
+const DTypeEntry& Entry(TensorDType dtype) {
   for (const auto& e : kDTypes) {
     if (e.dtype == dtype) return e;
   }
@@ -57,10 +60,10 @@ bool AsNonNegativeInt(const nlohmann::json& j, int64_t* out) {
 
 }  // namespace
 
-absl::string_view DTypeName(DType dtype) { return Entry(dtype).name; }
-int64_t DTypeSize(DType dtype) { return Entry(dtype).size; }
+absl::string_view TensorDTypeName(TensorDType dtype) { return Entry(dtype).name; }
+int64_t TensorDTypeSize(TensorDType dtype) { return Entry(dtype).size; }
 
-absl::StatusOr<DType> ParseDType(absl::string_view name) {
+absl::StatusOr<TensorDType> ParseTensorDType(absl::string_view name) {
   for (const auto& e : kDTypes) {
     if (name == e.name) return e.dtype;
   }
@@ -177,7 +180,7 @@ absl::Status SafetensorsFile::Parse(const uint8_t* data, size_t size) {
     if (dtype_it == entry.end() || !dtype_it->is_string()) {
       return error("tensor '", name, "': missing or non-string 'dtype'");
     }
-    absl::StatusOr<DType> dtype = ParseDType(dtype_it->get<std::string>());
+    absl::StatusOr<TensorDType> dtype = ParseTensorDType(dtype_it->get<std::string>());
     if (!dtype.ok()) return error("tensor '", name, "': ", dtype.status().message());
     info.dtype = *dtype;
 
@@ -198,7 +201,7 @@ absl::Status SafetensorsFile::Parse(const uint8_t* data, size_t size) {
     }
     info.num_elements = num_elements;
     int64_t num_bytes;
-    if (__builtin_mul_overflow(num_elements, DTypeSize(info.dtype), &num_bytes)) {
+    if (__builtin_mul_overflow(num_elements, TensorDTypeSize(info.dtype), &num_bytes)) {
       return error("tensor '", name, "': byte size overflows");
     }
 
@@ -219,8 +222,8 @@ absl::Status SafetensorsFile::Parse(const uint8_t* data, size_t size) {
     }
     if (end - begin != num_bytes) {
       return error("tensor '", name, "': shape ", ShapeString(info.shape), " of ",
-                   DTypeName(info.dtype), " needs ", num_bytes, " bytes but data_offsets span ",
-                   end - begin);
+                   TensorDTypeName(info.dtype), " needs ", num_bytes,
+                   " bytes but data_offsets span ", end - begin);
     }
     info.data = data_section + begin;
     info.num_bytes = num_bytes;
@@ -261,12 +264,13 @@ absl::Status ReadTensorSliceAsFloat(const TensorInfo& tensor, absl::Span<const D
     }
     if (ranges[d].begin == ranges[d].end) return absl::OkStatus();  // empty slice
   }
-  if (tensor.dtype != DType::kF32 && tensor.dtype != DType::kF16 && tensor.dtype != DType::kBF16) {
+  if (tensor.dtype != TensorDType::kF32 && tensor.dtype != TensorDType::kF16 &&
+      tensor.dtype != TensorDType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name, "' has dtype ",
-                                                   DTypeName(tensor.dtype),
+                                                   TensorDTypeName(tensor.dtype),
                                                    "; only F32, F16 and BF16 can be loaded"));
   }
-  const int64_t elem = DTypeSize(tensor.dtype);
+  const int64_t elem = TensorDTypeSize(tensor.dtype);
   // Element strides of the source, innermost run length and the outer index odometer.
   std::vector<int64_t> stride(rank, 1);
   for (size_t d = rank; d-- > 1;) stride[d - 1] = stride[d] * tensor.shape[d];
@@ -279,11 +283,11 @@ absl::Status ReadTensorSliceAsFloat(const TensorInfo& tensor, absl::Span<const D
     for (size_t d = 0; d < rank; ++d) offset += index[d] * stride[d];
     const uint8_t* src = tensor.data + offset * elem;
     // The mapping may be unaligned for the element type: copy bytes, then convert.
-    if (tensor.dtype == DType::kF32) {
+    if (tensor.dtype == TensorDType::kF32) {
       std::memcpy(out, src, run * sizeof(float));
     } else {
       std::memcpy(narrow.data(), src, run * sizeof(uint16_t));
-      if (tensor.dtype == DType::kBF16) {
+      if (tensor.dtype == TensorDType::kBF16) {
         kernels::cpu::Bf16ToFloat(narrow.data(), run, out);
       } else {
         kernels::cpu::Fp16ToFloat(narrow.data(), run, out);

@@ -28,7 +28,7 @@ namespace vamp {
 // Element types of the format. Only kF32, kF16 and kBF16 can be read as float32 here; the others
 // are recognised so that a checkpoint containing them (e.g. integer buffers) still opens, and
 // reading one of them is an error naming the tensor.
-enum class DType {
+enum class TensorDType {
   kBool,
   kU8,
   kI8,
@@ -46,14 +46,14 @@ enum class DType {
   kF8E5M2
 };
 
-absl::string_view DTypeName(DType dtype);
+absl::string_view TensorDTypeName(TensorDType dtype);
 // Bytes per element.
-int64_t DTypeSize(DType dtype);
-absl::StatusOr<DType> ParseDType(absl::string_view name);
+int64_t TensorDTypeSize(TensorDType dtype);
+absl::StatusOr<TensorDType> ParseTensorDType(absl::string_view name);
 
 struct TensorInfo {
   std::string name;
-  DType dtype = DType::kF32;
+  TensorDType dtype = TensorDType::kF32;
   std::vector<int64_t> shape;
   int64_t num_elements = 0;
   // Into the mapping (or the caller's buffer for FromBuffer); valid while the file object lives.

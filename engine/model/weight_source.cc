@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -121,6 +122,11 @@ absl::StatusOr<std::vector<std::string>> FilesFromIndex(const std::string& dir,
   return paths;
 }
 
+// Dummy slices of at least this many elements per thread are filled in parallel, by at most
+// kMaxFillThreads threads.
+constexpr int64_t kElementsPerFillThread = int64_t{1} << 18;
+constexpr size_t kMaxFillThreads = 16;
+
 // splitmix64 finaliser: the counter-based generator of the dummy weights.
 inline uint64_t Mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -156,30 +162,56 @@ class DummySource : public WeightSource {
     const size_t rank = shape.size();
     std::vector<int64_t> stride(rank, 1);
     for (size_t d = rank; d-- > 1;) stride[d - 1] = stride[d] * shape[d];
+    // The slice as runs of contiguous elements (the last dimension's range): each run's flat
+    // index in the tensor and its offset in `out`.
+    const int64_t run = rank == 0 ? 1 : ranges[rank - 1].end - ranges[rank - 1].begin;
+    std::vector<int64_t> run_flat;
     std::vector<int64_t> index(rank);
     for (size_t d = 0; d < rank; ++d) index[d] = ranges[d].begin;
-    for (;;) {
+    for (bool more = true; more;) {
       int64_t flat = 0;
       for (size_t d = 0; d < rank; ++d) flat += index[d] * stride[d];
-      const int64_t run = rank == 0 ? 1 : ranges[rank - 1].end - ranges[rank - 1].begin;
-      for (int64_t i = 0; i < run; ++i) {
-        if (is_norm) {
-          *out++ = 1.0f;
-        } else {
-          const uint64_t bits = Mix(name_hash ^ static_cast<uint64_t>(flat + i));
-          const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-          *out++ = (2.0f * u - 1.0f) * bound;
+      run_flat.push_back(flat);
+      more = false;
+      for (size_t d = rank - 1; rank > 1 && d-- > 0;) {
+        if (++index[d] < ranges[d].end) {
+          more = true;
+          break;
         }
-      }
-      if (rank <= 1) break;
-      size_t d = rank - 1;
-      for (;;) {
-        if (d == 0) return absl::OkStatus();
-        --d;
-        if (++index[d] < ranges[d].end) break;
         index[d] = ranges[d].begin;
       }
     }
+    // Element values depend only on (seed, name, flat index), so the runs can be filled in any
+    // order: large slices (a 30B-parameter dummy model has ~30 G elements) use several threads.
+    auto fill = [&](size_t first, size_t last) {
+      for (size_t r = first; r < last; ++r) {
+        float* o = out + static_cast<int64_t>(r) * run;
+        for (int64_t i = 0; i < run; ++i) {
+          if (is_norm) {
+            o[i] = 1.0f;
+          } else {
+            const uint64_t bits = Mix(name_hash ^ static_cast<uint64_t>(run_flat[r] + i));
+            const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+            o[i] = (2.0f * u - 1.0f) * bound;
+          }
+        }
+      }
+    };
+    const int64_t elements = static_cast<int64_t>(run_flat.size()) * run;
+    const size_t threads = std::min<size_t>(
+        {std::max(1u, std::thread::hardware_concurrency()), kMaxFillThreads, run_flat.size(),
+         static_cast<size_t>(elements / kElementsPerFillThread) + 1});
+    if (threads <= 1) {
+      fill(0, run_flat.size());
+      return absl::OkStatus();
+    }
+    std::vector<std::thread> workers;
+    const size_t per = (run_flat.size() + threads - 1) / threads;
+    for (size_t t = 0; t < threads; ++t) {
+      const size_t first = t * per, last = std::min(run_flat.size(), first + per);
+      if (first < last) workers.emplace_back(fill, first, last);
+    }
+    for (std::thread& w : workers) w.join();
     return absl::OkStatus();
   }
 

@@ -53,9 +53,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
   if (kv.block_size != config.block_size) {
     return bad("block_size", config.block_size, " differs from the KV cache's ", kv.block_size);
   }
-  if (model->parallel().tp_size > 1 &&
-      (comm == nullptr || comm->size() != model->parallel().tp_size ||
-       comm->rank() != model->parallel().tp_rank)) {
+  // A model may sum across ranks on its own (the GPU model through a device all-reduce), so a
+  // missing host communicator is the model's to refuse; a mismatched one is always an error.
+  if (model->parallel().tp_size > 1 && comm != nullptr &&
+      (comm->size() != model->parallel().tp_size || comm->rank() != model->parallel().tp_rank)) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor parallel rank ", model->parallel().tp_rank, " of ",
                      model->parallel().tp_size, " needs a communicator of that rank and size"));
@@ -323,9 +324,43 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   fb.block_tables = block_tables_;
   fb.block_table_stride = max_blocks;
   fb.logits_indices = logits_indices_;
-  logits_.resize(logits_indices_.size() * vocab);
+
+  // Sampling parameters of the sequences that sample, in logits-row order (they do not depend on
+  // the logits: the draw index is the position of the token being generated, stable across
+  // batching and recomputation).
+  temperatures_.clear();
+  top_ks_.clear();
+  top_ps_.clear();
+  seeds_.clear();
+  draw_indices_.clear();
+  std::vector<size_t> sampling_seqs;
+  for (size_t i = 0; i < num_seqs; ++i) {
+    if (sample_row[i] < 0) continue;
+    const int slot = slots[i];
+    const RunnerSamplingParams& p = batch_.sampling(slot);
+    temperatures_.push_back(p.temperature);
+    top_ks_.push_back(p.top_k);
+    top_ps_.push_back(p.top_p);
+    seeds_.push_back(batch_.seed(slot));
+    draw_indices_.push_back(static_cast<int64_t>(batch_.tokens(slot).size()));
+    sampling_seqs.push_back(i);
+  }
+  const int64_t m = static_cast<int64_t>(sampling_seqs.size());
+  sampled_.resize(m);
+  logprobs_.resize(m);
+
+  // Without return_all_logits the logits rows are exactly the sampling rows, in order: a model
+  // that samples on its device does so and returns only tokens.
+  const bool device_sampling = !input.return_all_logits && model_->SamplesOnDevice();
   auto start = std::chrono::steady_clock::now();
-  VAMP_RETURN_IF_ERROR(model_->Forward(fb, kv_, experts_, comm_, logits_.data()));
+  if (device_sampling) {
+    const StepSampling sampling{temperatures_, top_ks_, top_ps_, seeds_, draw_indices_};
+    VAMP_RETURN_IF_ERROR(model_->ForwardAndSample(fb, kv_, experts_, comm_, sampling,
+                                                  sampled_.data(), logprobs_.data()));
+  } else {
+    logits_.resize(logits_indices_.size() * vocab);
+    VAMP_RETURN_IF_ERROR(model_->Forward(fb, kv_, experts_, comm_, logits_.data()));
+  }
   out.forward_us = MicrosSince(start);
 
   // Every scheduled request has computed its tokens, sampled or not.
@@ -335,36 +370,20 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   }
 
   start = std::chrono::steady_clock::now();
-  temperatures_.clear();
-  top_ks_.clear();
-  top_ps_.clear();
-  seeds_.clear();
-  draw_indices_.clear();
-  std::vector<size_t> sampling_seqs;
-  std::vector<float> rows;
-  for (size_t i = 0; i < num_seqs; ++i) {
-    if (sample_row[i] < 0) continue;
-    const int slot = slots[i];
-    const RunnerSamplingParams& p = batch_.sampling(slot);
-    temperatures_.push_back(p.temperature);
-    top_ks_.push_back(p.top_k);
-    top_ps_.push_back(p.top_p);
-    seeds_.push_back(batch_.seed(slot));
-    // The position of the token being generated: stable across batching and recomputation.
-    draw_indices_.push_back(static_cast<int64_t>(batch_.tokens(slot).size()));
-    rows.insert(rows.end(), logits_.begin() + sample_row[i] * vocab,
-                logits_.begin() + (sample_row[i] + 1) * vocab);
-    sampling_seqs.push_back(i);
+  if (!device_sampling) {
+    std::vector<float> rows;
+    rows.reserve(m * vocab);
+    for (size_t i : sampling_seqs) {
+      rows.insert(rows.end(), logits_.begin() + sample_row[i] * vocab,
+                  logits_.begin() + (sample_row[i] + 1) * vocab);
+    }
+    sample_indices_.resize(m * vocab);
+    sample_values_.resize(m * vocab);
+    kernels::cpu::SampleTokens(rows.data(), vocab, m, vocab, temperatures_.data(), top_ks_.data(),
+                               top_ps_.data(), seeds_.data(), draw_indices_.data(),
+                               sample_indices_.data(), sample_values_.data(), sampled_.data(),
+                               logprobs_.data());
   }
-  const int64_t m = static_cast<int64_t>(sampling_seqs.size());
-  sample_indices_.resize(m * vocab);
-  sample_values_.resize(m * vocab);
-  sampled_.resize(m);
-  logprobs_.resize(m);
-  kernels::cpu::SampleTokens(rows.data(), vocab, m, vocab, temperatures_.data(), top_ks_.data(),
-                             top_ps_.data(), seeds_.data(), draw_indices_.data(),
-                             sample_indices_.data(), sample_values_.data(), sampled_.data(),
-                             logprobs_.data());
   for (int64_t j = 0; j < m; ++j) {
     const size_t i = sampling_seqs[j];
     batch_.AppendToken(slots[i], sampled_[j]);
@@ -389,15 +408,17 @@ absl::StatusOr<KvCacheView> KvRegionView(const KvRegion& region, int num_decoder
         absl::StrCat("the ", engine, " engine needs the KV region on the ", backend,
                      " memory backend, not '", region.region().pool()->backend()->name(), "'"));
   }
-  if (g.dtype_bytes != static_cast<int64_t>(sizeof(float))) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the ", engine, " engine stores KV in float32; the KV geometry has ",
-                     g.dtype_bytes, "-byte elements"));
+  const bool bf16_ok = engine != "CPU";
+  if (g.dtype_bytes != 4 && !(bf16_ok && g.dtype_bytes == 2)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", engine, " engine stores KV in ", bf16_ok ? "float32 or bfloat16" : "float32",
+        "; the KV geometry has ", g.dtype_bytes, "-byte elements"));
   }
   KvCacheView view;
   view.block_size = g.block_size;
   view.num_blocks = region.num_blocks();
-  view.strides.block_stride = static_cast<int64_t>(g.block_bytes / sizeof(float));
+  view.dtype = g.dtype_bytes == 2 ? DType::kBFloat16 : DType::kFloat32;
+  view.strides.block_stride = static_cast<int64_t>(g.block_bytes) / g.dtype_bytes;
   view.strides.token_stride = g.kv_heads_per_rank * g.head_dim;
   view.strides.head_stride = g.head_dim;
   view.k.assign(num_decoder_layers, nullptr);
@@ -405,8 +426,8 @@ absl::StatusOr<KvCacheView> KvRegionView(const KvRegion& region, int num_decoder
   auto* base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(region.base()));
   for (int layer = 0; layer < num_decoder_layers; ++layer) {
     if (!g.HasKv(layer)) continue;
-    view.k[layer] = reinterpret_cast<float*>(base + g.KOffset(layer));
-    view.v[layer] = reinterpret_cast<float*>(base + g.VOffset(layer));
+    view.k[layer] = base + g.KOffset(layer);
+    view.v[layer] = base + g.VOffset(layer);
   }
   return view;
 }

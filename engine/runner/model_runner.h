@@ -39,7 +39,8 @@ struct RunnerConfig {
 
 class ModelRunner {
  public:
-  // `model` and `experts` must outlive the runner; `comm` may be null when tp_size == 1. `kv` is
+  // `model` and `experts` must outlive the runner; `comm` is the host communicator the model's
+  // Forward gets (null when tp_size == 1, or when the model sums on the device itself). `kv` is
   // the rank's KV cache; its block_size must equal config.block_size. InvalidArgument (naming the
   // field) for inconsistent settings.
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const RunnerConfig& config,
@@ -84,9 +85,11 @@ class ModelRunner {
   std::vector<int64_t> draw_indices_;
 };
 
-// The float32 KvCacheView of `region`'s currently mapped blocks, for the `engine` ("CPU", "GPU")
-// that needs the region on memory backend `backend` ("host", "cuda"): block addresses are that
-// backend's addresses. FailedPrecondition for another backend or a non-float32 geometry.
+// The KvCacheView of `region`'s currently mapped blocks, for the `engine` ("CPU", "GPU") that
+// needs the region on memory backend `backend` ("host", "cuda"): block addresses are that
+// backend's addresses, the element type follows the geometry's dtype_bytes (4: float32, 2:
+// bfloat16). FailedPrecondition for another backend or an element size the engine does not store
+// (the CPU engine: float32 only).
 absl::StatusOr<KvCacheView> KvRegionView(const KvRegion& region, int num_decoder_layers,
                                          absl::string_view backend, absl::string_view engine);
 

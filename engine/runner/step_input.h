@@ -78,6 +78,8 @@ struct StepOutput {
   // With return_all_logits: per scheduled request, in batch order, [num_tokens, vocab] floats.
   std::vector<std::vector<float>> logits;
   int64_t num_tokens = 0;
+  // Wall time of the forward pass (including device-side sampling when the model samples on its
+  // device) and of host-side sampling (bookkeeping only when the device sampled).
   double forward_us = 0;
   double sample_us = 0;
 };

@@ -26,15 +26,15 @@ absl::StatusOr<ExpertPointerTables> BuildExpertPointerTables(
   for (int layer : g.moe_layers) {
     const std::vector<ExpertLocation> table = store.PointerTable(layer);
     const int job = t.job_of_layer[layer];
-    std::vector<const float*>& w13 = t.w13[layer];
-    std::vector<const float*>& w2 = t.w2[layer];
+    std::vector<const void*>& w13 = t.w13[layer];
+    std::vector<const void*>& w2 = t.w2[layer];
     w13.resize(table.size());
     w2.resize(table.size());
     for (size_t e = 0; e < table.size(); ++e) {
       const ExpertLocation& loc = table[e];
       if (loc.where == ExpertLocation::Where::kResident) {
-        w13[e] = reinterpret_cast<const float*>(static_cast<uintptr_t>(loc.w13));
-        w2[e] = reinterpret_cast<const float*>(static_cast<uintptr_t>(loc.w2));
+        w13[e] = reinterpret_cast<const void*>(static_cast<uintptr_t>(loc.w13));
+        w2[e] = reinterpret_cast<const void*>(static_cast<uintptr_t>(loc.w2));
         continue;
       }
       if (job < 0 || buffer_bases.empty() || loc.w2 + g.w2_bytes > g.staging_buffer_bytes()) {
@@ -42,8 +42,8 @@ absl::StatusOr<ExpertPointerTables> BuildExpertPointerTables(
                                                 " is staged but has no staging buffer"));
       }
       const uint8_t* base = buffer_bases[t.plan[job].buffer];
-      w13[e] = reinterpret_cast<const float*>(base + loc.w13);
-      w2[e] = reinterpret_cast<const float*>(base + loc.w2);
+      w13[e] = static_cast<const void*>(base + loc.w13);
+      w2[e] = static_cast<const void*>(base + loc.w2);
     }
   }
   return t;

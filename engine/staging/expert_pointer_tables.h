@@ -16,11 +16,11 @@
 namespace vamp {
 
 struct ExpertPointerTables {
-  std::vector<int> staged_layers;   // MoE layers with offloaded experts, ascending
-  std::vector<StagingCopy> plan;    // PlanStagingPass over staged_layers
-  std::vector<int> job_of_layer;    // by decoder layer: index into plan, or -1
-  std::vector<std::vector<const float*>> w13;  // by decoder layer (empty for non-MoE layers)
-  std::vector<std::vector<const float*>> w2;
+  std::vector<int> staged_layers;             // MoE layers with offloaded experts, ascending
+  std::vector<StagingCopy> plan;              // PlanStagingPass over staged_layers
+  std::vector<int> job_of_layer;              // by decoder layer: index into plan, or -1
+  std::vector<std::vector<const void*>> w13;  // by decoder layer (empty for non-MoE layers)
+  std::vector<std::vector<const void*>> w2;
 };
 
 // `buffer_bases[i]` is the start of staging buffer i (host or device addresses alike), each

@@ -1,6 +1,5 @@
 #include "engine/staging/expert_store_weights.h"
 
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -42,6 +41,9 @@ ExpertStoreWeights::ExpertStoreWeights(ExpertStore* store, ExpertShardLayout lay
 
 absl::Status ExpertStoreWeights::StoreExpertShard(int layer, int expert,
                                                   absl::Span<const float> shard) {
+  if (layout_.dtype != DType::kFloat32) {
+    return absl::FailedPreconditionError("the CPU expert store holds float32 shards");
+  }
   if (static_cast<int64_t>(shard.size()) != layout_.Elements()) {
     return absl::InvalidArgumentError(
         absl::StrCat("expert shard of ", shard.size(), " elements, expected ", layout_.Elements()));

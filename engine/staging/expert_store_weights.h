@@ -64,9 +64,9 @@ class ExpertStoreWeights final : public ExpertWeightSink, public ExpertWeights {
   uint64_t built_version_ = 0;
   std::vector<int> staged_layers_;
   std::vector<StagingCopy> plan_;
-  std::vector<int> job_of_layer_;               // by decoder layer: index into plan_, or -1
-  std::vector<std::vector<const float*>> w13_;  // by decoder layer (empty for non-MoE layers)
-  std::vector<std::vector<const float*>> w2_;
+  std::vector<int> job_of_layer_;              // by decoder layer: index into plan_, or -1
+  std::vector<std::vector<const void*>> w13_;  // by decoder layer (empty for non-MoE layers)
+  std::vector<std::vector<const void*>> w2_;
 };
 
 }  // namespace vamp

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/lanes.h"
 
 namespace vamp::kernels::cpu {
@@ -78,6 +79,145 @@ __attribute__((target_clones("avx2", "default"))) void PagedAttention(
       }
     }
   }
+}
+
+void WriteKv(const BFloat16* k, int64_t k_stride, const BFloat16* v, int64_t v_stride,
+             const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
+             int64_t head_dim, BFloat16* k_cache, BFloat16* v_cache, KvCacheStrides strides,
+             int64_t block_size) {
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;
+    const int64_t offset =
+        (slot / block_size) * strides.block_stride + (slot % block_size) * strides.token_stride;
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const int64_t dst = offset + h * strides.head_stride;
+      std::memcpy(k_cache + dst, k + t * k_stride + h * head_dim, head_dim * sizeof(BFloat16));
+      std::memcpy(v_cache + dst, v + t * v_stride + h * head_dim, head_dim * sizeof(BFloat16));
+    }
+  }
+}
+
+int64_t PagedAttentionWorkspaceFloats(int64_t /*max_num_tokens*/, int64_t /*max_num_seqs*/,
+                                      int64_t /*num_q_heads*/, int64_t head_dim,
+                                      int64_t max_seq_len) {
+  return max_seq_len + 3 * head_dim;
+}
+
+namespace internal {
+
+// The float32 PagedAttention's loops with every bfloat16 operand converted to float32 just before
+// use (the query row once per head, each key row into `key`), so every float32 operation is the
+// same, in the same order; only the output is rounded. Arguments are validated by the caller.
+// Compiled for AVX2 and for the baseline (same results: see lanes.h).
+__attribute__((target_clones("avx2", "default"))) void PagedAttentionBf16(
+    const BFloat16* q, int64_t q_stride, const BFloat16* k_cache, const BFloat16* v_cache,
+    KvCacheStrides strides, int64_t block_size, const int32_t* block_tables,
+    int64_t block_table_stride, const int32_t* seq_lens, const int32_t* query_start_loc,
+    int64_t num_seqs, int64_t max_seq_len, int64_t num_q_heads, int64_t num_kv_heads,
+    int64_t head_dim, float scale, BFloat16* out, int64_t out_stride, float* workspace) {
+  const int64_t group = num_q_heads / num_kv_heads;
+  float* scores = workspace;
+  float* query = scores + max_seq_len;
+  float* key = query + head_dim;
+  float* acc = key + head_dim;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int32_t* table = block_tables + s * block_table_stride;
+    const int64_t row_begin = query_start_loc[s];
+    const int64_t q_len = query_start_loc[s + 1] - row_begin;
+    const int64_t first_pos = seq_lens[s] - q_len;
+    for (int64_t r = 0; r < q_len; ++r) {
+      const int64_t num_keys = first_pos + r + 1;  // causal: positions [0, first_pos + r]
+      const int64_t row = row_begin + r;
+      for (int64_t h = 0; h < num_q_heads; ++h) {
+        const BFloat16* qh = q + row * q_stride + h * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) query[d] = ToFloat(qh[d]);
+        const int64_t kv_head_offset = (h / group) * strides.head_stride;
+        float max_score = -INFINITY;
+        for (int64_t p0 = 0; p0 < num_keys; p0 += block_size) {
+          const BFloat16* kb =
+              k_cache + table[p0 / block_size] * strides.block_stride + kv_head_offset;
+          const int64_t n = num_keys - p0 < block_size ? num_keys - p0 : block_size;
+          for (int64_t t = 0; t < n; ++t) {
+            const BFloat16* kp = kb + t * strides.token_stride;
+            for (int64_t d = 0; d < head_dim; ++d) key[d] = ToFloat(kp[d]);
+            const float score = internal::InlineDot(query, key, head_dim) * scale;
+            scores[p0 + t] = score;
+            max_score = score > max_score ? score : max_score;
+          }
+        }
+        float denom = 0.0f;
+        for (int64_t p = 0; p < num_keys; ++p) {
+          scores[p] = std::exp(scores[p] - max_score);
+          denom += scores[p];
+        }
+        const float inv_denom = 1.0f / denom;
+        for (int64_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
+        for (int64_t p0 = 0; p0 < num_keys; p0 += block_size) {
+          const BFloat16* vb =
+              v_cache + table[p0 / block_size] * strides.block_stride + kv_head_offset;
+          const int64_t n = num_keys - p0 < block_size ? num_keys - p0 : block_size;
+          for (int64_t t = 0; t < n; ++t) {
+            const float weight = scores[p0 + t] * inv_denom;
+            const BFloat16* vp = vb + t * strides.token_stride;
+            for (int64_t d = 0; d < head_dim; ++d) acc[d] += weight * ToFloat(vp[d]);
+          }
+        }
+        BFloat16* o = out + row * out_stride + h * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) o[d] = ToBFloat16(acc[d]);
+      }
+    }
+  }
+}
+
+}  // namespace internal
+
+absl::Status PagedAttention(const BFloat16* q, int64_t q_stride, const BFloat16* k_cache,
+                            const BFloat16* v_cache, KvCacheStrides strides, int64_t block_size,
+                            const int32_t* block_tables, int64_t block_table_stride,
+                            const int32_t* seq_lens, const int32_t* query_start_loc,
+                            int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
+                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                            float scale, BFloat16* out, int64_t out_stride, float* workspace,
+                            int64_t workspace_floats) {
+  if (head_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: head_dim ", head_dim, " < 1"));
+  }
+  if (num_kv_heads < 1 || num_q_heads < 1 || num_q_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", num_q_heads,
+                                                   " query heads are not a positive multiple of ",
+                                                   num_kv_heads, " kv heads"));
+  }
+  if (block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttention: block_size ", block_size, " < 1"));
+  }
+  if (num_seqs < 0 || max_query_len < 0 || max_seq_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: negative num_seqs ", num_seqs,
+                                                   ", max_query_len ", max_query_len,
+                                                   " or max_seq_len ", max_seq_len));
+  }
+  const int64_t needed =
+      PagedAttentionWorkspaceFloats(0, num_seqs, num_q_heads, head_dim, max_seq_len);
+  if (workspace_floats < needed) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: workspace of ",
+                                                   workspace_floats, " floats; ", needed,
+                                                   " needed for max_seq_len ", max_seq_len));
+  }
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
+    if (q_len < 0 || q_len > max_query_len || q_len > seq_lens[s] || seq_lens[s] > max_seq_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PagedAttention: sequence ", s, " has ", q_len, " query rows and seq_len ",
+                       seq_lens[s], " (bounds: max_query_len ", max_query_len, ", max_seq_len ",
+                       max_seq_len, "; query rows may not exceed seq_len)"));
+    }
+  }
+  internal::PagedAttentionBf16(q, q_stride, k_cache, v_cache, strides, block_size, block_tables,
+                               block_table_stride, seq_lens, query_start_loc, num_seqs, max_seq_len,
+                               num_q_heads, num_kv_heads, head_dim, scale, out, out_stride,
+                               workspace);
+  return absl::OkStatus();
 }
 
 }  // namespace vamp::kernels::cpu

@@ -13,6 +13,9 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "kernels/cpu/bfloat16.h"
+
 namespace vamp::kernels::cpu {
 
 struct KvCacheStrides {
@@ -46,6 +49,40 @@ void PagedAttention(const float* q, int64_t q_stride, const float* k_cache, cons
                     const int32_t* query_start_loc, int64_t num_seqs, int64_t num_q_heads,
                     int64_t num_kv_heads, int64_t head_dim, float scale, float* out,
                     int64_t out_stride, float* workspace);
+
+// ---- bfloat16 (the engine's storage type; the float32 functions above are the reference) ----
+
+// As the float32 WriteKv: a bit-exact copy of bfloat16 K and V rows into their slots.
+void WriteKv(const BFloat16* k, int64_t k_stride, const BFloat16* v, int64_t v_stride,
+             const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
+             int64_t head_dim, BFloat16* k_cache, BFloat16* v_cache, KvCacheStrides strides,
+             int64_t block_size);
+
+// Float32 elements of `workspace` the bfloat16 PagedAttention below needs for a step of at most
+// max_num_tokens query rows, max_num_seqs sequences and max_seq_len tokens of context. The CPU twin
+// needs max_seq_len scores plus three head_dim rows (query, key and output in float32); the other
+// arguments are those of the CUDA twin's function of the same name, so a runner sizes both alike.
+int64_t PagedAttentionWorkspaceFloats(int64_t max_num_tokens, int64_t max_num_seqs,
+                                      int64_t num_q_heads, int64_t head_dim, int64_t max_seq_len);
+
+// bfloat16 paged attention with the semantics of the float32 PagedAttention above. max_query_len
+// and max_seq_len are upper bounds of the batch's query lengths and seq_lens (the CUDA twin sizes
+// its launch from them without reading the device); here they are checked. Every element is
+// converted to float32 and the float32 kernel's arithmetic is performed in the same order, the
+// output rounded to bfloat16 once: the result equals ToBFloat16 of the float32 PagedAttention on
+// the same (bfloat16-valued) inputs, bit for bit.
+// Errors (InvalidArgument, nothing written): head_dim < 1, num_kv_heads < 1 or not dividing
+// num_q_heads, block_size < 1, workspace_floats below PagedAttentionWorkspaceFloats(..,
+// max_seq_len), a sequence whose query length exceeds max_query_len or its seq_len, or whose
+// seq_len exceeds max_seq_len.
+absl::Status PagedAttention(const BFloat16* q, int64_t q_stride, const BFloat16* k_cache,
+                            const BFloat16* v_cache, KvCacheStrides strides, int64_t block_size,
+                            const int32_t* block_tables, int64_t block_table_stride,
+                            const int32_t* seq_lens, const int32_t* query_start_loc,
+                            int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
+                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                            float scale, BFloat16* out, int64_t out_stride, float* workspace,
+                            int64_t workspace_floats);
 
 }  // namespace vamp::kernels::cpu
 

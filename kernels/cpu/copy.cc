@@ -39,6 +39,13 @@ void GatherRows(const float* src, int64_t src_stride, const int32_t* row_index, 
   }
 }
 
+void GatherRows(const BFloat16* src, int64_t src_stride, const int32_t* row_index, int64_t num_rows,
+                int64_t cols, BFloat16* dst, int64_t dst_stride) {
+  for (int64_t r = 0; r < num_rows; ++r) {
+    std::memcpy(dst + r * dst_stride, src + row_index[r] * src_stride, cols * sizeof(BFloat16));
+  }
+}
+
 void Bf16ToFloat(const uint16_t* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = BitsToFloat(static_cast<uint32_t>(src[i]) << 16);
 }

@@ -1,5 +1,10 @@
 #include "kernels/cpu/gemm.h"
 
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "absl/types/span.h"
 #include "kernels/cpu/lanes.h"
 
 namespace vamp::kernels::cpu {
@@ -21,6 +26,39 @@ inline void Rows(const float* const* x, const float* w, int64_t ldw, float* cons
     const float* ws[1] = {w + j * ldw};
     float* o[2] = {out[0] + j, out[R - 1] + j};
     DotTile<R, 1>(x, ws, k, o);
+  }
+}
+
+// Weight rows widened to float32 per pass of the bf16 GEMMs: bounds the scratch (64 x k floats)
+// however large n is (the LM head has ~152k rows), and keeps the block cache-resident while every
+// row of `a` passes over it.
+constexpr int64_t kBf16WeightBlock = 64;
+
+// The bf16 GEMMs: widen `a` once and `w` block by block, run the float32 Gemm (whose result per
+// element depends only on k, never on strides or on which block a row sits in), then store.
+template <typename Out>
+void GemmBf16(const BFloat16* a, int64_t lda, const BFloat16* w, int64_t ldw, Out* c, int64_t ldc,
+              int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  std::vector<float> a_f(m * k);
+  for (int64_t i = 0; i < m; ++i) ToFloat(absl::MakeConstSpan(a + i * lda, k), a_f.data() + i * k);
+  const int64_t block = std::min(n, kBf16WeightBlock);
+  std::vector<float> w_f(block * k);
+  std::vector<float> c_f;
+  if constexpr (!std::is_same_v<Out, float>) c_f.resize(m * block);
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t cols = std::min(block, n - j0);
+    for (int64_t j = 0; j < cols; ++j) {
+      ToFloat(absl::MakeConstSpan(w + (j0 + j) * ldw, k), w_f.data() + j * k);
+    }
+    if constexpr (std::is_same_v<Out, float>) {
+      Gemm(a_f.data(), k, w_f.data(), k, c + j0, ldc, m, cols, k);
+    } else {
+      Gemm(a_f.data(), k, w_f.data(), k, c_f.data(), cols, m, cols, k);
+      for (int64_t i = 0; i < m; ++i) {
+        ToBFloat16(absl::MakeConstSpan(c_f.data() + i * cols, cols), c + i * ldc + j0);
+      }
+    }
   }
 }
 
@@ -49,6 +87,16 @@ __attribute__((target_clones("avx2", "default"))) void Gemm(const float* a, int6
       Rows<1>(x, w, ldw, out, j0, j1, k);
     }
   }
+}
+
+void Gemm(const BFloat16* a, int64_t lda, const BFloat16* w, int64_t ldw, BFloat16* c, int64_t ldc,
+          int64_t m, int64_t n, int64_t k) {
+  GemmBf16(a, lda, w, ldw, c, ldc, m, n, k);
+}
+
+void Gemm(const BFloat16* a, int64_t lda, const BFloat16* w, int64_t ldw, float* c, int64_t ldc,
+          int64_t m, int64_t n, int64_t k) {
+  GemmBf16(a, lda, w, ldw, c, ldc, m, n, k);
 }
 
 }  // namespace vamp::kernels::cpu

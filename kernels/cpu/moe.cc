@@ -2,11 +2,18 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "common/logging.h"
 #include "kernels/cpu/gemm.h"
 
 namespace vamp::kernels::cpu {
+namespace {
+
+// silu(g) * u, the one expression both SiluAndMul overloads evaluate.
+inline float SiluMul(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
+
+}  // namespace
 
 void RouterTopK(const float* router_logits, int64_t logits_stride, int64_t num_tokens,
                 int64_t num_experts, int64_t top_k, bool renormalize, int32_t* topk_ids,
@@ -80,10 +87,7 @@ void SiluAndMul(const float* x, int64_t x_stride, int64_t num_rows, int64_t inte
     const float* gate = x + r * x_stride;
     const float* up = gate + inter;
     float* o = out + r * out_stride;
-    for (int64_t j = 0; j < inter; ++j) {
-      const float g = gate[j];
-      o[j] = g / (1.0f + std::exp(-g)) * up[j];
-    }
+    for (int64_t j = 0; j < inter; ++j) o[j] = SiluMul(gate[j], up[j]);
   }
 }
 
@@ -98,6 +102,46 @@ void MoeUnpermute(const float* expert_out, int64_t expert_out_stride, const int3
       const float* y = expert_out + pair_row[t * top_k + j] * expert_out_stride;
       for (int64_t d = 0; d < hidden; ++d) o[d] += w * y[d];
     }
+  }
+}
+
+void ExpertGemm(const BFloat16* a, int64_t lda, const BFloat16* const* expert_weights,
+                int64_t weight_offset, int64_t ldw, const int32_t* expert_offsets,
+                int64_t num_experts, BFloat16* c, int64_t ldc, int64_t n, int64_t k) {
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t begin = expert_offsets[e];
+    const int64_t rows = expert_offsets[e + 1] - begin;
+    if (rows == 0) continue;
+    VAMP_CHECK(expert_weights[e] != nullptr) << "expert " << e << " has rows but no weights";
+    Gemm(a + begin * lda, lda, expert_weights[e] + weight_offset, ldw, c + begin * ldc, ldc, rows,
+         n, k);
+  }
+}
+
+void SiluAndMul(const BFloat16* x, int64_t x_stride, int64_t num_rows, int64_t inter, BFloat16* out,
+                int64_t out_stride) {
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const BFloat16* gate = x + r * x_stride;
+    const BFloat16* up = gate + inter;
+    BFloat16* o = out + r * out_stride;
+    for (int64_t j = 0; j < inter; ++j)
+      o[j] = ToBFloat16(SiluMul(ToFloat(gate[j]), ToFloat(up[j])));
+  }
+}
+
+void MoeUnpermute(const BFloat16* expert_out, int64_t expert_out_stride, const int32_t* pair_row,
+                  const float* topk_weights, int64_t num_tokens, int64_t top_k, int64_t hidden,
+                  BFloat16* out, int64_t out_stride) {
+  std::vector<float> acc(hidden);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t d = 0; d < hidden; ++d) acc[d] = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) {
+      const float w = topk_weights[t * top_k + j];
+      const BFloat16* y = expert_out + pair_row[t * top_k + j] * expert_out_stride;
+      for (int64_t d = 0; d < hidden; ++d) acc[d] += w * ToFloat(y[d]);
+    }
+    BFloat16* o = out + t * out_stride;
+    for (int64_t d = 0; d < hidden; ++d) o[d] = ToBFloat16(acc[d]);
   }
 }
 

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/bfloat16.h"
+
 namespace vamp::kernels::cpu {
 
 // Softmax over each row of router_logits ([num_tokens, num_experts], row stride logits_stride),
@@ -54,6 +56,19 @@ void SiluAndMul(const float* x, int64_t x_stride, int64_t num_rows, int64_t inte
 void MoeUnpermute(const float* expert_out, int64_t expert_out_stride, const int32_t* pair_row,
                   const float* topk_weights, int64_t num_tokens, int64_t top_k, int64_t hidden,
                   float* out, int64_t out_stride);
+
+// bfloat16 twins of the three activation kernels (see gemm.h: widened inputs, float32 arithmetic
+// exactly as the float32 kernels, one rounding per output element). Router logits, top-k weights
+// and the permutation stay float32 / int32.
+void ExpertGemm(const BFloat16* a, int64_t lda, const BFloat16* const* expert_weights,
+                int64_t weight_offset, int64_t ldw, const int32_t* expert_offsets,
+                int64_t num_experts, BFloat16* c, int64_t ldc, int64_t n, int64_t k);
+void SiluAndMul(const BFloat16* x, int64_t x_stride, int64_t num_rows, int64_t inter, BFloat16* out,
+                int64_t out_stride);
+// The sum over a token's choices is accumulated in float32 in choice order and rounded once.
+void MoeUnpermute(const BFloat16* expert_out, int64_t expert_out_stride, const int32_t* pair_row,
+                  const float* topk_weights, int64_t num_tokens, int64_t top_k, int64_t hidden,
+                  BFloat16* out, int64_t out_stride);
 
 }  // namespace vamp::kernels::cpu
 

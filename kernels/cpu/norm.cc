@@ -1,7 +1,9 @@
 #include "kernels/cpu/norm.h"
 
 #include <cmath>
+#include <vector>
 
+#include "absl/types/span.h"
 #include "kernels/cpu/gemm.h"
 
 namespace vamp::kernels::cpu {
@@ -30,6 +32,18 @@ void FusedAddRmsNorm(float* x, int64_t x_stride, float* residual, int64_t residu
     float* rr = residual + i * residual_stride;
     for (int64_t j = 0; j < hidden; ++j) rr[j] += xr[j];
     NormalizeRow(rr, weight, eps, hidden, xr);
+  }
+}
+
+void FusedAddRmsNorm(BFloat16* x, int64_t x_stride, float* residual, int64_t residual_stride,
+                     const float* weight, float eps, int64_t num_rows, int64_t hidden) {
+  std::vector<float> normed(hidden);
+  for (int64_t i = 0; i < num_rows; ++i) {
+    BFloat16* xr = x + i * x_stride;
+    float* rr = residual + i * residual_stride;
+    for (int64_t j = 0; j < hidden; ++j) rr[j] += ToFloat(xr[j]);
+    NormalizeRow(rr, weight, eps, hidden, normed.data());
+    ToBFloat16(absl::MakeConstSpan(normed), xr);
   }
 }
 

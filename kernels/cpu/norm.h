@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/bfloat16.h"
+
 namespace vamp::kernels::cpu {
 
 // out[i, :] = RMSNorm(x[i, :]) * weight for i < num_rows. `out` may equal `x` (same strides).
@@ -16,6 +18,14 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float eps, i
 //   residual[i, :] += x[i, :];  x[i, :] = RMSNorm(residual[i, :]) * weight.
 // Both buffers are updated in place.
 void FusedAddRmsNorm(float* x, int64_t x_stride, float* residual, int64_t residual_stride,
+                     const float* weight, float eps, int64_t num_rows, int64_t hidden);
+
+// bfloat16 activations around a float32 residual stream (the bf16 model keeps the residual, the
+// norm weights and the reduction in float32):
+//   residual[i, :] += float(x[i, :]);  x[i, :] = bf16(RMSNorm(residual[i, :]) * weight).
+// Equals the float32 FusedAddRmsNorm on float(x), with x rounded once at the end. The bf16 model
+// zeroes the residual before layer 0 and gathers the embedding into x, so layer 0 uses this too.
+void FusedAddRmsNorm(BFloat16* x, int64_t x_stride, float* residual, int64_t residual_stride,
                      const float* weight, float eps, int64_t num_rows, int64_t hidden);
 
 }  // namespace vamp::kernels::cpu

@@ -1,7 +1,9 @@
 #include "kernels/cpu/rope.h"
 
 #include <cmath>
+#include <vector>
 
+#include "absl/types/span.h"
 #include "common/logging.h"
 #include "kernels/cpu/norm.h"
 
@@ -59,6 +61,28 @@ void QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t 
         RmsNorm(x, head_dim, k_norm_weight, eps, 1, head_dim, x, head_dim);
       RotateHead(x, cs, half);
     }
+  }
+}
+
+void QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride, int64_t num_tokens,
+                int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                const float* q_norm_weight, const float* k_norm_weight, float eps,
+                const int64_t* positions, const float* cos_sin_cache, int64_t max_positions) {
+  // One token at a time through the float32 kernel: its arithmetic is per head, so widening a
+  // token's heads into contiguous scratch changes nothing but where they sit.
+  const int64_t q_width = num_q_heads * head_dim;
+  const int64_t k_width = num_kv_heads * head_dim;
+  std::vector<float> q_f(q_width);
+  std::vector<float> k_f(k_width);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    BFloat16* qt = q + t * q_stride;
+    BFloat16* kt = k + t * k_stride;
+    ToFloat(absl::MakeConstSpan(qt, q_width), q_f.data());
+    ToFloat(absl::MakeConstSpan(kt, k_width), k_f.data());
+    QkNormRope(q_f.data(), q_width, k_f.data(), k_width, 1, num_q_heads, num_kv_heads, head_dim,
+               q_norm_weight, k_norm_weight, eps, positions + t, cos_sin_cache, max_positions);
+    ToBFloat16(absl::MakeConstSpan(q_f), qt);
+    ToBFloat16(absl::MakeConstSpan(k_f), kt);
   }
 }
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/bfloat16.h"
+
 namespace vamp::kernels::cpu {
 
 // Fills cos_sin_cache[pos, :] for pos < max_positions: the first rotary_dim/2 entries hold
@@ -20,6 +22,13 @@ void BuildRopeCache(float theta, int64_t rotary_dim, int64_t max_positions, floa
 //   positions[t] using cos_sin_cache (built for rotary_dim == head_dim).
 // Every positions[t] must be in [0, max_positions).
 void QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t num_tokens,
+                int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                const float* q_norm_weight, const float* k_norm_weight, float eps,
+                const int64_t* positions, const float* cos_sin_cache, int64_t max_positions);
+
+// bfloat16 q and k (norm weights and the cos/sin cache stay float32): each head is widened, normed
+// and rotated in float32 exactly as above, and rounded to bf16 once.
+void QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride, int64_t num_tokens,
                 int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                 const float* q_norm_weight, const float* k_norm_weight, float eps,
                 const int64_t* positions, const float* cos_sin_cache, int64_t max_positions);

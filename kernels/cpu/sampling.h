@@ -4,6 +4,8 @@
 // (seeds[r], draw_indices[r]) (a splitmix64 hash), so a request that carries its own seed and uses
 // the index of the token being generated as the draw index samples the same tokens however it is
 // batched, preempted or replayed, and the CUDA twin can reproduce the CPU's draws exactly.
+// The CUDA twin, kernels/cuda/sampling.h (cuda::SampleTokens), implements these semantics on device
+// memory; tests/kernels/cuda/sampling_cuda_test.cc holds the two against each other.
 #ifndef VAMP_KERNELS_CPU_SAMPLING_H_
 #define VAMP_KERNELS_CPU_SAMPLING_H_
 

@@ -1,16 +1,81 @@
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/reduce.cuh"
 
 namespace vamp::kernels::cuda {
 namespace {
 
+using internal::CeilDiv;
+
 constexpr int kWriteKvThreads = 256;
 constexpr int kAttentionWarps = 4;
 constexpr int kDimsPerLane = kMaxAttentionHeadDim / 32;
 // Work items per multiprocessor of the persistent attention grid.
 constexpr int kAttentionBlocksPerSm = 16;
+
+// ---- bfloat16 tensor-core kernels: tiling (see attention_mma.cuh for the warp-level part) ----
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = kTcWarps * 32;
+// Decode: a CTA owns one tile of 16 query vectors (one m16 MMA tile: the query heads of one KV
+// head for the sequence's query rows) and one KV split; each warp streams its own 16-key tiles
+// through a kDecodeStages-deep cp.async pipeline, and the four warps' softmax states are merged
+// in shared memory at the end.
+constexpr int kDecodeRows = 16;
+constexpr int kDecodeKeys = 16;
+constexpr int kDecodeStages = 3;
+// Launches whose max_query_len * group is at most this (or whose max_query_len is 1) use the
+// decode kernel; query_tiles = ceil(max_query_len * group / 16) <= 2 then, or <= group when
+// max_query_len is 1 (the bound PagedAttentionWorkspaceFloats relies on).
+constexpr int64_t kDecodeMaxVectors = 32;
+// Split-KV limits: at most kMaxSplits splits of at least kMinSplitKeys keys, and at most
+// kMaxSplitCtas split work items (bounds the scratch; see PagedAttentionWorkspaceFloats).
+constexpr int64_t kMaxSplits = 128;
+constexpr int64_t kMinSplitKeys = 256;
+constexpr int64_t kMaxSplitCtas = 2048;
+// Fixed cost of a decode CTA (query load, pipeline fill, merge), in keys' worth of streaming.
+constexpr int64_t kSplitOverheadKeys = 128;
+// Prefill: a CTA owns 64 query vectors (16 per warp) and walks 64-key tiles shared by its warps
+// through a kPrefillStages-deep cp.async pipeline (112 KiB of shared memory at head_dim 128: two
+// CTAs per multiprocessor).
+constexpr int kPrefillRows = 64;
+constexpr int kPrefillKeys = 64;
+constexpr int kPrefillStages = 3;
+static_assert(kDecodeStages >= 2 && kPrefillStages >= 2, "pipelines need two stages or more");
+// Floats of one split partial: kDecodeRows outputs of head_dim, then their max and sum.
+__host__ __device__ constexpr int64_t SlotFloats(int64_t head_dim) {
+  return kDecodeRows * (head_dim + 2);
+}
+
+constexpr int DecodeSmemBytes(int head_dim) {
+  return (kDecodeRows + kTcWarps * kDecodeStages * 2 * kDecodeKeys) * head_dim * 2;
+}
+constexpr int PrefillSmemBytes(int head_dim) {
+  return (kPrefillRows + kPrefillStages * 2 * kPrefillKeys) * head_dim * 2;
+}
+// The decode merge reuses the KV stages: four warps' [16][head_dim] outputs plus max and sum.
+static_assert(kTcWarps * kDecodeRows * (128 + 2) * 4 <=
+                  kTcWarps * kDecodeStages * 2 * kDecodeKeys * 128 * 2,
+              "decode merge buffer must fit in the KV stages");
+static_assert(kTcWarps * kDecodeRows * (64 + 2) * 4 <=
+                  kTcWarps * kDecodeStages * 2 * kDecodeKeys * 64 * 2,
+              "decode merge buffer must fit in the KV stages");
+
+__device__ __forceinline__ float LoadFloat(const float* p) { return *p; }
+__device__ __forceinline__ float LoadFloat(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void StoreFloat(float* p, float v) { *p = v; }
+__device__ __forceinline__ void StoreFloat(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
 
 // One block per token.
 __global__ void WriteKvKernel(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
@@ -31,13 +96,45 @@ __global__ void WriteKvKernel(const float* k, int64_t k_stride, const float* v, 
   }
 }
 
+// bfloat16 KV write over a flat grid of (token, kElems-element piece) pairs: 16-byte vectors
+// (kElems 8; the host checked alignment and head_dim % 8) or single elements. Bit copies.
+template <int kElems>
+__global__ void WriteKvBf16Kernel(const uint16_t* k, int64_t k_stride, const uint16_t* v,
+                                  int64_t v_stride, const int64_t* slot_mapping, int64_t num_tokens,
+                                  int64_t num_kv_heads, int64_t head_dim, uint16_t* k_cache,
+                                  uint16_t* v_cache, KvCacheStrides strides, int64_t block_size) {
+  using Piece = std::conditional_t<kElems == 8, uint4, uint16_t>;
+  static_assert(sizeof(Piece) == kElems * sizeof(uint16_t), "piece size");
+  const int64_t per_token = num_kv_heads * head_dim / kElems;
+  const int64_t total = num_tokens * per_token;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / per_token;
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;
+    const int64_t e = (i % per_token) * kElems;  // element within the token's heads
+    const int64_t dst = (slot / block_size) * strides.block_stride +
+                        (slot % block_size) * strides.token_stride +
+                        (e / head_dim) * strides.head_stride + e % head_dim;
+    *reinterpret_cast<Piece*>(k_cache + dst) =
+        *reinterpret_cast<const Piece*>(k + t * k_stride + e);
+    *reinterpret_cast<Piece*>(v_cache + dst) =
+        *reinterpret_cast<const Piece*>(v + t * v_stride + e);
+  }
+}
+
+// The simple kernel (float32, and bfloat16 shapes the tensor-core kernels do not take): each
+// (query row, head) is one work item of a persistent grid; a block's four warps split the keys
+// and each keeps an online (running max) softmax, merged at the end. T is float or __nv_bfloat16;
+// arithmetic is float32 either way.
+template <typename T>
 __global__ void __launch_bounds__(kAttentionWarps * 32)
-    PagedAttentionKernel(const float* q, int64_t q_stride, const float* k_cache,
-                         const float* v_cache, KvCacheStrides strides, int64_t block_size,
-                         const int32_t* block_tables, int64_t block_table_stride,
-                         const int32_t* seq_lens, const int32_t* query_start_loc, int64_t num_seqs,
-                         int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-                         float* out, int64_t out_stride) {
+    PagedAttentionKernel(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
+                         KvCacheStrides strides, int64_t block_size, const int32_t* block_tables,
+                         int64_t block_table_stride, const int32_t* seq_lens,
+                         const int32_t* query_start_loc, int64_t num_seqs, int64_t num_q_heads,
+                         int64_t num_kv_heads, int64_t head_dim, float scale, T* out,
+                         int64_t out_stride) {
   __shared__ float warp_max[kAttentionWarps];
   __shared__ float warp_sum[kAttentionWarps];
   __shared__ float warp_acc[kAttentionWarps][kMaxAttentionHeadDim];
@@ -65,11 +162,11 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
 
     float qr[kDimsPerLane];
     float acc[kDimsPerLane];
-    const float* qh = q + row * q_stride + h * head_dim;
+    const T* qh = q + row * q_stride + h * head_dim;
 #pragma unroll
     for (int i = 0; i < kDimsPerLane; ++i) {
       const int64_t d = lane + 32 * i;
-      qr[i] = d < head_dim ? qh[d] : 0.0f;
+      qr[i] = d < head_dim ? LoadFloat(qh + d) : 0.0f;
       acc[i] = 0.0f;
     }
     float m = -INFINITY;  // running max of this warp's scores
@@ -78,13 +175,13 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
       const int64_t token_offset =
           static_cast<int64_t>(table[p / block_size]) * strides.block_stride +
           (p % block_size) * strides.token_stride + kv_head_offset;
-      const float* kp = k_cache + token_offset;
-      const float* vp = v_cache + token_offset;
+      const T* kp = k_cache + token_offset;
+      const T* vp = v_cache + token_offset;
       float dot = 0.0f;
 #pragma unroll
       for (int i = 0; i < kDimsPerLane; ++i) {
         const int64_t d = lane + 32 * i;
-        if (d < head_dim) dot += qr[i] * kp[d];
+        if (d < head_dim) dot += qr[i] * LoadFloat(kp + d);
       }
       const float score = internal::WarpSum(dot) * scale;
       const float m_new = fmaxf(m, score);
@@ -94,7 +191,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
 #pragma unroll
       for (int i = 0; i < kDimsPerLane; ++i) {
         const int64_t d = lane + 32 * i;
-        if (d < head_dim) acc[i] = acc[i] * correction + weight * vp[d];
+        if (d < head_dim) acc[i] = acc[i] * correction + weight * LoadFloat(vp + d);
       }
       m = m_new;
     }
@@ -119,15 +216,482 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
       total += warp_sum[w] * factor[w];
     }
     const float inv_total = total > 0.0f ? 1.0f / total : 0.0f;
-    float* o = out + row * out_stride + h * head_dim;
+    T* o = out + row * out_stride + h * head_dim;
     for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
       float value = 0.0f;
 #pragma unroll
       for (int w = 0; w < kAttentionWarps; ++w) value += warp_acc[w][d] * factor[w];
-      o[d] = value * inv_total;
+      StoreFloat(o + d, value * inv_total);
     }
     __syncthreads();  // shared partials are reused by the next work item
   }
+}
+
+// ---- bfloat16 tensor-core kernels ----
+
+using internal::CpAsyncCommit;
+using internal::CpAsyncWait;
+using internal::SwizzledChunk;
+using internal::WarpAttention;
+
+// Arguments of the tensor-core kernels, validated and narrowed by the host (sizes fit in int).
+// A "query vector" v of a sequence is (query row v / group, query head kv_head * group + v %
+// group): the query heads sharing one KV head, for each of the sequence's query rows in turn.
+struct TcParams {
+  const __nv_bfloat16* q;
+  int64_t q_stride;
+  const __nv_bfloat16* k_cache;
+  const __nv_bfloat16* v_cache;
+  KvCacheStrides strides;
+  int block_size;
+  int block_shift;  // log2(block_size) when a power of two (shift and mask), else -1 (divide)
+  const int32_t* block_tables;
+  int64_t block_table_stride;
+  const int32_t* seq_lens;
+  const int32_t* query_start_loc;
+  int num_seqs;
+  int num_kv_heads;
+  int group;         // query heads per KV head
+  int query_tiles;   // query-vector tiles per (sequence, KV head)
+  int splits;        // KV splits (decode)
+  float scale_log2;  // scale * log2(e): scores in the log2 domain
+  __nv_bfloat16* out;
+  int64_t out_stride;
+  float* workspace;  // split partials (decode with splits > 1)
+};
+
+__device__ __forceinline__ int DivUp(int a, int b) { return (a + b - 1) / b; }
+
+// Starts the copy of query vectors vec0 .. vec0 + kRows - 1 of a sequence (rows of a swizzled
+// [kRows][kHeadDim] tile); vectors >= num_vectors are zero-filled. All threads of the block.
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void LoadQueryTile(const TcParams& p, __nv_bfloat16* q_tile,
+                                              int row_begin, int vec0, int num_vectors,
+                                              int kv_head) {
+  constexpr int kChunks = kHeadDim / 8;
+  const uint32_t base = internal::SharedAddress(q_tile);
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += blockDim.x) {
+    const int row = idx / kChunks;
+    const int chunk = idx % kChunks;
+    const int v = vec0 + row;
+    const bool valid = v < num_vectors;
+    const __nv_bfloat16* src = p.q;
+    if (valid) {
+      src = p.q + static_cast<int64_t>(row_begin + v / p.group) * p.q_stride +
+            static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim + chunk * 8;
+    }
+    internal::CpAsync16(base + 16 * SwizzledChunk<kChunks>(row, chunk), src, valid);
+  }
+}
+
+// Starts the copy of keys key0 .. key0 + kKeys - 1 of one KV head (K and V rows gathered through
+// the sequence's block table) into swizzled [kKeys][kHeadDim] tiles; keys >= key_end are
+// zero-filled and their block-table entries never read. Threads `thread` (0-based among the
+// num_threads taking part) split the 16-byte chunks.
+template <int kHeadDim, int kKeys>
+__device__ __forceinline__ void LoadKvTile(const TcParams& p, const int32_t* table, int kv_head,
+                                           int key0, int key_end, __nv_bfloat16* k_tile,
+                                           __nv_bfloat16* v_tile, int thread, int num_threads) {
+  constexpr int kChunks = kHeadDim / 8;
+  const uint32_t k_base = internal::SharedAddress(k_tile);
+  const uint32_t v_base = internal::SharedAddress(v_tile);
+  for (int idx = thread; idx < kKeys * kChunks; idx += num_threads) {
+    const int row = idx / kChunks;
+    const int chunk = idx % kChunks;
+    const int key = key0 + row;
+    const bool valid = key < key_end;
+    int64_t offset = 0;
+    if (valid) {
+      const int block = p.block_shift >= 0 ? key >> p.block_shift : key / p.block_size;
+      const int in_block = p.block_shift >= 0 ? key & (p.block_size - 1) : key % p.block_size;
+      offset = static_cast<int64_t>(table[block]) * p.strides.block_stride +
+               static_cast<int64_t>(in_block) * p.strides.token_stride +
+               static_cast<int64_t>(kv_head) * p.strides.head_stride + chunk * 8;
+    }
+    const uint32_t dst = 16 * SwizzledChunk<kChunks>(row, chunk);
+    internal::CpAsync16(k_base + dst, p.k_cache + offset, valid);
+    internal::CpAsync16(v_base + dst, p.v_cache + offset, valid);
+  }
+}
+
+// Keys visible to query vector v (causal: its query row's position + 1), at most key_end; 0 for
+// vectors past the sequence (their rows are computed on zeros and never written).
+__device__ __forceinline__ int VectorLimit(const TcParams& p, int v, int num_vectors, int first_pos,
+                                           int key_end) {
+  return v < num_vectors ? min(first_pos + v / p.group + 1, key_end) : 0;
+}
+
+// Split-KV decode. Grid: one CTA per (sequence, query tile, KV head, split), split fastest, so
+// blockIdx.x is also the index of the CTA's partial in the workspace.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kTcThreads) PagedDecodeKernel(const TcParams p) {
+  constexpr int kTileElems = kDecodeKeys * kHeadDim;  // one K (or V) stage of one warp
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* q_tile = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* kv = q_tile + kDecodeRows * kHeadDim;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+
+  int bx = blockIdx.x;
+  const int split = bx % p.splits;
+  bx /= p.splits;
+  const int kv_head = bx % p.num_kv_heads;
+  bx /= p.num_kv_heads;
+  const int tile = bx % p.query_tiles;
+  const int seq = bx / p.query_tiles;
+  const int row_begin = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - row_begin;
+  const int num_vectors = q_len * p.group;
+  const int vec0 = tile * kDecodeRows;
+  if (vec0 >= num_vectors) return;  // whole CTA: past this sequence's query vectors
+  const int first_pos = p.seq_lens[seq] - q_len;
+  const int last_vec = min(vec0 + kDecodeRows, num_vectors) - 1;
+  const int total_keys = first_pos + last_vec / p.group + 1;  // keys the tile's last row sees
+  // This split's keys [begin, end): equal chunks (whole 16-key tiles) of the tile's keys; late
+  // splits of a short sequence are empty and still record an empty partial.
+  const int chunk_keys = DivUp(DivUp(total_keys, p.splits), kDecodeKeys) * kDecodeKeys;
+  const int begin = min(split * chunk_keys, total_keys);
+  const int end = min(begin + chunk_keys, total_keys);
+  const int32_t* table = p.block_tables + seq * p.block_table_stride;
+  // Warp w takes the split's 16-key tiles w, w + 4, w + 8, ...
+  const int num_tiles = DivUp(end - begin, kDecodeKeys);
+  const int my_tiles = num_tiles > warp ? DivUp(num_tiles - warp, kTcWarps) : 0;
+  __nv_bfloat16* warp_kv = kv + warp * kDecodeStages * 2 * kTileElems;
+  auto k_stage = [&](int t) { return warp_kv + (t % kDecodeStages) * 2 * kTileElems; };
+  auto v_stage = [&](int t) { return k_stage(t) + kTileElems; };
+  auto tile_key0 = [&](int t) { return begin + (warp + kTcWarps * t) * kDecodeKeys; };
+
+  // cp.async groups, in commit order per thread: the query tile, then one per pipeline step
+  // (possibly empty), so "all but the newest kDecodeStages - 1 groups done" always means "the
+  // query tile and every KV tile up to the current one have landed".
+  LoadQueryTile<kHeadDim, kDecodeRows>(p, q_tile, row_begin, vec0, num_vectors, kv_head);
+  CpAsyncCommit();
+  for (int t = 0; t < kDecodeStages - 1; ++t) {
+    if (t < my_tiles) {
+      LoadKvTile<kHeadDim, kDecodeKeys>(p, table, kv_head, tile_key0(t), end, k_stage(t),
+                                        v_stage(t), lane, 32);
+    }
+    CpAsyncCommit();
+  }
+  CpAsyncWait<kDecodeStages - 1>();
+  __syncthreads();  // every thread's part of the query tile is visible
+
+  WarpAttention<kHeadDim> att;
+  att.Init();
+  att.LoadQ(q_tile, 0, lane);
+  const int g = lane >> 2;
+  const int limit0 = VectorLimit(p, vec0 + g, num_vectors, first_pos, end);
+  const int limit1 = VectorLimit(p, vec0 + g + 8, num_vectors, first_pos, end);
+  // Tiles ending at or below every valid row's limit need no mask.
+  const int min_limit =
+      __reduce_min_sync(0xffffffffu, min(vec0 + g < num_vectors ? limit0 : INT_MAX,
+                                         vec0 + g + 8 < num_vectors ? limit1 : INT_MAX));
+  for (int t = 0; t < my_tiles; ++t) {
+    __syncwarp();  // all lanes are done reading the stage refilled below (tile t - 1's)
+    const int next = t + kDecodeStages - 1;
+    if (next < my_tiles) {
+      LoadKvTile<kHeadDim, kDecodeKeys>(p, table, kv_head, tile_key0(next), end, k_stage(next),
+                                        v_stage(next), lane, 32);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<kDecodeStages - 1>();
+    __syncwarp();  // every lane's copies of tile t are visible to the whole warp
+    const int key0 = tile_key0(t);
+    att.template Attend<kDecodeKeys>(k_stage(t), v_stage(t), lane, key0, limit0, limit1,
+                                     key0 + kDecodeKeys > min_limit, p.scale_log2);
+  }
+  CpAsyncWait<0>();
+  att.FinishSums();
+  __syncthreads();  // all warps are done with their stages: reuse them for the merge
+
+  // Merge the four warps' states (each covering a quarter of the split's keys).
+  float* merge_o = reinterpret_cast<float*>(kv);                 // [warp][row][dim]
+  float* merge_m = merge_o + kTcWarps * kDecodeRows * kHeadDim;  // [warp][row]
+  float* merge_l = merge_m + kTcWarps * kDecodeRows;             // [warp][row]
+  const int c = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * kDecodeRows + g + 8 * r;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      merge_o[row * kHeadDim + 8 * n + 2 * c] = att.o[n][2 * r];
+      merge_o[row * kHeadDim + 8 * n + 2 * c + 1] = att.o[n][2 * r + 1];
+    }
+    if (c == 0) {
+      merge_m[row] = att.m[r];
+      merge_l[row] = att.l[r];
+    }
+  }
+  __syncthreads();
+  float* slot = p.workspace + static_cast<int64_t>(blockIdx.x) * SlotFloats(kHeadDim);
+  for (int idx = threadIdx.x; idx < kDecodeRows * kHeadDim; idx += kTcThreads) {
+    const int row = idx / kHeadDim;
+    const int d = idx % kHeadDim;
+    const int v = vec0 + row;
+    if (v >= num_vectors) continue;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kTcWarps; ++w) {
+      if (merge_l[w * kDecodeRows + row] > 0.0f) mx = fmaxf(mx, merge_m[w * kDecodeRows + row]);
+    }
+    float sum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kTcWarps; ++w) {
+      const float lw = merge_l[w * kDecodeRows + row];
+      if (lw > 0.0f) {
+        const float f = exp2f(merge_m[w * kDecodeRows + row] - mx);
+        sum += lw * f;
+        acc += merge_o[(w * kDecodeRows + row) * kHeadDim + d] * f;
+      }
+    }
+    const float value = sum > 0.0f ? acc / sum : 0.0f;
+    if (p.splits == 1) {
+      p.out[static_cast<int64_t>(row_begin + v / p.group) * p.out_stride +
+            static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim + d] =
+          __float2bfloat16_rn(value);
+    } else {
+      // Partial of this split: normalised output, max (log2 domain) and sum; an empty split
+      // records sum 0 and is ignored by the merge.
+      slot[row * kHeadDim + d] = value;
+      if (d == 0) {
+        slot[kDecodeRows * kHeadDim + row] = mx;
+        slot[kDecodeRows * kHeadDim + kDecodeRows + row] = sum;
+      }
+    }
+  }
+}
+
+// Combines the splits' partials of one (sequence, query tile, KV head): weights
+// sum_j * exp2(max_j - max) normalised over the splits.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kTcThreads) MergeSplitsKernel(const TcParams p) {
+  __shared__ float weight[kDecodeRows][kMaxSplits];
+  const int kv_head = blockIdx.x % p.num_kv_heads;
+  const int rest = blockIdx.x / p.num_kv_heads;
+  const int tile = rest % p.query_tiles;
+  const int seq = rest / p.query_tiles;
+  const int row_begin = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - row_begin;
+  const int num_vectors = q_len * p.group;
+  const int vec0 = tile * kDecodeRows;
+  if (vec0 >= num_vectors) return;
+  constexpr int64_t kSlot = SlotFloats(kHeadDim);
+  const float* slots = p.workspace + static_cast<int64_t>(blockIdx.x) * p.splits * kSlot;
+  if (threadIdx.x < kDecodeRows && vec0 + static_cast<int>(threadIdx.x) < num_vectors) {
+    const int row = threadIdx.x;
+    float mx = -INFINITY;
+    for (int j = 0; j < p.splits; ++j) {
+      const float* s = slots + j * kSlot + kDecodeRows * kHeadDim;
+      if (s[kDecodeRows + row] > 0.0f) mx = fmaxf(mx, s[row]);
+    }
+    float total = 0.0f;
+    for (int j = 0; j < p.splits; ++j) {
+      const float* s = slots + j * kSlot + kDecodeRows * kHeadDim;
+      const float l = s[kDecodeRows + row];
+      const float w = l > 0.0f ? l * exp2f(s[row] - mx) : 0.0f;
+      weight[row][j] = w;
+      total += w;
+    }
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int j = 0; j < p.splits; ++j) weight[row][j] *= inv;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kDecodeRows * kHeadDim; idx += kTcThreads) {
+    const int row = idx / kHeadDim;
+    const int d = idx % kHeadDim;
+    const int v = vec0 + row;
+    if (v >= num_vectors) continue;
+    float acc = 0.0f;
+    for (int j = 0; j < p.splits; ++j)
+      acc += weight[row][j] * slots[j * kSlot + row * kHeadDim + d];
+    p.out[static_cast<int64_t>(row_begin + v / p.group) * p.out_stride +
+          static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim + d] =
+        __float2bfloat16_rn(acc);
+  }
+}
+
+// FlashAttention-2 style prefill (and any batch the decode kernel does not take). Grid: one CTA
+// per (query tile, sequence, KV head), KV head fastest and the last query tiles (the most keys
+// under the causal mask) first, so the longest CTAs start early.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams p) {
+  constexpr int kTileElems = kPrefillKeys * kHeadDim;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* q_tile = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* kv = q_tile + kPrefillRows * kHeadDim;
+  auto k_stage = [&](int t) { return kv + (t % kPrefillStages) * 2 * kTileElems; };
+  auto v_stage = [&](int t) { return k_stage(t) + kTileElems; };
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+
+  const int kv_head = blockIdx.x % p.num_kv_heads;
+  const int rest = blockIdx.x / p.num_kv_heads;
+  const int seq = rest % p.num_seqs;
+  const int tile = p.query_tiles - 1 - rest / p.num_seqs;
+  const int row_begin = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - row_begin;
+  const int num_vectors = q_len * p.group;
+  const int vec0 = tile * kPrefillRows;
+  if (vec0 >= num_vectors) return;  // whole CTA
+  const int first_pos = p.seq_lens[seq] - q_len;
+  const int last_vec = min(vec0 + kPrefillRows, num_vectors) - 1;
+  const int total_keys = first_pos + last_vec / p.group + 1;
+  const int num_tiles = DivUp(total_keys, kPrefillKeys);
+  const int32_t* table = p.block_tables + seq * p.block_table_stride;
+
+  // cp.async groups, in commit order: the query tile with KV tile 0, KV tiles 1 .. kStages - 2,
+  // then one per iteration (possibly empty), so waiting for all but the newest kStages - 1 groups
+  // means tile t (and the query tile) have landed.
+  LoadQueryTile<kHeadDim, kPrefillRows>(p, q_tile, row_begin, vec0, num_vectors, kv_head);
+  for (int t = 0; t < kPrefillStages - 1; ++t) {
+    if (t < num_tiles) {
+      LoadKvTile<kHeadDim, kPrefillKeys>(p, table, kv_head, t * kPrefillKeys, total_keys,
+                                         k_stage(t), v_stage(t), threadIdx.x, kTcThreads);
+    }
+    CpAsyncCommit();
+  }
+
+  const int g = lane >> 2;
+  const int v0 = vec0 + warp * 16 + g;  // this lane's rows: vectors v0 and v0 + 8
+  const int limit0 = VectorLimit(p, v0, num_vectors, first_pos, total_keys);
+  const int limit1 = VectorLimit(p, v0 + 8, num_vectors, first_pos, total_keys);
+  // Per warp: tiles below every valid row's limit need no mask; tiles at or past every row's
+  // limit are skipped (fully masked).
+  const int min_limit = __reduce_min_sync(
+      0xffffffffu,
+      min(v0 < num_vectors ? limit0 : INT_MAX, v0 + 8 < num_vectors ? limit1 : INT_MAX));
+  const int max_limit = __reduce_max_sync(0xffffffffu, max(limit0, limit1));
+  CpAsyncWait<kPrefillStages - 2>();  // the oldest group: the query tile (and KV tile 0)
+  __syncthreads();
+  WarpAttention<kHeadDim> att;
+  att.Init();
+  att.LoadQ(q_tile, warp * 16, lane);
+  for (int t = 0; t < num_tiles; ++t) {
+    // Refills the stage tile t - 1 used; the barrier ending iteration t - 1 freed it.
+    const int next = t + kPrefillStages - 1;
+    if (next < num_tiles) {
+      LoadKvTile<kHeadDim, kPrefillKeys>(p, table, kv_head, next * kPrefillKeys, total_keys,
+                                         k_stage(next), v_stage(next), threadIdx.x, kTcThreads);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<kPrefillStages - 1>();
+    __syncthreads();  // tile t visible to all warps
+    const int key0 = t * kPrefillKeys;
+    if (key0 < max_limit) {
+      att.template Attend<kPrefillKeys>(k_stage(t), v_stage(t), lane, key0, limit0, limit1,
+                                        key0 + kPrefillKeys > min_limit, p.scale_log2);
+    }
+    __syncthreads();  // all warps are done with tile t's stage before it is refilled
+  }
+  CpAsyncWait<0>();
+  att.FinishSums();
+  const int c = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int v = v0 + 8 * r;
+    if (v >= num_vectors) continue;
+    const float inv = att.l[r] > 0.0f ? 1.0f / att.l[r] : 0.0f;
+    __nv_bfloat16* o = p.out + static_cast<int64_t>(row_begin + v / p.group) * p.out_stride +
+                       static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(o + 8 * n + 2 * c) =
+          internal::PackBf16(att.o[n][2 * r] * inv, att.o[n][2 * r + 1] * inv);
+    }
+  }
+}
+
+// ---- host side ----
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Per device: multiprocessor count and resident decode CTAs per multiprocessor (head_dim 64,
+// 128), with the kernels' dynamic shared memory limits raised on that device. Computed once per
+// device and cached lock-free (packed in one word; a race computes the same value twice).
+struct DeviceLaunchInfo {
+  int sms = 0;
+  int decode_ctas_per_sm[2] = {1, 1};  // [head_dim 64, head_dim 128]
+};
+
+template <int kHeadDim>
+absl::Status PrepareTcKernels(int* decode_ctas_per_sm) {
+  const int decode_smem = DecodeSmemBytes(kHeadDim);
+  const int prefill_smem = PrefillSmemBytes(kHeadDim);
+  if (absl::Status s = internal::CudaStatus(
+          cudaFuncSetAttribute(PagedDecodeKernel<kHeadDim>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, decode_smem),
+          "cudaFuncSetAttribute(PagedDecodeKernel)");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = internal::CudaStatus(
+          cudaFuncSetAttribute(PagedPrefillKernel<kHeadDim>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_smem),
+          "cudaFuncSetAttribute(PagedPrefillKernel)");
+      !s.ok()) {
+    return s;
+  }
+  int blocks = 0;
+  if (absl::Status s =
+          internal::CudaStatus(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                   &blocks, PagedDecodeKernel<kHeadDim>, kTcThreads, decode_smem),
+                               "cudaOccupancyMaxActiveBlocksPerMultiprocessor(PagedDecodeKernel)");
+      !s.ok()) {
+    return s;
+  }
+  *decode_ctas_per_sm = std::max(blocks, 1);
+  return absl::OkStatus();
+}
+
+constexpr int kMaxCachedDevices = 64;
+std::atomic<uint64_t> g_device_info[kMaxCachedDevices];  // 0: not yet computed
+
+absl::Status GetDeviceLaunchInfo(DeviceLaunchInfo* info) {
+  int device = 0;
+  if (absl::Status s = internal::CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) {
+    return s;
+  }
+  if (device >= 0 && device < kMaxCachedDevices) {
+    const uint64_t packed = g_device_info[device].load(std::memory_order_acquire);
+    if (packed != 0) {
+      info->sms = static_cast<int>(packed & 0xffff);
+      info->decode_ctas_per_sm[0] = static_cast<int>((packed >> 16) & 0xff);
+      info->decode_ctas_per_sm[1] = static_cast<int>((packed >> 24) & 0xff);
+      return absl::OkStatus();
+    }
+  }
+  if (absl::Status s = internal::MultiProcessorCount(&info->sms); !s.ok()) return s;
+  if (absl::Status s = PrepareTcKernels<64>(&info->decode_ctas_per_sm[0]); !s.ok()) return s;
+  if (absl::Status s = PrepareTcKernels<128>(&info->decode_ctas_per_sm[1]); !s.ok()) return s;
+  if (device >= 0 && device < kMaxCachedDevices) {
+    const uint64_t packed = (uint64_t{1} << 63) | static_cast<uint64_t>(info->sms & 0xffff) |
+                            (static_cast<uint64_t>(info->decode_ctas_per_sm[0] & 0xff) << 16) |
+                            (static_cast<uint64_t>(info->decode_ctas_per_sm[1] & 0xff) << 24);
+    g_device_info[device].store(packed, std::memory_order_release);
+  }
+  return absl::OkStatus();
+}
+
+template <int kHeadDim>
+absl::Status LaunchTc(const PagedAttentionPlan& plan, const TcParams& params, int num_seqs,
+                      int num_kv_heads, cudaStream_t stream) {
+  if (plan.kernel == AttentionKernel::kDecode) {
+    PagedDecodeKernel<kHeadDim>
+        <<<static_cast<unsigned>(plan.ctas), kTcThreads, DecodeSmemBytes(kHeadDim), stream>>>(
+            params);
+    if (absl::Status s = internal::LaunchStatus("PagedDecodeKernel"); !s.ok()) return s;
+    if (plan.splits > 1) {
+      const int64_t merge_ctas = int64_t{num_seqs} * plan.query_tiles * num_kv_heads;
+      MergeSplitsKernel<kHeadDim>
+          <<<static_cast<unsigned>(merge_ctas), kTcThreads, 0, stream>>>(params);
+      return internal::LaunchStatus("MergeSplitsKernel");
+    }
+    return absl::OkStatus();
+  }
+  PagedPrefillKernel<kHeadDim>
+      <<<static_cast<unsigned>(plan.ctas), kTcThreads, PrefillSmemBytes(kHeadDim), stream>>>(
+          params);
+  return internal::LaunchStatus("PagedPrefillKernel");
 }
 
 }  // namespace
@@ -162,11 +726,206 @@ absl::Status PagedAttention(const float* q, int64_t q_stride, const float* k_cac
   if (num_seqs == 0) return absl::OkStatus();
   int sms = 0;
   if (absl::Status s = internal::MultiProcessorCount(&sms); !s.ok()) return s;
-  PagedAttentionKernel<<<sms * kAttentionBlocksPerSm, kAttentionWarps * 32, 0, stream>>>(
+  PagedAttentionKernel<float><<<sms * kAttentionBlocksPerSm, kAttentionWarps * 32, 0, stream>>>(
       q, q_stride, k_cache, v_cache, strides, block_size, block_tables, block_table_stride,
       seq_lens, query_start_loc, num_seqs, num_q_heads, num_kv_heads, head_dim, scale, out,
       out_stride);
   return internal::LaunchStatus("PagedAttentionKernel");
+}
+
+// ---- bfloat16 ----
+
+absl::Status WriteKv(const BFloat16* k, int64_t k_stride, const BFloat16* v, int64_t v_stride,
+                     const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
+                     int64_t head_dim, BFloat16* k_cache, BFloat16* v_cache, KvCacheStrides strides,
+                     int64_t block_size, cudaStream_t stream) {
+  if (num_tokens <= 0 || num_kv_heads <= 0 || head_dim <= 0) return absl::OkStatus();
+  if (block_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteKv: block_size ", block_size, " < 1"));
+  }
+  const bool vector = head_dim % 8 == 0 && Aligned16(k) && Aligned16(v) && Aligned16(k_cache) &&
+                      Aligned16(v_cache) && k_stride % 8 == 0 && v_stride % 8 == 0 &&
+                      strides.block_stride % 8 == 0 && strides.token_stride % 8 == 0 &&
+                      strides.head_stride % 8 == 0;
+  const int64_t pieces = num_tokens * num_kv_heads * head_dim / (vector ? 8 : 1);
+  const int64_t blocks = std::min<int64_t>(CeilDiv(pieces, kWriteKvThreads), int64_t{1} << 20);
+  auto* k16 = reinterpret_cast<const uint16_t*>(k);
+  auto* v16 = reinterpret_cast<const uint16_t*>(v);
+  auto* kc16 = reinterpret_cast<uint16_t*>(k_cache);
+  auto* vc16 = reinterpret_cast<uint16_t*>(v_cache);
+  if (vector) {
+    WriteKvBf16Kernel<8><<<blocks, kWriteKvThreads, 0, stream>>>(
+        k16, k_stride, v16, v_stride, slot_mapping, num_tokens, num_kv_heads, head_dim, kc16, vc16,
+        strides, block_size);
+  } else {
+    WriteKvBf16Kernel<1><<<blocks, kWriteKvThreads, 0, stream>>>(
+        k16, k_stride, v16, v_stride, slot_mapping, num_tokens, num_kv_heads, head_dim, kc16, vc16,
+        strides, block_size);
+  }
+  return internal::LaunchStatus("WriteKvBf16Kernel");
+}
+
+int64_t PagedAttentionWorkspaceFloats(int64_t /*max_num_tokens*/, int64_t max_num_seqs,
+                                      int64_t num_q_heads, int64_t head_dim, int64_t max_seq_len) {
+  const int64_t cap =
+      std::min(kMaxSplits, CeilDiv(std::max<int64_t>(max_seq_len, 0), kMinSplitKeys));
+  if (cap <= 1 || max_num_seqs <= 0 || num_q_heads <= 0 || head_dim <= 0) return 0;
+  // A split launch has num_seqs * kv_heads * query_tiles * splits CTAs, at most kMaxSplitCtas,
+  // and kv_heads * query_tiles <= 2 * num_q_heads (see kDecodeMaxVectors), splits <= cap.
+  const int64_t ctas = std::min(kMaxSplitCtas, 2 * max_num_seqs * num_q_heads * cap);
+  return ctas * SlotFloats(head_dim);
+}
+
+const char* AttentionKernelName(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::kSimple:
+      return "simple";
+    case AttentionKernel::kDecode:
+      return "decode";
+    case AttentionKernel::kPrefill:
+      return "prefill";
+  }
+  return "?";
+}
+
+PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
+                                      int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                                      bool tensor_core_layout, int64_t sm_count,
+                                      int64_t decode_ctas_per_sm) {
+  PagedAttentionPlan plan;
+  sm_count = std::max<int64_t>(sm_count, 1);
+  if (!tensor_core_layout || (head_dim != 64 && head_dim != 128)) {
+    plan.kernel = AttentionKernel::kSimple;
+    plan.ctas = sm_count * kAttentionBlocksPerSm;
+    return plan;
+  }
+  const int64_t group = num_q_heads / num_kv_heads;
+  const int64_t vectors = max_query_len * group;
+  if (max_query_len == 1 || vectors <= kDecodeMaxVectors) {
+    plan.kernel = AttentionKernel::kDecode;
+    plan.query_tiles = CeilDiv(vectors, kDecodeRows);
+    const int64_t units = num_seqs * num_kv_heads * plan.query_tiles;
+    const int64_t slots = sm_count * std::max<int64_t>(decode_ctas_per_sm, 1);
+    const int64_t cap =
+        std::min(kMaxSplits, CeilDiv(std::max<int64_t>(max_seq_len, 1), kMinSplitKeys));
+    // Estimated time: waves of CTAs times each CTA's keys plus its fixed cost.
+    auto cost = [&](int64_t splits) {
+      const int64_t keys =
+          CeilDiv(CeilDiv(std::max<int64_t>(max_seq_len, 1), splits), kDecodeKeys) * kDecodeKeys;
+      return CeilDiv(units * splits, slots) * (keys + kSplitOverheadKeys);
+    };
+    int64_t best = 1, best_cost = cost(1);
+    for (int64_t splits = 2; splits <= cap; ++splits) {
+      if (units * splits > std::min(2 * slots, kMaxSplitCtas)) break;
+      const int64_t c = cost(splits);
+      if (c < best_cost) {
+        best = splits;
+        best_cost = c;
+      }
+    }
+    plan.splits = best;
+    plan.ctas = units * best;
+    plan.workspace_floats = best > 1 ? plan.ctas * SlotFloats(head_dim) : 0;
+    return plan;
+  }
+  plan.kernel = AttentionKernel::kPrefill;
+  plan.query_tiles = CeilDiv(vectors, kPrefillRows);
+  plan.ctas = plan.query_tiles * num_seqs * num_kv_heads;
+  return plan;
+}
+
+absl::Status PagedAttention(const BFloat16* q, int64_t q_stride, const BFloat16* k_cache,
+                            const BFloat16* v_cache, KvCacheStrides strides, int64_t block_size,
+                            const int32_t* block_tables, int64_t block_table_stride,
+                            const int32_t* seq_lens, const int32_t* query_start_loc,
+                            int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
+                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                            float scale, BFloat16* out, int64_t out_stride, float* workspace,
+                            int64_t workspace_floats, cudaStream_t stream) {
+  if (head_dim < 1 || head_dim > kMaxAttentionHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: head_dim ", head_dim,
+                                                   " outside [1, ", kMaxAttentionHeadDim, "]"));
+  }
+  if (num_kv_heads < 1 || num_q_heads < 1 || num_q_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", num_q_heads,
+                                                   " query heads are not a positive multiple of ",
+                                                   num_kv_heads, " kv heads"));
+  }
+  if (block_size < 1 || block_size > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttention: block_size ", block_size, " outside [1, 2^31)"));
+  }
+  if (num_seqs < 0 || max_query_len < 0 || max_seq_len < 0 || workspace_floats < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedAttention: negative num_seqs ", num_seqs, ", max_query_len ", max_query_len,
+        ", max_seq_len ", max_seq_len, " or workspace_floats ", workspace_floats));
+  }
+  const int64_t group = num_q_heads / num_kv_heads;
+  if (num_seqs > INT_MAX / 2 || max_seq_len > INT_MAX / 2 || max_query_len * group > INT_MAX / 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedAttention: ", num_seqs, " sequences, max_seq_len ", max_seq_len, " or max_query_len ",
+        max_query_len, " x ", group, " heads per KV head exceed 32-bit indexing"));
+  }
+  if (num_seqs == 0 || max_query_len == 0) return absl::OkStatus();
+  DeviceLaunchInfo info;
+  if (absl::Status s = GetDeviceLaunchInfo(&info); !s.ok()) return s;
+  const bool aligned = Aligned16(q) && Aligned16(out) && Aligned16(k_cache) && Aligned16(v_cache) &&
+                       q_stride % 8 == 0 && out_stride % 8 == 0 && strides.block_stride % 8 == 0 &&
+                       strides.token_stride % 8 == 0 && strides.head_stride % 8 == 0;
+  const PagedAttentionPlan plan =
+      PlanPagedAttention(num_seqs, max_query_len, max_seq_len, num_q_heads, num_kv_heads, head_dim,
+                         aligned, info.sms, info.decode_ctas_per_sm[head_dim == 128]);
+  if (plan.workspace_floats > workspace_floats ||
+      (plan.workspace_floats > 0 && workspace == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttention: workspace of ", workspace_floats, " floats",
+                     workspace == nullptr ? " (null)" : "", "; this launch (", num_seqs,
+                     " sequences, ", plan.splits, " KV splits) needs ", plan.workspace_floats,
+                     " (size it with PagedAttentionWorkspaceFloats)"));
+  }
+  if (plan.ctas > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttention: ", plan.ctas, " thread blocks exceed the grid limit"));
+  }
+  auto* q16 = reinterpret_cast<const __nv_bfloat16*>(q);
+  auto* k16 = reinterpret_cast<const __nv_bfloat16*>(k_cache);
+  auto* v16 = reinterpret_cast<const __nv_bfloat16*>(v_cache);
+  auto* out16 = reinterpret_cast<__nv_bfloat16*>(out);
+  if (plan.kernel == AttentionKernel::kSimple) {
+    PagedAttentionKernel<__nv_bfloat16>
+        <<<static_cast<unsigned>(plan.ctas), kAttentionWarps * 32, 0, stream>>>(
+            q16, q_stride, k16, v16, strides, block_size, block_tables, block_table_stride,
+            seq_lens, query_start_loc, num_seqs, num_q_heads, num_kv_heads, head_dim, scale, out16,
+            out_stride);
+    return internal::LaunchStatus("PagedAttentionKernel<bf16>");
+  }
+  TcParams params;
+  params.q = q16;
+  params.q_stride = q_stride;
+  params.k_cache = k16;
+  params.v_cache = v16;
+  params.strides = strides;
+  params.block_size = static_cast<int>(block_size);
+  params.block_shift = -1;
+  if ((block_size & (block_size - 1)) == 0) {
+    params.block_shift = 0;
+    while ((int64_t{1} << params.block_shift) < block_size) ++params.block_shift;
+  }
+  params.block_tables = block_tables;
+  params.block_table_stride = block_table_stride;
+  params.seq_lens = seq_lens;
+  params.query_start_loc = query_start_loc;
+  params.num_seqs = static_cast<int>(num_seqs);
+  params.num_kv_heads = static_cast<int>(num_kv_heads);
+  params.group = static_cast<int>(group);
+  params.query_tiles = static_cast<int>(plan.query_tiles);
+  params.splits = static_cast<int>(plan.splits);
+  params.scale_log2 = scale * 1.4426950408889634f;  // log2(e)
+  params.out = out16;
+  params.out_stride = out_stride;
+  params.workspace = workspace;
+  return head_dim == 128 ? LaunchTc<128>(plan, params, params.num_seqs, params.num_kv_heads, stream)
+                         : LaunchTc<64>(plan, params, params.num_seqs, params.num_kv_heads, stream);
 }
 
 }  // namespace vamp::kernels::cuda

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/bfloat16.h"
 
 namespace vamp::kernels::cuda {
 
@@ -39,6 +40,75 @@ absl::Status PagedAttention(const float* q, int64_t q_stride, const float* k_cac
                             int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
                             int64_t head_dim, float scale, float* out, int64_t out_stride,
                             float* workspace, cudaStream_t stream);
+
+// ---- bfloat16 (the engine's storage type) ----
+
+// As cpu::WriteKv for bfloat16 (a negative slot skips the token). Bit-exact copy; 16-byte vector
+// copies when head_dim is a multiple of 8 and every pointer and stride is 16-byte aligned.
+absl::Status WriteKv(const BFloat16* k, int64_t k_stride, const BFloat16* v, int64_t v_stride,
+                     const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
+                     int64_t head_dim, BFloat16* k_cache, BFloat16* v_cache, KvCacheStrides strides,
+                     int64_t block_size, cudaStream_t stream);
+
+// Float32 elements of `workspace` PagedAttention(bfloat16) needs for any step of at most
+// max_num_tokens query rows, max_num_seqs sequences and max_seq_len tokens of context with these
+// heads (a host function: no device is touched). Only the split-KV decode kernel uses scratch
+// (one partial (max, sum, output) per query vector and KV split); its splits are bounded by
+// max_seq_len and by a fixed number of split work items (2048 CTAs of 16 query vectors), so the
+// result is at most 2048 * 16 * (head_dim + 2) floats (16.3 MiB for head_dim 128) and 0 when
+// max_seq_len is too short to split (at most 256 tokens). max_num_tokens does not bound it (a
+// launch sizes its split scratch from max_query_len and the number of sequences, not from the rows
+// actually present).
+int64_t PagedAttentionWorkspaceFloats(int64_t max_num_tokens, int64_t max_num_seqs,
+                                      int64_t num_q_heads, int64_t head_dim, int64_t max_seq_len);
+
+// bfloat16 paged attention, the semantics of cpu::PagedAttention (causal, GQA, block tables):
+// sequence i's query row r attends to cached positions [0, seq_lens[i] - q_len + r]; a sequence
+// with no query rows is skipped. max_query_len and max_seq_len are host upper bounds of the
+// batch's query lengths and seq_lens (the exact values are read on the device, so a launch needs
+// no host sync); a sequence exceeding them is not (fully) computed. Routing (see
+// PlanPagedAttention): head_dim 64 or 128 with 16-byte aligned q, out, caches and strides use
+// tensor cores (mma.sync bf16, float32 softmax and accumulation): a split-KV decode kernel when
+// max_query_len == 1 or max_query_len * group <= 32 (each CTA handles all query heads of one KV
+// head, so each K/V byte is read once; partials merged by a second kernel), otherwise a
+// FlashAttention-2 style prefill kernel (64 query vectors per CTA, 64-key tiles gathered through
+// the block table). Other shapes use a simple bf16 kernel (one warp-split work item per (row,
+// head)). Output agrees with the CPU twin to bf16 rounding of the probabilities (about 1e-2 of
+// max(1, |out|)).
+// Errors (InvalidArgument, nothing launched): head_dim outside [1, kMaxAttentionHeadDim], heads
+// not a positive multiple, block_size < 1, negative counts, sizes beyond 32-bit indexing, or
+// workspace_floats below what this launch needs (never more than PagedAttentionWorkspaceFloats
+// of the same or larger bounds).
+absl::Status PagedAttention(const BFloat16* q, int64_t q_stride, const BFloat16* k_cache,
+                            const BFloat16* v_cache, KvCacheStrides strides, int64_t block_size,
+                            const int32_t* block_tables, int64_t block_table_stride,
+                            const int32_t* seq_lens, const int32_t* query_start_loc,
+                            int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
+                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                            float scale, BFloat16* out, int64_t out_stride, float* workspace,
+                            int64_t workspace_floats, cudaStream_t stream);
+
+// The launch PagedAttention(bfloat16) makes, exposed for tests and the benchmark (host only).
+enum class AttentionKernel { kSimple, kDecode, kPrefill };
+struct PagedAttentionPlan {
+  AttentionKernel kernel = AttentionKernel::kSimple;
+  int64_t query_tiles = 0;       // tiles of query vectors per (sequence, KV head)
+  int64_t splits = 1;            // KV splits per tile (decode kernel; > 1 adds the merge kernel)
+  int64_t ctas = 0;              // thread blocks of the main kernel
+  int64_t workspace_floats = 0;  // scratch this launch needs
+};
+
+// Plans a launch for arguments PagedAttention has validated. `tensor_core_layout`: pointers and
+// strides 16-byte aligned (see PagedAttention). sm_count and decode_ctas_per_sm (resident decode
+// CTAs per multiprocessor) describe the device. The number of splits minimises the estimated time
+// waves(splits) * (keys per split + fixed overhead) over the decode CTAs, so short batches with
+// long contexts spread over the whole GPU while full batches do not pay for merging.
+PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
+                                      int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                                      bool tensor_core_layout, int64_t sm_count,
+                                      int64_t decode_ctas_per_sm);
+
+const char* AttentionKernelName(AttentionKernel kernel);
 
 }  // namespace vamp::kernels::cuda
 

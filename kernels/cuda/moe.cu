@@ -6,6 +6,8 @@
 namespace vamp::kernels::cuda {
 namespace {
 
+using internal::AsFloat;
+using internal::FromFloat;
 using internal::kFullMask;
 
 constexpr int kRouterThreads = 128;
@@ -151,32 +153,36 @@ __global__ void MoePermuteKernel(const int32_t* topk_ids, int64_t num_pairs, int
   }
 }
 
-__global__ void SiluAndMulKernel(const float* x, int64_t x_stride, int64_t inter, float* out,
+// T is the storage type of x and out (float or __nv_bfloat16); arithmetic is float32.
+template <typename T>
+__global__ void SiluAndMulKernel(const T* x, int64_t x_stride, int64_t inter, T* out,
                                  int64_t out_stride) {
   const int64_t r = blockIdx.x;
-  const float* gate = x + r * x_stride;
-  const float* up = gate + inter;
-  float* o = out + r * out_stride;
+  const T* gate = x + r * x_stride;
+  const T* up = gate + inter;
+  T* o = out + r * out_stride;
   for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
-    const float g = gate[j];
-    o[j] = g / (1.0f + expf(-g)) * up[j];
+    const float g = AsFloat(gate[j]);
+    o[j] = FromFloat<T>(g / (1.0f + expf(-g)) * AsFloat(up[j]));
   }
 }
 
-__global__ void MoeUnpermuteKernel(const float* expert_out, int64_t expert_out_stride,
+// T is the storage type of expert_out and out; the weights and the accumulator are float32, the
+// sum runs in choice order and is stored (rounded) once.
+template <typename T>
+__global__ void MoeUnpermuteKernel(const T* expert_out, int64_t expert_out_stride,
                                    const int32_t* pair_row, const float* topk_weights,
-                                   int64_t top_k, int64_t hidden, float* out, int64_t out_stride) {
+                                   int64_t top_k, int64_t hidden, T* out, int64_t out_stride) {
   const int64_t t = blockIdx.x;
-  float* o = out + t * out_stride;
+  T* o = out + t * out_stride;
   for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
     float acc = 0.0f;
     for (int64_t j = 0; j < top_k; ++j) {
       const float w = topk_weights[t * top_k + j];
-      const float* y =
-          expert_out + static_cast<int64_t>(pair_row[t * top_k + j]) * expert_out_stride;
-      acc += w * y[d];
+      const T* y = expert_out + static_cast<int64_t>(pair_row[t * top_k + j]) * expert_out_stride;
+      acc += w * AsFloat(y[d]);
     }
-    o[d] = acc;
+    o[d] = FromFloat<T>(acc);
   }
 }
 
@@ -216,7 +222,8 @@ absl::Status MoePermute(const int32_t* topk_ids, int64_t num_tokens, int64_t top
 absl::Status SiluAndMul(const float* x, int64_t x_stride, int64_t num_rows, int64_t inter,
                         float* out, int64_t out_stride, cudaStream_t stream) {
   if (num_rows == 0) return absl::OkStatus();
-  SiluAndMulKernel<<<num_rows, kRowThreads, 0, stream>>>(x, x_stride, inter, out, out_stride);
+  SiluAndMulKernel<float>
+      <<<num_rows, kRowThreads, 0, stream>>>(x, x_stride, inter, out, out_stride);
   return internal::LaunchStatus("SiluAndMulKernel");
 }
 
@@ -225,9 +232,28 @@ absl::Status MoeUnpermute(const float* expert_out, int64_t expert_out_stride,
                           int64_t top_k, int64_t hidden, float* out, int64_t out_stride,
                           cudaStream_t stream) {
   if (num_tokens == 0) return absl::OkStatus();
-  MoeUnpermuteKernel<<<num_tokens, kRowThreads, 0, stream>>>(
+  MoeUnpermuteKernel<float><<<num_tokens, kRowThreads, 0, stream>>>(
       expert_out, expert_out_stride, pair_row, topk_weights, top_k, hidden, out, out_stride);
   return internal::LaunchStatus("MoeUnpermuteKernel");
+}
+
+absl::Status SiluAndMul(const BFloat16* x, int64_t x_stride, int64_t num_rows, int64_t inter,
+                        BFloat16* out, int64_t out_stride, cudaStream_t stream) {
+  if (num_rows == 0) return absl::OkStatus();
+  SiluAndMulKernel<__nv_bfloat16><<<num_rows, kRowThreads, 0, stream>>>(
+      internal::AsDevice(x), x_stride, inter, internal::AsDevice(out), out_stride);
+  return internal::LaunchStatus("SiluAndMulKernel<bf16>");
+}
+
+absl::Status MoeUnpermute(const BFloat16* expert_out, int64_t expert_out_stride,
+                          const int32_t* pair_row, const float* topk_weights, int64_t num_tokens,
+                          int64_t top_k, int64_t hidden, BFloat16* out, int64_t out_stride,
+                          cudaStream_t stream) {
+  if (num_tokens == 0) return absl::OkStatus();
+  MoeUnpermuteKernel<__nv_bfloat16><<<num_tokens, kRowThreads, 0, stream>>>(
+      internal::AsDevice(expert_out), expert_out_stride, pair_row, topk_weights, top_k, hidden,
+      internal::AsDevice(out), out_stride);
+  return internal::LaunchStatus("MoeUnpermuteKernel<bf16>");
 }
 
 }  // namespace vamp::kernels::cuda

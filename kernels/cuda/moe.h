@@ -1,9 +1,10 @@
-// Mixture-of-Experts kernels, CUDA twins of kernels/cpu/moe.h (float32, device pointers, same
-// arguments plus a stream). The expert GEMM is in kernels/cuda/gemm.h (cuBLAS).
+// Mixture-of-Experts kernels, CUDA twins of kernels/cpu/moe.h (device pointers, same arguments
+// plus a stream). The expert GEMMs are in kernels/cuda/gemm.h (cuBLAS).
 //
 // Agreement with the CPU twins: topk_ids, expert_offsets, row_token and pair_row are identical
 // (integer outputs; the selection compares the same float32 logits); weights and activations agree
-// to float32 rounding (reductions run in a different order, and nvcc may fuse multiply-adds).
+// to float32 rounding (reductions run in a different order, and nvcc may fuse multiply-adds), so
+// bfloat16 activations agree within one bf16 ulp.
 #ifndef VAMP_KERNELS_CUDA_MOE_H_
 #define VAMP_KERNELS_CUDA_MOE_H_
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cpu/bfloat16.h"
 
 namespace vamp::kernels::cuda {
 
@@ -39,6 +41,14 @@ absl::Status SiluAndMul(const float* x, int64_t x_stride, int64_t num_rows, int6
 absl::Status MoeUnpermute(const float* expert_out, int64_t expert_out_stride,
                           const int32_t* pair_row, const float* topk_weights, int64_t num_tokens,
                           int64_t top_k, int64_t hidden, float* out, int64_t out_stride,
+                          cudaStream_t stream);
+
+// bfloat16 activations (float32 arithmetic, one rounding per output), as the bf16 CPU twins.
+absl::Status SiluAndMul(const BFloat16* x, int64_t x_stride, int64_t num_rows, int64_t inter,
+                        BFloat16* out, int64_t out_stride, cudaStream_t stream);
+absl::Status MoeUnpermute(const BFloat16* expert_out, int64_t expert_out_stride,
+                          const int32_t* pair_row, const float* topk_weights, int64_t num_tokens,
+                          int64_t top_k, int64_t hidden, BFloat16* out, int64_t out_stride,
                           cudaStream_t stream);
 
 }  // namespace vamp::kernels::cuda

@@ -1,8 +1,40 @@
-// Internal to kernels/cuda: warp and block reductions shared by the .cu files.
+// Internal to kernels/cuda: warp and block reductions shared by the .cu files, and the storage
+// type helpers of kernels templated on float32 / bfloat16 storage.
 #ifndef VAMP_KERNELS_CUDA_REDUCE_CUH_
 #define VAMP_KERNELS_CUDA_REDUCE_CUH_
 
+#include <cuda_bf16.h>
+
+#include "kernels/cpu/bfloat16.h"
+
 namespace vamp::kernels::cuda::internal {
+
+// Host-side view of the API's bfloat16 pointers as CUDA's type (same size, alignment and bits;
+// see kernels/cpu/bfloat16.h).
+static_assert(sizeof(BFloat16) == sizeof(__nv_bfloat16) &&
+              alignof(BFloat16) == alignof(__nv_bfloat16));
+inline __nv_bfloat16* AsDevice(BFloat16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+inline const __nv_bfloat16* AsDevice(const BFloat16* p) {
+  return reinterpret_cast<const __nv_bfloat16*>(p);
+}
+
+// Kernels templated on the storage type T (float or __nv_bfloat16) compute in float32: AsFloat
+// widens a loaded element (exact), FromFloat<T> narrows a result for storing (round to nearest
+// even for bfloat16, as the CPU twins' ToBFloat16; NaN payloads are not preserved, a NaN stays a
+// NaN).
+__device__ __forceinline__ float AsFloat(float v) { return v; }
+__device__ __forceinline__ float AsFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 constexpr unsigned kFullMask = 0xffffffffu;
 

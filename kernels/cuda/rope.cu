@@ -6,10 +6,16 @@
 namespace vamp::kernels::cuda {
 namespace {
 
+using internal::AsFloat;
+using internal::FromFloat;
+
 // One block per token, one warp per head (q heads first, then k heads).
 constexpr int kRopeWarps = 4;
 
-__global__ void QkNormRopeKernel(float* q, int64_t q_stride, float* k, int64_t k_stride,
+// T is the storage type of q and k (float or __nv_bfloat16); arithmetic is float32 throughout,
+// and each element is stored once.
+template <typename T>
+__global__ void QkNormRopeKernel(T* q, int64_t q_stride, T* k, int64_t k_stride,
                                  int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                                  const float* q_norm_weight, const float* k_norm_weight, float eps,
                                  const int64_t* positions, const float* cos_sin_cache,
@@ -23,27 +29,45 @@ __global__ void QkNormRopeKernel(float* q, int64_t q_stride, float* k, int64_t k
   const int lane = threadIdx.x % 32;
   for (int64_t h = threadIdx.x / 32; h < num_q_heads + num_kv_heads; h += kRopeWarps) {
     const bool is_q = h < num_q_heads;
-    float* x =
-        is_q ? q + t * q_stride + h * head_dim : k + t * k_stride + (h - num_q_heads) * head_dim;
+    T* x = is_q ? q + t * q_stride + h * head_dim : k + t * k_stride + (h - num_q_heads) * head_dim;
     const float* w = is_q ? q_norm_weight : k_norm_weight;
     float inv_rms = 1.0f;
     if (w != nullptr) {
       float sum_sq = 0.0f;
-      for (int64_t j = lane; j < head_dim; j += 32) sum_sq += x[j] * x[j];
+      for (int64_t j = lane; j < head_dim; j += 32) {
+        const float v = AsFloat(x[j]);
+        sum_sq += v * v;
+      }
       sum_sq = internal::WarpSum(sum_sq);  // all lanes have read x before any writes it
       inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(head_dim) + eps);
     }
     for (int64_t i = lane; i < half; i += 32) {
-      float x1 = x[i];
-      float x2 = x[i + half];
+      float x1 = AsFloat(x[i]);
+      float x2 = AsFloat(x[i + half]);
       if (w != nullptr) {
         x1 = w[i] * (x1 * inv_rms);
         x2 = w[i + half] * (x2 * inv_rms);
       }
-      x[i] = x1 * cos[i] - x2 * sin[i];
-      x[i + half] = x2 * cos[i] + x1 * sin[i];
+      x[i] = FromFloat<T>(x1 * cos[i] - x2 * sin[i]);
+      x[i + half] = FromFloat<T>(x2 * cos[i] + x1 * sin[i]);
     }
   }
+}
+
+template <typename T>
+absl::Status LaunchQkNormRope(T* q, int64_t q_stride, T* k, int64_t k_stride, int64_t num_tokens,
+                              int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                              const float* q_norm_weight, const float* k_norm_weight, float eps,
+                              const int64_t* positions, const float* cos_sin_cache,
+                              int64_t max_positions, cudaStream_t stream, const char* name) {
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("QkNormRope: head_dim ", head_dim, " is odd"));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  QkNormRopeKernel<T><<<num_tokens, kRopeWarps * 32, 0, stream>>>(
+      q, q_stride, k, k_stride, num_q_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight,
+      eps, positions, cos_sin_cache, max_positions);
+  return internal::LaunchStatus(name);
 }
 
 }  // namespace
@@ -53,14 +77,20 @@ absl::Status QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, 
                         const float* q_norm_weight, const float* k_norm_weight, float eps,
                         const int64_t* positions, const float* cos_sin_cache, int64_t max_positions,
                         cudaStream_t stream) {
-  if (head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("QkNormRope: head_dim ", head_dim, " is odd"));
-  }
-  if (num_tokens == 0) return absl::OkStatus();
-  QkNormRopeKernel<<<num_tokens, kRopeWarps * 32, 0, stream>>>(
-      q, q_stride, k, k_stride, num_q_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight,
-      eps, positions, cos_sin_cache, max_positions);
-  return internal::LaunchStatus("QkNormRopeKernel");
+  return LaunchQkNormRope(q, q_stride, k, k_stride, num_tokens, num_q_heads, num_kv_heads, head_dim,
+                          q_norm_weight, k_norm_weight, eps, positions, cos_sin_cache,
+                          max_positions, stream, "QkNormRopeKernel");
+}
+
+absl::Status QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride,
+                        int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                        int64_t head_dim, const float* q_norm_weight, const float* k_norm_weight,
+                        float eps, const int64_t* positions, const float* cos_sin_cache,
+                        int64_t max_positions, cudaStream_t stream) {
+  return LaunchQkNormRope(internal::AsDevice(q), q_stride, internal::AsDevice(k), k_stride,
+                          num_tokens, num_q_heads, num_kv_heads, head_dim, q_norm_weight,
+                          k_norm_weight, eps, positions, cos_sin_cache, max_positions, stream,
+                          "QkNormRopeKernel<bf16>");
 }
 
 }  // namespace vamp::kernels::cuda

@@ -1,6 +1,6 @@
 // Qwen3's per-head q/k RMSNorm fused with rotary position embedding (neox style), CUDA twin of
-// kernels/cpu/rope.h (float32, device pointers, same arguments plus a stream). The cos/sin cache is
-// the one cpu::BuildRopeCache fills, copied to the device once.
+// kernels/cpu/rope.h (device pointers, same arguments plus a stream). The cos/sin cache is the one
+// cpu::BuildRopeCache fills, copied to the device once.
 #ifndef VAMP_KERNELS_CUDA_ROPE_H_
 #define VAMP_KERNELS_CUDA_ROPE_H_
 
@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cpu/bfloat16.h"
 
 namespace vamp::kernels::cuda {
 
@@ -21,6 +22,14 @@ absl::Status QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, 
                         const float* q_norm_weight, const float* k_norm_weight, float eps,
                         const int64_t* positions, const float* cos_sin_cache, int64_t max_positions,
                         cudaStream_t stream);
+
+// bfloat16 q and k (norm weights and cache float32), as the bf16 cpu::QkNormRope: each element is
+// widened, normed and rotated in float32 in registers and rounded to bf16 once.
+absl::Status QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride,
+                        int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                        int64_t head_dim, const float* q_norm_weight, const float* k_norm_weight,
+                        float eps, const int64_t* positions, const float* cos_sin_cache,
+                        int64_t max_positions, cudaStream_t stream);
 
 }  // namespace vamp::kernels::cuda
 

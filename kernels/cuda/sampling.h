@@ -1,6 +1,6 @@
-// Token sampling, CUDA twin of the greedy path of kernels/cpu/sampling.h (float32, device
-// pointers, plus a stream). Temperature / top-k / top-p sampling is not implemented on the GPU
-// yet; rows that need it go through cpu::SampleTokens.
+// Token sampling, CUDA twin of kernels/cpu/sampling.h (float32 logits, device pointers, plus a
+// stream): GreedySample for all-greedy batches and SampleTokens for the full sampler (greedy,
+// temperature, top-k, top-p, counter-based randomness, log-probabilities).
 #ifndef VAMP_KERNELS_CUDA_SAMPLING_H_
 #define VAMP_KERNELS_CUDA_SAMPLING_H_
 
@@ -19,6 +19,46 @@ namespace vamp::kernels::cuda {
 absl::Status GreedySample(const float* logits, int64_t logits_stride, int64_t num_rows,
                           int64_t vocab, int32_t* out_tokens, float* out_logprobs,
                           cudaStream_t stream);
+
+// Scratch bytes SampleTokens needs for up to max_rows rows of `vocab` logits (host function; 0
+// when either is <= 0): two int32 index arrays of `vocab` per row (8 bytes per logit, as the CPU
+// twin's index and value workspaces), used only by rows whose candidates are radix sorted (below).
+int64_t SampleTokensWorkspaceBytes(int64_t max_rows, int64_t vocab);
+
+// cpu::SampleTokens for every row r < num_rows; every array is DEVICE memory: logits
+// [num_rows, vocab] with row stride logits_stride (>= vocab); temperatures, top_ks, top_ps,
+// seeds, draw_indices [num_rows]; out_tokens [num_rows]; out_logprobs [num_rows] or null.
+// `workspace` holds workspace_bytes >= SampleTokensWorkspaceBytes(num_rows, vocab) bytes, 4-byte
+// aligned, and must not be used by anything else while the kernel runs. Enqueued on `stream`;
+// an InvalidArgument error (nothing enqueued) for bad sizes, null pointers or a short workspace.
+//
+// Semantics are exactly the CPU's (kernels/cpu/sampling.h): temperature <= 0 is greedy (first
+// index of the maximum); otherwise p_i = expf((logit_i - max) * (1 / T)) in float32 as on the CPU,
+// restricted to the top_k largest logits (ties: lower token id first), then to the shortest
+// descending prefix whose mass reaches top_p, and the token is the first whose cumulative
+// probability exceeds UniformFromCounter(seed, draw_index) * total (the same splitmix64 draw, bit
+// for bit). Candidates are in descending-logit order when top-k or top-p applies and in token-id
+// order otherwise, as on the CPU. The logprob is that of the token under log_softmax(logits).
+//
+// Precision: probabilities are float32 expf values (CUDA's expf, within 2 ulp, against glibc's
+// within 1), accumulated in double like the CPU, but in a different order (block-wide scans).
+// Tokens therefore equal the CPU's except when the uniform draw or the top-p target lands within
+// that rounding (~1e-7 relative) of a cumulative boundary. Logprobs sum float32 expf terms in
+// double (the CPU: double exp), ~1e-7 apart. -inf logits (masked tokens) have probability 0; rows
+// holding NaN or +inf are undefined, as on the CPU.
+//
+// Cost: one 1024-thread block per row. Greedy and pure temperature rows read the row twice
+// (argmax; then the sums) and scan one 1/32 segment of it in token order. With top-k / top-p, the
+// second read also builds a histogram of (max - logit) in 1/32-logit bins, which bounds the
+// candidates: the bins holding the top-k, or, for top-p alone, those whose lower bound of mass
+// reaches top_p * total. Up to 4096 candidates are gathered and sorted in shared memory (the
+// usual case for LLM logits); more (a large top_k, or top-p over a flat distribution) are radix
+// sorted (stable, 4 passes of 8 bits) in the workspace, the whole row at worst.
+absl::Status SampleTokens(const float* logits, int64_t logits_stride, int64_t num_rows,
+                          int64_t vocab, const float* temperatures, const int32_t* top_ks,
+                          const float* top_ps, const uint64_t* seeds, const int64_t* draw_indices,
+                          void* workspace, int64_t workspace_bytes, int32_t* out_tokens,
+                          float* out_logprobs, cudaStream_t stream);
 
 }  // namespace vamp::kernels::cuda
 

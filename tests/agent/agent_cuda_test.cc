@@ -1,11 +1,26 @@
-// vamp-agent on a GPU (--device cuda:0, TP=1), in process over gRPC on loopback: the tiny
-// checkpoint's greedy continuations match the HF goldens, offloading expert groups mid-decode and
-// restoring them keeps the sampled tokens identical (a dummy-weight model whose float32 experts
-// are 1.5 MiB, so 2 MiB pages hold groups of 4 and offloading is possible), and tp_size > 1 is
-// refused. Every case skips without a usable CUDA device, or when the agent is built without
+// vamp-agent on GPUs, in process over gRPC on loopback.
+//   TP=1 (cuda:0): the tiny checkpoint's greedy continuations match the HF goldens (float32),
+//   offloading expert groups mid-decode and restoring them keeps the sampled tokens identical (a
+//   dummy-weight model whose float32 experts are 1.5 MiB, so 2 MiB pages hold groups of 4 and
+//   offloading is possible), tp_size > 1 without an NCCL unique id and dtype float16 are refused,
+//   and the default dtype is bfloat16.
+//   TP=2 (cuda:0 and cuda:1, NCCL; skipped with fewer than 2 devices): float32 greedy decoding
+//   matches the goldens on both ranks, an offload/restore mid-decode keeps the tokens, bfloat16
+//   decodes identically after a re-initialisation with a fresh id, a rank waiting in a collective
+//   for a silent peer is released by Abort and the group re-forms, and ranks given different
+//   requests are refused.
+// Every case skips without a usable CUDA device, or when the agent is built without
 // -DVAMP_AGENT_CUDA=ON.
+#include <chrono>
+#include <functional>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
+
+#if VAMP_AGENT_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "agent/agent_service.h"
 #include "gmock/gmock.h"
@@ -16,6 +31,7 @@ namespace vamp {
 namespace {
 
 using testing::AgentClient;
+using testing::GroupClient;
 using ::testing::HasSubstr;
 using testing::LoadGoldens;
 using testing::MiniController;
@@ -92,18 +108,51 @@ TEST_F(AgentCudaTest, GreedyDecodingMatchesGoldens) {
   EXPECT_EQ(controller.request(2).outputs, g.continuations[3]);
 }
 
-TEST_F(AgentCudaTest, TensorParallelIsRefusedWithFailedPrecondition) {
+TEST_F(AgentCudaTest, TensorParallelNeedsTheNcclUniqueIdAndFloat16IsRefused) {
   vamp::v1::InitRequest r = TinyGpuInitRequest();
   r.mutable_parallel()->set_tp_size(2);
   r.mutable_parallel()->set_host_transport_address("127.0.0.1:1");
   vamp::v1::InitResponse init;
   grpc::Status s = client_->Init(r, &init);
-  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
-  EXPECT_THAT(s.error_message(), HasSubstr("parallel.tp_size"));
-  EXPECT_THAT(s.error_message(), HasSubstr("NCCL tensor parallelism is not implemented yet"));
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("parallel.nccl_unique_id has 0 bytes"));
+  r.mutable_parallel()->set_nccl_unique_id(std::string(100, 'x'));
+  s = client_->Init(r, &init);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("parallel.nccl_unique_id has 100 bytes"));
+  vamp::v1::InitRequest f16 = TinyGpuInitRequest();
+  f16.set_dtype("float16");
+  s = client_->Init(f16, &init);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("dtype 'float16'"));
   // The agent still serves a valid request afterwards.
   s = client_->Init(TinyGpuInitRequest(), &init);
   EXPECT_TRUE(s.ok()) << s.error_message();
+  // And hands out NCCL unique ids, a new one each time.
+  std::string a, b;
+  ASSERT_TRUE(client_->CreateCollectiveId(&a).ok());
+  ASSERT_TRUE(client_->CreateCollectiveId(&b).ok());
+  EXPECT_EQ(a.size(), 128u);
+  EXPECT_NE(a, b);
+}
+
+TEST_F(AgentCudaTest, DefaultDTypeIsBFloat16) {
+  vamp::v1::InitRequest r = SmallGpuInitRequest();
+  vamp::v1::InitResponse f32;
+  ASSERT_TRUE(client_->Init(r, &f32).ok());
+  r.clear_dtype();  // "" = auto: bfloat16 on a CUDA agent
+  vamp::v1::InitResponse bf16;
+  grpc::Status s = client_->Init(r, &bf16);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT(bf16.memory_plan_text(), ::testing::Not(::testing::IsEmpty()));
+  // Experts of half the bytes: groups of twice as many experts fill the same 2 MiB pages.
+  EXPECT_EQ(bf16.experts_per_group(), 2 * f32.experts_per_group());
+  EXPECT_LT(bf16.memory().other_weight_bytes(), f32.memory().other_weight_bytes());
+  MiniController controller;
+  controller.set_num_blocks(bf16.memory().kv_blocks());
+  controller.Submit(1, LoadGoldens().prompts[1], 8);
+  controller.Run(*client_);
+  EXPECT_EQ(controller.request(1).outputs.size(), 8u);
 }
 
 // Two prompts decoded for `tokens` tokens; with `groups` > 0, that many groups are offloaded after
@@ -188,6 +237,198 @@ TEST_F(AgentCudaTest, OffloadMidDecodeThenRestoreKeepsTokens) {
     EXPECT_EQ(got.a, want.a) << groups << " group(s)";
     EXPECT_EQ(got.b, want.b) << groups << " group(s)";
     EXPECT_GT(got.staged_bytes, 0u) << "offloaded experts are staged every step";
+  }
+}
+
+// --- Tensor parallelism over NCCL: two agents on cuda:0 and cuda:1 in this process. ---
+
+class AgentCudaTpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#if !VAMP_AGENT_CUDA
+    GTEST_SKIP() << "vamp_agent was built without -DVAMP_AGENT_CUDA=ON (agent/CMakeLists.txt)";
+#else
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
+      GTEST_SKIP() << "needs 2 CUDA devices, found " << devices;
+    }
+    // NVLink multicast is not needed and the shared GPU hosts keep it off; an explicit setting in
+    // the environment wins.
+    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    for (int r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(StartRank(r));
+#endif
+  }
+
+  void StartRank(int r) {
+    AgentOptions o;
+    o.listen_address = "127.0.0.1:0";
+    o.metrics_address = "";
+    o.device.kind = DeviceSpec::Kind::kCuda;
+    o.device.ordinal = r;
+    o.tp_connect_timeout_ms = 60000;
+    o.tp_io_timeout_ms = 60000;
+    absl::StatusOr<std::unique_ptr<AgentService>> agent = AgentService::Start(o);
+    ASSERT_TRUE(agent.ok()) << "cuda:" << r << ": " << agent.status();
+    agents_[r] = std::move(*agent);
+    clients_[r] = std::make_unique<AgentClient>(agents_[r]->grpc_port());
+  }
+
+  // What the controller does (controller/agent_group.h): a fresh id from rank 0, then both Inits
+  // concurrently. `edit_rank1` changes rank 1's request only.
+  std::vector<grpc::Status> InitGroup(const vamp::v1::InitRequest& base,
+                                      std::vector<vamp::v1::InitResponse>* responses,
+                                      std::function<void(vamp::v1::InitRequest*)> edit_rank1 = {}) {
+    std::string id;
+    grpc::Status s = clients_[0]->CreateCollectiveId(&id);
+    if (!s.ok()) return {s, s};
+    responses->assign(2, {});
+    auto init = [&](int r) {
+      vamp::v1::InitRequest req = base;
+      req.mutable_parallel()->set_tp_size(2);
+      req.mutable_parallel()->set_tp_rank(r);
+      req.mutable_parallel()->set_nccl_unique_id(id);
+      if (r == 1 && edit_rank1) edit_rank1(&req);
+      return clients_[r]->Init(req, &(*responses)[r]);
+    };
+    auto f1 = std::async(std::launch::async, init, 1);
+    grpc::Status s0 = init(0);
+    return {s0, f1.get()};
+  }
+
+  void InitGroupOk(const vamp::v1::InitRequest& base,
+                   std::vector<vamp::v1::InitResponse>* responses) {
+    std::vector<grpc::Status> s = InitGroup(base, responses);
+    ASSERT_TRUE(s[0].ok()) << "rank 0: " << s[0].error_message();
+    ASSERT_TRUE(s[1].ok()) << "rank 1: " << s[1].error_message();
+    ASSERT_EQ((*responses)[0].memory().kv_blocks(), (*responses)[1].memory().kv_blocks());
+  }
+
+  // Greedy decoding of prompts[1] and prompts[3] on both ranks in lockstep; with `groups` > 0,
+  // that many groups are offloaded on both ranks after 4 steps and restored 4 steps later. Every
+  // step's tokens must agree across the ranks.
+  std::vector<std::vector<int32_t>> Decode(int64_t kv_blocks, int32_t tokens, int32_t groups) {
+    const auto g = LoadGoldens();
+    GroupClient group({clients_[0].get(), clients_[1].get()});
+    MiniController controller;
+    controller.set_num_blocks(kv_blocks);
+    controller.Submit(1, g.prompts[1], tokens);
+    controller.Submit(2, g.prompts[3], tokens);
+    auto remap = [&](vamp::v1::RemapCommand::Action action, const std::string& id) {
+      // The controller's synchronized remap: the cross-rank minimum of the capacities.
+      int64_t expected = -1;
+      for (auto& c : clients_) {
+        vamp::v1::CapacityResponse capacity;
+        EXPECT_TRUE(c->Capacity(action == vamp::v1::RemapCommand::ACTION_OFFLOAD ? groups : -groups,
+                                &capacity)
+                        .ok());
+        expected = expected < 0 ? capacity.kv_blocks_after()
+                                : std::min(expected, capacity.kv_blocks_after());
+      }
+      auto r = group.Step(RemapOnly(controller.NextStepId(), action, groups, expected, id));
+      EXPECT_EQ(r[0].error_message(), "");
+      EXPECT_EQ(r[1].error_message(), "");
+      EXPECT_EQ(r[0].memory().kv_blocks(), r[1].memory().kv_blocks());
+      controller.set_num_blocks(r[0].memory().kv_blocks());
+    };
+    for (int i = 0; i < 1000 && !controller.Done(); ++i) {
+      if (groups > 0 && i == 4) remap(vamp::v1::RemapCommand::ACTION_OFFLOAD, "tp-offload");
+      if (groups > 0 && i == 8) remap(vamp::v1::RemapCommand::ACTION_RESTORE, "tp-restore");
+      auto r = group.Step(controller.Next());
+      EXPECT_EQ(r[0].error_message(), "") << "step " << i;
+      EXPECT_EQ(r[1].error_message(), "") << "step " << i;
+      if (!r[0].error_message().empty() || !r[1].error_message().empty()) break;
+      EXPECT_EQ(r[0].sampled_size(), r[1].sampled_size());
+      for (int k = 0; k < std::min(r[0].sampled_size(), r[1].sampled_size()); ++k) {
+        EXPECT_EQ(r[0].sampled(k).token_ids(0), r[1].sampled(k).token_ids(0)) << "step " << i;
+      }
+      controller.Apply(r[0]);
+    }
+    return {controller.request(1).outputs, controller.request(2).outputs};
+  }
+
+  std::unique_ptr<AgentService> agents_[2];
+  std::unique_ptr<AgentClient> clients_[2];
+};
+
+TEST_F(AgentCudaTpTest, Float32GreedyDecodingMatchesGoldensOnBothRanks) {
+  std::vector<vamp::v1::InitResponse> init;
+  ASSERT_NO_FATAL_FAILURE(InitGroupOk(TinyGpuInitRequest(), &init));
+  EXPECT_EQ(init[0].memory().device(), "cuda:0");
+  EXPECT_EQ(init[1].memory().device(), "cuda:1");
+  EXPECT_EQ(init[0].memory().rank(), 0);
+  EXPECT_EQ(init[1].memory().rank(), 1);
+  const auto g = LoadGoldens();
+  const auto out = Decode(init[0].memory().kv_blocks(), 16, /*groups=*/0);
+  EXPECT_EQ(out[0], g.continuations[1]);
+  EXPECT_EQ(out[1], g.continuations[3]);
+}
+
+TEST_F(AgentCudaTpTest, OffloadAndRestoreMidDecodeKeepTokens) {
+  // float32 experts of the small model split over 2 ranks: 0.75 MiB, groups of 8 on 2 MiB pages.
+  std::vector<vamp::v1::InitResponse> init;
+  ASSERT_NO_FATAL_FAILURE(InitGroupOk(SmallGpuInitRequest(), &init));
+  ASSERT_GE(init[0].memory().max_offload_groups(), 1);
+  const auto want = Decode(init[0].memory().kv_blocks(), 16, /*groups=*/0);
+  ASSERT_EQ(want[0].size(), 16u);
+  // A new group (fresh id) with the same request: the same model and tokens.
+  ASSERT_NO_FATAL_FAILURE(InitGroupOk(SmallGpuInitRequest(), &init));
+  const auto got = Decode(init[0].memory().kv_blocks(), 16, /*groups=*/1);
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(AgentCudaTpTest, BFloat16DecodesIdenticallyAfterReInitialisation) {
+  vamp::v1::InitRequest r = SmallGpuInitRequest();
+  r.set_dtype("bfloat16");
+  std::vector<vamp::v1::InitResponse> init;
+  ASSERT_NO_FATAL_FAILURE(InitGroupOk(r, &init));
+  const auto first = Decode(init[0].memory().kv_blocks(), 12, /*groups=*/0);
+  ASSERT_EQ(first[0].size(), 12u);
+  ASSERT_NO_FATAL_FAILURE(InitGroupOk(r, &init));
+  EXPECT_EQ(Decode(init[0].memory().kv_blocks(), 12, /*groups=*/0), first);
+}
+
+TEST_F(AgentCudaTpTest, AbortReleasesARankWaitingForASilentPeerAndTheGroupReforms) {
+  std::vector<vamp::v1::InitResponse> init;
+  ASSERT_NO_FATAL_FAILURE(InitGroupOk(TinyGpuInitRequest(), &init));
+  // Rank 1 stays alive but never gets the step (a hung peer: the case NCCL cannot notice), so
+  // rank 0's forward pass waits in its first all-reduce until Abort, what a re-Init or a shutdown
+  // calls. (Rank 1 is not killed: in one process its freed buffers would be rank 0's peer memory.)
+  MiniController solo;
+  solo.set_num_blocks(init[0].memory().kv_blocks());
+  solo.Submit(9, LoadGoldens().prompts[0], 4);
+  auto step = std::async(std::launch::async, [&] { return clients_[0]->Step(solo.Next()); });
+  ASSERT_EQ(step.wait_for(std::chrono::seconds(2)), std::future_status::timeout)
+      << "the all-reduce should wait for rank 1";
+  const auto start = std::chrono::steady_clock::now();
+  agents_[0]->engine().Abort(absl::AbortedError("test: peer is silent"));
+  ASSERT_EQ(step.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "Abort did not release the rank waiting in the collective";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  absl::StatusOr<vamp::v1::StepResponse> r = step.get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->error_message(), HasSubstr("NCCL group"));
+  EXPECT_THAT(r->error_message(), HasSubstr("test: peer is silent"));
+  // Later steps fail at once, saying so, until the next Init.
+  solo.Submit(10, LoadGoldens().prompts[1], 4);
+  absl::StatusOr<vamp::v1::StepResponse> later = clients_[0]->Step(solo.Next());
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_THAT(later->error_message(), HasSubstr("NCCL group"));
+
+  // The controller initialises both ranks again: a fresh id, a new group that serves.
+  clients_[0]->CloseStream();
+  ASSERT_NO_FATAL_FAILURE(InitGroupOk(TinyGpuInitRequest(), &init));
+  const auto out = Decode(init[0].memory().kv_blocks(), 16, /*groups=*/0);
+  EXPECT_EQ(out[0], LoadGoldens().continuations[1]);
+}
+
+TEST_F(AgentCudaTpTest, RanksWithDifferentRequestsAreRefused) {
+  std::vector<vamp::v1::InitResponse> init;
+  std::vector<grpc::Status> s = InitGroup(TinyGpuInitRequest(), &init, [](auto* r) {
+    r->mutable_memory()->set_max_num_seqs(8);  // differs from rank 0
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(s[r].error_code(), grpc::FAILED_PRECONDITION) << "rank " << r;
+    EXPECT_THAT(s[r].error_message(), HasSubstr("different InitRequests")) << "rank " << r;
   }
 }
 

@@ -475,6 +475,8 @@ TEST(AgentTest, BadInitRequestNamesFieldAndKeepsServing) {
       {"format", [](auto* r) { r->set_load_format("gguf"); }, grpc::INVALID_ARGUMENT,
        "load_format"},
       {"dtype", [](auto* r) { r->set_dtype("int3"); }, grpc::INVALID_ARGUMENT, "dtype 'int3'"},
+      {"dtype case", [](auto* r) { r->set_dtype("BFloat16"); }, grpc::INVALID_ARGUMENT,
+       "dtype 'BFloat16'"},
       {"rank", [](auto* r) { r->mutable_parallel()->set_tp_rank(1); }, grpc::INVALID_ARGUMENT,
        "parallel.tp_rank"},
       {"transport", [](auto* r) { r->mutable_parallel()->set_tp_size(2); }, grpc::INVALID_ARGUMENT,
@@ -626,6 +628,75 @@ TEST(AgentTest, SameInitAgainKeepsModelAndForgetsRequests) {
   EXPECT_EQ(rebuilt.memory().max_offload_groups(), 4);
 }
 
+TEST(AgentTest, DTypeByDevice) {
+  using Kind = DeviceSpec::Kind;
+  for (const char* auto_name : {"", "auto", "bfloat16"}) {
+    EXPECT_EQ(*ResolveAgentDType(auto_name, Kind::kCuda), DType::kBFloat16) << auto_name;
+  }
+  EXPECT_EQ(*ResolveAgentDType("float32", Kind::kCuda), DType::kFloat32);
+  absl::StatusOr<DType> f16 = ResolveAgentDType("float16", Kind::kCuda);
+  ASSERT_FALSE(f16.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(f16.status()));
+  EXPECT_THAT(std::string(f16.status().message()), HasSubstr("dtype 'float16'"));
+  EXPECT_THAT(std::string(f16.status().message()), HasSubstr("CUDA agents"));
+  // The CPU engine is float32 only: every accepted name gives float32.
+  for (const char* name : {"", "auto", "float32", "bfloat16", "float16"}) {
+    EXPECT_EQ(*ResolveAgentDType(name, Kind::kCpu), DType::kFloat32) << name;
+  }
+  for (Kind kind : {Kind::kCpu, Kind::kCuda}) {
+    absl::StatusOr<DType> bad = ResolveAgentDType("int8", kind);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("dtype 'int8'"));
+  }
+}
+
+TEST(AgentTest, CpuAgentRefusesCreateCollectiveId) {
+  auto agent = StartAgent();
+  ASSERT_NE(agent, nullptr);
+  AgentClient client(agent->grpc_port());
+  std::string id;
+  grpc::Status s = client.CreateCollectiveId(&id);
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("runs on cpu"));
+  EXPECT_TRUE(id.empty());
+  // Authenticated like every Agent call.
+  AgentOptions options = TinyAgentOptions();
+  options.auth_token = "secret";
+  auto locked = StartAgent(options);
+  ASSERT_NE(locked, nullptr);
+  AgentClient anonymous(locked->grpc_port());
+  EXPECT_EQ(anonymous.CreateCollectiveId(&id).error_code(), grpc::UNAUTHENTICATED);
+}
+
+TEST(AgentTest, CudaDeviceWithoutOrdinalFollowsTheRank) {
+  auto parse = [](std::vector<std::string> args) -> absl::StatusOr<AgentOptions> {
+    args.insert(args.begin(), "vamp-agent");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    absl::StatusOr<CommandLine> cli =
+        ParseCommandLine(AgentConfigSchema(), static_cast<int>(argv.size()), argv.data());
+    if (!cli.ok()) return cli.status();
+    return AgentOptionsFromConfig(cli->config);
+  };
+  struct Case {
+    std::vector<std::string> args;
+    int ordinal;
+  };
+  for (const Case& c : std::vector<Case>{{{"--device=cuda", "--rank=1"}, 1},
+                                         {{"--device=cuda"}, 0},
+                                         {{"--device=cuda:3", "--rank=1"}, 3},
+                                         {{"--device=cuda:0", "--rank=1"}, 0}}) {
+    absl::StatusOr<AgentOptions> o = parse(c.args);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->device.kind, DeviceSpec::Kind::kCuda);
+    EXPECT_EQ(o->device.ordinal, c.ordinal) << c.args[0];
+  }
+  absl::StatusOr<AgentOptions> cpu = parse({"--device=cpu", "--rank=1"});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->device.kind, DeviceSpec::Kind::kCpu);
+}
+
 TEST(AgentTest, DummyWeightsLoad) {
   auto agent = StartAgent();
   ASSERT_NE(agent, nullptr);
@@ -711,7 +782,7 @@ TEST(AgentTest, MetricsPassPromtool) {
 }
 
 // The GPU serving cases are in agent_cuda_test.cc.
-TEST(AgentTest, CudaDeviceNeedsCudaBuildAndTpSizeOne) {
+TEST(AgentTest, CudaDeviceNeedsCudaBuildAndNcclIdForTensorParallel) {
   AgentOptions options = TinyAgentOptions();
   options.device.kind = DeviceSpec::Kind::kCuda;
   absl::StatusOr<std::unique_ptr<AgentService>> agent = AgentService::Start(options);
@@ -720,13 +791,14 @@ TEST(AgentTest, CudaDeviceNeedsCudaBuildAndTpSizeOne) {
   AgentClient client((*agent)->grpc_port());
   vamp::v1::InitRequest request = TinyInitRequest();
   request.mutable_parallel()->set_tp_size(2);
+  request.mutable_parallel()->set_host_transport_address("127.0.0.1:1");  // not what CUDA uses
   vamp::v1::InitResponse init;
   grpc::Status s = client.Init(request, &init);
-  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
 #if VAMP_AGENT_CUDA
-  EXPECT_THAT(s.error_message(), HasSubstr("parallel.tp_size"));
-  EXPECT_THAT(s.error_message(), HasSubstr("NCCL tensor parallelism is not implemented yet"));
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("parallel.nccl_unique_id has 0 bytes"));
 #else
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("VAMP_AGENT_CUDA"));
 #endif
 #else

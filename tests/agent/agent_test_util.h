@@ -117,6 +117,14 @@ class AgentClient {
     Prepare(&context);
     return stub_->Init(&context, request, response);
   }
+  grpc::Status CreateCollectiveId(std::string* id) {
+    grpc::ClientContext context;
+    Prepare(&context);
+    vamp::v1::CreateCollectiveIdResponse response;
+    grpc::Status s = stub_->CreateCollectiveId(&context, {}, &response);
+    *id = response.nccl_unique_id();
+    return s;
+  }
   grpc::Status Capacity(int32_t delta, vamp::v1::CapacityResponse* response) {
     grpc::ClientContext context;
     Prepare(&context);

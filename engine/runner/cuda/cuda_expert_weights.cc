@@ -1,12 +1,12 @@
 #include "engine/runner/cuda/cuda_expert_weights.h"
 
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/memory/cuda_status.h"
 #include "engine/staging/expert_pointer_tables.h"
+#include "kernels/cpu/bfloat16.h"
 
 namespace vamp {
 
@@ -21,12 +21,12 @@ absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> CudaExpertStoreWeights::
                      "the '",
                      store->backend()->name(), "' memory backend"));
   }
-  if (g.w13_bytes != static_cast<uint64_t>(layout.W13Elements()) * sizeof(float) ||
-      g.w2_bytes != static_cast<uint64_t>(layout.W2Elements()) * sizeof(float)) {
+  if (g.w13_bytes != static_cast<uint64_t>(layout.W13Bytes()) ||
+      g.w13_bytes + g.w2_bytes != static_cast<uint64_t>(layout.Bytes())) {
     return absl::InvalidArgumentError(
         absl::StrCat("expert store geometry (w13 ", g.w13_bytes, " B, w2 ", g.w2_bytes,
-                     " B) does not match float32 shards of hidden ", layout.hidden,
-                     " and intermediate ", layout.inter));
+                     " B) does not match ", DTypeName(layout.dtype), " shards of hidden ",
+                     layout.hidden, " and intermediate ", layout.inter));
   }
   if (options.num_buffers < 1) {
     return absl::InvalidArgumentError("staging needs at least one buffer");
@@ -80,8 +80,15 @@ absl::Status CudaExpertStoreWeights::StoreExpertShard(int layer, int expert,
         absl::StrCat("expert shard of ", shard.size(), " elements, expected ", layout_.Elements()));
   }
   const auto* bytes = reinterpret_cast<const uint8_t*>(shard.data());
-  const uint64_t w13 = layout_.W13Elements() * sizeof(float);
-  const uint64_t w2 = layout_.W2Elements() * sizeof(float);
+  if (layout_.dtype == DType::kBFloat16) {
+    // Round once on the host; the loader hands over one expert at a time, so this buffer is one
+    // expert's shard (a few MiB), reused across calls.
+    convert_.resize(shard.size());
+    kernels::ToBFloat16(shard, convert_.data());
+    bytes = reinterpret_cast<const uint8_t*>(convert_.data());
+  }
+  const uint64_t w13 = layout_.W13Bytes();
+  const uint64_t w2 = layout_.Bytes() - w13;
   return store_->WriteExpert(layer, expert, absl::MakeConstSpan(bytes, w13),
                              absl::MakeConstSpan(bytes + w13, w2));
 }
@@ -104,6 +111,25 @@ absl::Status CudaExpertStoreWeights::Rebuild() {
   job_of_layer_ = std::move(t.job_of_layer);
   w13_ = std::move(t.w13);
   w2_ = std::move(t.w2);
+  // The same tables on the device, every MoE layer's [w13 | w2] rows of num_experts pointers, for
+  // kernels that read the table there (no host round trip per layer). Nothing reads the old
+  // tables now: the device was synchronised above.
+  std::vector<const void*> flat;
+  device_table_index_.assign(w13_.size(), -1);
+  for (size_t layer = 0; layer < w13_.size(); ++layer) {
+    if (w13_[layer].empty()) continue;
+    device_table_index_[layer] = static_cast<int64_t>(flat.size());
+    flat.insert(flat.end(), w13_[layer].begin(), w13_[layer].end());
+    flat.insert(flat.end(), w2_[layer].begin(), w2_[layer].end());
+  }
+  const uint64_t table_bytes = flat.size() * sizeof(void*);
+  if (device_tables_.bytes() < table_bytes) {
+    VAMP_ASSIGN_OR_RETURN(device_tables_, DeviceBuffer::Allocate(table_bytes));
+  }
+  if (table_bytes > 0) {
+    VAMP_CUDART_RETURN_IF_ERROR(
+        cudaMemcpy(device_tables_.data(), flat.data(), table_bytes, cudaMemcpyHostToDevice));
+  }
   built_ = true;
   built_version_ = store_->table_version();
   return absl::OkStatus();
@@ -155,7 +181,10 @@ absl::StatusOr<ExpertLayerTable> CudaExpertStoreWeights::AcquireLayer(int layer)
     }
     VAMP_CUDART_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copied_[job], 0));
   }
-  return ExpertLayerTable{w13_[layer].data(), w2_[layer].data()};
+  const auto* device =
+      reinterpret_cast<const void* const*>(device_tables_.data()) + device_table_index_[layer];
+  return ExpertLayerTable{w13_[layer].data(), w2_[layer].data(), device,
+                          device + w13_[layer].size()};
 }
 
 absl::Status CudaExpertStoreWeights::ReleaseLayer(int layer) {

@@ -33,6 +33,7 @@
 #include "engine/model/causal_lm.h"
 #include "engine/runner/cuda/cuda_runner_support.h"
 #include "engine/staging/staging_plan.h"
+#include "kernels/cpu/bfloat16.h"
 
 namespace vamp {
 
@@ -49,10 +50,11 @@ struct CudaStagingStats {
 
 class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeights {
  public:
-  // `store` (on the "cuda" memory backend, float32 shards matching `layout`) must outlive this
-  // object, and so must `compute_stream`, the stream the forward pass runs on. Allocates the
-  // staging buffers (staging_buffer_bytes each, none when nothing can be offloaded), the copy
-  // stream and the events.
+  // `store` (on the "cuda" memory backend, shards of layout.dtype matching `layout`; the loader's
+  // float32 shards are rounded to bfloat16 on the way in when layout.dtype is kBFloat16) must
+  // outlive this object, and so must `compute_stream`, the stream the forward pass runs on.
+  // Allocates the staging buffers (staging_buffer_bytes each, none when nothing can be offloaded),
+  // the copy stream and the events.
   static absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> Create(
       ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream,
       CudaStagingOptions options = {});
@@ -67,6 +69,7 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   absl::StatusOr<ExpertLayerTable> AcquireLayer(int layer) override;
   absl::Status ReleaseLayer(int layer) override;
   absl::Status EndPass() override;
+  bool PassStagesExperts() const override { return !plan_.empty(); }
 
   // The decoder layers staged in the current (or last) pass, in order.
   const std::vector<int>& staged_layers() const { return staged_layers_; }
@@ -97,10 +100,15 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   uint64_t built_version_ = 0;
   std::vector<int> staged_layers_;
   std::vector<StagingCopy> plan_;
-  std::vector<int> job_of_layer_;               // by decoder layer: index into plan_, or -1
-  std::vector<std::vector<const float*>> w13_;  // by decoder layer (empty for non-MoE layers)
-  std::vector<std::vector<const float*>> w2_;
+  std::vector<int> job_of_layer_;              // by decoder layer: index into plan_, or -1
+  std::vector<std::vector<const void*>> w13_;  // by decoder layer (empty for non-MoE layers)
+  std::vector<std::vector<const void*>> w2_;
   std::vector<bool> enqueued_;  // per job, in the current pass
+  // Device copy of the tables: layer l's w13 then w2 pointers start at element
+  // device_table_index_[l] of device_tables_ (-1 for non-MoE layers).
+  DeviceBuffer device_tables_;
+  std::vector<int64_t> device_table_index_;
+  std::vector<kernels::BFloat16> convert_;  // one expert's shard in bfloat16 (loading only)
   CudaStagingStats stats_;
 };
 

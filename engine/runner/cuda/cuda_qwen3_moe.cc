@@ -8,20 +8,24 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/memory/cuda_status.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/copy.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/sampling.h"
 
 namespace vamp {
 namespace {
 
 namespace kc = kernels::cuda;
+using kernels::BFloat16;
 
 // Device and pinned sub-allocations start on 256-byte boundaries (cuBLAS and vector loads).
 constexpr uint64_t kAlign = 256;
@@ -48,6 +52,20 @@ class Carver {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+template <typename T>
+T* As(void* p) {
+  return static_cast<T*>(p);
+}
+template <typename T>
+const T* As(const void* p) {
+  return static_cast<const T*>(p);
+}
+
+template <typename T>
+constexpr DType DTypeOf() {
+  return std::is_same_v<T, BFloat16> ? DType::kBFloat16 : DType::kFloat32;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaQwen3MoeModel>> CudaQwen3MoeModel::Create(
@@ -70,6 +88,18 @@ absl::StatusOr<std::unique_ptr<CudaQwen3MoeModel>> CudaQwen3MoeModel::Create(
     return absl::InvalidArgumentError(
         "runner config fields block_size, max_num_seqs and max_num_batched_tokens must be >= 1, "
         "max_model_len and max_logits_rows >= 0");
+  }
+  const ParallelConfig& p = host_model->parallel();
+  if (p.tp_size > 1) {
+    if (options.all_reduce == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor parallel size ", p.tp_size, " needs a device all-reduce (options.all_reduce)"));
+    }
+    if (options.all_reduce->size() != p.tp_size || options.all_reduce->rank() != p.tp_rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the all-reduce group is rank ", options.all_reduce->rank(), " of ",
+          options.all_reduce->size(), "; the model shard is rank ", p.tp_rank, " of ", p.tp_size));
+    }
   }
   std::unique_ptr<CudaQwen3MoeModel> m(
       new CudaQwen3MoeModel(host_model, runner_config, stream, options));
@@ -97,28 +127,34 @@ absl::Status CudaQwen3MoeModel::UploadWeights() {
   const int64_t H = c.hidden_size, V = c.vocab_size, hd = c.head_dim;
   const int64_t Il = dense_inter_;
   const int64_t qkv_rows = (q_heads_ + 2 * kv_heads_) * hd;
-  // Every weight the forward pass reads, with its expected size.
+  const int64_t elem = DTypeBytes(options_.dtype);
+  // Every weight the forward pass reads, with its expected size; norms stay float32.
   absl::flat_hash_map<std::string, absl::Span<const float>> host;
   host_->ForEachWeight([&](absl::string_view name, absl::Span<const float> data) {
     host.emplace(std::string(name), data);
   });
-  std::vector<std::pair<std::string, int64_t>> wanted = {{"model.embed_tokens.weight", V * H},
-                                                         {"model.norm.weight", H}};
+  struct Wanted {
+    std::string name;
+    int64_t elements;
+    bool float32;
+  };
+  std::vector<Wanted> wanted = {{"model.embed_tokens.weight", V * H, false},
+                                {"model.norm.weight", H, true}};
   const bool tied = !host.contains("lm_head.weight");
-  if (!tied) wanted.push_back({"lm_head.weight", V * H});
+  if (!tied) wanted.push_back({"lm_head.weight", V * H, false});
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    wanted.push_back({p + "input_layernorm.weight", H});
-    wanted.push_back({p + "post_attention_layernorm.weight", H});
-    wanted.push_back({p + "self_attn.qkv_proj.weight", qkv_rows * H});
-    wanted.push_back({p + "self_attn.o_proj.weight", H * q_heads_ * hd});
-    wanted.push_back({p + "self_attn.q_norm.weight", hd});
-    wanted.push_back({p + "self_attn.k_norm.weight", hd});
+    wanted.push_back({p + "input_layernorm.weight", H, true});
+    wanted.push_back({p + "post_attention_layernorm.weight", H, true});
+    wanted.push_back({p + "self_attn.qkv_proj.weight", qkv_rows * H, false});
+    wanted.push_back({p + "self_attn.o_proj.weight", H * q_heads_ * hd, false});
+    wanted.push_back({p + "self_attn.q_norm.weight", hd, true});
+    wanted.push_back({p + "self_attn.k_norm.weight", hd, true});
     if (c.IsMoeLayer(l)) {
-      wanted.push_back({p + "mlp.gate.weight", c.num_experts * H});
+      wanted.push_back({p + "mlp.gate.weight", c.num_experts * H, false});
     } else {
-      wanted.push_back({p + "mlp.gate_up_proj.weight", 2 * Il * H});
-      wanted.push_back({p + "mlp.down_proj.weight", H * Il});
+      wanted.push_back({p + "mlp.gate_up_proj.weight", 2 * Il * H, false});
+      wanted.push_back({p + "mlp.down_proj.weight", H * Il, false});
     }
   }
   std::vector<float> rope(c.max_position_embeddings * hd);
@@ -126,52 +162,62 @@ absl::Status CudaQwen3MoeModel::UploadWeights() {
                                rope.data());
 
   Carver sizing(nullptr);
-  for (const auto& [name, elements] : wanted) {
-    auto it = host.find(name);
+  for (const Wanted& w : wanted) {
+    auto it = host.find(w.name);
     if (it == host.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("the model has no weight '", name, "'"));
+      return absl::InvalidArgumentError(absl::StrCat("the model has no weight '", w.name, "'"));
     }
-    if (static_cast<int64_t>(it->second.size()) != elements) {
-      return absl::InvalidArgumentError(absl::StrCat("weight '", name, "' has ", it->second.size(),
-                                                     " elements, expected ", elements));
+    if (static_cast<int64_t>(it->second.size()) != w.elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weight '", w.name, "' has ", it->second.size(), " elements, expected ", w.elements));
     }
-    sizing.Take<float>(elements);
+    sizing.Take<uint8_t>(w.elements * (w.float32 ? 4 : elem));
   }
   sizing.Take<float>(static_cast<int64_t>(rope.size()));
   VAMP_ASSIGN_OR_RETURN(weights_, DeviceBuffer::Allocate(sizing.used()));
 
   Carver carve(weights_.data());
-  absl::flat_hash_map<std::string, const float*> dev;
-  auto upload = [&](const float* src, int64_t elements) -> absl::StatusOr<const float*> {
-    float* dst = carve.Take<float>(elements);
+  absl::flat_hash_map<std::string, const void*> dev;
+  std::vector<BFloat16> rounded;
+  // Synchronous copies: the sources are pageable (and `rounded` is reused). The expert store
+  // wrote the experts with cudaMemcpy on the legacy stream, which a non-blocking stream does not
+  // wait for either: the device is synchronised once at the end.
+  auto upload = [&](absl::Span<const float> src, bool float32) -> absl::StatusOr<const void*> {
+    const int64_t n = static_cast<int64_t>(src.size());
+    if (float32 || options_.dtype == DType::kFloat32) {
+      float* dst = carve.Take<float>(n);
+      VAMP_CUDART_RETURN_IF_ERROR(
+          cudaMemcpy(dst, src.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      return dst;
+    }
+    BFloat16* dst = carve.Take<BFloat16>(n);
+    rounded.resize(src.size());
+    kernels::ToBFloat16(src, rounded.data());
     VAMP_CUDART_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, elements * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        cudaMemcpy(dst, rounded.data(), n * sizeof(BFloat16), cudaMemcpyHostToDevice));
     return dst;
   };
-  for (const auto& [name, elements] : wanted) {
-    VAMP_ASSIGN_OR_RETURN(dev[name], upload(host.at(name).data(), elements));
+  for (const Wanted& w : wanted) {
+    VAMP_ASSIGN_OR_RETURN(dev[w.name], upload(host.at(w.name), w.float32));
   }
-  VAMP_ASSIGN_OR_RETURN(rope_cache_, upload(rope.data(), static_cast<int64_t>(rope.size())));
-  // The sources are pageable host memory (and `rope` is local): wait for the copies. The expert
-  // store wrote the experts with cudaMemcpy on the legacy stream, which does not order our
-  // non-blocking stream either.
-  VAMP_CUDART_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  VAMP_ASSIGN_OR_RETURN(const void* rope_dev, upload(rope, /*float32=*/true));
+  rope_cache_ = As<float>(rope_dev);
   VAMP_CUDART_RETURN_IF_ERROR(cudaDeviceSynchronize());
 
   embed_ = dev.at("model.embed_tokens.weight");
   lm_head_ = tied ? embed_ : dev.at("lm_head.weight");
-  final_norm_ = dev.at("model.norm.weight");
+  final_norm_ = As<float>(dev.at("model.norm.weight"));
   layers_.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     Layer& L = layers_[l];
     L.moe = c.IsMoeLayer(l);
-    L.input_norm = dev.at(p + "input_layernorm.weight");
-    L.post_norm = dev.at(p + "post_attention_layernorm.weight");
+    L.input_norm = As<float>(dev.at(p + "input_layernorm.weight"));
+    L.post_norm = As<float>(dev.at(p + "post_attention_layernorm.weight"));
+    L.q_norm = As<float>(dev.at(p + "self_attn.q_norm.weight"));
+    L.k_norm = As<float>(dev.at(p + "self_attn.k_norm.weight"));
     L.qkv = dev.at(p + "self_attn.qkv_proj.weight");
     L.o_proj = dev.at(p + "self_attn.o_proj.weight");
-    L.q_norm = dev.at(p + "self_attn.q_norm.weight");
-    L.k_norm = dev.at(p + "self_attn.k_norm.weight");
     if (L.moe) {
       L.router = dev.at(p + "mlp.gate.weight");
     } else {
@@ -190,10 +236,15 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
   const int64_t R = T * top_k;
   const int64_t Il = expert_layout().inter;
   const int64_t qkv_cols = (q_heads_ + 2 * kv_heads_) * hd;
+  const int64_t elem = DTypeBytes(options_.dtype);
   const bool any_dense =
       std::any_of(layers_.begin(), layers_.end(), [](const Layer& l) { return !l.moe; });
   const int64_t h13 = std::max(R * 2 * Il, any_dense ? T * 2 * dense_inter_ : 0);
   const int64_t act = std::max(R * Il, any_dense ? T * dense_inter_ : 0);
+  attn_ws_floats_ =
+      options_.dtype == DType::kBFloat16
+          ? kc::PagedAttentionWorkspaceFloats(T, S, q_heads_, hd, runner_config_.max_model_len)
+          : 0;
 
   // Step metadata: the same layout in pinned host memory and on the device.
   Carver meta(nullptr);
@@ -210,23 +261,34 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
   meta_.seq_lens = offset(static_cast<int32_t*>(nullptr), S);
   meta_.block_tables = offset(static_cast<int32_t*>(nullptr), S * max_blocks_per_seq_);
   meta_.logits_indices = offset(static_cast<int32_t*>(nullptr), T);
+  meta_.temperatures = offset(static_cast<float*>(nullptr), L);
+  meta_.top_ks = offset(static_cast<int32_t*>(nullptr), L);
+  meta_.top_ps = offset(static_cast<float*>(nullptr), L);
+  meta_.seeds = offset(static_cast<uint64_t*>(nullptr), L);
+  meta_.draw_indices = offset(static_cast<int64_t*>(nullptr), L);
   meta_.bytes = meta.used();
+  sample_ws_bytes_ = kc::SampleTokensWorkspaceBytes(L, c.vocab_size);
 
   auto carve_all = [&](Carver& w) {
+    auto typed = [&](int64_t elements) -> void* { return w.Take<uint8_t>(elements * elem); };
     meta_dev_ = w.Take<uint8_t>(static_cast<int64_t>(meta_.bytes));
-    x_ = w.Take<float>(T * H);
+    x_ = typed(T * H);
     res_ = w.Take<float>(T * H);
-    qkv_ = w.Take<float>(T * qkv_cols);
-    attn_out_ = w.Take<float>(T * q_heads_ * hd);
+    qkv_ = typed(T * qkv_cols);
+    attn_out_ = typed(T * q_heads_ * hd);
     router_logits_ = w.Take<float>(T * E);
     topk_weights_ = w.Take<float>(R);
-    permuted_ = w.Take<float>(R * H);
-    h13_ = w.Take<float>(h13);
-    act_ = w.Take<float>(act);
-    expert_out_ = w.Take<float>(R * H);
-    sel_x_ = w.Take<float>(L * H);
+    permuted_ = typed(R * H);
+    h13_ = typed(h13);
+    act_ = typed(act);
+    expert_out_ = typed(R * H);
+    sel_x_ = typed(L * H);
     sel_res_ = w.Take<float>(L * H);
     logits_dev_ = w.Take<float>(L * c.vocab_size);
+    attn_ws_ = w.Take<float>(attn_ws_floats_);
+    sample_ws_ = w.Take<uint8_t>(sample_ws_bytes_);
+    sampled_tokens_ = w.Take<int32_t>(L);
+    sampled_logprobs_ = w.Take<float>(L);
     topk_ids_ = w.Take<int32_t>(R);
     expert_offsets_ = w.Take<int32_t>(E + 1);
     row_token_ = w.Take<int32_t>(R);
@@ -239,10 +301,13 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
   carve_all(carve);
   VAMP_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::Allocate(meta_.bytes));
   VAMP_ASSIGN_OR_RETURN(offsets_host_, PinnedBuffer::Allocate((E + 1) * sizeof(int32_t)));
+  VAMP_ASSIGN_OR_RETURN(sampled_host_,
+                        PinnedBuffer::Allocate(L * (sizeof(int32_t) + sizeof(float))));
   return absl::OkStatus();
 }
 
-absl::Status CudaQwen3MoeModel::UploadMetadata(const ForwardBatch& b) {
+absl::Status CudaQwen3MoeModel::UploadMetadata(const ForwardBatch& b,
+                                               const StepSampling* sampling) {
   uint8_t* h = meta_host_.data();
   auto put = [h](uint64_t offset, const auto& span) {
     std::memcpy(h + offset, span.data(), span.size() * sizeof(span[0]));
@@ -254,6 +319,13 @@ absl::Status CudaQwen3MoeModel::UploadMetadata(const ForwardBatch& b) {
   put(meta_.seq_lens, b.seq_lens);
   put(meta_.block_tables, b.block_tables);
   put(meta_.logits_indices, b.logits_indices);
+  if (sampling != nullptr) {
+    put(meta_.temperatures, sampling->temperatures);
+    put(meta_.top_ks, sampling->top_ks);
+    put(meta_.top_ps, sampling->top_ps);
+    put(meta_.seeds, sampling->seeds);
+    put(meta_.draw_indices, sampling->draw_indices);
+  }
   // One transfer of the whole area, unused tails included (fewer launches than one copy per
   // array). Asynchronous on the compute stream: the pinned area is rewritten only by the next
   // Forward, after this one has synchronised the stream.
@@ -264,64 +336,235 @@ absl::Status CudaQwen3MoeModel::UploadMetadata(const ForwardBatch& b) {
 
 absl::Status CudaQwen3MoeModel::Forward(const ForwardBatch& batch, const KvCacheView& kv,
                                         ExpertWeights* experts, Communicator* comm, float* logits) {
-  const ModelConfig& c = config();
-  const int64_t n = batch.num_tokens(), H = c.hidden_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  if (n == 0) return absl::OkStatus();
-  if (parallel().tp_size > 1) {
-    return absl::UnimplementedError(
-        "the GPU forward pass supports tensor parallel size 1 (no device all-reduce yet)");
+  // The host communicator is not used: tensor parallel sums run on the device.
+  return Run(batch, kv, experts, logits, nullptr, nullptr, nullptr);
+}
+
+absl::Status CudaQwen3MoeModel::ForwardAndSample(const ForwardBatch& batch, const KvCacheView& kv,
+                                                 ExpertWeights* experts, Communicator* comm,
+                                                 const StepSampling& sampling, int32_t* tokens,
+                                                 float* logprobs) {
+  const size_t m = batch.logits_indices.size();
+  if (sampling.temperatures.size() != m || sampling.top_ks.size() != m ||
+      sampling.top_ps.size() != m || sampling.seeds.size() != m ||
+      sampling.draw_indices.size() != m) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling parameters for ",
+                                                   sampling.temperatures.size(),
+                                                   " rows; the batch has ", m, " logits rows"));
   }
-  (void)comm;  // tp_size == 1: nothing to reduce
+  if (static_cast<int64_t>(m) > max_logits_rows_) {
+    return absl::ResourceExhaustedError(absl::StrCat("sampling ", m, " rows in one step exceeds ",
+                                                     max_logits_rows_, " (max_logits_rows)"));
+  }
+  return Run(batch, kv, experts, nullptr, &sampling, tokens, logprobs);
+}
+
+absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView& kv,
+                                    ExpertWeights* experts, float* host_logits,
+                                    const StepSampling* sampling, int32_t* tokens,
+                                    float* logprobs) {
+  const ModelConfig& c = config();
+  const int64_t n = batch.num_tokens();
+  if (n == 0) return absl::OkStatus();
   if (!moe_layers().empty() && experts == nullptr) {
     return absl::FailedPreconditionError("MoE forward pass without expert weights");
   }
   const int64_t m = static_cast<int64_t>(batch.logits_indices.size());
   if (n > max_tokens_ || batch.num_seqs() > max_seqs_ ||
       batch.block_table_stride > max_blocks_per_seq_ || m > max_tokens_ ||
+      batch.max_seq_len > runner_config_.max_model_len ||
       static_cast<int64_t>(batch.block_tables.size()) > max_seqs_ * max_blocks_per_seq_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("batch of ", n, " tokens, ", batch.num_seqs(), " sequences, ",
-                     batch.block_table_stride, " blocks per sequence exceeds the GPU workspace (",
-                     max_tokens_, ", ", max_seqs_, ", ", max_blocks_per_seq_, ")"));
+                     batch.block_table_stride, " blocks per sequence, ", batch.max_seq_len,
+                     " tokens of context exceeds the GPU workspace (", max_tokens_, ", ", max_seqs_,
+                     ", ", max_blocks_per_seq_, ", ", runner_config_.max_model_len, ")"));
   }
   if (static_cast<int64_t>(kv.k.size()) < c.num_hidden_layers ||
       static_cast<int64_t>(kv.v.size()) < c.num_hidden_layers) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the KV cache view covers ", kv.k.size(), " layers; the model has ", c.num_hidden_layers));
   }
-  VAMP_RETURN_IF_ERROR(UploadMetadata(batch));
-  const auto* token_ids = reinterpret_cast<const int32_t*>(meta_dev_ + meta_.token_ids);
-  VAMP_RETURN_IF_ERROR(kc::GatherRows(embed_, H, token_ids, n, H, res_, H, stream_));
-
+  if (kv.dtype != options_.dtype) {
+    return absl::FailedPreconditionError(absl::StrCat("the KV cache holds ", DTypeName(kv.dtype),
+                                                      "; the model computes in ",
+                                                      DTypeName(options_.dtype)));
+  }
+  // Every step runs on the block table re-laid out on a bucketed stride, with attention's
+  // context bound to match, graph or not: a graph's launch parameters then change only every
+  // graph_stride_bucket_blocks blocks of context, and a step gives bit-identical results whether
+  // it replays a graph or runs launch by launch (residency changes switch between the two).
+  const int64_t bucket = std::max<int64_t>(1, options_.graph_stride_bucket_blocks);
+  const int64_t old_stride = batch.block_table_stride;
+  const int64_t stride = std::min(max_blocks_per_seq_, CeilDiv(old_stride, bucket) * bucket);
+  const int64_t num_seqs = batch.num_seqs();
+  graph_block_tables_.assign(num_seqs * stride, 0);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    std::copy_n(batch.block_tables.begin() + s * old_stride, old_stride,
+                graph_block_tables_.begin() + s * stride);
+  }
+  ForwardBatch bucketed = batch;
+  bucketed.block_tables = graph_block_tables_;
+  bucketed.block_table_stride = stride;
+  bucketed.max_seq_len = static_cast<int32_t>(std::max<int64_t>(
+      batch.max_seq_len,
+      std::min(stride * runner_config_.block_size, runner_config_.max_model_len)));
   if (experts != nullptr) VAMP_RETURN_IF_ERROR(experts->BeginPass());
-  auto run_layer = [&](int l) -> absl::Status {
-    const Layer& L = layers_[l];
-    // As the CPU model: the first layer normalises the embedding (residual = embedding); later
-    // layers add the previous MLP output to the residual stream first.
-    if (l == 0) {
-      VAMP_RETURN_IF_ERROR(kc::RmsNorm(res_, H, L.input_norm, eps, n, H, x_, H, stream_));
-    } else {
-      VAMP_RETURN_IF_ERROR(kc::FusedAddRmsNorm(x_, H, res_, H, L.input_norm, eps, n, H, stream_));
-    }
-    VAMP_RETURN_IF_ERROR(Attention(l, batch, kv));
-    VAMP_RETURN_IF_ERROR(kc::FusedAddRmsNorm(x_, H, res_, H, L.post_norm, eps, n, H, stream_));
-    return L.moe ? Moe(l, n, experts) : DenseMlp(l, n);
-  };
   absl::Status status;
-  for (int l = 0; l < c.num_hidden_layers && status.ok(); ++l) status = run_layer(l);
+  if (GraphEligible(bucketed, sampling, experts)) {
+    status = RunGraph(bucketed, *sampling, kv, experts);
+  } else {
+    ++graph_stats_.eager_steps;
+    status = UploadMetadata(bucketed, sampling);
+    if (status.ok()) {
+      status = options_.dtype == DType::kBFloat16 ? RunLayers<BFloat16>(bucketed, kv, experts)
+                                                  : RunLayers<float>(bucketed, kv, experts);
+    }
+    if (status.ok()) {
+      const bool sample = sampling != nullptr;
+      status = options_.dtype == DType::kBFloat16 ? Logits<BFloat16>(m, host_logits, sample)
+                                                  : Logits<float>(m, host_logits, sample);
+    }
+  }
   if (experts != nullptr) {
     const absl::Status end = experts->EndPass();
     if (status.ok()) status = end;
   }
-  if (status.ok()) status = Logits(m, logits);
   // Always leave the stream idle: the pinned metadata may be rewritten by the next call, and
   // asynchronous kernel errors surface here.
-  const absl::Status sync =
+  absl::Status sync =
       CudaRuntimeStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (forward pass)");
-  return status.ok() ? sync : status;
+  if (sync.ok() && parallel().tp_size > 1) sync = options_.all_reduce->Check();
+  if (!status.ok()) return status;
+  if (!sync.ok()) return sync;
+  if (sampling != nullptr) {
+    const uint8_t* h = sampled_host_.data();
+    std::copy_n(reinterpret_cast<const int32_t*>(h), m, tokens);
+    std::copy_n(reinterpret_cast<const float*>(h + max_logits_rows_ * sizeof(int32_t)), m,
+                logprobs);
+  }
+  return absl::OkStatus();
 }
 
+CudaQwen3MoeModel::~CudaQwen3MoeModel() { ClearGraphs(); }
+
+void CudaQwen3MoeModel::ClearGraphs() {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
+bool CudaQwen3MoeModel::GraphEligible(const ForwardBatch& batch, const StepSampling* sampling,
+                                      ExpertWeights* experts) const {
+  if (!options_.cuda_graphs || graphs_failed_ || sampling == nullptr ||
+      options_.dtype != DType::kBFloat16 || parallel().tp_size != 1) {
+    return false;
+  }
+  const int64_t n = batch.num_tokens();
+  // Decode only: one token per sequence, every one sampled, rows in order.
+  if (n != batch.num_seqs() || static_cast<int64_t>(batch.logits_indices.size()) != n) {
+    return false;
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    if (batch.logits_indices[r] != r) return false;
+  }
+  const int64_t rows = n * config().num_experts_per_tok;
+  if (options_.device_gemm_max_rows >= 0 && rows > options_.device_gemm_max_rows) return false;
+  return moe_layers().empty() || (experts != nullptr && !experts->PassStagesExperts());
+}
+
+absl::Status CudaQwen3MoeModel::RunGraph(const ForwardBatch& batch, const StepSampling& sampling,
+                                         const KvCacheView& kv, ExpertWeights* experts) {
+  const int64_t n = batch.num_tokens();
+  const ForwardBatch& gb = batch;  // already on the bucketed stride (Run)
+  VAMP_RETURN_IF_ERROR(UploadMetadata(gb, &sampling));
+
+  // Device addresses a graph bakes in besides the model's own buffers: the KV view and the expert
+  // pointer tables (read on the device, so their contents may change; their addresses may not).
+  uint64_t fingerprint = 0x9E3779B97F4A7C15ull;
+  auto mix = [&fingerprint](uint64_t v) {
+    fingerprint = (fingerprint ^ v) * 0xBF58476D1CE4E5B9ull;
+    fingerprint ^= fingerprint >> 31;
+  };
+  for (size_t l = 0; l < kv.k.size(); ++l) {
+    mix(reinterpret_cast<uintptr_t>(kv.k[l]));
+    mix(reinterpret_cast<uintptr_t>(kv.v[l]));
+  }
+  mix(static_cast<uint64_t>(kv.strides.block_stride));
+  mix(static_cast<uint64_t>(kv.strides.token_stride));
+  for (int layer : moe_layers()) {
+    VAMP_ASSIGN_OR_RETURN(const ExpertLayerTable table, experts->AcquireLayer(layer));
+    mix(reinterpret_cast<uintptr_t>(table.device_w13));
+    mix(reinterpret_cast<uintptr_t>(table.device_w2));
+    VAMP_RETURN_IF_ERROR(experts->ReleaseLayer(layer));
+  }
+  if (fingerprint != graph_fingerprint_) {
+    ClearGraphs();
+    graph_fingerprint_ = fingerprint;
+  }
+
+  const std::pair<int64_t, int64_t> key(n, gb.block_table_stride);
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    if (static_cast<int64_t>(graphs_.size()) >= options_.max_cuda_graphs) ClearGraphs();
+    VAMP_CUDART_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status captured = RunLayers<BFloat16>(gb, kv, experts);
+    if (captured.ok()) captured = Logits<BFloat16>(n, nullptr, /*sample=*/true);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (captured.ok() && end == cudaSuccess) {
+      captured = CudaRuntimeStatus(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    } else if (captured.ok()) {
+      captured = CudaRuntimeStatus(end, "cudaStreamEndCapture");
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!captured.ok()) {
+      // Capturing is an optimisation: run this and every later step launch by launch.
+      (void)cudaGetLastError();
+      graphs_failed_ = true;
+      VAMP_LOG(WARNING) << "CUDA graph capture failed, running eagerly from now on: " << captured;
+      ++graph_stats_.eager_steps;
+      VAMP_RETURN_IF_ERROR(RunLayers<BFloat16>(gb, kv, experts));
+      return Logits<BFloat16>(n, nullptr, /*sample=*/true);
+    }
+    it = graphs_.emplace(key, exec).first;
+    ++graph_stats_.captures;
+  }
+  VAMP_CUDART_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
+  ++graph_stats_.replays;
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaQwen3MoeModel::RunLayers(const ForwardBatch& batch, const KvCacheView& kv,
+                                          ExpertWeights* experts) {
+  const ModelConfig& c = config();
+  const int64_t n = batch.num_tokens(), H = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const auto* token_ids = reinterpret_cast<const int32_t*>(meta_dev_ + meta_.token_ids);
+  // x = embedding, residual = 0: every layer then starts alike with "residual += x; x =
+  // RMSNorm(residual)", which for layer 0 is RMSNorm(embedding) with residual = embedding, as in
+  // the CPU model.
+  VAMP_RETURN_IF_ERROR(kc::GatherRows(As<T>(embed_), H, token_ids, n, H, As<T>(x_), H, stream_));
+  VAMP_CUDART_RETURN_IF_ERROR(cudaMemsetAsync(res_, 0, n * H * sizeof(float), stream_));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const Layer& L = layers_[l];
+    VAMP_RETURN_IF_ERROR(
+        kc::FusedAddRmsNorm(As<T>(x_), H, res_, H, L.input_norm, eps, n, H, stream_));
+    VAMP_RETURN_IF_ERROR(Attention<T>(l, batch, kv));
+    VAMP_RETURN_IF_ERROR(
+        kc::FusedAddRmsNorm(As<T>(x_), H, res_, H, L.post_norm, eps, n, H, stream_));
+    VAMP_RETURN_IF_ERROR(L.moe ? Moe<T>(l, n, experts) : DenseMlp<T>(l, n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaQwen3MoeModel::AllReduceHidden(int64_t n) {
+  if (parallel().tp_size == 1) return absl::OkStatus();
+  return options_.all_reduce->AllReduceSum(x_, n * config().hidden_size, options_.dtype, stream_);
+}
+
+template <typename T>
 absl::Status CudaQwen3MoeModel::Attention(int layer, const ForwardBatch& batch,
                                           const KvCacheView& kv) {
   const ModelConfig& c = config();
@@ -329,16 +572,18 @@ absl::Status CudaQwen3MoeModel::Attention(int layer, const ForwardBatch& batch,
   const int64_t n = batch.num_tokens(), H = c.hidden_size, hd = c.head_dim;
   const int64_t q_cols = q_heads_ * hd, kv_cols = kv_heads_ * hd;
   const int64_t qkv_cols = q_cols + 2 * kv_cols;
-  VAMP_RETURN_IF_ERROR(kc::Gemm(x_, H, L.qkv, H, qkv_, qkv_cols, n, qkv_cols, H, stream_));
-  float* q = qkv_;
-  float* k = qkv_ + q_cols;
-  float* v = qkv_ + q_cols + kv_cols;
+  T* qkv = As<T>(qkv_);
+  VAMP_RETURN_IF_ERROR(
+      kc::Gemm(As<T>(x_), H, As<T>(L.qkv), H, qkv, qkv_cols, n, qkv_cols, H, stream_));
+  T* q = qkv;
+  T* k = qkv + q_cols;
+  T* v = qkv + q_cols + kv_cols;
   const auto* positions = reinterpret_cast<const int64_t*>(meta_dev_ + meta_.positions);
   VAMP_RETURN_IF_ERROR(kc::QkNormRope(q, qkv_cols, k, qkv_cols, n, q_heads_, kv_heads_, hd,
                                       L.q_norm, L.k_norm, static_cast<float>(c.rms_norm_eps),
                                       positions, rope_cache_, c.max_position_embeddings, stream_));
-  float* k_cache = kv.k[layer];
-  float* v_cache = kv.v[layer];
+  T* k_cache = As<T>(kv.k[layer]);
+  T* v_cache = As<T>(kv.v[layer]);
   if (k_cache == nullptr || v_cache == nullptr) {
     return absl::InternalError(absl::StrCat("no KV cache for attention layer ", layer));
   }
@@ -348,69 +593,163 @@ absl::Status CudaQwen3MoeModel::Attention(int layer, const ForwardBatch& batch,
   const auto* block_tables = reinterpret_cast<const int32_t*>(meta_dev_ + meta_.block_tables);
   const auto* seq_lens = reinterpret_cast<const int32_t*>(meta_dev_ + meta_.seq_lens);
   const auto* qsl = reinterpret_cast<const int32_t*>(meta_dev_ + meta_.query_start_loc);
-  VAMP_RETURN_IF_ERROR(kc::PagedAttention(
-      q, qkv_cols, k_cache, v_cache, kv.strides, kv.block_size, block_tables,
-      batch.block_table_stride, seq_lens, qsl, batch.num_seqs(), q_heads_, kv_heads_, hd,
-      1.0f / std::sqrt(static_cast<float>(hd)), attn_out_, q_cols, /*workspace=*/nullptr, stream_));
-  return kc::Gemm(attn_out_, q_cols, L.o_proj, q_cols, x_, H, n, H, q_cols, stream_);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  T* out = As<T>(attn_out_);
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    int64_t max_query_len = 0;
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+      max_query_len =
+          std::max<int64_t>(max_query_len, batch.query_start_loc[s + 1] - batch.query_start_loc[s]);
+    }
+    VAMP_RETURN_IF_ERROR(kc::PagedAttention(
+        q, qkv_cols, k_cache, v_cache, kv.strides, kv.block_size, block_tables,
+        batch.block_table_stride, seq_lens, qsl, batch.num_seqs(), max_query_len, batch.max_seq_len,
+        q_heads_, kv_heads_, hd, scale, out, q_cols, attn_ws_, attn_ws_floats_, stream_));
+  } else {
+    VAMP_RETURN_IF_ERROR(
+        kc::PagedAttention(q, qkv_cols, k_cache, v_cache, kv.strides, kv.block_size, block_tables,
+                           batch.block_table_stride, seq_lens, qsl, batch.num_seqs(), q_heads_,
+                           kv_heads_, hd, scale, out, q_cols, /*workspace=*/nullptr, stream_));
+  }
+  VAMP_RETURN_IF_ERROR(
+      kc::Gemm(out, q_cols, As<T>(L.o_proj), q_cols, As<T>(x_), H, n, H, q_cols, stream_));
+  return AllReduceHidden(n);
 }
 
+template <typename T>
 absl::Status CudaQwen3MoeModel::Moe(int layer, int64_t n, ExpertWeights* experts) {
   const ModelConfig& c = config();
   const Layer& L = layers_[layer];
   const int64_t H = c.hidden_size, E = c.num_experts, top_k = c.num_experts_per_tok;
   const int64_t Il = expert_layout().inter, rows = n * top_k;
-  VAMP_RETURN_IF_ERROR(kc::Gemm(x_, H, L.router, H, router_logits_, E, n, E, H, stream_));
+  T* x = As<T>(x_);
+  VAMP_RETURN_IF_ERROR(kc::Gemm(x, H, As<T>(L.router), H, router_logits_, E, n, E, H, stream_));
   VAMP_RETURN_IF_ERROR(kc::RouterTopK(router_logits_, E, n, E, top_k, c.norm_topk_prob, topk_ids_,
                                       topk_weights_, stream_));
   VAMP_RETURN_IF_ERROR(
       kc::MoePermute(topk_ids_, n, top_k, E, expert_offsets_, row_token_, pair_row_, stream_));
-  // cuBLAS takes each expert's row count on the host.
+  const bool on_device = std::is_same_v<T, BFloat16> && (options_.device_gemm_max_rows < 0 ||
+                                                         rows <= options_.device_gemm_max_rows);
   auto* offsets = reinterpret_cast<int32_t*>(offsets_host_.data());
-  VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(offsets, expert_offsets_, (E + 1) * sizeof(int32_t),
-                                              cudaMemcpyDeviceToHost, stream_));
-  VAMP_CUDART_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  if (offsets[E] != rows) {
-    return absl::InternalError(absl::StrCat("layer ", layer, ": the router placed ", offsets[E],
-                                            " of ", rows, " (token, expert) pairs"));
+  if (!on_device) {
+    // cuBLAS takes each expert's row count on the host.
+    VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(offsets, expert_offsets_, (E + 1) * sizeof(int32_t),
+                                                cudaMemcpyDeviceToHost, stream_));
+    VAMP_CUDART_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    if (offsets[E] != rows) {
+      return absl::InternalError(absl::StrCat("layer ", layer, ": the router placed ", offsets[E],
+                                              " of ", rows, " (token, expert) pairs"));
+    }
   }
-  VAMP_RETURN_IF_ERROR(kc::GatherRows(x_, H, row_token_, rows, H, permuted_, H, stream_));
+  T* permuted = As<T>(permuted_);
+  T* h13 = As<T>(h13_);
+  T* act = As<T>(act_);
+  T* expert_out = As<T>(expert_out_);
+  VAMP_RETURN_IF_ERROR(kc::GatherRows(x, H, row_token_, rows, H, permuted, H, stream_));
 
   VAMP_ASSIGN_OR_RETURN(const ExpertLayerTable table, experts->AcquireLayer(layer));
-  VAMP_RETURN_IF_ERROR(
-      kc::ExpertGemm(permuted_, H, table.w13, 0, H, offsets, E, h13_, 2 * Il, 2 * Il, H, stream_));
-  VAMP_RETURN_IF_ERROR(kc::SiluAndMul(h13_, 2 * Il, rows, Il, act_, Il, stream_));
-  VAMP_RETURN_IF_ERROR(
-      kc::ExpertGemm(act_, Il, table.w2, 0, Il, offsets, E, expert_out_, H, H, Il, stream_));
+  if (on_device) {
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      if (table.device_w13 == nullptr || table.device_w2 == nullptr) {
+        return absl::FailedPreconditionError(
+            "the expert weights have no device pointer tables (not a CudaExpertStoreWeights?)");
+      }
+      // The tables are device arrays of device pointers: only their addresses are used here.
+      const auto* w13 = reinterpret_cast<const BFloat16* const*>(table.device_w13);
+      const auto* w2 = reinterpret_cast<const BFloat16* const*>(table.device_w2);
+      // SiLU-and-mul in the w13 GEMM's epilogue: the [rows, 2 * inter] product never reaches HBM.
+      VAMP_RETURN_IF_ERROR(kc::GroupedExpertGemmSiluMul(permuted, H, w13, 0, H, expert_offsets_, E,
+                                                        rows, act, Il, Il, H, stream_));
+      VAMP_RETURN_IF_ERROR(kc::GroupedExpertGemm(act, Il, w2, 0, Il, expert_offsets_, E, rows,
+                                                 expert_out, H, H, Il, stream_));
+    }
+  } else {
+    std::vector<const T*>* w13;
+    std::vector<const T*>* w2;
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      w13 = &bf16_w13_;
+      w2 = &bf16_w2_;
+    } else {
+      w13 = &f32_w13_;
+      w2 = &f32_w2_;
+    }
+    w13->assign(E, nullptr);
+    w2->assign(E, nullptr);
+    for (int64_t e = 0; e < E; ++e) {
+      (*w13)[e] = As<T>(table.w13[e]);
+      (*w2)[e] = As<T>(table.w2[e]);
+    }
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      // One cuBLAS grouped call per projection (experts with equal row counts share a group).
+      VAMP_RETURN_IF_ERROR(kc::ExpertGemmGrouped(permuted, H, w13->data(), 0, H, offsets, E, h13,
+                                                 2 * Il, 2 * Il, H, stream_));
+      VAMP_RETURN_IF_ERROR(kc::SiluAndMul(h13, 2 * Il, rows, Il, act, Il, stream_));
+      VAMP_RETURN_IF_ERROR(kc::ExpertGemmGrouped(act, Il, w2->data(), 0, Il, offsets, E, expert_out,
+                                                 H, H, Il, stream_));
+    } else {
+      VAMP_RETURN_IF_ERROR(kc::ExpertGemm(permuted, H, w13->data(), 0, H, offsets, E, h13, 2 * Il,
+                                          2 * Il, H, stream_));
+      VAMP_RETURN_IF_ERROR(kc::SiluAndMul(h13, 2 * Il, rows, Il, act, Il, stream_));
+      VAMP_RETURN_IF_ERROR(
+          kc::ExpertGemm(act, Il, w2->data(), 0, Il, offsets, E, expert_out, H, H, Il, stream_));
+    }
+  }
   VAMP_RETURN_IF_ERROR(experts->ReleaseLayer(layer));
-
-  return kc::MoeUnpermute(expert_out_, H, pair_row_, topk_weights_, n, top_k, H, x_, H, stream_);
+  VAMP_RETURN_IF_ERROR(
+      kc::MoeUnpermute(expert_out, H, pair_row_, topk_weights_, n, top_k, H, x, H, stream_));
+  return AllReduceHidden(n);
 }
 
+template <typename T>
 absl::Status CudaQwen3MoeModel::DenseMlp(int layer, int64_t n) {
   const Layer& L = layers_[layer];
   const int64_t H = config().hidden_size, Il = dense_inter_;
-  VAMP_RETURN_IF_ERROR(kc::Gemm(x_, H, L.mlp_w13, H, h13_, 2 * Il, n, 2 * Il, H, stream_));
-  VAMP_RETURN_IF_ERROR(kc::SiluAndMul(h13_, 2 * Il, n, Il, act_, Il, stream_));
-  return kc::Gemm(act_, Il, L.mlp_w2, Il, x_, H, n, H, Il, stream_);
+  T* x = As<T>(x_);
+  T* h13 = As<T>(h13_);
+  T* act = As<T>(act_);
+  VAMP_RETURN_IF_ERROR(kc::Gemm(x, H, As<T>(L.mlp_w13), H, h13, 2 * Il, n, 2 * Il, H, stream_));
+  VAMP_RETURN_IF_ERROR(kc::SiluAndMul(h13, 2 * Il, n, Il, act, Il, stream_));
+  VAMP_RETURN_IF_ERROR(kc::Gemm(act, Il, As<T>(L.mlp_w2), Il, x, H, n, H, Il, stream_));
+  return AllReduceHidden(n);
 }
 
-absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* logits) {
+template <typename T>
+absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sample) {
   const ModelConfig& c = config();
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const auto* indices = reinterpret_cast<const int32_t*>(meta_dev_ + meta_.logits_indices);
+  T* sel_x = As<T>(sel_x_);
   // Final norm and LM head for the requested rows only, max_logits_rows_ at a time.
   for (int64_t r0 = 0; r0 < m; r0 += max_logits_rows_) {
     const int64_t rows = std::min(max_logits_rows_, m - r0);
-    VAMP_RETURN_IF_ERROR(kc::GatherRows(x_, H, indices + r0, rows, H, sel_x_, H, stream_));
+    VAMP_RETURN_IF_ERROR(kc::GatherRows(As<T>(x_), H, indices + r0, rows, H, sel_x, H, stream_));
     VAMP_RETURN_IF_ERROR(kc::GatherRows(res_, H, indices + r0, rows, H, sel_res_, H, stream_));
     VAMP_RETURN_IF_ERROR(
-        kc::FusedAddRmsNorm(sel_x_, H, sel_res_, H, final_norm_, eps, rows, H, stream_));
-    VAMP_RETURN_IF_ERROR(kc::Gemm(sel_x_, H, lm_head_, H, logits_dev_, V, rows, V, H, stream_));
-    VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(
-        logits + r0 * V, logits_dev_, rows * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    // logits_dev_ is reused by the next chunk, and `logits` is pageable.
+        kc::FusedAddRmsNorm(sel_x, H, sel_res_, H, final_norm_, eps, rows, H, stream_));
+    VAMP_RETURN_IF_ERROR(
+        kc::Gemm(sel_x, H, As<T>(lm_head_), H, logits_dev_, V, rows, V, H, stream_));
+    if (sample) {
+      // ForwardAndSample bounds m by max_logits_rows_: one chunk, sampled where it is.
+      VAMP_RETURN_IF_ERROR(kc::SampleTokens(
+          logits_dev_, V, rows, V, reinterpret_cast<const float*>(meta_dev_ + meta_.temperatures),
+          reinterpret_cast<const int32_t*>(meta_dev_ + meta_.top_ks),
+          reinterpret_cast<const float*>(meta_dev_ + meta_.top_ps),
+          reinterpret_cast<const uint64_t*>(meta_dev_ + meta_.seeds),
+          reinterpret_cast<const int64_t*>(meta_dev_ + meta_.draw_indices), sample_ws_,
+          sample_ws_bytes_, sampled_tokens_, sampled_logprobs_, stream_));
+      uint8_t* h = sampled_host_.data();
+      VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h, sampled_tokens_, rows * sizeof(int32_t),
+                                                  cudaMemcpyDeviceToHost, stream_));
+      VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h + max_logits_rows_ * sizeof(int32_t),
+                                                  sampled_logprobs_, rows * sizeof(float),
+                                                  cudaMemcpyDeviceToHost, stream_));
+      continue;  // the caller synchronises the stream before reading the pinned results
+    }
+    VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits + r0 * V, logits_dev_,
+                                                rows * V * sizeof(float), cudaMemcpyDeviceToHost,
+                                                stream_));
+    // logits_dev_ is reused by the next chunk, and `host_logits` is pageable.
     VAMP_CUDART_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   }
   return absl::OkStatus();

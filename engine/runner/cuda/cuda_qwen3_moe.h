@@ -1,6 +1,6 @@
 // The GPU execution path of Qwen3-MoE: a CausalLm whose Forward runs every op with the CUDA
-// kernels (kernels/cuda/, float32) on one stream, over the same weights and the same structure as
-// the CPU model (engine/model/qwen3_moe.h), which it wraps.
+// kernels (kernels/cuda/) on one stream, over the same weights and the same structure as the CPU
+// model (engine/model/qwen3_moe.h), which it wraps.
 //
 // Why a CausalLm: ModelRunner (persistent batch, step metadata, validation, sampling) is
 // backend-independent and already talks to the model only through CausalLm::Forward, so the GPU
@@ -8,7 +8,8 @@
 // the runner logic:
 //
 //   CudaStream stream = CudaStream::Create();
-//   AgentMemory memory = CreateAgentMemory(cuda_backend, plan, cuda_fence);
+//   AgentMemory memory = CreateAgentMemory(cuda_backend, plan, cuda_fence);  // bf16 geometry
+//   layout.dtype = DType::kBFloat16;
 //   auto experts = CudaExpertStoreWeights::Create(memory.experts.get(), layout, stream.get());
 //   auto host_model = LoadModel(config, options, *experts);      // experts go to VMM regions
 //   memory.experts->FinalizeLoad();                              // pinned copies for staging
@@ -16,20 +17,30 @@
 //   auto kv = CudaKvRegionView(*memory.kv, config.num_hidden_layers);
 //   auto runner = ModelRunner::Create(runner_config, model.get(), experts.get(), nullptr, kv);
 //
+// Precision (CudaForwardOptions::dtype): with bfloat16 (the default, as the checkpoints), the
+// weights, the activations between ops and the KV cache are bfloat16, every kernel computes in
+// float32, and the residual stream, the norm weights, the router logits and the output logits
+// stay float32. With float32 every op is float32 (cuBLAS in pedantic mode): the mode the tests use
+// to compare with the CPU engine to float32 rounding.
+//
 // Device memory: at Create, every non-expert weight is copied to one device allocation, and one
 // activation workspace is allocated for a step of runner_config.max_num_batched_tokens tokens and
 // max_num_seqs sequences (plus pinned host staging for the step's metadata). Forward allocates
-// nothing. The KV cache is the caller's (k/v pointers of the KvCacheView are device addresses,
+// nothing. The KV cache is the caller's (a KvCacheView of device addresses in the same dtype,
 // CudaKvRegionView); experts are read through ExpertWeights whose tables hold device pointers and
-// whose staging is ordered on this model's stream (CudaExpertStoreWeights).
+// whose staging is ordered on this model's stream (CudaExpertStoreWeights), in the same dtype.
 //
 // Per step, Forward copies the metadata host->device in one transfer, runs the layers, and copies
-// the logits back; it returns when the stream is idle. Per MoE layer, the per-expert row counts
-// are copied back to the host (cuBLAS takes GEMM sizes on the host), one stream synchronisation
-// per MoE layer.
+// the logits back; it returns when the stream is idle. MoE layers in bfloat16 run the expert GEMMs
+// with the device-side grouped GEMM (pointer table and row offsets read on the device): no host
+// synchronisation inside the pass. Float32 (and bfloat16 batches above device_gemm_max_rows) use
+// cuBLAS, which needs the row offsets on the host: one stream synchronisation per MoE layer.
 //
-// Limits: tensor parallel size 1 (the all-reduce of the CPU path is a host Communicator; NCCL is
-// not wired yet: Unimplemented for tp_size > 1). Not thread-safe: one caller at a time.
+// Tensor parallelism: with tp_size > 1 the attention output projection and the MLP/MoE output are
+// partial sums over this rank's heads and intermediate shard, summed by options.all_reduce on the
+// stream (NCCL between agents).
+//
+// Not thread-safe: one caller at a time.
 #ifndef VAMP_ENGINE_RUNNER_CUDA_CUDA_QWEN3_MOE_H_
 #define VAMP_ENGINE_RUNNER_CUDA_CUDA_QWEN3_MOE_H_
 
@@ -37,12 +48,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "engine/model/causal_lm.h"
+#include "engine/model/dtype.h"
 #include "engine/runner/cuda/cuda_runner_support.h"
+#include "engine/runner/cuda/device_all_reduce.h"
 #include "engine/runner/model_runner.h"
+#include "kernels/cpu/bfloat16.h"
 
 namespace vamp {
 
@@ -50,6 +66,35 @@ struct CudaForwardOptions {
   // Rows of logits computed per LM-head launch (return_all_logits asks for every position; they
   // are computed in chunks of this many rows). 0 = the runner's max_num_seqs.
   int64_t max_logits_rows = 0;
+  // Element type of weights, activations and KV cache (see "Precision" above).
+  DType dtype = DType::kBFloat16;
+  // The tensor-parallel sum; required when the host model's tp_size > 1 (and of that size), must
+  // outlive the model. Ignored for tp_size 1.
+  DeviceAllReduce* all_reduce = nullptr;
+  // bfloat16 MoE layers with at most this many (token, expert) rows run the device-side grouped
+  // GEMM (w13 with SiLU-and-mul fused); larger ones cuBLAS's grouped GEMM
+  // (cublasGemmGroupedBatchedEx, one host synchronisation per layer for the row offsets). -1:
+  // always the device kernel; 0: always cuBLAS. The default is the crossover measured on an H200
+  // for Qwen3-30B-A3B and Qwen3-Next shapes (bench/kernels/moe_bench, bench/results/): the device
+  // kernel is faster up to ~8k rows (1024 tokens at top-8), cuBLAS's grouped GEMM at 65k rows.
+  int64_t device_gemm_max_rows = 16384;
+  // Decode-only steps (one token per sequence, sampled on the device, bfloat16, device-side expert
+  // GEMMs, tensor parallel size 1, nothing staged this pass) run as CUDA graphs: captured once per
+  // (batch size, context bucket) and replayed, so the ~15 launches per layer cost one launch.
+  bool cuda_graphs = true;
+  // Block-table stride bucket: every step's block table is laid out on a stride rounded up to a
+  // multiple of this many blocks (and attention's context bound to stride x block_size), so a
+  // growing context re-captures a graph only every this-many blocks, and graph and launch-by-launch
+  // steps plan attention identically (bit-identical results).
+  int64_t graph_stride_bucket_blocks = 64;
+  // Captured graphs kept; beyond this the cache is cleared and refilled.
+  int64_t max_cuda_graphs = 64;
+};
+
+struct CudaGraphStats {
+  int64_t captures = 0;
+  int64_t replays = 0;
+  int64_t eager_steps = 0;  // forward passes run launch by launch
 };
 
 class CudaQwen3MoeModel final : public CausalLm {
@@ -63,7 +108,12 @@ class CudaQwen3MoeModel final : public CausalLm {
 
   const ModelConfig& config() const override { return host_->config(); }
   const ParallelConfig& parallel() const override { return host_->parallel(); }
-  ExpertShardLayout expert_layout() const override { return host_->expert_layout(); }
+  // The host model's layout in this model's dtype (the layout the expert store must have).
+  ExpertShardLayout expert_layout() const override {
+    ExpertShardLayout layout = host_->expert_layout();
+    layout.dtype = options_.dtype;
+    return layout;
+  }
   int64_t kv_heads_per_rank() const override { return host_->kv_heads_per_rank(); }
   const std::vector<int>& attention_layers() const override { return host_->attention_layers(); }
   const std::vector<int>& moe_layers() const override { return host_->moe_layers(); }
@@ -73,6 +123,14 @@ class CudaQwen3MoeModel final : public CausalLm {
   absl::Status Forward(const ForwardBatch& batch, const KvCacheView& kv, ExpertWeights* experts,
                        Communicator* comm, float* logits) override;
 
+  // Samples on the device (kernels/cuda/sampling.h): only the sampled tokens and their
+  // log-probabilities come back to the host, never the [rows, vocab] logits.
+  bool SamplesOnDevice() const override { return true; }
+  absl::Status ForwardAndSample(const ForwardBatch& batch, const KvCacheView& kv,
+                                ExpertWeights* experts, Communicator* comm,
+                                const StepSampling& sampling, int32_t* tokens,
+                                float* logprobs) override;
+
   // The host model's weights (the device holds copies of them).
   void ForEachWeight(
       const std::function<void(absl::string_view, absl::Span<const float>)>& fn) const override {
@@ -80,39 +138,67 @@ class CudaQwen3MoeModel final : public CausalLm {
   }
 
   cudaStream_t stream() const { return stream_; }
+  DType dtype() const { return options_.dtype; }
+  const CudaGraphStats& graph_stats() const { return graph_stats_; }
+  // Turns CUDA graphs on or off from the next step (benchmarks compare both in one process).
+  void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+  ~CudaQwen3MoeModel() override;
   // Device bytes of the non-expert weights and of the activation workspace.
   uint64_t weight_bytes() const { return weights_.bytes(); }
   uint64_t workspace_bytes() const { return workspace_.bytes(); }
 
  private:
+  // Device weights of one decoder layer: norms are float32, matrices of the model's dtype.
   struct Layer {
     bool moe = true;
     const float* input_norm = nullptr;
     const float* post_norm = nullptr;
-    const float* qkv = nullptr;
-    const float* o_proj = nullptr;
     const float* q_norm = nullptr;
     const float* k_norm = nullptr;
-    const float* router = nullptr;
-    const float* mlp_w13 = nullptr;
-    const float* mlp_w2 = nullptr;
+    const void* qkv = nullptr;
+    const void* o_proj = nullptr;
+    const void* router = nullptr;
+    const void* mlp_w13 = nullptr;
+    const void* mlp_w2 = nullptr;
   };
   // Byte offsets of the step metadata arrays, identical in the pinned host staging area and on
   // the device.
   struct MetaLayout {
     uint64_t token_ids = 0, positions = 0, slot_mapping = 0, query_start_loc = 0, seq_lens = 0,
-             block_tables = 0, logits_indices = 0, bytes = 0;
+             block_tables = 0, logits_indices = 0, temperatures = 0, top_ks = 0, top_ps = 0,
+             seeds = 0, draw_indices = 0, bytes = 0;
   };
 
   CudaQwen3MoeModel(const CausalLm* host, const RunnerConfig& runner_config, cudaStream_t stream,
                     CudaForwardOptions options);
   absl::Status UploadWeights();
   absl::Status AllocateWorkspace();
-  absl::Status UploadMetadata(const ForwardBatch& batch);
+  absl::Status UploadMetadata(const ForwardBatch& batch, const StepSampling* sampling);
+  // Forward with the logits either copied to `host_logits` or, when `sampling` is set, sampled on
+  // the device into `tokens` / `logprobs` (host arrays).
+  absl::Status Run(const ForwardBatch& batch, const KvCacheView& kv, ExpertWeights* experts,
+                   float* host_logits, const StepSampling* sampling, int32_t* tokens,
+                   float* logprobs);
+  // The forward pass with T = float or kernels::BFloat16, the element type of options_.dtype.
+  template <typename T>
+  absl::Status RunLayers(const ForwardBatch& batch, const KvCacheView& kv, ExpertWeights* experts);
+  template <typename T>
   absl::Status Attention(int layer, const ForwardBatch& batch, const KvCacheView& kv);
+  template <typename T>
   absl::Status Moe(int layer, int64_t num_tokens, ExpertWeights* experts);
+  template <typename T>
   absl::Status DenseMlp(int layer, int64_t num_tokens);
-  absl::Status Logits(int64_t num_rows, float* logits);
+  template <typename T>
+  absl::Status Logits(int64_t num_rows, float* host_logits, bool sample);
+  // Sums x_ ([num_tokens, hidden]) over the tensor-parallel ranks; nothing at tp_size 1.
+  absl::Status AllReduceHidden(int64_t num_tokens);
+  // Whether this pass may run as a CUDA graph (see CudaForwardOptions::cuda_graphs).
+  bool GraphEligible(const ForwardBatch& batch, const StepSampling* sampling,
+                     ExpertWeights* experts) const;
+  // The graph step: `batch` with its block table re-laid out on the bucketed stride.
+  absl::Status RunGraph(const ForwardBatch& batch, const StepSampling& sampling,
+                        const KvCacheView& kv, ExpertWeights* experts);
+  void ClearGraphs();
 
   const CausalLm* const host_;
   RunnerConfig runner_config_;  // max_model_len resolved
@@ -122,8 +208,8 @@ class CudaQwen3MoeModel final : public CausalLm {
   int64_t q_heads_ = 0, kv_heads_ = 0, dense_inter_ = 0;
 
   DeviceBuffer weights_;
-  const float* embed_ = nullptr;
-  const float* lm_head_ = nullptr;  // embed_ when tied
+  const void* embed_ = nullptr;
+  const void* lm_head_ = nullptr;  // embed_ when tied
   const float* final_norm_ = nullptr;
   const float* rope_cache_ = nullptr;
   std::vector<Layer> layers_;
@@ -132,13 +218,32 @@ class CudaQwen3MoeModel final : public CausalLm {
   MetaLayout meta_;
   PinnedBuffer meta_host_;
   PinnedBuffer offsets_host_;  // [num_experts + 1] row offsets of the current MoE layer
+  PinnedBuffer sampled_host_;  // [max_logits_rows] tokens, then [max_logits_rows] logprobs
   uint8_t* meta_dev_ = nullptr;
-  float *x_ = nullptr, *res_ = nullptr, *qkv_ = nullptr, *attn_out_ = nullptr;
-  float *router_logits_ = nullptr, *topk_weights_ = nullptr, *permuted_ = nullptr;
-  float *h13_ = nullptr, *act_ = nullptr, *expert_out_ = nullptr;
-  float *sel_x_ = nullptr, *sel_res_ = nullptr, *logits_dev_ = nullptr;
+  // Activations of options_.dtype, except res_/sel_res_ (the float32 residual stream), the
+  // router's float32 outputs and the float32 logits.
+  void *x_ = nullptr, *qkv_ = nullptr, *attn_out_ = nullptr, *permuted_ = nullptr;
+  void *h13_ = nullptr, *act_ = nullptr, *expert_out_ = nullptr, *sel_x_ = nullptr;
+  float *res_ = nullptr, *sel_res_ = nullptr, *router_logits_ = nullptr, *topk_weights_ = nullptr;
+  float* logits_dev_ = nullptr;
+  float* attn_ws_ = nullptr;   // PagedAttention scratch (bfloat16 kernels)
+  void* sample_ws_ = nullptr;  // SampleTokens scratch for max_logits_rows_ rows
+  int64_t sample_ws_bytes_ = 0;
+  int32_t* sampled_tokens_ = nullptr;  // [max_logits_rows_]
+  float* sampled_logprobs_ = nullptr;  // [max_logits_rows_]
+  int64_t attn_ws_floats_ = 0;
   int32_t *topk_ids_ = nullptr, *expert_offsets_ = nullptr, *row_token_ = nullptr,
           *pair_row_ = nullptr;
+  // CUDA graphs by (tokens, block-table stride), valid for graph_fingerprint_ (the KV view's and
+  // the expert tables' device addresses baked into them).
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs_;
+  uint64_t graph_fingerprint_ = 0;
+  bool graphs_failed_ = false;               // a capture failed: eager from then on
+  std::vector<int32_t> graph_block_tables_;  // the step's block table on the bucketed stride
+  CudaGraphStats graph_stats_;
+  // The acquired MoE layer's host pointer table, typed for cuBLAS's per-expert path.
+  std::vector<const float*> f32_w13_, f32_w2_;
+  std::vector<const kernels::BFloat16*> bf16_w13_, bf16_w2_;
 };
 
 }  // namespace vamp

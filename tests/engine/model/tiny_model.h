@@ -62,7 +62,9 @@ inline void WriteFile(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-// The goldens: prompts, 16-token greedy continuations and the logits of every prompt position.
+// The goldens: prompts, 16-token greedy continuations and the logits of every prompt position
+// (HF transformers float32 on the CPU; `logits_file` names another set of logits for the same
+// prompts, e.g. tiny-qwen3-moe-goldens-bf16.safetensors, HF in bfloat16 on a GPU).
 struct Goldens {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::vector<int32_t>> continuations;
@@ -70,14 +72,14 @@ struct Goldens {
   int64_t vocab = 0;
 };
 
-inline Goldens LoadGoldens() {
+inline Goldens LoadGoldens(const std::string& logits_file = "tiny-qwen3-moe-goldens.safetensors") {
   Goldens g;
   const auto meta = nlohmann::json::parse(ReadFile(TestDataDir() + "/tiny-qwen3-moe-goldens.json"));
   for (const auto& p : meta["prompts"]) g.prompts.push_back(p.get<std::vector<int32_t>>());
   for (const auto& c : meta["greedy_continuations"]) {
     g.continuations.push_back(c.get<std::vector<int32_t>>());
   }
-  auto file = SafetensorsFile::Open(TestDataDir() + "/tiny-qwen3-moe-goldens.safetensors");
+  auto file = SafetensorsFile::Open(TestDataDir() + "/" + logits_file);
   EXPECT_TRUE(file.ok()) << file.status();
   if (!file.ok()) return g;
   for (size_t i = 0; i < g.prompts.size(); ++i) {

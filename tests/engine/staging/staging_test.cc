@@ -181,8 +181,8 @@ TEST(ExpertStoreWeightsTest, PointerTablesReachEveryExpertAtEveryBoundary) {
       auto table = (*weights)->AcquireLayer(l);
       ASSERT_TRUE(table.ok()) << table.status();
       for (int e = 0; e < 16; ++e) {
-        const float* w13 = table->w13[e];
-        const float* w2 = table->w2[e];
+        const auto* w13 = static_cast<const float*>(table->w13[e]);
+        const auto* w2 = static_cast<const float*>(table->w2[e]);
         ASSERT_EQ(w13[0], Pattern(l, e, 0)) << "layer " << l << " expert " << e;
         ASSERT_EQ(w13[layout.W13Elements() - 1], Pattern(l, e, layout.W13Elements() - 1));
         ASSERT_EQ(w2[0], Pattern(l, e, layout.W13Elements()));

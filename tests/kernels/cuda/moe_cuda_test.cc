@@ -212,7 +212,8 @@ TEST_F(GemmTest, GemmMatchesCpu) {
 }
 
 TEST_F(GemmTest, ShortStridesAreRejected) {
-  const absl::Status s = Gemm(nullptr, 3, nullptr, 4, nullptr, 5, 2, 5, 4, stream_);
+  const float* none = nullptr;
+  const absl::Status s = Gemm(none, 3, none, 4, nullptr, 5, 2, 5, 4, stream_);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
 }
 

@@ -1,0 +1,383 @@
+// vamp_attention_bench: bfloat16 paged attention (kernels/cuda/attention.h) on Qwen3-30B-A3B
+// shapes (32 query / 4 KV heads, head_dim 128, blocks of 16 tokens):
+//   decode   batch {1, 16, 64} x context {2k, 8k, 32k}, one query row per sequence;
+//   prefill  one chunk of {512, 2048, 8192} tokens after a cached prefix of {0, 8192} tokens.
+// The KV cache is one block-major layer (block i = [K | V] of 16 tokens), filled with random bf16,
+// and every case uses shuffled block tables, so the kernels gather non-contiguous blocks as in
+// serving. Each case is timed with CUDA events around PagedAttention (host planning included):
+// --warmup untimed runs, then the median of --iters runs.
+//
+// Also measured in the same run: the device's achievable HBM bandwidth, as a device-to-device
+// cudaMemcpy of 1 GiB (bytes read + written per time). Decode is reported as bytes moved (the KV
+// read, plus q and out) per time and as a fraction of that bandwidth; prefill as TFLOP/s of the
+// causal attention actually computed (4 * q_heads * head_dim * sum over rows of visible keys).
+// One JSON object per line on stdout (fields: case, kind, batch, q_len, ctx, prefix, us, bytes,
+// gbps, hbm_fraction, flops, tflops, kernel, splits; "splits" is the planner's choice for two
+// resident decode CTAs per multiprocessor, the occupancy at head_dim 128).
+// bench/kernels/attention_vs_sdpa.py runs this binary next to PyTorch SDPA.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/bfloat16.h"
+#include "kernels/cuda/attention.h"
+
+namespace vamp {
+namespace {
+
+namespace kc = kernels::cuda;
+using kernels::BFloat16;
+
+#define VAMP_BENCH_CUDA(expr)                                                          \
+  do {                                                                                 \
+    const cudaError_t _err = (expr);                                                   \
+    if (_err != cudaSuccess) {                                                         \
+      return absl::InternalError(absl::StrCat(#expr, ": ", cudaGetErrorString(_err))); \
+    }                                                                                  \
+  } while (0)
+
+ConfigSchema Schema() {
+  ConfigSchema s;
+  s.Enum("cases", "all", {"all", "decode", "prefill"}, "which cases to run");
+  s.String("decode_batches", "1,16,64", "comma-separated decode batch sizes (sequences)");
+  s.String("decode_contexts", "2048,8192,32768", "comma-separated decode context lengths");
+  s.String("prefill_chunks", "512,2048,8192", "comma-separated prefill chunk lengths (tokens)");
+  s.String("prefill_prefixes", "0,8192", "comma-separated cached prefix lengths before a chunk");
+  s.Int("q_heads", 32, 1, 1024, "query heads");
+  s.Int("kv_heads", 4, 1, 1024, "KV heads (must divide q_heads)");
+  s.Int("head_dim", 128, 1, 256, "head dimension");
+  s.Int("block_size", 16, 1, 4096, "tokens per KV block");
+  s.Int("warmup", 3, 0, 1000, "untimed runs before each measurement");
+  s.Int("iters", 20, 1, 100000, "timed runs per measurement (the median is reported)");
+  s.Int("seed", 1, 0, 1 << 30, "random seed of the cache, queries and block tables");
+  s.Int("cuda_device", 0, 0, 64, "CUDA device ordinal");
+  return s;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseList(const Config& config, const std::string& name) {
+  std::vector<int64_t> values;
+  for (absl::string_view part : absl::StrSplit(config.GetString(name), ',', absl::SkipEmpty())) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": '", part, "' is not a non-negative integer"));
+    }
+    values.push_back(v);
+  }
+  return values;
+}
+
+// Median over `iters` runs of fn (after `warmup` runs), in microseconds, by CUDA events.
+absl::StatusOr<double> MedianUs(const std::function<absl::Status()>& fn, int64_t warmup,
+                                int64_t iters, cudaStream_t stream) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  VAMP_BENCH_CUDA(cudaEventCreate(&start));
+  VAMP_BENCH_CUDA(cudaEventCreate(&stop));
+  std::vector<double> times;
+  absl::Status status;
+  for (int64_t i = 0; i < warmup + iters && status.ok(); ++i) {
+    cudaEventRecord(start, stream);
+    status = fn();
+    cudaEventRecord(stop, stream);
+    if (!status.ok()) break;
+    const cudaError_t err = cudaEventSynchronize(stop);
+    if (err != cudaSuccess) {
+      status = absl::InternalError(absl::StrCat("kernel execution: ", cudaGetErrorString(err)));
+      break;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= warmup) times.push_back(ms * 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (!status.ok()) return status;
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Device-to-device copy of 1 GiB: bytes read + written per microsecond, in GB/s.
+absl::StatusOr<double> MeasureHbm(int64_t warmup, int64_t iters, cudaStream_t stream) {
+  const size_t bytes = size_t{1} << 30;
+  void* a = nullptr;
+  void* b = nullptr;
+  VAMP_BENCH_CUDA(cudaMalloc(&a, bytes));
+  if (cudaMalloc(&b, bytes) != cudaSuccess) {
+    cudaFree(a);
+    return absl::ResourceExhaustedError("cannot allocate 2 GiB for the bandwidth measurement");
+  }
+  cudaMemsetAsync(a, 1, bytes, stream);
+  absl::StatusOr<double> us = MedianUs(
+      [&]() -> absl::Status {
+        VAMP_BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+        return absl::OkStatus();
+      },
+      warmup, iters, stream);
+  cudaFree(a);
+  cudaFree(b);
+  if (!us.ok()) return us.status();
+  const double gbps = 2.0 * bytes / *us / 1e3;
+  std::printf(
+      "{\"case\": \"hbm_copy\", \"kind\": \"hbm\", \"bytes\": %zu, \"us\": %.2f, \"gbps\": %.1f}\n",
+      2 * bytes, *us, gbps);
+  std::fflush(stdout);
+  return gbps;
+}
+
+struct Case {
+  std::string name, kind;
+  int64_t batch = 0, q_len = 0, prefix = 0;  // ctx = prefix + q_len tokens per sequence
+};
+
+class Bench {
+ public:
+  Bench(const Config& config, cudaStream_t stream)
+      : config_(config),
+        stream_(stream),
+        q_heads_(config.GetInt("q_heads")),
+        kv_heads_(config.GetInt("kv_heads")),
+        head_dim_(config.GetInt("head_dim")),
+        block_size_(config.GetInt("block_size")),
+        rng_(static_cast<uint32_t>(config.GetInt("seed"))) {}
+
+  ~Bench() {
+    for (void* p : allocations_) cudaFree(p);
+  }
+
+  // Allocates the cache for the largest case and the per-step buffers; fills them with random
+  // bf16.
+  absl::Status Setup(const std::vector<Case>& cases) {
+    int64_t max_blocks = 0, max_rows = 0, max_seqs = 0, max_ctx = 0;
+    for (const Case& c : cases) {
+      const int64_t ctx = c.prefix + c.q_len;
+      max_blocks = std::max(max_blocks, c.batch * BlocksPerSeq(ctx));
+      max_rows = std::max(max_rows, c.batch * c.q_len);
+      max_seqs = std::max(max_seqs, c.batch);
+      max_ctx = std::max(max_ctx, ctx);
+    }
+    per_layer_ = block_size_ * kv_heads_ * head_dim_;
+    strides_ = {2 * per_layer_, kv_heads_ * head_dim_, head_dim_};
+    num_blocks_ = max_blocks;
+    VAMP_ASSIGN_OR_RETURN(cache_, Alloc<BFloat16>(num_blocks_ * strides_.block_stride));
+    VAMP_RETURN_IF_ERROR(FillRandom(cache_, num_blocks_ * strides_.block_stride));
+    const int64_t width = q_heads_ * head_dim_;
+    VAMP_ASSIGN_OR_RETURN(q_, Alloc<BFloat16>(max_rows * width));
+    VAMP_RETURN_IF_ERROR(FillRandom(q_, max_rows * width));
+    VAMP_ASSIGN_OR_RETURN(out_, Alloc<BFloat16>(max_rows * width));
+    ws_floats_ =
+        kc::PagedAttentionWorkspaceFloats(max_rows, max_seqs, q_heads_, head_dim_, max_ctx);
+    VAMP_ASSIGN_OR_RETURN(ws_, Alloc<float>(std::max<int64_t>(ws_floats_, 1)));
+    VAMP_ASSIGN_OR_RETURN(tables_, Alloc<int32_t>(max_blocks));
+    VAMP_ASSIGN_OR_RETURN(seq_lens_, Alloc<int32_t>(max_seqs));
+    VAMP_ASSIGN_OR_RETURN(qsl_, Alloc<int32_t>(max_seqs + 1));
+    int device = 0;
+    VAMP_BENCH_CUDA(cudaGetDevice(&device));
+    VAMP_BENCH_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+    return absl::OkStatus();
+  }
+
+  absl::Status Run(const Case& c, double hbm_gbps) {
+    const int64_t ctx = c.prefix + c.q_len;
+    const int64_t blocks_per_seq = BlocksPerSeq(ctx);
+    // Every sequence's blocks are distinct, drawn at random from the whole cache.
+    std::vector<int32_t> physical(num_blocks_);
+    std::iota(physical.begin(), physical.end(), 0);
+    std::shuffle(physical.begin(), physical.end(), rng_);
+    std::vector<int32_t> tables(physical.begin(), physical.begin() + c.batch * blocks_per_seq);
+    std::vector<int32_t> seq_lens(c.batch, static_cast<int32_t>(ctx));
+    std::vector<int32_t> qsl(c.batch + 1);
+    for (int64_t i = 0; i <= c.batch; ++i) qsl[i] = static_cast<int32_t>(i * c.q_len);
+    VAMP_RETURN_IF_ERROR(Upload(tables_, tables));
+    VAMP_RETURN_IF_ERROR(Upload(seq_lens_, seq_lens));
+    VAMP_RETURN_IF_ERROR(Upload(qsl_, qsl));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
+    const int64_t width = q_heads_ * head_dim_;
+    auto call = [&]() {
+      return kc::PagedAttention(q_, width, cache_, cache_ + per_layer_, strides_, block_size_,
+                                tables_, blocks_per_seq, seq_lens_, qsl_, c.batch, c.q_len, ctx,
+                                q_heads_, kv_heads_, head_dim_, scale, out_, width, ws_, ws_floats_,
+                                stream_);
+    };
+    VAMP_ASSIGN_OR_RETURN(const double us, MedianUs(call, config_.GetInt("warmup"),
+                                                    config_.GetInt("iters"), stream_));
+    // Keys visible to the rows of one sequence (causal, after the prefix).
+    const double keys =
+        static_cast<double>(c.q_len) * c.prefix + static_cast<double>(c.q_len) * (c.q_len + 1) / 2;
+    const double flops = 4.0 * c.batch * q_heads_ * head_dim_ * keys;
+    const double bytes = 2.0 * 2.0 * c.batch * ctx * kv_heads_ * head_dim_ +  // K and V read
+                         2.0 * 2.0 * c.batch * c.q_len * width;               // q read, out written
+    const double gbps = bytes / us / 1e3;
+    const kc::PagedAttentionPlan plan = kc::PlanPagedAttention(c.batch, c.q_len, ctx, q_heads_,
+                                                               kv_heads_, head_dim_, true, sms_, 2);
+    std::printf(
+        "{\"case\": \"%s\", \"kind\": \"%s\", \"batch\": %lld, \"q_len\": %lld, \"ctx\": %lld, "
+        "\"prefix\": %lld, \"us\": %.2f, \"bytes\": %.0f, \"gbps\": %.1f, \"hbm_fraction\": %.3f, "
+        "\"flops\": %.0f, \"tflops\": %.2f, \"kernel\": \"%s\", \"splits\": %lld}\n",
+        c.name.c_str(), c.kind.c_str(), static_cast<long long>(c.batch),
+        static_cast<long long>(c.q_len), static_cast<long long>(ctx),
+        static_cast<long long>(c.prefix), us, bytes, gbps, hbm_gbps > 0 ? gbps / hbm_gbps : 0.0,
+        flops, flops / us / 1e6, kc::AttentionKernelName(plan.kernel),
+        static_cast<long long>(plan.splits));
+    std::fflush(stdout);
+    return absl::OkStatus();
+  }
+
+ private:
+  int64_t BlocksPerSeq(int64_t ctx) const { return (ctx + block_size_ - 1) / block_size_; }
+
+  template <typename T>
+  absl::StatusOr<T*> Alloc(int64_t n) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)) != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMalloc of ", n * sizeof(T), " bytes failed"));
+    }
+    allocations_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+  template <typename T>
+  absl::Status Upload(T* dev, const std::vector<T>& host) {
+    VAMP_BENCH_CUDA(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(T),
+                                    cudaMemcpyHostToDevice, stream_));
+    VAMP_BENCH_CUDA(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  // Random N(0, 1) bf16: a 16 MiB random pattern copied over the whole buffer (the values only
+  // need to be finite and varied; generating gigabytes on the host would dominate the run).
+  absl::Status FillRandom(BFloat16* dev, int64_t n) {
+    const int64_t pattern = std::min<int64_t>(n, int64_t{8} << 20);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<BFloat16> host(pattern);
+    for (BFloat16& x : host) x = kernels::ToBFloat16(dist(rng_));
+    for (int64_t off = 0; off < n; off += pattern) {
+      const int64_t count = std::min(pattern, n - off);
+      VAMP_BENCH_CUDA(cudaMemcpyAsync(dev + off, host.data(), count * sizeof(BFloat16),
+                                      cudaMemcpyHostToDevice, stream_));
+    }
+    VAMP_BENCH_CUDA(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  const Config& config_;
+  cudaStream_t stream_;
+  const int64_t q_heads_, kv_heads_, head_dim_, block_size_;
+  std::mt19937 rng_;
+  std::vector<void*> allocations_;
+  int sms_ = 0;
+  int64_t per_layer_ = 0, num_blocks_ = 0, ws_floats_ = 0;
+  kc::KvCacheStrides strides_;
+  BFloat16* cache_ = nullptr;
+  BFloat16* q_ = nullptr;
+  BFloat16* out_ = nullptr;
+  float* ws_ = nullptr;
+  int32_t* tables_ = nullptr;
+  int32_t* seq_lens_ = nullptr;
+  int32_t* qsl_ = nullptr;
+};
+
+absl::Status RunAll(const Config& config, cudaStream_t stream) {
+  const std::string which = config.GetString("cases");
+  std::vector<Case> cases;
+  if (which == "all" || which == "decode") {
+    VAMP_ASSIGN_OR_RETURN(const std::vector<int64_t> batches, ParseList(config, "decode_batches"));
+    VAMP_ASSIGN_OR_RETURN(const std::vector<int64_t> contexts,
+                          ParseList(config, "decode_contexts"));
+    for (int64_t b : batches) {
+      for (int64_t ctx : contexts) {
+        if (b == 0 || ctx == 0) continue;
+        cases.push_back({absl::StrCat("decode_b", b, "_ctx", ctx), "decode", b, 1, ctx - 1});
+      }
+    }
+  }
+  if (which == "all" || which == "prefill") {
+    VAMP_ASSIGN_OR_RETURN(const std::vector<int64_t> chunks, ParseList(config, "prefill_chunks"));
+    VAMP_ASSIGN_OR_RETURN(const std::vector<int64_t> prefixes,
+                          ParseList(config, "prefill_prefixes"));
+    for (int64_t chunk : chunks) {
+      for (int64_t prefix : prefixes) {
+        if (chunk == 0) continue;
+        cases.push_back(
+            {absl::StrCat("prefill_q", chunk, "_prefix", prefix), "prefill", 1, chunk, prefix});
+      }
+    }
+  }
+  if (config.GetInt("q_heads") % config.GetInt("kv_heads") != 0) {
+    return absl::InvalidArgumentError("kv_heads must divide q_heads");
+  }
+  VAMP_ASSIGN_OR_RETURN(const double hbm_gbps,
+                        MeasureHbm(config.GetInt("warmup"), config.GetInt("iters"), stream));
+  Bench bench(config, stream);
+  VAMP_RETURN_IF_ERROR(bench.Setup(cases));
+  for (const Case& c : cases) {
+    if (absl::Status s = bench.Run(c, hbm_gbps); !s.ok()) {
+      std::printf("{\"case\": \"%s\", \"kind\": \"%s\", \"error\": \"%s\"}\n", c.name.c_str(),
+                  c.kind.c_str(), std::string(s.message()).c_str());
+      std::fflush(stdout);
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  const ConfigSchema schema = Schema();
+  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
+  if (!cli.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(cli.status().message()).c_str());
+    return 2;
+  }
+  if (cli->help_requested) {
+    std::printf("%s", schema
+                          .HelpText("vamp_attention_bench",
+                                    "bf16 paged attention (decode and prefill) on Qwen3-30B-A3B "
+                                    "shapes, with the device's copy bandwidth; one JSON line per "
+                                    "measurement.")
+                          .c_str());
+    return 0;
+  }
+  const Config& config = cli->config;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "vamp_attention_bench: no CUDA device\n");
+    return 3;
+  }
+  if (cudaSetDevice(static_cast<int>(config.GetInt("cuda_device"))) != cudaSuccess) {
+    std::fprintf(stderr, "cuda_device: cannot select device %lld\n",
+                 static_cast<long long>(config.GetInt("cuda_device")));
+    return 2;
+  }
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    std::fprintf(stderr, "cudaStreamCreate failed\n");
+    return 1;
+  }
+  int rc = 0;
+  if (absl::Status s = RunAll(config, stream); !s.ok()) {
+    std::fprintf(stderr, "vamp_attention_bench: %s\n", s.ToString().c_str());
+    rc = 1;
+  }
+  cudaStreamDestroy(stream);
+  return rc;
+}
+
+}  // namespace
+}  // namespace vamp
+
+int main(int argc, char** argv) { return vamp::Main(argc, argv); }

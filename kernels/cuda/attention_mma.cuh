@@ -1,0 +1,255 @@
+// Internal to kernels/cuda/attention.cu: warp-level tensor-core building blocks of the bfloat16
+// paged attention kernels (sm_80+ PTX: cp.async, ldmatrix, mma.sync m16n8k16 bf16).
+//
+// One warp owns 16 "query vectors" (the rows of one m16 MMA tile; a vector is one (query row,
+// query head) pair) and attends them to a tile of keys held in shared memory, FlashAttention-2
+// style: S = Q K^T on tensor cores, an online softmax in float32 in registers, O += P V on tensor
+// cores with P converted to bfloat16. Rows of Q, K and V tiles in shared memory are head_dim
+// bfloat16 elements = head_dim / 8 16-byte chunks, stored swizzled (see SwizzledChunk) so that
+// ldmatrix reads them without bank conflicts.
+//
+// Fragment layouts relied on (PTX ISA 9.x, section 9.7.14.5.8 "Matrix Fragments for mma.m16n8k16
+// with floating point type"; g = lane / 4 ("groupID"), c = lane % 4 ("threadID_in_group")):
+//   A (16x16, row-major), 4 .b32 registers of 2 bf16 each (low half = lower column):
+//     a[0] = (row g,   cols 2c, 2c+1)    a[1] = (row g+8, cols 2c, 2c+1)
+//     a[2] = (row g,   cols 2c+8, 2c+9)  a[3] = (row g+8, cols 2c+8, 2c+9)
+//   B (16x8, "col"), 2 registers:  b[0] = (rows k = 2c, 2c+1; col n = g)
+//                                  b[1] = (rows k = 2c+8, 2c+9; col n = g)
+//   C/D (16x8 float32): d[0], d[1] = (row g, cols 2c, 2c+1); d[2], d[3] = (row g+8, same cols).
+// ldmatrix.m8n8.x4 (PTX ISA section 9.7.14.5.15 "ldmatrix"): lanes 8i..8i+7 give the addresses of
+// the 8 rows (16 bytes each) of matrix i; register i of every lane receives, from matrix i, the
+// two elements (row lane/4, cols 2(lane%4), 2(lane%4)+1); with .trans it receives (rows 2(lane%4),
+// 2(lane%4)+1; col lane/4) instead, i.e. the matrix transposed.
+// Consequences used below:
+//   - a Q tile stored [vector][dim] gives A fragments with plain ldmatrix (matrix i = rows
+//     8(i%2).., dims 8(i/2)..: registers a[0..3] in order);
+//   - a K tile stored [key][dim] is B of S = Q K^T in "col" layout (B[k=dim][n=key] = K[key][dim]):
+//     plain ldmatrix of (keys 8j.., dims 8h..) gives b[h] of key block j;
+//   - a V tile stored [key][dim] is B of O = P V in row layout (B[k=key][n=dim] = V[key][dim]):
+//     ldmatrix.trans of (keys 8h.., dims 8j..) gives b[h] of dim block j;
+//   - the C fragments of S for key blocks 2t and 2t+1 are, after rounding to bf16, exactly the A
+//     fragment of P for keys 16t..16t+15 (a[0] = S_2t{d0,d1}, a[1] = S_2t{d2,d3},
+//     a[2] = S_2t+1{d0,d1}, a[3] = S_2t+1{d2,d3}).
+#ifndef VAMP_KERNELS_CUDA_ATTENTION_MMA_CUH_
+#define VAMP_KERNELS_CUDA_ATTENTION_MMA_CUH_
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace vamp::kernels::cuda::internal {
+
+// Position (in 16-byte chunks from the tile start) of chunk `chunk` of row `row` in a tile whose
+// rows have kChunks chunks (a multiple of 8): the chunk index is XORed with row % 8, so the 8 rows
+// an ldmatrix matrix reads (consecutive rows, same logical chunk) land in 8 distinct 16-byte bank
+// groups of a 128-byte line.
+template <int kChunks>
+__device__ __forceinline__ int SwizzledChunk(int row, int chunk) {
+  static_assert(kChunks % 8 == 0, "rows must be a multiple of 128 bytes");
+  return row * kChunks + (chunk ^ (row & 7));
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy, asynchronous; when !valid the destination is zero-filled and the
+// source not read (src-size 0), so keys past the end never bring garbage (NaN) into P V.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's most recent cp.async groups are in flight (groups
+// complete in commit order). Other threads' copies need a barrier afterwards to become visible.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// d += A * B for one m16n8k16 tile (bf16 inputs, float32 accumulation).
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to bf16 (nearest even) in one register: `lo` in the low half (the lower
+// column of a fragment pair).
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The state of one warp's 16 query vectors: their A fragments, the output accumulators and the
+// online-softmax statistics of the two rows this lane holds (g and g+8). Scores are kept in the
+// log2 domain (score * scale * log2(e)), so exp2f gives the softmax weights.
+template <int kHeadDim>
+struct WarpAttention {
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static_assert(kHeadDim % 16 == 0 && kChunks % 8 == 0, "head_dim must be 64 or 128");
+
+  uint32_t q[kHeadDim / 16][4];  // A fragments, one per 16-dim k-step
+  float o[kHeadDim / 8][4];      // O accumulators, one per 8-dim block (unnormalised)
+  float m[2];                    // running max of rows g, g+8 (log2 domain); -inf before any key
+  float l[2];                    // this lane's share of the running sum of exp2(s - m)
+
+  __device__ __forceinline__ void Init() {
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+    }
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+  }
+
+  // A fragments of rows first_row..first_row+15 of the swizzled [rows][kHeadDim] tile q_tile.
+  __device__ __forceinline__ void LoadQ(const __nv_bfloat16* q_tile, int first_row, int lane) {
+    const uint32_t base = SharedAddress(q_tile);
+    const int i = lane >> 3;  // the matrix this lane addresses
+    const int row = first_row + (i & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      LdMatrixX4(q[kk], base + 16 * SwizzledChunk<kChunks>(row, 2 * kk + (i >> 1)));
+    }
+  }
+
+  // Attends to kKeys keys: rows 0..kKeys-1 of the swizzled tiles k_tile and v_tile hold keys
+  // key0, key0+1, ...; this lane's row g sees keys < limit0 and row g+8 keys < limit1 (the others
+  // are masked) when `mask` is set; with `mask` clear every key of the tile is visible to all 16
+  // rows. Zero-filled rows (keys past the end) must be masked.
+  template <int kKeys>
+  __device__ __forceinline__ void Attend(const __nv_bfloat16* k_tile, const __nv_bfloat16* v_tile,
+                                         int lane, int key0, int limit0, int limit1, bool mask,
+                                         float scale_log2) {
+    static_assert(kKeys % 16 == 0, "keys come in m16n8k16 steps");
+    const uint32_t k_base = SharedAddress(k_tile);
+    const uint32_t v_base = SharedAddress(v_tile);
+    const int i = lane >> 3;
+    float s[kKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+    }
+    // S = Q K^T. One ldmatrix.x4 covers keys 16np..16np+15 x dims 16kk..16kk+15: matrices
+    // (keys +0, dims +0), (keys +0, dims +8), (keys +8, dims +0), (keys +8, dims +8) =
+    // b[0], b[1] of key block 2np and b[0], b[1] of key block 2np+1.
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kKeys / 16; ++np) {
+        uint32_t b[4];
+        const int key = np * 16 + (i >> 1) * 8 + (lane & 7);
+        LdMatrixX4(b, k_base + 16 * SwizzledChunk<kChunks>(key, 2 * kk + (i & 1)));
+        MmaBf16(s[2 * np], q[kk], b[0], b[1]);
+        MmaBf16(s[2 * np + 1], q[kk], b[2], b[3]);
+      }
+    }
+    // Scale into the log2 domain and mask. Element e of key block j is key key0 + 8j + 2c + e%2
+    // of row g (e < 2) or g+8 (e >= 2).
+    const int c = lane & 3;
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[j][e] * scale_log2;
+        if (mask) {
+          const int key = key0 + 8 * j + 2 * c + (e & 1);
+          if (key >= (e < 2 ? limit0 : limit1)) x = -INFINITY;
+        }
+        s[j][e] = x;
+        row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
+      }
+    }
+    // The four lanes of a group (same g) hold a row between them.
+    float correction[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+      const float m_new = fmaxf(m[r], row_max[r]);
+      // A row that has seen no visible key yet keeps m = -inf; exp2 relative to 0 then gives
+      // weight 0 to its (all masked) scores instead of exp2(-inf - -inf) = NaN.
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      correction[r] = exp2f(m[r] - m_use);
+      m[r] = m_new;
+      row_max[r] = m_use;
+    }
+    float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(s[j][e] - row_max[e >> 1]);
+        row_sum[e >> 1] += s[j][e];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * correction[r] + row_sum[r];
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      o[n][0] *= correction[0];
+      o[n][1] *= correction[0];
+      o[n][2] *= correction[1];
+      o[n][3] *= correction[1];
+    }
+    // O += P V. One ldmatrix.x4.trans covers keys 16kt..16kt+15 x dims 16dp..16dp+15: matrices
+    // (keys +0, dims +0), (keys +8, dims +0), (keys +0, dims +8), (keys +8, dims +8) =
+    // b[0], b[1] of dim block 2dp and b[0], b[1] of dim block 2dp+1.
+#pragma unroll
+    for (int kt = 0; kt < kKeys / 16; ++kt) {
+      uint32_t a[4];
+      a[0] = PackBf16(s[2 * kt][0], s[2 * kt][1]);
+      a[1] = PackBf16(s[2 * kt][2], s[2 * kt][3]);
+      a[2] = PackBf16(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+      a[3] = PackBf16(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+        uint32_t b[4];
+        const int key = kt * 16 + (i & 1) * 8 + (lane & 7);
+        LdMatrixX4Trans(b, v_base + 16 * SwizzledChunk<kChunks>(key, 2 * dp + (i >> 1)));
+        MmaBf16(o[2 * dp], a, b[0], b[1]);
+        MmaBf16(o[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Completes the row sums (l) across the four lanes of each group; m is already uniform there.
+  __device__ __forceinline__ void FinishSums() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+  }
+};
+
+}  // namespace vamp::kernels::cuda::internal
+
+#endif  // VAMP_KERNELS_CUDA_ATTENTION_MMA_CUH_
