@@ -781,6 +781,8 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   if (cuda) {
     CudaForwardOptions forward;
     forward.dtype = in->dtype;
+    forward.cuda_graphs = options_.cuda_graphs;
+    forward.device_gemm_max_rows_per_expert = options_.device_gemm_max_rows_per_expert;
     forward.all_reduce = in->nccl.get();  // null for tp_size 1
     absl::StatusOr<std::unique_ptr<CudaQwen3MoeModel>> device_model =
         CudaQwen3MoeModel::Create(in->model.get(), in->runner_config, in->stream.get(), forward);

@@ -96,6 +96,9 @@ struct AgentEngineOptions {
   // timeout), all in ms.
   int64_t tp_connect_timeout_ms = 120000;
   int64_t tp_io_timeout_ms = 120000;
+  // GPU forward pass knobs (CudaForwardOptions; CUDA agents only).
+  bool cuda_graphs = true;
+  int64_t device_gemm_max_rows_per_expert = 64;
   int64_t tp_watchdog_interval_ms = 100;
   // The secret presented to the other ranks (TCP handshake).
   std::string auth_token;

@@ -96,6 +96,14 @@ const ConfigSchema& AgentConfigSchema() {
              "step (CPU: a send or receive; a dead peer fails it at once. CUDA: an NCCL "
              "enqueue that needs the peers, and the group check at Init; a collective that a "
              "silent peer never joins is ended by the controller's step timeout and re-Init)")
+        .Bool("cuda_graphs", d.cuda_graphs,
+              "CUDA agents: replay decode-only steps from CUDA graphs (captured per batch size "
+              "and context bucket) when no expert is being staged")
+        .Int("device_gemm_max_rows_per_expert", d.device_gemm_max_rows_per_expert, -1, 1 << 30,
+             "CUDA agents, bfloat16: MoE layers with at most this many (token, expert) rows per "
+             "expert on average run the device-side grouped expert GEMM (no host "
+             "synchronisation); busier layers cuBLAS's grouped GEMM. -1: always the device "
+             "kernel; 0: always cuBLAS")
         .Int("register_max_backoff_ms", d.registration.max_backoff_ms, 10, kMaxMillis,
              "longest wait between two registration attempts")
         .String("controller_ca_file", "",
@@ -144,6 +152,8 @@ absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config) {
       static_cast<uint64_t>(config.GetInt("host_runtime_overhead_bytes"));
   o.tp_connect_timeout_ms = config.GetInt("tp_connect_timeout_ms");
   o.tp_io_timeout_ms = config.GetInt("tp_io_timeout_ms");
+  o.cuda_graphs = config.GetBool("cuda_graphs");
+  o.device_gemm_max_rows_per_expert = config.GetInt("device_gemm_max_rows_per_expert");
   o.registration.max_backoff_ms = config.GetInt("register_max_backoff_ms");
   o.registration.rpc_timeout_ms = config.GetInt("register_timeout_ms");
   if (const std::string& ca = config.GetString("controller_ca_file"); !ca.empty()) {

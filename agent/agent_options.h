@@ -76,6 +76,10 @@ struct AgentOptions {
   int64_t tp_connect_timeout_ms = 120000;
   int64_t tp_io_timeout_ms = 120000;
 
+  // --- CUDA agents: the GPU forward pass (CudaForwardOptions). ---
+  bool cuda_graphs = true;
+  int64_t device_gemm_max_rows_per_expert = 64;
+
   RegistrationOptions registration;
 
   // The registry the agent's metrics go to; null = a private one (several agents in one process).

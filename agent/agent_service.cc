@@ -155,6 +155,8 @@ absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Start(AgentOptions o
   engine_options.host_runtime_overhead_bytes = o.host_runtime_overhead_bytes;
   engine_options.tp_connect_timeout_ms = o.tp_connect_timeout_ms;
   engine_options.tp_io_timeout_ms = o.tp_io_timeout_ms;
+  engine_options.cuda_graphs = o.cuda_graphs;
+  engine_options.device_gemm_max_rows_per_expert = o.device_gemm_max_rows_per_expert;
   engine_options.auth_token = o.auth_token;
   agent->engine_ = std::make_unique<AgentEngine>(engine_options, agent->agent_metrics_.get());
   agent->agent_metrics_->SetMemory(agent->engine_->Memory());

@@ -97,9 +97,11 @@ ConfigSchema Schema() {
   s.Int("max_num_batched_tokens", 8192, 16, int64_t{1} << 20,
         "tokens one step may compute (workspace size; the prefill runs in steps of this many)");
   s.Int("block_size", 16, 1, 1024, "tokens per KV block");
-  s.Int("device_gemm_max_rows", -1, -1, int64_t{1} << 40,
-        "CudaForwardOptions::device_gemm_max_rows: MoE layers with more (token, expert) rows use "
-        "cuBLAS per expert (-1: always the device grouped GEMM)");
+  s.Int("device_gemm_max_rows_per_expert", CudaForwardOptions{}.device_gemm_max_rows_per_expert, -1,
+        int64_t{1} << 40,
+        "CudaForwardOptions::device_gemm_max_rows_per_expert: MoE layers with more (token, expert) "
+        "rows per expert on average use cuBLAS's grouped GEMM (-1: always the device grouped "
+        "GEMM, 0: always cuBLAS)");
   s.Int("cuda_device", 0, 0, 64, "CUDA device ordinal");
   s.Int("seed", 0, 0, int64_t{1} << 62, "seed of the dummy weights and the random prompts");
   s.Int("hbm_copy_mib", 2048, 64, 65536,
@@ -115,7 +117,7 @@ struct Flags {
   int64_t batch = 0, context = 0, prefill_tokens = 0, steps = 0, warmup = 0;
   std::vector<double> ratios;
   double gpu_memory_utilization = 0;
-  int64_t max_num_batched_tokens = 0, block_size = 0, device_gemm_max_rows = 0;
+  int64_t max_num_batched_tokens = 0, block_size = 0, device_gemm_max_rows_per_expert = 0;
   int cuda_device = 0;
   uint64_t seed = 0;
   uint64_t hbm_copy_bytes = 0, h2d_copy_bytes = 0;
@@ -158,7 +160,7 @@ absl::StatusOr<Flags> ReadFlags(const Config& c) {
   f.gpu_memory_utilization = c.GetDouble("gpu_memory_utilization");
   f.max_num_batched_tokens = c.GetInt("max_num_batched_tokens");
   f.block_size = c.GetInt("block_size");
-  f.device_gemm_max_rows = c.GetInt("device_gemm_max_rows");
+  f.device_gemm_max_rows_per_expert = c.GetInt("device_gemm_max_rows_per_expert");
   f.cuda_device = static_cast<int>(c.GetInt("cuda_device"));
   f.seed = static_cast<uint64_t>(c.GetInt("seed"));
   f.hbm_copy_bytes = static_cast<uint64_t>(c.GetInt("hbm_copy_mib")) << 20;
@@ -428,7 +430,7 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> MakeEngine(const Flags& f, const Mode
 
   CudaForwardOptions forward;
   forward.dtype = DType::kBFloat16;
-  forward.device_gemm_max_rows = f.device_gemm_max_rows;
+  forward.device_gemm_max_rows_per_expert = f.device_gemm_max_rows_per_expert;
   VAMP_ASSIGN_OR_RETURN(e->model, CudaQwen3MoeModel::Create(e->host_model.get(), e->runner_config,
                                                             e->stream.get(), forward));
   VAMP_ASSIGN_OR_RETURN(
@@ -964,7 +966,7 @@ absl::Status Main(int argc, char** argv) {
                      {"steps", f.steps},
                      {"warmup", f.warmup},
                      {"max_num_batched_tokens", f.max_num_batched_tokens},
-                     {"device_gemm_max_rows", f.device_gemm_max_rows}};
+                     {"device_gemm_max_rows_per_expert", f.device_gemm_max_rows_per_expert}};
     j["decode_floor"] = {{"tokens", floor.tokens},
                          {"expected_experts_per_layer", floor.expected_experts_per_layer},
                          {"non_expert_bytes", floor.non_expert_bytes},

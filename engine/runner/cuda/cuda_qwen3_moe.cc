@@ -448,6 +448,11 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
 
 CudaQwen3MoeModel::~CudaQwen3MoeModel() { ClearGraphs(); }
 
+bool CudaQwen3MoeModel::DeviceExpertGemm(int64_t rows) const {
+  const int64_t per_expert = options_.device_gemm_max_rows_per_expert;
+  return per_expert < 0 || rows <= per_expert * config().num_experts;
+}
+
 void CudaQwen3MoeModel::ClearGraphs() {
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   graphs_.clear();
@@ -468,7 +473,7 @@ bool CudaQwen3MoeModel::GraphEligible(const ForwardBatch& batch, const StepSampl
     if (batch.logits_indices[r] != r) return false;
   }
   const int64_t rows = n * config().num_experts_per_tok;
-  if (options_.device_gemm_max_rows >= 0 && rows > options_.device_gemm_max_rows) return false;
+  if (!DeviceExpertGemm(rows)) return false;
   return moe_layers().empty() || (experts != nullptr && !experts->PassStagesExperts());
 }
 
@@ -628,8 +633,7 @@ absl::Status CudaQwen3MoeModel::Moe(int layer, int64_t n, ExpertWeights* experts
                                       topk_weights_, stream_));
   VAMP_RETURN_IF_ERROR(
       kc::MoePermute(topk_ids_, n, top_k, E, expert_offsets_, row_token_, pair_row_, stream_));
-  const bool on_device = std::is_same_v<T, BFloat16> && (options_.device_gemm_max_rows < 0 ||
-                                                         rows <= options_.device_gemm_max_rows);
+  const bool on_device = std::is_same_v<T, BFloat16> && DeviceExpertGemm(rows);
   auto* offsets = reinterpret_cast<int32_t*>(offsets_host_.data());
   if (!on_device) {
     // cuBLAS takes each expert's row count on the host.

@@ -33,8 +33,9 @@
 // Per step, Forward copies the metadata host->device in one transfer, runs the layers, and copies
 // the logits back; it returns when the stream is idle. MoE layers in bfloat16 run the expert GEMMs
 // with the device-side grouped GEMM (pointer table and row offsets read on the device): no host
-// synchronisation inside the pass. Float32 (and bfloat16 batches above device_gemm_max_rows) use
-// cuBLAS, which needs the row offsets on the host: one stream synchronisation per MoE layer.
+// synchronisation inside the pass. Float32 (and busy bfloat16 layers,
+// device_gemm_max_rows_per_expert) use cuBLAS, which needs the row offsets on the host: one stream
+// synchronisation per MoE layer.
 //
 // Tensor parallelism: with tp_size > 1 the attention output projection and the MLP/MoE output are
 // partial sums over this rank's heads and intermediate shard, summed by options.all_reduce on the
@@ -71,13 +72,13 @@ struct CudaForwardOptions {
   // The tensor-parallel sum; required when the host model's tp_size > 1 (and of that size), must
   // outlive the model. Ignored for tp_size 1.
   DeviceAllReduce* all_reduce = nullptr;
-  // bfloat16 MoE layers with at most this many (token, expert) rows run the device-side grouped
-  // GEMM (w13 with SiLU-and-mul fused); larger ones cuBLAS's grouped GEMM
+  // bfloat16 MoE layers with at most this many (token, expert) rows per expert on average run the
+  // device-side grouped GEMM (w13 with SiLU-and-mul fused); busier ones cuBLAS's grouped GEMM
   // (cublasGemmGroupedBatchedEx, one host synchronisation per layer for the row offsets). -1:
   // always the device kernel; 0: always cuBLAS. The default is the crossover measured on an H200
-  // for Qwen3-30B-A3B and Qwen3-Next shapes (bench/kernels/moe_bench, bench/results/): the device
-  // kernel is faster up to ~8k rows (1024 tokens at top-8), cuBLAS's grouped GEMM at 65k rows.
-  int64_t device_gemm_max_rows = 16384;
+  // (bench/results/2026-11-29-cuda-backend): the device kernel is faster up to 64 rows per expert
+  // (Qwen3-30B-A3B at 1024 tokens, Qwen3-Next at 2048), cuBLAS from 80-128 rows per expert.
+  int64_t device_gemm_max_rows_per_expert = 64;
   // Decode-only steps (one token per sequence, sampled on the device, bfloat16, device-side expert
   // GEMMs, tensor parallel size 1, nothing staged this pass) run as CUDA graphs: captured once per
   // (batch size, context bucket) and replayed, so the ~15 launches per layer cost one launch.
@@ -192,6 +193,8 @@ class CudaQwen3MoeModel final : public CausalLm {
   absl::Status Logits(int64_t num_rows, float* host_logits, bool sample);
   // Sums x_ ([num_tokens, hidden]) over the tensor-parallel ranks; nothing at tp_size 1.
   absl::Status AllReduceHidden(int64_t num_tokens);
+  // Whether a bfloat16 MoE layer of `rows` (token, expert) rows runs the device-side grouped GEMM.
+  bool DeviceExpertGemm(int64_t rows) const;
   // Whether this pass may run as a CUDA graph (see CudaForwardOptions::cuda_graphs).
   bool GraphEligible(const ForwardBatch& batch, const StepSampling* sampling,
                      ExpertWeights* experts) const;

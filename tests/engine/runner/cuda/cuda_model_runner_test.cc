@@ -434,7 +434,7 @@ TEST_F(CudaModelRunnerTest, EveryResidencyBoundaryGivesBitIdenticalLogitsInBFloa
 
 TEST_F(CudaModelRunnerTest, BFloat16WithCublasExpertsGivesBitIdenticalLogitsAcrossBoundaries) {
   CudaForwardOptions forward = Bf16Forward();
-  forward.device_gemm_max_rows = 0;  // cuBLAS per expert, offsets on the host
+  forward.device_gemm_max_rows_per_expert = 0;  // cuBLAS's grouped GEMM, offsets on the host
   CheckEveryResidencyBoundary(forward);
 }
 
@@ -478,7 +478,7 @@ TEST_F(CudaModelRunnerTest, BFloat16LogitsStayCloseToFloat32OnADummyModel) {
   f32->reset();
   for (int64_t device_rows : {int64_t{-1}, int64_t{0}}) {
     CudaForwardOptions forward = Bf16Forward();
-    forward.device_gemm_max_rows = device_rows;
+    forward.device_gemm_max_rows_per_expert = device_rows;
     auto bf16 = MakeGpuEngine(*config, DummyWeights(), /*kv_pages=*/8, /*ratio=*/0.0, {}, forward);
     ASSERT_TRUE(bf16.ok()) << bf16.status();
     const PromptsRun got = RunPrompts(*(*bf16)->runner, 0);
@@ -491,13 +491,13 @@ TEST_F(CudaModelRunnerTest, BFloat16LogitsStayCloseToFloat32OnADummyModel) {
     RecordProperty(
         device_rows < 0 ? "dummy_worst_scaled_error_device" : "dummy_worst_scaled_error_cublas",
         std::to_string(d.worst_scaled_error));
-    std::cout << "bf16 vs f32 (dummy model, device_gemm_max_rows " << device_rows
+    std::cout << "bf16 vs f32 (dummy model, device_gemm_max_rows_per_expert " << device_rows
               << "): worst scaled error " << d.worst_scaled_error << ", argmax agreement "
               << d.same_argmax << "/" << d.positions << "\n";
     // Measured on an H200: 0.16 with either GEMM path, every argmax equal (logits span ~1.5
     // here, so the scale floor of 1 makes this an absolute error). A broken kernel moves logits
     // by their whole range.
-    EXPECT_LT(d.worst_scaled_error, 0.25) << "device_gemm_max_rows " << device_rows;
+    EXPECT_LT(d.worst_scaled_error, 0.25) << "device_gemm_max_rows_per_expert " << device_rows;
     EXPECT_GE(d.agreement(), 0.95) << d.same_argmax << " of " << d.positions;
   }
 }
@@ -518,7 +518,7 @@ TEST_F(CudaModelRunnerTest, BFloat16TinyCheckpointDeviatesNoMoreThanHfInBFloat16
   for (int chunk : {1 << 20, 5}) {
     for (int64_t device_rows : {int64_t{-1}, int64_t{0}}) {
       CudaForwardOptions forward = Bf16Forward();
-      forward.device_gemm_max_rows = device_rows;
+      forward.device_gemm_max_rows_per_expert = device_rows;
       auto gpu = MakeTinyGpuEngine({}, forward);
       ASSERT_TRUE(gpu.ok()) << gpu.status();
       const MiniScheduler got = RunGoldens(*(*gpu)->runner, f32, chunk);
@@ -530,15 +530,15 @@ TEST_F(CudaModelRunnerTest, BFloat16TinyCheckpointDeviatesNoMoreThanHfInBFloat16
         AddDeviation(logits.data(), f32.logits[i].data(), rows, kVocab, &ours);
         AddDeviation(logits.data(), hf.logits[i].data(), rows, kVocab, &vs_hf);
       }
-      std::cout << "tiny bf16 (chunk " << chunk << ", device_gemm_max_rows " << device_rows
-                << "): vs float32 worst " << ours.worst_scaled_error << ", argmax "
+      std::cout << "tiny bf16 (chunk " << chunk << ", device_gemm_max_rows_per_expert "
+                << device_rows << "): vs float32 worst " << ours.worst_scaled_error << ", argmax "
                 << ours.same_argmax << "/" << ours.positions << "; HF bf16 vs float32 worst "
                 << hf_dev.worst_scaled_error << ", argmax " << hf_dev.same_argmax << "/"
                 << hf_dev.positions << "; vs HF bf16 worst " << vs_hf.worst_scaled_error << "\n";
       EXPECT_LE(ours.worst_scaled_error, 2 * hf_dev.worst_scaled_error + 0.02)
-          << "chunk " << chunk << ", device_gemm_max_rows " << device_rows;
+          << "chunk " << chunk << ", device_gemm_max_rows_per_expert " << device_rows;
       EXPECT_GE(ours.agreement(), hf_dev.agreement() - 0.03)
-          << "chunk " << chunk << ", device_gemm_max_rows " << device_rows;
+          << "chunk " << chunk << ", device_gemm_max_rows_per_expert " << device_rows;
     }
   }
 }
