@@ -44,12 +44,16 @@ constexpr int64_t kMinSplitKeys = 256;
 constexpr int64_t kMaxSplitCtas = 2048;
 // Fixed cost of a decode CTA (query load, pipeline fill, merge), in keys' worth of streaming.
 constexpr int64_t kSplitOverheadKeys = 128;
-// Prefill: a CTA owns 64 query vectors (16 per warp) and walks 64-key tiles shared by its warps
-// through a kPrefillStages-deep cp.async pipeline (112 KiB of shared memory at head_dim 128: two
-// CTAs per multiprocessor).
-constexpr int kPrefillRows = 64;
+// Prefill: a CTA owns kPrefillRows query vectors (kPrefillRowTilesPerWarp m16 row tiles per warp)
+// and walks 64-key tiles shared by its warps through a kPrefillStages-deep cp.async pipeline. Two
+// row tiles per warp (FlashAttention-2's 128 x 64 tiling) feed every K and V fragment a warp reads
+// from shared memory to 32 rows, halving the shared-memory traffic per MMA that limits one row
+// tile; the 32 KiB Q tile then leaves room for two stages at head_dim 128 (96 KiB: two CTAs per
+// multiprocessor). With one row tile per warp: 64 vectors, three stages (112 KiB).
+constexpr int kPrefillRowTilesPerWarp = 2;
+constexpr int kPrefillRows = kTcWarps * 16 * kPrefillRowTilesPerWarp;
 constexpr int kPrefillKeys = 64;
-constexpr int kPrefillStages = 3;
+constexpr int kPrefillStages = kPrefillRowTilesPerWarp == 1 ? 3 : 2;
 static_assert(kDecodeStages >= 2 && kPrefillStages >= 2, "pipelines need two stages or more");
 // Floats of one split partial: kDecodeRows outputs of head_dim, then their max and sum.
 __host__ __device__ constexpr int64_t SlotFloats(int64_t head_dim) {
@@ -62,6 +66,9 @@ constexpr int DecodeSmemBytes(int head_dim) {
 constexpr int PrefillSmemBytes(int head_dim) {
   return (kPrefillRows + kPrefillStages * 2 * kPrefillKeys) * head_dim * 2;
 }
+// Two prefill CTAs per multiprocessor at head_dim 128 (sm_90: 228 KiB per multiprocessor, of which
+// the system reserves 1 KiB per CTA).
+static_assert(2 * (PrefillSmemBytes(128) + 1024) <= 228 * 1024, "prefill stages too deep");
 // The decode merge reuses the KV stages: four warps' [16][head_dim] outputs plus max and sum.
 static_assert(kTcWarps * kDecodeRows * (128 + 2) * 4 <=
                   kTcWarps * kDecodeStages * 2 * kDecodeKeys * 128 * 2,
@@ -382,6 +389,7 @@ __global__ void __launch_bounds__(kTcThreads) PagedDecodeKernel(const TcParams p
   const int g = lane >> 2;
   const int limit0 = VectorLimit(p, vec0 + g, num_vectors, first_pos, end);
   const int limit1 = VectorLimit(p, vec0 + g + 8, num_vectors, first_pos, end);
+  const int limits[1][2] = {{limit0, limit1}};
   // Tiles ending at or below every valid row's limit need no mask.
   const int min_limit =
       __reduce_min_sync(0xffffffffu, min(vec0 + g < num_vectors ? limit0 : INT_MAX,
@@ -397,7 +405,7 @@ __global__ void __launch_bounds__(kTcThreads) PagedDecodeKernel(const TcParams p
     CpAsyncWait<kDecodeStages - 1>();
     __syncwarp();  // every lane's copies of tile t are visible to the whole warp
     const int key0 = tile_key0(t);
-    att.template Attend<kDecodeKeys>(k_stage(t), v_stage(t), lane, key0, limit0, limit1,
+    att.template Attend<kDecodeKeys>(k_stage(t), v_stage(t), lane, key0, limits,
                                      key0 + kDecodeKeys > min_limit, p.scale_log2);
   }
   CpAsyncWait<0>();
@@ -414,12 +422,12 @@ __global__ void __launch_bounds__(kTcThreads) PagedDecodeKernel(const TcParams p
     const int row = warp * kDecodeRows + g + 8 * r;
 #pragma unroll
     for (int n = 0; n < kHeadDim / 8; ++n) {
-      merge_o[row * kHeadDim + 8 * n + 2 * c] = att.o[n][2 * r];
-      merge_o[row * kHeadDim + 8 * n + 2 * c + 1] = att.o[n][2 * r + 1];
+      merge_o[row * kHeadDim + 8 * n + 2 * c] = att.o[0][n][2 * r];
+      merge_o[row * kHeadDim + 8 * n + 2 * c + 1] = att.o[0][n][2 * r + 1];
     }
     if (c == 0) {
-      merge_m[row] = att.m[r];
-      merge_l[row] = att.l[r];
+      merge_m[row] = att.m[0][r];
+      merge_l[row] = att.l[0][r];
     }
   }
   __syncthreads();
@@ -512,9 +520,11 @@ __global__ void __launch_bounds__(kTcThreads) MergeSplitsKernel(const TcParams p
 
 // FlashAttention-2 style prefill (and any batch the decode kernel does not take). Grid: one CTA
 // per (query tile, sequence, KV head), KV head fastest and the last query tiles (the most keys
-// under the causal mask) first, so the longest CTAs start early.
+// under the causal mask) first, so the longest CTAs start early. Warp w owns the CTA's vectors
+// 16 kRowTiles w .. 16 kRowTiles (w + 1) - 1 (row tile t: the 16 from 16 kRowTiles w + 16 t).
 template <int kHeadDim>
 __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams p) {
+  constexpr int kRowTiles = kPrefillRowTilesPerWarp;
   constexpr int kTileElems = kPrefillKeys * kHeadDim;
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* q_tile = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -552,20 +562,30 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
   }
 
   const int g = lane >> 2;
-  const int v0 = vec0 + warp * 16 + g;  // this lane's rows: vectors v0 and v0 + 8
-  const int limit0 = VectorLimit(p, v0, num_vectors, first_pos, total_keys);
-  const int limit1 = VectorLimit(p, v0 + 8, num_vectors, first_pos, total_keys);
+  const int warp_row = warp * 16 * kRowTiles;  // the warp's first row in the Q tile
+  // This lane's rows: vectors v0 + 16t and v0 + 16t + 8 of row tile t.
+  const int v0 = vec0 + warp_row + g;
+  int limits[kRowTiles][2];
   // Per warp: tiles below every valid row's limit need no mask; tiles at or past every row's
   // limit are skipped (fully masked).
-  const int min_limit = __reduce_min_sync(
-      0xffffffffu,
-      min(v0 < num_vectors ? limit0 : INT_MAX, v0 + 8 < num_vectors ? limit1 : INT_MAX));
-  const int max_limit = __reduce_max_sync(0xffffffffu, max(limit0, limit1));
+  int lane_min = INT_MAX, lane_max = 0;
+#pragma unroll
+  for (int t = 0; t < kRowTiles; ++t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int v = v0 + 16 * t + 8 * r;
+      limits[t][r] = VectorLimit(p, v, num_vectors, first_pos, total_keys);
+      if (v < num_vectors) lane_min = min(lane_min, limits[t][r]);
+      lane_max = max(lane_max, limits[t][r]);
+    }
+  }
+  const int min_limit = __reduce_min_sync(0xffffffffu, lane_min);
+  const int max_limit = __reduce_max_sync(0xffffffffu, lane_max);
   CpAsyncWait<kPrefillStages - 2>();  // the oldest group: the query tile (and KV tile 0)
   __syncthreads();
-  WarpAttention<kHeadDim> att;
+  WarpAttention<kHeadDim, kRowTiles> att;
   att.Init();
-  att.LoadQ(q_tile, warp * 16, lane);
+  att.LoadQ(q_tile, warp_row, lane);
   for (int t = 0; t < num_tiles; ++t) {
     // Refills the stage tile t - 1 used; the barrier ending iteration t - 1 freed it.
     const int next = t + kPrefillStages - 1;
@@ -578,7 +598,7 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
     __syncthreads();  // tile t visible to all warps
     const int key0 = t * kPrefillKeys;
     if (key0 < max_limit) {
-      att.template Attend<kPrefillKeys>(k_stage(t), v_stage(t), lane, key0, limit0, limit1,
+      att.template Attend<kPrefillKeys>(k_stage(t), v_stage(t), lane, key0, limits,
                                         key0 + kPrefillKeys > min_limit, p.scale_log2);
     }
     __syncthreads();  // all warps are done with tile t's stage before it is refilled
@@ -587,16 +607,19 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
   att.FinishSums();
   const int c = lane & 3;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int v = v0 + 8 * r;
-    if (v >= num_vectors) continue;
-    const float inv = att.l[r] > 0.0f ? 1.0f / att.l[r] : 0.0f;
-    __nv_bfloat16* o = p.out + static_cast<int64_t>(row_begin + v / p.group) * p.out_stride +
-                       static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim;
+  for (int t = 0; t < kRowTiles; ++t) {
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(o + 8 * n + 2 * c) =
-          internal::PackBf16(att.o[n][2 * r] * inv, att.o[n][2 * r + 1] * inv);
+    for (int r = 0; r < 2; ++r) {
+      const int v = v0 + 16 * t + 8 * r;
+      if (v >= num_vectors) continue;
+      const float inv = att.l[t][r] > 0.0f ? 1.0f / att.l[t][r] : 0.0f;
+      __nv_bfloat16* o = p.out + static_cast<int64_t>(row_begin + v / p.group) * p.out_stride +
+                         static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(o + 8 * n + 2 * c) =
+            internal::PackBf16(att.o[t][n][2 * r] * inv, att.o[t][n][2 * r + 1] * inv);
+      }
     }
   }
 }

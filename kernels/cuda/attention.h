@@ -71,10 +71,11 @@ int64_t PagedAttentionWorkspaceFloats(int64_t max_num_tokens, int64_t max_num_se
 // tensor cores (mma.sync bf16, float32 softmax and accumulation): a split-KV decode kernel when
 // max_query_len == 1 or max_query_len * group <= 32 (each CTA handles all query heads of one KV
 // head, so each K/V byte is read once; partials merged by a second kernel), otherwise a
-// FlashAttention-2 style prefill kernel (64 query vectors per CTA, 64-key tiles gathered through
-// the block table). Other shapes use a simple bf16 kernel (one warp-split work item per (row,
-// head)). Output agrees with the CPU twin to bf16 rounding of the probabilities (about 1e-2 of
-// max(1, |out|)).
+// FlashAttention-2 style prefill kernel (128 query vectors per CTA, two 16-row tiles per warp
+// sharing every K/V fragment, 64-key tiles gathered through the block table). Other shapes use a
+// simple bf16 kernel (one warp-split work item per (row, head)). Output agrees with the CPU twin to
+// bf16 rounding of the probabilities (about 1e-2 of max(1, |out|)).
+//
 // Errors (InvalidArgument, nothing launched): head_dim outside [1, kMaxAttentionHeadDim], heads
 // not a positive multiple, block_size < 1, negative counts, sizes beyond 32-bit indexing, or
 // workspace_floats below what this launch needs (never more than PagedAttentionWorkspaceFloats

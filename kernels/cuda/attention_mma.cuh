@@ -1,12 +1,12 @@
 // Internal to kernels/cuda/attention.cu: warp-level tensor-core building blocks of the bfloat16
 // paged attention kernels (sm_80+ PTX: cp.async, ldmatrix, mma.sync m16n8k16 bf16).
 //
-// One warp owns 16 "query vectors" (the rows of one m16 MMA tile; a vector is one (query row,
-// query head) pair) and attends them to a tile of keys held in shared memory, FlashAttention-2
-// style: S = Q K^T on tensor cores, an online softmax in float32 in registers, O += P V on tensor
-// cores with P converted to bfloat16. Rows of Q, K and V tiles in shared memory are head_dim
-// bfloat16 elements = head_dim / 8 16-byte chunks, stored swizzled (see SwizzledChunk) so that
-// ldmatrix reads them without bank conflicts.
+// One warp owns 16 or 32 "query vectors" (the rows of one or two m16 MMA tiles; a vector is one
+// (query row, query head) pair) and attends them to a tile of keys held in shared memory,
+// FlashAttention-2 style: S = Q K^T on tensor cores, an online softmax in float32 in registers, O
+// += P V on tensor cores with P converted to bfloat16. Rows of Q, K and V tiles in shared memory
+// are head_dim bfloat16 elements = head_dim / 8 16-byte chunks, stored swizzled (see SwizzledChunk)
+// so that ldmatrix reads them without bank conflicts.
 //
 // Fragment layouts relied on (PTX ISA 9.x, section 9.7.14.5.8 "Matrix Fragments for mma.m16n8k16
 // with floating point type"; g = lane / 4 ("groupID"), c = lane % 4 ("threadID_in_group")):
@@ -104,138 +104,194 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// The state of one warp's 16 query vectors: their A fragments, the output accumulators and the
-// online-softmax statistics of the two rows this lane holds (g and g+8). Scores are kept in the
-// log2 domain (score * scale * log2(e)), so exp2f gives the softmax weights.
-template <int kHeadDim>
+// The state of one warp's kRowTiles x 16 query vectors (kRowTiles m16 row tiles: rows
+// 16t..16t+15 of the warp's share of the Q tile form row tile t): the output accumulators and the
+// online-softmax statistics of the two rows of each row tile this lane holds (g and g+8), and the
+// A fragments of Q, or where they come from. Every K and V fragment loaded from shared memory
+// feeds all kRowTiles row tiles, so a warp owning more rows reads less shared memory per MMA.
+// Scores are kept in the log2 domain (score * scale * log2(e)), so exp2f gives the softmax
+// weights.
+template <int kHeadDim, int kRowTiles = 1>
 struct WarpAttention {
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static_assert(kHeadDim % 16 == 0 && kChunks % 8 == 0, "head_dim must be 64 or 128");
+  static_assert(kRowTiles == 1 || kRowTiles == 2, "one or two m16 row tiles per warp");
+  // Q's A fragments take kRowTiles * kHeadDim / 4 registers: kept in registers up to 32 (one row
+  // tile at head_dim 128, two at 64), otherwise re-read from the shared Q tile at every k-step so
+  // that the accumulators of two row tiles fit in the 255 registers of a thread without spilling.
+  static constexpr bool kQInRegisters = kRowTiles * kHeadDim <= 128;
 
-  uint32_t q[kHeadDim / 16][4];  // A fragments, one per 16-dim k-step
-  float o[kHeadDim / 8][4];      // O accumulators, one per 8-dim block (unnormalised)
-  float m[2];                    // running max of rows g, g+8 (log2 domain); -inf before any key
-  float l[2];                    // this lane's share of the running sum of exp2(s - m)
+  uint32_t q[kQInRegisters ? kRowTiles * kHeadDim / 16 : 1][4];  // A fragments [tile][k-step]
+  uint32_t q_row[kRowTiles];  // !kQInRegisters: shared address of this lane's ldmatrix row
+  float o[kRowTiles][kHeadDim / 8][4];  // O accumulators, one per 8-dim block (unnormalised)
+  float m[kRowTiles][2];  // running max of rows g, g+8 (log2 domain); -inf before any key
+  float l[kRowTiles][2];  // this lane's share of the running sum of exp2(s - m)
 
   __device__ __forceinline__ void Init() {
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
+    for (int t = 0; t < kRowTiles; ++t) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[t][n][e] = 0.0f;
+      }
+      m[t][0] = m[t][1] = -INFINITY;
+      l[t][0] = l[t][1] = 0.0f;
     }
-    m[0] = m[1] = -INFINITY;
-    l[0] = l[1] = 0.0f;
   }
 
-  // A fragments of rows first_row..first_row+15 of the swizzled [rows][kHeadDim] tile q_tile.
+  // !kQInRegisters: shared address of the ldmatrix row this lane gives for the A fragment of row
+  // tile t, k-step kk: matrix i = lane / 8 covers rows 8(i%2).. and dims 16kk + 8(i/2).. (registers
+  // a[0..3] in order), as in LoadQ; the swizzle XORs with row % 8 = lane % 8 (row tiles start at
+  // multiples of 16).
+  __device__ __forceinline__ uint32_t QAddress(int t, int kk, int lane) const {
+    return q_row[t] + 16 * ((2 * kk + (lane >> 4)) ^ (lane & 7));
+  }
+
+  // Row tiles of rows first_row..first_row + 16 kRowTiles - 1 (first_row a multiple of 16) of the
+  // swizzled [rows][kHeadDim] tile q_tile, which must stay in shared memory, unchanged, while
+  // Attend runs when !kQInRegisters.
   __device__ __forceinline__ void LoadQ(const __nv_bfloat16* q_tile, int first_row, int lane) {
     const uint32_t base = SharedAddress(q_tile);
     const int i = lane >> 3;  // the matrix this lane addresses
-    const int row = first_row + (i & 1) * 8 + (lane & 7);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      LdMatrixX4(q[kk], base + 16 * SwizzledChunk<kChunks>(row, 2 * kk + (i >> 1)));
+    for (int t = 0; t < kRowTiles; ++t) {
+      const int row = first_row + 16 * t + (i & 1) * 8 + (lane & 7);
+      if constexpr (kQInRegisters) {
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          LdMatrixX4(q[t * (kHeadDim / 16) + kk],
+                     base + 16 * SwizzledChunk<kChunks>(row, 2 * kk + (i >> 1)));
+        }
+      } else {
+        q_row[t] = base + 16 * row * kChunks;
+      }
     }
   }
 
   // Attends to kKeys keys: rows 0..kKeys-1 of the swizzled tiles k_tile and v_tile hold keys
-  // key0, key0+1, ...; this lane's row g sees keys < limit0 and row g+8 keys < limit1 (the others
-  // are masked) when `mask` is set; with `mask` clear every key of the tile is visible to all 16
-  // rows. Zero-filled rows (keys past the end) must be masked.
+  // key0, key0+1, ...; this lane's row g of row tile t sees keys < limits[t][0] and row g+8 keys
+  // < limits[t][1] (the others are masked) when `mask` is set; with `mask` clear every key of the
+  // tile is visible to all rows. Zero-filled rows (keys past the end) must be masked.
   template <int kKeys>
   __device__ __forceinline__ void Attend(const __nv_bfloat16* k_tile, const __nv_bfloat16* v_tile,
-                                         int lane, int key0, int limit0, int limit1, bool mask,
-                                         float scale_log2) {
+                                         int lane, int key0, const int (&limits)[kRowTiles][2],
+                                         bool mask, float scale_log2) {
     static_assert(kKeys % 16 == 0, "keys come in m16n8k16 steps");
     const uint32_t k_base = SharedAddress(k_tile);
     const uint32_t v_base = SharedAddress(v_tile);
     const int i = lane >> 3;
-    float s[kKeys / 8][4];
+    float s[kRowTiles][kKeys / 8][4];
 #pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
+    for (int t = 0; t < kRowTiles; ++t) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+      for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[t][j][e] = 0.0f;
+      }
     }
     // S = Q K^T. One ldmatrix.x4 covers keys 16np..16np+15 x dims 16kk..16kk+15: matrices
     // (keys +0, dims +0), (keys +0, dims +8), (keys +8, dims +0), (keys +8, dims +8) =
-    // b[0], b[1] of key block 2np and b[0], b[1] of key block 2np+1.
+    // b[0], b[1] of key block 2np and b[0], b[1] of key block 2np+1; both feed every row tile.
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[kRowTiles][4];
+#pragma unroll
+      for (int t = 0; t < kRowTiles; ++t) {
+        if constexpr (kQInRegisters) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[t][e] = q[t * (kHeadDim / 16) + kk][e];
+        } else {
+          LdMatrixX4(a[t], QAddress(t, kk, lane));
+        }
+      }
 #pragma unroll
       for (int np = 0; np < kKeys / 16; ++np) {
         uint32_t b[4];
         const int key = np * 16 + (i >> 1) * 8 + (lane & 7);
         LdMatrixX4(b, k_base + 16 * SwizzledChunk<kChunks>(key, 2 * kk + (i & 1)));
-        MmaBf16(s[2 * np], q[kk], b[0], b[1]);
-        MmaBf16(s[2 * np + 1], q[kk], b[2], b[3]);
-      }
-    }
-    // Scale into the log2 domain and mask. Element e of key block j is key key0 + 8j + 2c + e%2
-    // of row g (e < 2) or g+8 (e >= 2).
-    const int c = lane & 3;
-    float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[j][e] * scale_log2;
-        if (mask) {
-          const int key = key0 + 8 * j + 2 * c + (e & 1);
-          if (key >= (e < 2 ? limit0 : limit1)) x = -INFINITY;
+        for (int t = 0; t < kRowTiles; ++t) {
+          MmaBf16(s[t][2 * np], a[t], b[0], b[1]);
+          MmaBf16(s[t][2 * np + 1], a[t], b[2], b[3]);
         }
-        s[j][e] = x;
-        row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
       }
     }
-    // The four lanes of a group (same g) hold a row between them.
-    float correction[2];
+    // Online softmax, per row tile. Element e of key block j is key key0 + 8j + 2c + e%2 of row
+    // g (e < 2) or g+8 (e >= 2).
+    const int c = lane & 3;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);
-      // A row that has seen no visible key yet keeps m = -inf; exp2 relative to 0 then gives
-      // weight 0 to its (all masked) scores instead of exp2(-inf - -inf) = NaN.
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      correction[r] = exp2f(m[r] - m_use);
-      m[r] = m_new;
-      row_max[r] = m_use;
-    }
-    float row_sum[2] = {0.0f, 0.0f};
+    for (int t = 0; t < kRowTiles; ++t) {
+      float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
+      for (int j = 0; j < kKeys / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(s[j][e] - row_max[e >> 1]);
-        row_sum[e >> 1] += s[j][e];
+        for (int e = 0; e < 4; ++e) {
+          float x = s[t][j][e] * scale_log2;
+          if (mask) {
+            const int key = key0 + 8 * j + 2 * c + (e & 1);
+            if (key >= limits[t][e >> 1]) x = -INFINITY;
+          }
+          s[t][j][e] = x;
+          row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
+        }
       }
-    }
+      // The four lanes of a group (same g) hold a row between them.
+      float correction[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * correction[r] + row_sum[r];
+      for (int r = 0; r < 2; ++r) {
+        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+        const float m_new = fmaxf(m[t][r], row_max[r]);
+        // A row that has seen no visible key yet keeps m = -inf; exp2 relative to 0 then gives
+        // weight 0 to its (all masked) scores instead of exp2(-inf - -inf) = NaN.
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        correction[r] = exp2f(m[t][r] - m_use);
+        m[t][r] = m_new;
+        row_max[r] = m_use;
+      }
+      float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      o[n][0] *= correction[0];
-      o[n][1] *= correction[0];
-      o[n][2] *= correction[1];
-      o[n][3] *= correction[1];
+      for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[t][j][e] = exp2f(s[t][j][e] - row_max[e >> 1]);
+          row_sum[e >> 1] += s[t][j][e];
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l[t][r] = l[t][r] * correction[r] + row_sum[r];
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        o[t][n][0] *= correction[0];
+        o[t][n][1] *= correction[0];
+        o[t][n][2] *= correction[1];
+        o[t][n][3] *= correction[1];
+      }
     }
     // O += P V. One ldmatrix.x4.trans covers keys 16kt..16kt+15 x dims 16dp..16dp+15: matrices
     // (keys +0, dims +0), (keys +8, dims +0), (keys +0, dims +8), (keys +8, dims +8) =
-    // b[0], b[1] of dim block 2dp and b[0], b[1] of dim block 2dp+1.
+    // b[0], b[1] of dim block 2dp and b[0], b[1] of dim block 2dp+1; both feed every row tile.
 #pragma unroll
     for (int kt = 0; kt < kKeys / 16; ++kt) {
-      uint32_t a[4];
-      a[0] = PackBf16(s[2 * kt][0], s[2 * kt][1]);
-      a[1] = PackBf16(s[2 * kt][2], s[2 * kt][3]);
-      a[2] = PackBf16(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-      a[3] = PackBf16(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+      uint32_t a[kRowTiles][4];
+#pragma unroll
+      for (int t = 0; t < kRowTiles; ++t) {
+        a[t][0] = PackBf16(s[t][2 * kt][0], s[t][2 * kt][1]);
+        a[t][1] = PackBf16(s[t][2 * kt][2], s[t][2 * kt][3]);
+        a[t][2] = PackBf16(s[t][2 * kt + 1][0], s[t][2 * kt + 1][1]);
+        a[t][3] = PackBf16(s[t][2 * kt + 1][2], s[t][2 * kt + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < kHeadDim / 16; ++dp) {
         uint32_t b[4];
         const int key = kt * 16 + (i & 1) * 8 + (lane & 7);
         LdMatrixX4Trans(b, v_base + 16 * SwizzledChunk<kChunks>(key, 2 * dp + (i >> 1)));
-        MmaBf16(o[2 * dp], a, b[0], b[1]);
-        MmaBf16(o[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int t = 0; t < kRowTiles; ++t) {
+          MmaBf16(o[t][2 * dp], a[t], b[0], b[1]);
+          MmaBf16(o[t][2 * dp + 1], a[t], b[2], b[3]);
+        }
       }
     }
   }
@@ -243,9 +299,12 @@ struct WarpAttention {
   // Completes the row sums (l) across the four lanes of each group; m is already uniform there.
   __device__ __forceinline__ void FinishSums() {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    for (int t = 0; t < kRowTiles; ++t) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 1);
+        l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 2);
+      }
     }
   }
 };

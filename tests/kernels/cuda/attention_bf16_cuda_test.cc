@@ -446,7 +446,8 @@ TEST(PagedAttentionPlanTest, RoutesByShapeAndLayout) {
   // 64 query heads on one KV head: four 16-vector tiles per sequence even for one row.
   EXPECT_EQ(plan(8, 1, 100, 64, 1, 128, true).query_tiles, 4);
   const PagedAttentionPlan prefill = plan(3, 512, 9000, 32, 4, 128, true);
-  EXPECT_EQ(prefill.query_tiles, 512 * 8 / 64);
+  // 128 query vectors per prefill CTA (64 with kPrefillRowTilesPerWarp = 1 in attention.cu).
+  EXPECT_EQ(prefill.query_tiles, 512 * 8 / 128);
   EXPECT_EQ(prefill.ctas, prefill.query_tiles * 3 * 4);
   EXPECT_EQ(prefill.workspace_floats, 0);
 }
