@@ -24,10 +24,11 @@ Torch is the only dependency. Failures (binary, torch API) are listed and leave 
 """
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
+
+from torch_timing import median_us
 
 
 def run_ours(args):
@@ -59,22 +60,6 @@ def run_ours(args):
         errors.append(f"vamp_attention_bench exited {proc.returncode}: "
                       f"{proc.stderr.strip()[-2000:]}")
     return hbm, cases, errors
-
-
-def median_us(torch, fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3)
-    return statistics.median(times)
 
 
 def sdpa_time(torch, case, args, notes):

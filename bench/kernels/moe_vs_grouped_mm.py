@@ -15,10 +15,11 @@ Torch is the only dependency. Failures (binary, torch API) are printed and leave
 """
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
+
+from torch_timing import median_us
 
 SHAPES = {
     # name: (hidden, inter, experts, top_k), as in bench/kernels/moe_bench.cc
@@ -55,22 +56,6 @@ def run_ours(args):
     if proc.returncode != 0:
         errors.append(f"vamp_moe_bench exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     return results, errors
-
-
-def median_us(torch, fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3)
-    return statistics.median(times)
 
 
 def probe_grouped_mm(torch, errors):

@@ -8,10 +8,14 @@
 
 namespace vamp::kernels::cpu {
 
-void WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-             const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
-             int64_t head_dim, float* k_cache, float* v_cache, KvCacheStrides strides,
-             int64_t block_size) {
+namespace {
+
+// WriteKv for either element type: a plain copy of each token's heads into its slot.
+template <typename T>
+void WriteKvT(const T* k, int64_t k_stride, const T* v, int64_t v_stride,
+              const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
+              int64_t head_dim, T* k_cache, T* v_cache, KvCacheStrides strides,
+              int64_t block_size) {
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;
@@ -19,10 +23,20 @@ void WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
         (slot / block_size) * strides.block_stride + (slot % block_size) * strides.token_stride;
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const int64_t dst = offset + h * strides.head_stride;
-      std::memcpy(k_cache + dst, k + t * k_stride + h * head_dim, head_dim * sizeof(float));
-      std::memcpy(v_cache + dst, v + t * v_stride + h * head_dim, head_dim * sizeof(float));
+      std::memcpy(k_cache + dst, k + t * k_stride + h * head_dim, head_dim * sizeof(T));
+      std::memcpy(v_cache + dst, v + t * v_stride + h * head_dim, head_dim * sizeof(T));
     }
   }
+}
+
+}  // namespace
+
+void WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+             const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
+             int64_t head_dim, float* k_cache, float* v_cache, KvCacheStrides strides,
+             int64_t block_size) {
+  WriteKvT(k, k_stride, v, v_stride, slot_mapping, num_tokens, num_kv_heads, head_dim, k_cache,
+           v_cache, strides, block_size);
 }
 
 // Compiled for AVX2 and for the baseline (same results: see lanes.h).
@@ -85,17 +99,8 @@ void WriteKv(const BFloat16* k, int64_t k_stride, const BFloat16* v, int64_t v_s
              const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
              int64_t head_dim, BFloat16* k_cache, BFloat16* v_cache, KvCacheStrides strides,
              int64_t block_size) {
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const int64_t slot = slot_mapping[t];
-    if (slot < 0) continue;
-    const int64_t offset =
-        (slot / block_size) * strides.block_stride + (slot % block_size) * strides.token_stride;
-    for (int64_t h = 0; h < num_kv_heads; ++h) {
-      const int64_t dst = offset + h * strides.head_stride;
-      std::memcpy(k_cache + dst, k + t * k_stride + h * head_dim, head_dim * sizeof(BFloat16));
-      std::memcpy(v_cache + dst, v + t * v_stride + h * head_dim, head_dim * sizeof(BFloat16));
-    }
-  }
+  WriteKvT(k, k_stride, v, v_stride, slot_mapping, num_tokens, num_kv_heads, head_dim, k_cache,
+           v_cache, strides, block_size);
 }
 
 int64_t PagedAttentionWorkspaceFloats(int64_t /*max_num_tokens*/, int64_t /*max_num_seqs*/,

@@ -9,6 +9,23 @@
 #include "kernels/cpu/gemm.h"
 
 namespace vamp::kernels::cpu {
+
+absl::Status CheckGroupedGemmShape(const char* name, int64_t lda, int64_t weight_offset,
+                                   int64_t ldw, int64_t num_experts, int64_t max_rows, int64_t ldc,
+                                   int64_t out_cols, int64_t k) {
+  if (num_experts < 0 || max_rows < 0 || out_cols < 0 || k < 0 || weight_offset < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": negative size (num_experts ", num_experts, ", max_rows ", max_rows,
+                     ", columns ", out_cols, ", k ", k, ", weight_offset ", weight_offset, ")"));
+  }
+  if (lda < k || ldw < k || ldc < out_cols) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": strides shorter than rows (lda ", lda,
+                                                   ", ldw ", ldw, " vs k ", k, "; ldc ", ldc,
+                                                   " vs ", out_cols, " output columns)"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // Weight rows widened to float32 per pass: bounds the scratch to 64 x k floats (x2 when fused)
@@ -22,15 +39,10 @@ absl::Status Validate(const char* name, const BFloat16* a, int64_t lda,
                       const BFloat16* const* expert_weights, int64_t weight_offset, int64_t ldw,
                       const int32_t* expert_offsets, int64_t num_experts, int64_t max_rows,
                       const BFloat16* c, int64_t ldc, int64_t out_cols, int64_t k) {
-  if (num_experts < 0 || max_rows < 0 || out_cols < 0 || k < 0 || weight_offset < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": negative size (num_experts ", num_experts, ", max_rows ", max_rows,
-                     ", columns ", out_cols, ", k ", k, ", weight_offset ", weight_offset, ")"));
-  }
-  if (lda < k || ldw < k || ldc < out_cols) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": strides shorter than rows (lda ", lda,
-                                                   ", ldw ", ldw, " vs k ", k, "; ldc ", ldc,
-                                                   " vs ", out_cols, " output columns)"));
+  if (absl::Status s = CheckGroupedGemmShape(name, lda, weight_offset, ldw, num_experts, max_rows,
+                                             ldc, out_cols, k);
+      !s.ok()) {
+    return s;
   }
   if (num_experts == 0) return absl::OkStatus();
   if (expert_offsets == nullptr || expert_weights == nullptr) {

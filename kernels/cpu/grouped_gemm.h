@@ -39,6 +39,14 @@ absl::Status GroupedExpertGemmSiluMul(const BFloat16* a, int64_t lda,
                                       int64_t num_experts, int64_t max_rows, BFloat16* out,
                                       int64_t ldo, int64_t inter, int64_t k);
 
+// The size and stride checks both twins make before touching memory (the CUDA twin cannot read
+// the device offsets, so these are all it can check): InvalidArgument naming `name` for a negative
+// size or a stride shorter than the row it holds (lda, ldw < k; ldc < out_cols, the output width:
+// n, or inter when SiLU-and-mul is fused).
+absl::Status CheckGroupedGemmShape(const char* name, int64_t lda, int64_t weight_offset,
+                                   int64_t ldw, int64_t num_experts, int64_t max_rows, int64_t ldc,
+                                   int64_t out_cols, int64_t k);
+
 }  // namespace vamp::kernels::cpu
 
 #endif  // VAMP_KERNELS_CPU_GROUPED_GEMM_H_

@@ -13,6 +13,21 @@ namespace {
 // silu(g) * u, the one expression both SiluAndMul overloads evaluate.
 inline float SiluMul(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
 
+// ExpertGemm for either element type: one Gemm (of that type) per expert with rows.
+template <typename T>
+void ExpertGemmT(const T* a, int64_t lda, const T* const* expert_weights, int64_t weight_offset,
+                 int64_t ldw, const int32_t* expert_offsets, int64_t num_experts, T* c, int64_t ldc,
+                 int64_t n, int64_t k) {
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t begin = expert_offsets[e];
+    const int64_t rows = expert_offsets[e + 1] - begin;
+    if (rows == 0) continue;
+    VAMP_CHECK(expert_weights[e] != nullptr) << "expert " << e << " has rows but no weights";
+    Gemm(a + begin * lda, lda, expert_weights[e] + weight_offset, ldw, c + begin * ldc, ldc, rows,
+         n, k);
+  }
+}
+
 }  // namespace
 
 void RouterTopK(const float* router_logits, int64_t logits_stride, int64_t num_tokens,
@@ -71,14 +86,8 @@ void MoePermute(const int32_t* topk_ids, int64_t num_tokens, int64_t top_k, int6
 void ExpertGemm(const float* a, int64_t lda, const float* const* expert_weights,
                 int64_t weight_offset, int64_t ldw, const int32_t* expert_offsets,
                 int64_t num_experts, float* c, int64_t ldc, int64_t n, int64_t k) {
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t begin = expert_offsets[e];
-    const int64_t rows = expert_offsets[e + 1] - begin;
-    if (rows == 0) continue;
-    VAMP_CHECK(expert_weights[e] != nullptr) << "expert " << e << " has rows but no weights";
-    Gemm(a + begin * lda, lda, expert_weights[e] + weight_offset, ldw, c + begin * ldc, ldc, rows,
-         n, k);
-  }
+  ExpertGemmT(a, lda, expert_weights, weight_offset, ldw, expert_offsets, num_experts, c, ldc, n,
+              k);
 }
 
 void SiluAndMul(const float* x, int64_t x_stride, int64_t num_rows, int64_t inter, float* out,
@@ -108,14 +117,8 @@ void MoeUnpermute(const float* expert_out, int64_t expert_out_stride, const int3
 void ExpertGemm(const BFloat16* a, int64_t lda, const BFloat16* const* expert_weights,
                 int64_t weight_offset, int64_t ldw, const int32_t* expert_offsets,
                 int64_t num_experts, BFloat16* c, int64_t ldc, int64_t n, int64_t k) {
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t begin = expert_offsets[e];
-    const int64_t rows = expert_offsets[e + 1] - begin;
-    if (rows == 0) continue;
-    VAMP_CHECK(expert_weights[e] != nullptr) << "expert " << e << " has rows but no weights";
-    Gemm(a + begin * lda, lda, expert_weights[e] + weight_offset, ldw, c + begin * ldc, ldc, rows,
-         n, k);
-  }
+  ExpertGemmT(a, lda, expert_weights, weight_offset, ldw, expert_offsets, num_experts, c, ldc, n,
+              k);
 }
 
 void SiluAndMul(const BFloat16* x, int64_t x_stride, int64_t num_rows, int64_t inter, BFloat16* out,

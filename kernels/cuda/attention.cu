@@ -287,7 +287,7 @@ __device__ __forceinline__ void LoadQueryTile(const TcParams& p, __nv_bfloat16* 
       src = p.q + static_cast<int64_t>(row_begin + v / p.group) * p.q_stride +
             static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim + chunk * 8;
     }
-    internal::CpAsync16(base + 16 * SwizzledChunk<kChunks>(row, chunk), src, valid);
+    internal::CpAsync16(base + 16 * SwizzledChunk<kChunks>(row, chunk), src, valid ? 16 : 0);
   }
 }
 
@@ -316,8 +316,8 @@ __device__ __forceinline__ void LoadKvTile(const TcParams& p, const int32_t* tab
                static_cast<int64_t>(kv_head) * p.strides.head_stride + chunk * 8;
     }
     const uint32_t dst = 16 * SwizzledChunk<kChunks>(row, chunk);
-    internal::CpAsync16(k_base + dst, p.k_cache + offset, valid);
-    internal::CpAsync16(v_base + dst, p.v_cache + offset, valid);
+    internal::CpAsync16(k_base + dst, p.k_cache + offset, valid ? 16 : 0);
+    internal::CpAsync16(v_base + dst, p.v_cache + offset, valid ? 16 : 0);
   }
 }
 

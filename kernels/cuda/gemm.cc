@@ -220,6 +220,46 @@ class GroupedPointerRings {
 
 #endif  // VAMP_HAVE_CUBLAS_GROUPED_GEMM
 
+// The row-major GEMM of one element type: float32 (cublasSgemm) or bf16 in and out.
+absl::Status RowMajorGemm(cublasHandle_t handle, const float* a, int64_t lda, const float* w,
+                          int64_t ldw, float* c, int64_t ldc, int64_t m, int64_t n, int64_t k) {
+  return SgemmRowMajor(handle, a, lda, w, ldw, c, ldc, m, n, k);
+}
+absl::Status RowMajorGemm(cublasHandle_t handle, const BFloat16* a, int64_t lda, const BFloat16* w,
+                          int64_t ldw, BFloat16* c, int64_t ldc, int64_t m, int64_t n, int64_t k) {
+  return GemmExRowMajor(handle, a, lda, w, ldw, c, CUDA_R_16BF, ldc, m, n, k);
+}
+
+// ExpertGemm for either element type: one cuBLAS GEMM per expert with rows, in `math` mode.
+template <typename T>
+absl::Status ExpertGemmT(const T* a, int64_t lda, const T* const* expert_weights,
+                         int64_t weight_offset, int64_t ldw, const int32_t* expert_offsets,
+                         int64_t num_experts, T* c, int64_t ldc, int64_t n, int64_t k,
+                         cublasMath_t math, cudaStream_t stream) {
+  if (absl::Status s = CheckShape("ExpertGemm", lda, ldw, ldc, expert_offsets[num_experts], n, k);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<cublasHandle_t> handle = HandleFor(stream, math);
+  if (!handle.ok()) return handle.status();
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t begin = expert_offsets[e];
+    const int64_t rows = expert_offsets[e + 1] - begin;
+    if (rows <= 0) continue;
+    if (expert_weights[e] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ExpertGemm: expert ", e, " has ", rows, " rows but no weights"));
+    }
+    if (absl::Status s =
+            RowMajorGemm(*handle, a + begin * lda, lda, expert_weights[e] + weight_offset, ldw,
+                         c + begin * ldc, ldc, rows, n, k);
+        !s.ok()) {
+      return absl::InternalError(absl::StrCat("ExpertGemm expert ", e, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Gemm(const float* a, int64_t lda, const float* w, int64_t ldw, float* c, int64_t ldc,
@@ -235,28 +275,8 @@ absl::Status ExpertGemm(const float* a, int64_t lda, const float* const* expert_
                         int64_t weight_offset, int64_t ldw, const int32_t* expert_offsets,
                         int64_t num_experts, float* c, int64_t ldc, int64_t n, int64_t k,
                         cudaStream_t stream) {
-  if (absl::Status s = CheckShape("ExpertGemm", lda, ldw, ldc, expert_offsets[num_experts], n, k);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<cublasHandle_t> handle = HandleFor(stream, kFloatMath);
-  if (!handle.ok()) return handle.status();
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t begin = expert_offsets[e];
-    const int64_t rows = expert_offsets[e + 1] - begin;
-    if (rows <= 0) continue;
-    if (expert_weights[e] == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ExpertGemm: expert ", e, " has ", rows, " rows but no weights"));
-    }
-    if (absl::Status s =
-            SgemmRowMajor(*handle, a + begin * lda, lda, expert_weights[e] + weight_offset, ldw,
-                          c + begin * ldc, ldc, rows, n, k);
-        !s.ok()) {
-      return absl::InternalError(absl::StrCat("ExpertGemm expert ", e, ": ", s.message()));
-    }
-  }
-  return absl::OkStatus();
+  return ExpertGemmT(a, lda, expert_weights, weight_offset, ldw, expert_offsets, num_experts, c,
+                     ldc, n, k, kFloatMath, stream);
 }
 
 absl::Status Gemm(const BFloat16* a, int64_t lda, const BFloat16* w, int64_t ldw, BFloat16* c,
@@ -273,28 +293,8 @@ absl::Status ExpertGemm(const BFloat16* a, int64_t lda, const BFloat16* const* e
                         int64_t weight_offset, int64_t ldw, const int32_t* expert_offsets,
                         int64_t num_experts, BFloat16* c, int64_t ldc, int64_t n, int64_t k,
                         cudaStream_t stream) {
-  if (absl::Status s = CheckShape("ExpertGemm", lda, ldw, ldc, expert_offsets[num_experts], n, k);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<cublasHandle_t> handle = HandleFor(stream, kBf16Math);
-  if (!handle.ok()) return handle.status();
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t begin = expert_offsets[e];
-    const int64_t rows = expert_offsets[e + 1] - begin;
-    if (rows <= 0) continue;
-    if (expert_weights[e] == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ExpertGemm: expert ", e, " has ", rows, " rows but no weights"));
-    }
-    if (absl::Status s =
-            GemmExRowMajor(*handle, a + begin * lda, lda, expert_weights[e] + weight_offset, ldw,
-                           c + begin * ldc, CUDA_R_16BF, ldc, rows, n, k);
-        !s.ok()) {
-      return absl::InternalError(absl::StrCat("ExpertGemm expert ", e, ": ", s.message()));
-    }
-  }
-  return absl::OkStatus();
+  return ExpertGemmT(a, lda, expert_weights, weight_offset, ldw, expert_offsets, num_experts, c,
+                     ldc, n, k, kBf16Math, stream);
 }
 
 absl::Status ExpertGemmGrouped(const BFloat16* a, int64_t lda,

@@ -24,8 +24,10 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/grouped_gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/mma.cuh"
 
 namespace vamp::kernels::cuda {
 namespace {
@@ -172,38 +174,12 @@ __global__ void __launch_bounds__(kScalarThreads) GroupedGemmScalarKernel(Proble
   }
 }
 
-// ---- tensor-core primitives (PTX ISA 8.x) ----
+// ---- tensor-core primitives (kernels/cuda/mma.cuh) ----
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// PTX ISA "Data Movement and Conversion Instructions: cp.async": copies 16 bytes global -> shared
-// asynchronously (.cg: through L2 only, the weights are streamed once); `src_bytes` < 16 reads that
-// many and zero-fills the rest, so 0 writes a zero chunk without touching global memory.
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's committed groups are still pending.
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// PTX ISA "Warp-level matrix load instruction: ldmatrix": .x4 loads four 8x8 b16 matrices; lanes
-// 8i..8i+7 give the addresses of the 8 rows (16 bytes each) of matrix i, and register i of lane l
-// receives elements (row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1) of matrix i.
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
+using internal::CpAsync16;
+using internal::CpAsyncCommit;
+using internal::CpAsyncWait;
+using internal::LdMatrixX4;
 
 // PTX ISA "Matrix Fragments for mma.m16n8k16 with floating point type" (.bf16 inputs, .f32
 // accumulators); g = lane / 4, t = lane % 4:
@@ -215,14 +191,6 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
 // order top-left, bottom-left, top-right, bottom-right) yields a[0..3] exactly, and ldmatrix of a
 // 16 (n) x 16 (k) block of W (quarters n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15)
 // yields {b0, b1} of the n-fragment 0-7 then of 8-15.
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ void Store2(bf16* dst, float x, float y) {
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
@@ -283,7 +251,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   // Output columns per CTA: fused, half of the BN weight rows are gate rows, half up rows.
   constexpr int kOutCols = kSiluMul ? BN / 2 : BN;
 
-  const uint32_t a_smem = SmemAddr(smem);
+  const uint32_t a_smem = internal::SharedAddress(smem);
   const uint32_t b_smem = a_smem + kStages * BM * kRowBytes;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -414,7 +382,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         for (int i = 0; i < kFragsM; ++i) {
           if (warp_m * kWarpM + i * 16 < info.rows) {
 #pragma unroll
-            for (int j = 0; j < kFragsN; ++j) Mma(acc[i][j], af[i], bf[j][0], bf[j][1]);
+            for (int j = 0; j < kFragsN; ++j)
+              internal::MmaBf16(acc[i][j], af[i], bf[j][0], bf[j][1]);
           }
         }
       }
@@ -490,15 +459,10 @@ absl::Status Launch(const char* name, const BFloat16* a, int64_t lda,
                     const BFloat16* const* expert_weights, int64_t weight_offset, int64_t ldw,
                     const int32_t* expert_offsets, int64_t num_experts, int64_t max_rows,
                     BFloat16* c, int64_t ldc, int64_t out_cols, int64_t k, cudaStream_t stream) {
-  if (num_experts < 0 || max_rows < 0 || out_cols < 0 || k < 0 || weight_offset < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": negative size (num_experts ", num_experts, ", max_rows ", max_rows,
-                     ", columns ", out_cols, ", k ", k, ", weight_offset ", weight_offset, ")"));
-  }
-  if (lda < k || ldw < k || ldc < out_cols) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": strides shorter than rows (lda ", lda,
-                                                   ", ldw ", ldw, " vs k ", k, "; ldc ", ldc,
-                                                   " vs ", out_cols, " output columns)"));
+  if (absl::Status s = cpu::CheckGroupedGemmShape(name, lda, weight_offset, ldw, num_experts,
+                                                  max_rows, ldc, out_cols, k);
+      !s.ok()) {
+    return s;
   }
   // Row offsets are int32 on the device; weight rows (2 * inter when fused) index as int.
   const int64_t weight_rows = kSiluMul ? 2 * out_cols : out_cols;

@@ -38,8 +38,17 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ __forceinline__ float WarpSum(float v) {
+// Sum / minimum over the warp; every lane gets the same bits (the xor butterfly combines the same
+// pairs in every lane). T: float, double or an integer type.
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T WarpMin(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = min(v, __shfl_xor_sync(kFullMask, v, offset));
   return v;
 }
 

@@ -164,18 +164,6 @@ __device__ __forceinline__ double MinProbInBin(int b, float inv_t) {
 __device__ __forceinline__ unsigned LanesBelow() { return (1u << (threadIdx.x % 32)) - 1u; }
 
 template <typename T>
-__device__ __forceinline__ T WarpSumT(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
-}
-
-template <typename T>
-__device__ __forceinline__ T WarpMinT(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = min(v, __shfl_xor_sync(kFullMask, v, offset));
-  return v;
-}
-
-template <typename T>
 __device__ __forceinline__ T WarpInclusiveScan(T v) {
   const int lane = threadIdx.x % 32;
   for (int offset = 1; offset < 32; offset <<= 1) {
@@ -185,26 +173,27 @@ __device__ __forceinline__ T WarpInclusiveScan(T v) {
   return v;
 }
 
-// Block sum; every thread gets the same bits (the xor butterfly adds the same pairs in every
-// lane). scratch: 32 T of shared memory, reusable when this returns.
-template <typename T>
-__device__ T BlockSumT(T v, T* scratch) {
-  v = WarpSumT(v);
+// Block reduction of a 32-warp block with a warp reduction `warp_op` (internal::WarpSum or
+// WarpMin); every thread gets the same bits. scratch: 32 T of shared memory, reusable when this
+// returns.
+template <typename T, typename WarpOp>
+__device__ T BlockAllReduce(T v, T* scratch, WarpOp warp_op) {
+  v = warp_op(v);
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
-  v = WarpSumT(scratch[threadIdx.x % 32]);
+  v = warp_op(scratch[threadIdx.x % 32]);
   __syncthreads();
   return v;
 }
 
 template <typename T>
+__device__ T BlockSumT(T v, T* scratch) {
+  return BlockAllReduce(v, scratch, [](T x) { return internal::WarpSum(x); });
+}
+
+template <typename T>
 __device__ T BlockMinT(T v, T* scratch) {
-  v = WarpMinT(v);
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = WarpMinT(scratch[threadIdx.x % 32]);
-  __syncthreads();
-  return v;
+  return BlockAllReduce(v, scratch, [](T x) { return internal::WarpMin(x); });
 }
 
 // Exclusive prefix sum in thread order; *total receives the block's sum (every thread).
@@ -639,7 +628,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       }
     }
   }
-  mass = WarpSumT(mass);
+  mass = internal::WarpSum(mass);
   if (lane == 0) sm.warp_mass[warp] = mass;
   if (want_logprob) {
     exp_sum = BlockSumT(exp_sum, sm.dscratch);
