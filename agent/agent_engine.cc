@@ -856,6 +856,8 @@ absl::StatusOr<vamp::v1::CapacityResponse> AgentEngine::Capacity(
   response.set_kv_blocks_after(after);
   response.set_offloaded_groups(static_cast<int32_t>(rep.offloaded_groups()));
   response.set_max_offload_groups(static_cast<int32_t>(in.plan.experts.max_groups));
+  response.set_staged_bytes_per_group(in.plan.experts.group_bytes *
+                                      in.plan.experts.eligible_layers.size());
   return response;
 }
 

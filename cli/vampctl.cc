@@ -159,14 +159,20 @@ int Decisions(const Options& options, const std::shared_ptr<grpc::Channel>& chan
     PrintJson(response);
     return kExitOk;
   }
-  std::cout << absl::StrFormat("%-8s %-14s %6s %10s %10s %10s %10s %6s %7s %7s\n", "step",
-                               "action", "gap", "C_c us", "C_e us", "C_p us", "C_b us", "groups",
-                               "evicted", "preempt");
+  // Tax-model decisions show both sides of their comparison (µs over the window); the paper
+  // model's its four costs.
+  std::cout << absl::StrFormat("%-8s %-22s %6s %10s %10s %10s %10s %6s %7s %7s %11s %11s %9s\n",
+                               "step", "action", "gap", "C_c us", "C_e us", "C_p us", "C_b us",
+                               "groups", "evicted", "preempt", "tax us", "value us", "ghost tok");
+  auto cost = [](double us) { return us < 0 ? std::string("-") : absl::StrFormat("%.0f", us); };
   for (const auto& d : response.decisions()) {
-    std::cout << absl::StrFormat("%-8d %-14s %6d %10.0f %10.0f %10.0f %10.0f %6d %7d %7d\n",
-                                 d.step_id(), d.action(), d.gap_blocks(), d.cost_evict_us(),
-                                 d.cost_offload_us(), d.cost_preempt_us(), d.cost_combined_us(),
-                                 d.groups(), d.evicted_blocks(), d.preempted_requests());
+    std::cout << absl::StrFormat(
+        "%-8d %-22s %6d %10s %10s %10s %10s %6d %7d %7d %11s %11s %9s\n", d.step_id(), d.action(),
+        d.gap_blocks(), cost(d.cost_evict_us()), cost(d.cost_offload_us()),
+        cost(d.cost_preempt_us()), cost(d.cost_combined_us()), d.groups(), d.evicted_blocks(),
+        d.preempted_requests(), d.tax_evaluated() ? cost(d.tax_us()) : "-",
+        d.tax_evaluated() ? cost(d.value_us()) : "-",
+        d.tax_evaluated() ? absl::StrFormat("%.0f", d.ghost_tokens()) : "-");
   }
   return kExitOk;
 }

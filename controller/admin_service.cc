@@ -229,6 +229,18 @@ grpc::ServerUnaryReactor* AdminService::ListDecisions(grpc::CallbackServerContex
       d->set_groups(r.plan.expand_groups);
       d->set_evicted_blocks(r.blocks_evicted);
       d->set_preempted_requests(r.requests_preempted);
+      if (r.restore_groups > 0) d->set_groups(-r.restore_groups);
+      const TaxComparison& t = r.plan.tax;
+      if (t.evaluated) {
+        d->set_tax_evaluated(true);
+        d->set_tax_groups(t.groups);
+        d->set_tax_us(t.tax_micros);
+        d->set_value_us(t.value_micros);
+        d->set_ghost_tokens(t.ghost_tokens);
+        d->set_preempt_tokens(t.preempt_tokens);
+        d->set_window_steps(t.window_steps);
+        d->set_h2d_gbps(t.h2d_bytes_per_s * 1e-9);
+      }
       d->set_detail(absl::StrCat("requester ", r.requester, r.requester_running ? " (running)"
                                                                                 : " (waiting)",
                                  ", blocks added ", r.blocks_added));

@@ -17,10 +17,12 @@ absl::Status RemoteExpander::Refresh() {
   if (!one.ok()) return one.status();
   int64_t blocks = INT64_MAX, blocks_after_one = INT64_MAX;
   int32_t max_groups = INT32_MAX;
+  int64_t staged_bytes = 0;
   for (size_t r = 0; r < now->size(); ++r) {
     blocks = std::min(blocks, (*now)[r].kv_blocks_now());
     blocks_after_one = std::min(blocks_after_one, (*one)[r].kv_blocks_after());
     max_groups = std::min(max_groups, (*now)[r].max_offload_groups());
+    staged_bytes = std::max<int64_t>(staged_bytes, (*now)[r].staged_bytes_per_group());
     if ((*now)[r].offloaded_groups() != (*now)[0].offloaded_groups()) {
       return absl::InternalError(absl::StrCat("ranks disagree on offloaded groups: rank 0 has ",
                                               (*now)[0].offloaded_groups(), ", rank ", r, " has ",
@@ -28,6 +30,7 @@ absl::Status RemoteExpander::Refresh() {
     }
   }
   kv_blocks_ = blocks;
+  staged_bytes_per_group_ = staged_bytes;
   max_groups_ = max_groups;
   offloaded_groups_ = (*now)[0].offloaded_groups();
   blocks_per_group_ = RemainingGroups() > 0 ? static_cast<int32_t>(blocks_after_one - blocks) : 0;

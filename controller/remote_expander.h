@@ -26,6 +26,7 @@ class RemoteExpander final : public PoolExpander {
   absl::StatusOr<int32_t> Expand(int32_t groups) override;
   int32_t ExpertsPerGroup() const override { return experts_per_group_; }
   int32_t ExpertsPerLayer() const override { return experts_per_layer_; }
+  int64_t StagedBytesPerGroup() const override { return staged_bytes_per_group_; }
   int32_t OffloadedGroups() const override { return offloaded_groups_; }
   // Asks the ranks (the cross-rank minimum of what remains after the restore).
   int32_t BlocksToRelease(int32_t groups) const override;
@@ -52,6 +53,7 @@ class RemoteExpander final : public PoolExpander {
   int32_t blocks_per_group_ = 0;
   int32_t experts_per_group_ = 1;
   int32_t experts_per_layer_ = 0;
+  int64_t staged_bytes_per_group_ = 0;  // the largest over ranks
   int64_t kv_blocks_ = 0;  // the pool size every rank uses (cross-rank minimum)
   int64_t next_remap_ = 0;
 };

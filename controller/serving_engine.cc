@@ -32,6 +32,12 @@ struct EngineMetrics {
   prometheus::Histogram& itl;
   prometheus::Histogram& e2e;
   prometheus::Histogram& queue;
+  // The tax model's latest comparison (decision_log.h): both sides, over the arbiter's window.
+  prometheus::Gauge& tax_seconds;
+  prometheus::Gauge& value_seconds;
+  prometheus::Gauge& ghost_tokens;
+  prometheus::Gauge& preempt_tokens;
+  prometheus::Gauge& h2d_bytes_per_second;
 
   static EngineMetrics& Get() {
     static EngineMetrics* m = [] {
@@ -68,7 +74,20 @@ struct EngineMetrics {
           histogram("vamp_request_time_to_first_token_seconds", "Arrival to first token"),
           histogram("vamp_request_inter_token_latency_seconds", "Between consecutive tokens"),
           histogram("vamp_request_e2e_latency_seconds", "Arrival to the last token"),
-          histogram("vamp_request_queue_time_seconds", "Arrival to first scheduling")};
+          histogram("vamp_request_queue_time_seconds", "Arrival to first scheduling"),
+          gauge("vamp_arbiter_offload_tax_seconds",
+                "Tax model, latest priced boundary move: staging stall it costs (offload) or "
+                "saves (restore) over the arbiter window"),
+          gauge("vamp_arbiter_kv_value_seconds",
+                "Tax model, latest priced boundary move: prefill work the extra KV would save "
+                "(offload) or giving it back would lose (restore) over the arbiter window"),
+          gauge("vamp_arbiter_ghost_hit_tokens",
+                "Tax model: prompt tokens over the arbiter window that were evicted earlier and "
+                "a larger pool would have served (ghost-list hits)"),
+          gauge("vamp_arbiter_preempt_recompute_tokens",
+                "Tax model: tokens recomputed after preemptions over the arbiter window"),
+          gauge("vamp_arbiter_h2d_bytes_per_second",
+                "Tax model: host-to-device bandwidth the offload tax is priced at (learned)")};
     }();
     return *m;
   }
@@ -323,6 +342,13 @@ void ServingEngine::RunStep() {
   for (const ArbiterRecord& d : scheduler_->step_decisions()) {
     metrics.decisions.Add({{"action", d.plan.choice.empty() ? "none" : d.plan.choice}})
         .Increment();
+    if (const TaxComparison& t = d.plan.tax; t.evaluated) {
+      metrics.tax_seconds.Set(t.tax_micros * 1e-6);
+      metrics.value_seconds.Set(t.value_micros * 1e-6);
+      metrics.ghost_tokens.Set(t.ghost_tokens);
+      metrics.preempt_tokens.Set(t.preempt_tokens);
+      metrics.h2d_bytes_per_second.Set(t.h2d_bytes_per_s);
+    }
     absl::MutexLock lock(&mu_);
     decisions_.push_back(d);
     if (decisions_.size() > kDecisionLogSize) decisions_.pop_front();
@@ -390,6 +416,8 @@ void ServingEngine::RunStep() {
       timing.step_micros = std::max<double>(timing.step_micros, r.timings().total_us());
       timing.exposed_staging_micros =
           std::max<double>(timing.exposed_staging_micros, r.timings().staging_stall_us());
+      timing.staged_bytes =
+          std::max<int64_t>(timing.staged_bytes, static_cast<int64_t>(r.timings().staged_bytes()));
     }
     for (const NewRequestPlan& n : plan->new_requests) timing.prefill_tokens += n.num_scheduled_tokens;
     for (const CachedRequestPlan& c : plan->cached_requests) {
@@ -399,6 +427,7 @@ void ServingEngine::RunStep() {
     }
     timing.offloaded_experts_per_layer =
         expander_->offloaded_groups() * expander_->ExpertsPerGroup();
+    timing.step = plan->step;
     vamp_arbiter_->ObserveStep(timing);
   }
   for (const QueueTimeSample& q : scheduler_->Stats().step_queue_times) {

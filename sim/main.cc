@@ -26,6 +26,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "bench/workload/lmcache_trace.h"
+#include "bench/workload/low_reuse_generator.h"
 #include "bench/workload/mooncake_trace.h"
 #include "bench/workload/multi_turn_generator.h"
 #include "common/config.h"
@@ -42,7 +43,8 @@ constexpr int64_t kInt32Max = 2147483647;
 
 ConfigSchema Schema() {
   ConfigSchema s;
-  s.Enum("workload", "multi-turn", {"multi-turn", "mooncake", "lmcache"}, "Workload to replay")
+  s.Enum("workload", "multi-turn", {"multi-turn", "mooncake", "lmcache", "low-reuse"},
+         "Workload to replay")
       .String("policies", "static,vamp-10,vamp-15,vamp-20,vamp-25",
               "Comma-separated policies: static, vamp-<r> (offload cap r %), with optional "
               "+restore / +calib (e.g. vamp-25+restore+calib)")
@@ -84,6 +86,22 @@ ConfigSchema Schema() {
            "multi-turn: extra sessions of the same shape starting at tail_start_s (a lighter "
            "second phase, e.g. to measure restore)")
       .Double("tail_start_s", 0, 0, 1e9, "multi-turn: when the tail sessions start")
+      // Low-reuse family (bench/workload/low_reuse_generator.h).
+      .Int("low_reuse_requests", 2000, 1, kInt32Max, "low-reuse: requests")
+      .Double("low_reuse_rate", 2.0, 1e-6, 1e6, "low-reuse: arrivals per second (Poisson)")
+      .Int("low_reuse_prompt_tokens", 8192, 1, kInt32Max, "low-reuse: mean prompt tokens")
+      .Int("low_reuse_output_tokens", 128, 1, kInt32Max, "low-reuse: output tokens per request")
+      .Double("low_reuse_probability", 0.3, 0, 1,
+              "low-reuse: share of requests that repeat an earlier request's prefix")
+      .Double("low_reuse_fraction", 0.5, 0, 1, "low-reuse: share of the prompt repeated")
+      .Double("low_reuse_distance", 200, 1, 1e9,
+              "low-reuse: mean reuse distance in requests (exponential)")
+      .Double("low_reuse_start_s", 0, 0, 1e9,
+              "low-reuse: arrival of the first request; with --workload=multi-turn and "
+              "--mix_low_reuse, when the low-reuse phase starts")
+      .Bool("mix_low_reuse", false,
+            "multi-turn: add the low-reuse requests (low_reuse_* flags) to the sessions, for a "
+            "workload that alternates high- and low-reuse phases (with tail_sessions)")
       // Traces.
       .String("mooncake_trace", "../shared/traces/mooncake/synthetic_trace.jsonl",
               "mooncake: trace file (JSONL)")
@@ -132,6 +150,21 @@ absl::StatusOr<std::vector<int32_t>> ParseList(const std::string& text) {
   }
   if (out.empty()) return absl::InvalidArgumentError("config field 'concurrency': empty list");
   return out;
+}
+
+workload::LowReuseOptions LowReuseFromConfig(const Config& config, int32_t vocab) {
+  workload::LowReuseOptions o;
+  o.num_requests = static_cast<int32_t>(config.GetInt("low_reuse_requests"));
+  o.rate_per_s = config.GetDouble("low_reuse_rate");
+  o.prompt_tokens = static_cast<int32_t>(config.GetInt("low_reuse_prompt_tokens"));
+  o.output_tokens = static_cast<int32_t>(config.GetInt("low_reuse_output_tokens"));
+  o.reuse_probability = config.GetDouble("low_reuse_probability");
+  o.reuse_fraction = config.GetDouble("low_reuse_fraction");
+  o.mean_reuse_distance = config.GetDouble("low_reuse_distance");
+  o.start_s = config.GetDouble("low_reuse_start_s");
+  o.vocab_size = vocab;
+  o.seed = static_cast<uint64_t>(config.GetInt("workload_seed")) + 7919;
+  return o;
 }
 
 struct Job {
@@ -214,6 +247,11 @@ absl::Status Main(int argc, char** argv) {
     for (int32_t c : concurrencies) {
       o.concurrency = c;
       VAMP_ASSIGN_OR_RETURN(workload::Workload w, workload::GenerateMultiTurn(o));
+      if (config.GetBool("mix_low_reuse")) {
+        workload::LowReuseOptions lr = LowReuseFromConfig(config, vocab);
+        VAMP_ASSIGN_OR_RETURN(workload::Workload extra, workload::GenerateLowReuse(lr));
+        for (workload::Session& session : extra.sessions) w.sessions.push_back(std::move(session));
+      }
       if (tail > 0) {
         workload::MultiTurnOptions t = o;
         t.concurrency = tail;
@@ -239,6 +277,17 @@ absl::Status Main(int argc, char** argv) {
             ? absl::StrFormat("; plus %d sessions of the same shape from t = %.0f s",
                               config.GetInt("tail_sessions"), config.GetDouble("tail_start_s"))
             : ""));
+  } else if (kind == "low-reuse") {
+    const workload::LowReuseOptions lr = LowReuseFromConfig(config, vocab);
+    VAMP_ASSIGN_OR_RETURN(workload::Workload w, workload::GenerateLowReuse(lr));
+    workloads.push_back(std::make_unique<workload::Workload>(std::move(w)));
+    concurrencies.push_back(0);
+    setting.push_back(absl::StrFormat(
+        "Workload: low-reuse family, %d single-turn requests at %.2f/s (Poisson), prompts %d "
+        "tokens ±50 %%, %d output tokens; %.0f %% repeat the leading %.0f %% of an earlier "
+        "prompt at a mean distance of %.0f requests",
+        lr.num_requests, lr.rate_per_s, lr.prompt_tokens, lr.output_tokens,
+        100 * lr.reuse_probability, 100 * lr.reuse_fraction, lr.mean_reuse_distance));
   } else if (kind == "mooncake") {
     workload::MooncakeOptions o;
     o.vocab_size = vocab;

@@ -32,6 +32,7 @@ class SimPoolExpander final : public PoolExpander {
   absl::StatusOr<int32_t> Expand(int32_t groups) override;
   int32_t ExpertsPerGroup() const override { return g_.experts_per_group; }
   int32_t ExpertsPerLayer() const override { return g_.experts_per_layer; }
+  int64_t StagedBytesPerGroup() const override { return g_.bytes_per_group(); }
   int32_t OffloadedGroups() const override { return groups_; }
   int32_t BlocksToRelease(int32_t groups) const override;
   absl::Status Restore(int32_t groups) override;

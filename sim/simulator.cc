@@ -37,22 +37,28 @@ absl::StatusOr<PolicySpec> ParsePolicy(absl::string_view label, const VampArbite
   const absl::string_view head = parts[0];
   double percent = 0;
   if (!absl::StartsWith(head, "vamp-") || !absl::SimpleAtod(head.substr(5), &percent) ||
-      !(percent > 0 && percent <= 100)) {
+      !(percent >= 0 && percent <= 100)) {
     return absl::InvalidArgumentError(
         absl::StrCat("policy '", label,
-                     "': expected 'static' or 'vamp-<r>' with 0 < r <= 100, optionally "
-                     "followed by +restore and/or +calib"));
+                     "': expected 'static' or 'vamp-<r>' with 0 <= r <= 100, optionally "
+                     "followed by +paper, +restore, +norestore, +calib, +nocalib"));
   }
   p.arbiter = "vamp";
   p.max_offload_ratio = percent / 100.0;
   for (size_t i = 1; i < parts.size(); ++i) {
-    if (parts[i] == "restore") {
-      p.vamp.restore.enabled = true;
-    } else if (parts[i] == "calib") {
-      p.vamp.self_calibration.enabled = true;
+    if (parts[i] == "paper") {
+      // The paper's arbiter as published: its cost model, no restore, no self-calibration.
+      p.vamp.cost_model = VampCostModel::kPaper;
+      p.vamp.restore.enabled = false;
+      p.vamp.self_calibration.enabled = false;
+    } else if (parts[i] == "restore" || parts[i] == "norestore") {
+      p.vamp.restore.enabled = parts[i] == "restore";
+    } else if (parts[i] == "calib" || parts[i] == "nocalib") {
+      p.vamp.self_calibration.enabled = parts[i] == "calib";
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("policy '", label, "': unknown option '+",
-                                                     parts[i], "' (known: +restore, +calib)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy '", label, "': unknown option '+", parts[i],
+                       "' (known: +paper, +restore, +norestore, +calib, +nocalib)"));
     }
   }
   VAMP_RETURN_IF_ERROR(p.vamp.Validate());
@@ -397,6 +403,12 @@ absl::StatusOr<SimResult> Simulation::Run() {
       timing.prefill_tokens = prefill_tokens;
       timing.decode_tokens = decode_tokens;
       timing.offloaded_experts_per_layer = offloaded;
+      timing.step = plan->step;
+      if (expander_) {
+        timing.staged_bytes = static_cast<int64_t>(
+            static_cast<double>(offloaded) / std::max(1, expander_->ExpertsPerGroup()) *
+            static_cast<double>(expander_->StagedBytesPerGroup()));
+      }
       vamp_->ObserveStep(timing);
     }
 

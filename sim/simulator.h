@@ -36,8 +36,10 @@ struct PolicySpec {
   VampArbiterConfig vamp;
 };
 
-// "static", or "vamp-<r>" with r the offload cap in percent (0 < r <= 100), optionally followed
-// by "+restore" and/or "+calib" to switch on restore / self-calibration over `vamp`.
+// "static", or "vamp-<r>" with r the offload cap in percent (0 <= r <= 100) under the arbiter
+// configuration `vamp` (by default the tax model with restore and self-calibration), optionally
+// followed by "+paper" (the paper's cost model without restore or self-calibration) and then
+// "+restore"/"+norestore", "+calib"/"+nocalib" to switch those on or off.
 absl::StatusOr<PolicySpec> ParsePolicy(absl::string_view label, const VampArbiterConfig& vamp);
 
 struct SimOptions {

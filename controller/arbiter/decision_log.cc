@@ -69,9 +69,20 @@ std::string Millis(double micros) {
 std::string DecisionLog::Format(const DecisionLogEntry& e) {
   const ArbiterRecord& r = e.record;
   const ArbiterPlan& p = r.plan;
+  // The tax model's comparison, when it priced this decision.
+  const TaxComparison& t = p.tax;
+  const std::string tax =
+      t.evaluated
+          ? absl::StrFormat(
+                " tax[%+d groups]=%sms value=%sms ghost_tokens=%.0f preempt_tokens=%.0f "
+                "window=%d steps h2d=%.1fGB/s",
+                t.groups, Millis(t.tax_micros), Millis(t.value_micros), t.ghost_tokens,
+                t.preempt_tokens, t.window_steps, t.h2d_bytes_per_s * 1e-9)
+          : "";
   if (r.restore_groups > 0) {
-    return absl::StrFormat("t=%.6fs step=%d restore groups=%d", e.time_micros * 1e-6, r.step,
-                           r.restore_groups);
+    return absl::StrCat(absl::StrFormat("t=%.6fs step=%d restore groups=%d", e.time_micros * 1e-6,
+                                        r.step, r.restore_groups),
+                        tax);
   }
   const ArbiterInputs& in = p.inputs;
   return absl::StrCat(
@@ -84,7 +95,7 @@ std::string DecisionLog::Format(const DecisionLogEntry& e) {
                       in.c_eff_micros, in.t_queue_micros),
       " C_c=", Millis(p.costs.evict_micros), "ms C_e=", Millis(p.costs.expand_micros),
       "ms C_p=", Millis(p.costs.preempt_micros), "ms C_b=", Millis(p.costs.combined_micros),
-      "ms choice=", p.choice.empty() ? "-" : p.choice,
+      "ms", tax, " choice=", p.choice.empty() ? "-" : p.choice,
       absl::StrFormat(" expand=%d evict=%d preempt=%d -> added=%d evicted=%d preempted=%d",
                       p.expand_groups, p.evict_blocks, p.preempt.size(), r.blocks_added,
                       r.blocks_evicted, r.requests_preempted));

@@ -13,10 +13,26 @@ namespace vamp {
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+absl::string_view VampCostModelName(VampCostModel model) {
+  return model == VampCostModel::kTax ? "tax" : "paper";
+}
+
 absl::Status VampArbiterConfig::Validate() const {
   auto bad = [](absl::string_view field, absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("config field '", field, "': ", why));
   };
+  if (tax.window_slots < 1) return bad("vamp_window_slots", "must be >= 1");
+  if (tax.window_steps < tax.window_slots) {
+    return bad("vamp_window_steps", "must be >= vamp_window_slots");
+  }
+  if (!(tax.h2d_bytes_per_s > 0)) return bad("vamp_h2d_gbps", "must be > 0");
+  if (!(tax.overlap_fraction >= 0 && tax.overlap_fraction <= 1)) {
+    return bad("vamp_staging_overlap", "must be in [0, 1]");
+  }
+  if (!(tax.margin >= 0)) return bad("vamp_margin", "must be >= 0");
+  if (tax.min_evidence_steps < 0) return bad("vamp_min_evidence_steps", "must be >= 0");
+  if (!(tax.ttft_weight >= 0)) return bad("vamp_ttft_weight", "must be >= 0");
+  if (restore.min_hold_steps < 0) return bad("vamp_restore_min_hold_steps", "must be >= 0");
   const CostCoefficients& c = costs;
   if (!(c.alpha >= 0)) return bad("vamp_alpha", "must be >= 0");
   if (!(c.tau_steps > 0)) return bad("vamp_tau_steps", "must be > 0");
@@ -62,6 +78,30 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
   constexpr double kBig = 1e12;
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
   schema
+      .Enum("vamp_cost_model", std::string(VampCostModelName(d.cost_model)), {"tax", "paper"},
+            "Cost model of the vamp arbiter: 'tax' prices offload as the staging stall it adds to "
+            "every step and extra KV by the reuse it measurably serves (ghost list); 'paper' "
+            "reproduces the paper's C_c/C_e/C_p comparison")
+      .Int("vamp_window_steps", d.tax.window_steps, 1, kInt32Max,
+           "Tax model: scheduler steps the offload tax and the value of extra KV are summed over")
+      .Int("vamp_window_slots", d.tax.window_slots, 1, 4096,
+           "Tax model: slots of that window (its granularity)")
+      .Double("vamp_h2d_gbps", d.tax.h2d_bytes_per_s * 1e-9, 1e-6, 1e6,
+              "Tax model: host-to-device bandwidth the tax starts from (GB/s); learned from "
+              "copy-bound steps with vamp_self_calibration")
+      .Double("vamp_staging_overlap", d.tax.overlap_fraction, 0, 1,
+              "Tax model: share of a step's compute that expert staging copies hide behind")
+      .Double("vamp_margin", d.tax.margin, 0, 1e6,
+              "Tax model: hysteresis; expand when value > (1 + margin) x tax, restore when tax > "
+              "(1 + margin) x value")
+      .Double("vamp_ttft_weight", d.tax.ttft_weight, 0, 1e6,
+              "Tax model: microseconds of per-step staging stall worth one microsecond of "
+              "prefill saved on the first-token path (1 = GPU time alone)")
+      .Int("vamp_min_evidence_steps", d.tax.min_evidence_steps, 0, kInt32Max,
+           "Tax model: executed steps the window must hold before measured reuse can justify an "
+           "expansion or a restore")
+      .Int("vamp_restore_min_hold_steps", d.restore.min_hold_steps, 0, kInt32Max,
+           "Tax model: steps after an expansion before a restore may be considered")
       .Double("vamp_alpha", c.alpha, 0, 1e6,
               "Cost model: weight of the observed hit rate in a cached block's reuse estimate")
       .Double("vamp_tau_steps", c.tau_steps, 1e-9, kBig,
@@ -118,6 +158,16 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
 
 absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& config) {
   VampArbiterConfig v;
+  v.cost_model = config.GetString("vamp_cost_model") == "paper" ? VampCostModel::kPaper
+                                                                 : VampCostModel::kTax;
+  v.tax.window_steps = config.GetInt("vamp_window_steps");
+  v.tax.window_slots = static_cast<int32_t>(config.GetInt("vamp_window_slots"));
+  v.tax.h2d_bytes_per_s = config.GetDouble("vamp_h2d_gbps") * 1e9;
+  v.tax.overlap_fraction = config.GetDouble("vamp_staging_overlap");
+  v.tax.margin = config.GetDouble("vamp_margin");
+  v.tax.min_evidence_steps = config.GetInt("vamp_min_evidence_steps");
+  v.tax.ttft_weight = config.GetDouble("vamp_ttft_weight");
+  v.restore.min_hold_steps = static_cast<int32_t>(config.GetInt("vamp_restore_min_hold_steps"));
   CostCoefficients& c = v.costs;
   c.alpha = config.GetDouble("vamp_alpha");
   c.tau_steps = config.GetDouble("vamp_tau_steps");
@@ -154,8 +204,36 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
 // ---------------------------------------------------------------------------------------------
 // Learning
 
+namespace {
+
+std::unique_ptr<ReuseTracker> MakeReuseTracker(const VampArbiterConfig& config) {
+  if (config.cost_model != VampCostModel::kTax) return nullptr;
+  ReuseTrackerOptions o;
+  o.window_steps = config.tax.window_steps;
+  o.window_slots = config.tax.window_slots;
+  return std::make_unique<ReuseTracker>(o);
+}
+
+std::unique_ptr<OffloadTax> MakeOffloadTax(const VampArbiterConfig& config) {
+  if (config.cost_model != VampCostModel::kTax) return nullptr;
+  OffloadTaxOptions o;
+  o.h2d_bytes_per_s = config.tax.h2d_bytes_per_s;
+  o.overlap_fraction = config.tax.overlap_fraction;
+  o.learn_bandwidth = config.self_calibration.enabled;
+  o.ewma_weight = config.self_calibration.ewma_weight;
+  o.min_samples = config.self_calibration.min_samples;
+  o.window_steps = config.tax.window_steps;
+  o.window_slots = config.tax.window_slots;
+  return std::make_unique<OffloadTax>(o);
+}
+
+}  // namespace
+
 VampArbiter::VampArbiter(const VampArbiterConfig& config)
-    : config_(config), t_queue_micros_(config.costs.t_queue_micros) {
+    : config_(config),
+      t_queue_micros_(config.costs.t_queue_micros),
+      reuse_(MakeReuseTracker(config)),
+      tax_(MakeOffloadTax(config)) {
   hit_snapshots_.push_back({0, 0, 0});
 }
 
@@ -186,6 +264,9 @@ void VampArbiter::Observe(const SchedulerCounters& counters) {
 }
 
 void VampArbiter::ObserveStep(const StepTiming& t) {
+  if (tax_ != nullptr) {
+    tax_->ObserveStep({t.step, t.step_micros, t.exposed_staging_micros, t.staged_bytes});
+  }
   const SelfCalibrationConfig& s = config_.self_calibration;
   if (!s.enabled) return;
   auto update = [&](double sample, double* estimate, int64_t* samples) {
@@ -207,7 +288,20 @@ void VampArbiter::ObserveStep(const StepTiming& t) {
 
 absl::Status VampArbiter::Reconfigure(const VampArbiterConfig& config) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
+  const TaxModelConfig& a = config_.tax;
+  const TaxModelConfig& b = config.tax;
+  const bool rebuild = config.cost_model != config_.cost_model ||
+                       a.window_steps != b.window_steps || a.window_slots != b.window_slots ||
+                       a.h2d_bytes_per_s != b.h2d_bytes_per_s ||
+                       a.overlap_fraction != b.overlap_fraction ||
+                       config.self_calibration.enabled != config_.self_calibration.enabled;
   config_ = config;
+  if (rebuild) {
+    // What was measured under other settings does not carry over; the scheduler picks up the
+    // new tracker at its next step boundary.
+    reuse_ = MakeReuseTracker(config_);
+    tax_ = MakeOffloadTax(config_);
+  }
   return absl::OkStatus();
 }
 
@@ -230,6 +324,10 @@ LiveCoefficients VampArbiter::live() const {
   l.t_prefill_samples = t_prefill_samples_;
   l.c_eff_samples = c_eff_samples_;
   l.t_queue_samples = t_queue_samples_;
+  if (tax_ != nullptr) {
+    l.h2d_bytes_per_s = tax_->h2d_bytes_per_s();
+    l.h2d_samples = tax_->bandwidth_samples();
+  }
   return l;
 }
 
@@ -258,10 +356,62 @@ std::vector<const Request*> PreemptionOrder(const ArbiterContext& context, const
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Preemption victims, in preemption order, until the uncached blocks they free cover `need`, and
+// their cost C_p; no victims when they cannot cover it (or the requester is waiting).
+struct Victims {
+  std::vector<RequestId> ids;
+  double cost_micros = -1;
+};
+Victims ChooseVictims(const ArbiterContext& context, const MemoryGap& gap,
+                      const CostCoefficients& c, int32_t need) {
+  Victims out;
+  if (!gap.requester_running) return out;
+  double cost = 0;
+  int64_t freed = 0;
+  for (const Request* v : PreemptionOrder(context, gap.requester)) {
+    const PreemptionYield y = PreemptionYieldOf(*v, context.pool(), context.config().block_size);
+    if (y.uncached_blocks == 0) continue;  // frees nothing the gap can use
+    out.ids.push_back(v->id());
+    cost += PreemptionCost(c, y.partial_tokens);
+    freed += y.uncached_blocks;
+    if (freed >= need) break;
+  }
+  if (freed >= need) {
+    out.cost_micros = cost;
+  } else {
+    out.ids.clear();
+  }
+  return out;
+}
+
+// What still makes progress when no plan covers the gap: the static arbiter's plan (evict what is
+// cached, preempt the newest running request — the requester itself if it is the newest).
+ArbiterPlan StaticFallback(const ArbiterContext& context, const MemoryGap& gap, ArbiterPlan plan) {
+  plan.evict_blocks = std::min(gap.blocks, context.pool().num_free_cached());
+  if (gap.requester_running) {
+    if (const Request* v = NewestRunningRequest(context, context.config().policy)) {
+      plan.preempt.push_back(v->id());
+    }
+  }
+  if (plan.empty()) {
+    plan.choice = "wait";
+  } else if (plan.preempt.empty()) {
+    plan.choice = "fallback:evict";
+  } else {
+    plan.choice = plan.evict_blocks > 0 ? "fallback:evict+preempt" : "fallback:preempt";
+  }
+  return plan;
+}
+
 }  // namespace
 
 ArbiterPlan VampArbiter::Decide(const ArbiterContext& context, const MemoryGap& gap) {
   Observe(context.counters());
+  return config_.cost_model == VampCostModel::kTax ? DecideTax(context, gap)
+                                                    : DecidePaper(context, gap);
+}
+
+ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const MemoryGap& gap) {
   const CostCoefficients c = Current();
   const KvBlockPool& pool = context.pool();
   const ExpansionInfo& e = context.expansion();
@@ -326,24 +476,11 @@ ArbiterPlan VampArbiter::Decide(const ArbiterContext& context, const MemoryGap& 
     }
   }
   // C_p: victims until the uncached blocks they free cover the gap.
-  std::vector<RequestId> victims;
-  if (gap.requester_running) {
-    double cost = 0;
-    int64_t freed = 0;
-    for (const Request* v : PreemptionOrder(context, gap.requester)) {
-      const PreemptionYield y = PreemptionYieldOf(*v, pool, block_size);
-      if (y.uncached_blocks == 0) continue;  // frees nothing the gap can use
-      victims.push_back(v->id());
-      cost += PreemptionCost(c, y.partial_tokens);
-      freed += y.uncached_blocks;
-      if (freed >= need) break;
-    }
-    if (freed >= need) {
-      costs.preempt_micros = cost;
-      in.victims = static_cast<int32_t>(victims.size());
-    } else {
-      victims.clear();
-    }
+  Victims chosen = ChooseVictims(context, gap, c, need);
+  std::vector<RequestId> victims = std::move(chosen.ids);
+  if (!victims.empty()) {
+    costs.preempt_micros = chosen.cost_micros;
+    in.victims = static_cast<int32_t>(victims.size());
   }
 
   // The cheapest feasible plan; ties to the earlier candidate.
@@ -389,26 +526,193 @@ ArbiterPlan VampArbiter::Decide(const ArbiterContext& context, const MemoryGap& 
     plan.choice = "fallback:expand";
     return plan;
   }
-  plan.evict_blocks = std::min(need, free_cached);
-  if (gap.requester_running) {
+  return StaticFallback(context, gap, std::move(plan));
+}
+
+TaxComparison VampArbiter::Compare(int64_t step, int32_t from, int32_t to,
+                                   double t_prefill) const {
+  TaxComparison cmp;
+  cmp.evaluated = true;
+  cmp.groups = to - from;
+  const int32_t lo = std::min(from, to);
+  const int32_t hi = std::max(from, to);
+  cmp.tax_micros = tax_->WindowMicros(step, hi) - tax_->WindowMicros(step, lo);
+  cmp.value_micros = reuse_->TokensBetween(step, lo, hi) * t_prefill * config_.tax.ttft_weight;
+  cmp.ghost_tokens = reuse_->GhostTokens(step);
+  cmp.preempt_tokens = reuse_->PreemptionTokens(step);
+  cmp.window_steps = tax_->window_steps();
+  cmp.observed_steps = tax_->StepsInWindow(step);
+  cmp.h2d_bytes_per_s = tax_->h2d_bytes_per_s();
+  return cmp;
+}
+
+ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGap& gap) {
+  const CostCoefficients c = Current();
+  const ExpansionInfo& e = context.expansion();
+  const int64_t step = context.step();
+  const int32_t need = gap.blocks;
+  const int32_t free_cached = context.pool().num_free_cached();
+  const int64_t bpg = e.blocks_per_group;
+  const int32_t offloaded = e.offloaded_groups;
+  const double margin = config_.tax.margin;
+  tax_->SetGeometry(e.staged_bytes_per_group, e.max_groups);
+
+  ArbiterPlan plan;
+  ArbiterInputs& in = plan.inputs;
+  in.hit_rate = hit_rate_;
+  in.free_cached_blocks = free_cached;
+  in.remaining_groups = e.available ? e.remaining_groups : 0;
+  in.blocks_per_group = e.blocks_per_group;
+  in.t_prefill_micros = c.t_prefill_micros;
+  in.c_eff_micros = c.c_eff_micros;
+  in.t_queue_micros = c.t_queue_micros;
+  const auto net = [margin](const TaxComparison& cmp) {
+    return cmp.value_micros - (1 + margin) * cmp.tax_micros;
+  };
+
+  // The groups a move can bring: a pending restore's by cancelling it, else whole expansion steps
+  // up to the cap.
+  const int32_t pending = e.restore_pending ? e.restore_pending_groups : 0;
+  const int32_t remaining = pending > 0 ? 0 : (e.available ? e.remaining_groups : 0);
+  const bool can_grow = bpg > 0 && (pending > 0 || remaining > 0);
+  const auto grow = [&](int32_t groups, const TaxComparison& cmp, absl::string_view choice) {
+    plan.tax = cmp;
+    plan.costs.expand_micros = (1 + margin) * cmp.tax_micros;
+    if (pending > 0) {
+      plan.cancel_restore = true;
+      plan.choice = "cancel-restore";
+      return plan;
+    }
+    plan.expand_groups = groups;
+    const int64_t rest = need - groups * bpg;
+    if (rest > 0) plan.evict_blocks = static_cast<int32_t>(std::min<int64_t>(rest, free_cached));
+    plan.choice = plan.evict_blocks > 0 ? absl::StrCat(choice, "+evict") : std::string(choice);
+    last_expand_step_ = step;
+    return plan;
+  };
+
+  // 1. The expansion worth more than its tax, the most net value first — once the window holds
+  // enough steps to tell.
+  TaxComparison first;  // the smallest move, for the log when nothing grows
+  const bool evidence = tax_->StepsInWindow(step) >= config_.tax.min_evidence_steps;
+  if (can_grow) {
+    int32_t best_groups = 0;
+    double best_net = 0;
+    TaxComparison best;
+    const int32_t unit = pending > 0 ? pending : config_.expansion_step_groups;
+    const int32_t limit = pending > 0 ? pending : remaining;
+    for (int32_t g = std::min(unit, limit);; g = std::min(g + unit, limit)) {
+      const TaxComparison cmp = Compare(step, offloaded - pending, offloaded - pending + g,
+                                        c.t_prefill_micros);
+      if (!first.evaluated) first = cmp;
+      if (evidence && net(cmp) > best_net) {
+        best_net = net(cmp);
+        best_groups = g;
+        best = cmp;
+      }
+      if (g >= limit) break;
+    }
+    if (best_groups > 0) return grow(best_groups, best, "expand");
+  }
+  plan.tax = first;
+  if (first.evaluated) plan.costs.expand_micros = (1 + margin) * first.tax_micros;
+
+  // 2. Reuse that nobody measured is free to evict.
+  plan.costs.evict_micros = 0;
+  if (free_cached >= need) {
+    plan.evict_blocks = need;
+    plan.choice = "evict";
+    return plan;
+  }
+
+  // 3. A running requester: preempt, or grow when the tax over the window is the smaller price.
+  // Both sides in GPU time: a preemption wastes the victims' computed tokens and a scheduling
+  // round (the paper's t_queue is one request's waiting time, not work, and under overload it
+  // grows without bound, which would make any offload look cheap).
+  CostCoefficients gpu = c;
+  gpu.t_queue_micros = 0;
+  Victims victims = ChooseVictims(context, gap, gpu, need);
+  if (!victims.ids.empty()) {
+    plan.costs.preempt_micros = victims.cost_micros;
+    in.victims = static_cast<int32_t>(victims.ids.size());
+  }
+  // When no set of other requests covers the gap, the alternative to growing is the static
+  // arbiter's: preempt the newest running request (perhaps the requester itself).
+  double preempt_price = victims.cost_micros;
+  if (victims.ids.empty() && gap.requester_running) {
     if (const Request* v = NewestRunningRequest(context, context.config().policy)) {
-      plan.preempt.push_back(v->id());
+      preempt_price =
+          PreemptionCost(gpu, PreemptionYieldOf(*v, context.pool(), context.config().block_size)
+                                  .partial_tokens);
     }
   }
-  if (plan.empty()) {
-    plan.choice = "wait";
-  } else if (plan.preempt.empty()) {
-    plan.choice = "fallback:evict";
-  } else {
-    plan.choice = plan.evict_blocks > 0 ? "fallback:evict+preempt" : "fallback:preempt";
+  if (gap.requester_running && can_grow && preempt_price >= 0 && (evidence || pending > 0)) {
+    const int64_t short_blocks = need - free_cached;
+    int32_t cover = pending;
+    if (pending == 0) {
+      const int64_t unit = config_.expansion_step_groups;
+      cover = static_cast<int32_t>(
+          std::min<int64_t>(CeilDiv(CeilDiv(short_blocks, bpg), unit) * unit, remaining));
+    }
+    if (cover * bpg >= short_blocks) {
+      TaxComparison cmp = Compare(step, offloaded - pending, offloaded - pending + cover,
+                                  c.t_prefill_micros);
+      // A one-off preemption against a tax paid on every step for as long as the groups stay:
+      // at least restore.min_hold_steps (restores wait that long), the whole window without
+      // restore. Per-step rates come from the window (no offload before it holds
+      // min_evidence_steps: at start-up it has seen only prefill-heavy steps, behind which any
+      // copy hides); with no step seen at all the tax is the bare copy time.
+      const double hold = static_cast<double>(
+          config_.restore.enabled ? config_.restore.min_hold_steps : config_.tax.window_steps);
+      const double steps = static_cast<double>(cmp.observed_steps);
+      const double tax = steps > 0 ? cmp.tax_micros / steps : tax_->StepMicros(cover, 0);
+      const double value = steps > 0 ? cmp.value_micros / steps : 0;
+      if (((1 + margin) * tax - value) * hold < preempt_price) {
+        return grow(cover, cmp, "expand:avoid-preempt");
+      }
+    }
   }
-  return plan;
+  if (!victims.ids.empty()) {
+    plan.preempt = std::move(victims.ids);
+    plan.choice = "preempt";
+    return plan;
+  }
+  // 4. Nothing covers the gap at a price worth paying: what the static arbiter would do.
+  return StaticFallback(context, gap, std::move(plan));
+}
+
+int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
+  const RestoreConfig& r = config_.restore;
+  const ExpansionInfo& e = context.expansion();
+  const int64_t step = context.step();
+  if (e.offloaded_groups <= 0 || e.restore_pending || e.blocks_per_group <= 0) return 0;
+  if (step < next_restore_check_step_) return 0;
+  if (tax_->StepsInWindow(step) < config_.tax.min_evidence_steps) return 0;
+  if (last_expand_step_ >= 0 && step - last_expand_step_ < r.min_hold_steps) return 0;
+  next_restore_check_step_ = step + r.check_interval_steps;
+  tax_->SetGeometry(e.staged_bytes_per_group, e.max_groups);
+  const int32_t groups = std::min(r.step_groups > 0 ? r.step_groups : config_.expansion_step_groups,
+                                  e.offloaded_groups);
+  const TaxComparison cmp =
+      Compare(step, e.offloaded_groups, e.offloaded_groups - groups, Current().t_prefill_micros);
+  if (cmp.tax_micros <= (1 + config_.tax.margin) * cmp.value_micros) return 0;
+  last_restore_ = cmp;
+  return groups;
 }
 
 int32_t VampArbiter::OnStepBoundary(const ArbiterContext& context) {
   Observe(context.counters());
+  if (tax_ != nullptr) {
+    // Before the steps that follow are observed, so that their tax is counted for every group
+    // count the cap allows.
+    tax_->SetGeometry(context.expansion().staged_bytes_per_group, context.expansion().max_groups);
+  }
+  if (!config_.restore.enabled) return 0;
+  return config_.cost_model == VampCostModel::kTax ? RestoreTax(context) : RestorePaper(context);
+}
+
+int32_t VampArbiter::RestorePaper(const ArbiterContext& context) {
   const RestoreConfig& r = config_.restore;
-  if (!r.enabled) return 0;
   const ExpansionInfo& e = context.expansion();
   const int64_t step = context.step();
   if (e.offloaded_groups <= 0 || e.restore_pending || e.blocks_per_group <= 0) return 0;

@@ -1,6 +1,31 @@
-// The cost-model memory arbiter ("vamp"): covers each KV allocation gap with the cheapest
-// feasible plan among cached-block eviction (C_c), expert offload (C_e), preemption (C_p) and
-// expand-then-evict (C_b) — cost_model.h has the formulas, shared/DESIGN.md the rationale.
+// The cost-model memory arbiter ("vamp"). Two cost models:
+//
+// "tax" (the default; shared/DESIGN.md, "Beyond the paper"): offloading g expert groups is a tax
+// paid on every step for as long as they stay offloaded — the staging stall OffloadTax measures —
+// and extra KV is worth what it would actually have saved, measured by the ReuseTracker (ghost
+// list of evicted hashes, LRU depths of hits, preemptions). Both are summed over the same window
+// of recent steps (window_steps), in µs of GPU time; each stalls the whole batch, so the batch
+// size cancels out. At a gap of n blocks with G groups offloaded:
+//   value(g) = TokensBetween(G, G+g) · t_prefill        tax(g) = Tax(G+g) − Tax(G)
+//   1. the best whole expansion step g (up to the cap) by value(g) − (1+margin)·tax(g): when that
+//      is positive, expand by g and evict whatever of the gap g does not cover;
+//   2. else evict n cached free blocks when there are that many: reuse nobody measured is free;
+//   3. else (a running requester) preempt, unless expanding by the fewest steps that cover the gap
+//      costs less than the preemption over the window: (1+margin)·tax(g) − value(g) < C_p, with
+//      C_p = Σ (t_sched + n_partial·t_prefill) in GPU time (no t_queue: waiting is not work);
+//      (With no other victims that cover the gap, C_p is that of the newest running request.
+//      Steps 1 and 3 need min_evidence_steps executed steps in the window: no measurement, no
+//      offload.)
+//   4. else what still makes progress (the static arbiter's plan), or wait.
+//   A restore pending when a gap arrives is treated as step 1-3's expansion, with cancel_restore
+//   instead of a remap. With restore on, every restore.check_interval_steps (and no sooner than
+//   restore.min_hold_steps after an expansion) the last restore.step_groups groups go back when
+//   the tax they cost over the window exceeds (1+margin) times the value they served there
+//   (hits a smaller pool would have lost): the hysteresis band is the margin on both sides.
+//
+// "paper" (reproduces §IV-B of the paper; the "vamp" policy of the earlier releases): covers each
+// KV allocation gap with the cheapest feasible plan among cached-block eviction (C_c), expert
+// offload (C_e), preemption (C_p) and expand-then-evict (C_b) — cost_model.h has the formulas.
 //
 // Plans, for a gap of `gap` blocks (blocks_per_group = what one expert group adds):
 //   evict      the gap's worth of least recently used cached free blocks; feasible when that many
@@ -27,7 +52,7 @@
 //            estimates from ObserveStep: t_prefill from prefill-heavy steps' time per token,
 //            c_eff from decode steps' exposed staging time per offloaded shard.
 //
-// Restore (restore.enabled, beyond the paper, which never gives experts back). Cold blocks —
+// Paper-model restore (restore.enabled, beyond the paper, which never gives experts back). Cold blocks —
 // cached free blocks idle for at least restore.cold_age_steps — count as idle capacity. A gap that
 // the cold blocks at the LRU end cover is evicted from them (not expanded) and is no sign of
 // pressure; any other gap is. A restore of restore.step_groups groups is considered when there
@@ -57,12 +82,15 @@
 #include "absl/strings/string_view.h"
 #include "common/config.h"
 #include "controller/arbiter/cost_model.h"
+#include "controller/arbiter/offload_tax.h"
 #include "controller/core/memory_arbiter.h"
 
 namespace vamp {
 
 struct RestoreConfig {
-  bool enabled = false;
+  bool enabled = true;
+  // Tax model: steps after an expansion before a restore may be considered.
+  int32_t min_hold_steps = 512;
   // Steps without pressure (a gap the cold blocks could not cover) before a restore may start.
   int32_t quiet_steps = 200;
   // Groups one restore gives back (0 = the expansion step).
@@ -81,7 +109,7 @@ struct RestoreConfig {
 };
 
 struct SelfCalibrationConfig {
-  bool enabled = false;
+  bool enabled = true;
   // Weight of a new observation in the exponentially weighted estimates.
   double ewma_weight = 0.05;
   // Observations before an estimate replaces the configured coefficient.
@@ -92,7 +120,33 @@ struct SelfCalibrationConfig {
   int64_t max_decode_step_prefill_tokens = 0;
 };
 
+enum class VampCostModel { kTax, kPaper };
+absl::string_view VampCostModelName(VampCostModel model);
+
+// The tax model's settings (cost model "tax").
+struct TaxModelConfig {
+  // Steps the tax and the value of extra KV are summed over (and slots of that window).
+  int64_t window_steps = 4096;
+  int32_t window_slots = 16;
+  // Host→device bandwidth the tax starts from (bytes/s); learned from copy-bound steps with
+  // self-calibration.
+  double h2d_bytes_per_s = 55.5e9;
+  // Share of a step's compute that staging copies hide behind.
+  double overlap_fraction = 0.9;
+  // Hysteresis: expand when value > (1 + margin) · tax; restore when tax > (1 + margin) · value.
+  double margin = 0.25;
+  // µs of staging stall (paid on every step, i.e. on TPOT) worth one µs of prefill saved (paid on
+  // the first-token path). 1 compares GPU time alone; larger values favour TTFT, which is what
+  // the prefix-cache cliff costs users. Chosen by measurement (bench/results/, tax-model report).
+  double ttft_weight = 4.0;
+  // Executed steps the window must hold before measured value may justify an expansion or a
+  // restore (a handful of steps says little about either).
+  int64_t min_evidence_steps = 256;
+};
+
 struct VampArbiterConfig {
+  VampCostModel cost_model = VampCostModel::kTax;
+  TaxModelConfig tax;
   CostCoefficients costs;
   // Groups per expansion step (the pool grows by whole steps; the last one may be smaller at the
   // offload limit).
@@ -112,13 +166,15 @@ struct VampArbiterConfig {
 void AddVampArbiterConfigFields(ConfigSchema& schema);
 absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& config);
 
-// What the engine measured for one step, for self-calibration.
+// What the engine measured for one step, for the tax model and self-calibration.
 struct StepTiming {
   double step_micros = 0;                   // the step as the slowest rank ran it
   double exposed_staging_micros = 0;        // of which waiting for expert staging copies
   int64_t prefill_tokens = 0;               // tokens of sequences still in prefill
   int64_t decode_tokens = 0;                // one per decoding sequence
   int32_t offloaded_experts_per_layer = 0;  // experts above the residency boundary
+  int64_t step = 0;                         // the scheduler step of the plan
+  int64_t staged_bytes = 0;                 // host→device expert bytes copied (slowest rank)
 };
 
 // The coefficients the arbiter prices with now (learned values where it has them).
@@ -130,6 +186,8 @@ struct LiveCoefficients {
   int64_t t_prefill_samples = 0;
   int64_t c_eff_samples = 0;
   int64_t t_queue_samples = 0;
+  double h2d_bytes_per_s = 0;  // tax model: the bandwidth the tax is priced at
+  int64_t h2d_samples = 0;
 };
 
 class VampArbiter final : public MemoryArbiter {
@@ -140,6 +198,8 @@ class VampArbiter final : public MemoryArbiter {
   absl::string_view name() const override { return "vamp"; }
   ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) override;
   int32_t OnStepBoundary(const ArbiterContext& context) override;
+  TaxComparison LastRestoreComparison() const override { return last_restore_; }
+  ReuseTracker* reuse_tracker() override { return reuse_.get(); }
 
   // Feeds self-calibration (ignored unless enabled). Call once per executed step.
   void ObserveStep(const StepTiming& timing);
@@ -155,6 +215,13 @@ class VampArbiter final : public MemoryArbiter {
   // Follows the scheduler's cumulative counters: hit-rate window and t_queue.
   void Observe(const SchedulerCounters& counters);
   CostCoefficients Current() const;
+  ArbiterPlan DecidePaper(const ArbiterContext& context, const MemoryGap& gap);
+  ArbiterPlan DecideTax(const ArbiterContext& context, const MemoryGap& gap);
+  int32_t RestorePaper(const ArbiterContext& context);
+  int32_t RestoreTax(const ArbiterContext& context);
+  // Both sides of moving from `from` to `to` offloaded groups over the window ending at `step`:
+  // value = tokens served between the two sizes × t_prefill, tax = the difference in staging.
+  TaxComparison Compare(int64_t step, int32_t from, int32_t to, double t_prefill) const;
 
   struct HitSnapshot {
     int64_t requests;
@@ -178,6 +245,11 @@ class VampArbiter final : public MemoryArbiter {
   int64_t last_pressure_step_ = 0;
   int64_t last_restore_step_ = 0;
   int64_t next_restore_check_step_ = 0;
+  // Tax model (null under the paper model).
+  std::unique_ptr<ReuseTracker> reuse_;
+  std::unique_ptr<OffloadTax> tax_;
+  int64_t last_expand_step_ = -1;
+  TaxComparison last_restore_;
 };
 
 // "static" or "vamp" (the latter configured by `vamp`); InvalidArgument for anything else.

@@ -46,6 +46,8 @@ class FreeBlockQueue {
 
   // The least recently used cached block, or kNoBlock.
   BlockId OldestCached() const { return first_cached_; }
+  // The most recently used cached block (the back of the queue), or kNoBlock.
+  BlockId NewestCached() const { return num_cached_ > 0 ? tail_ : kNoBlock; }
   // Turns the least recently used cached block into the last uncached one (its cache entry is
   // being dropped). Requires num_cached() > 0. Returns its id.
   BlockId DemoteOldestCached();

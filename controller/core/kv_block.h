@@ -29,6 +29,9 @@ struct KvBlock {
   // this is when it became free, so `current step - last_used_step` is its age in steps (the cost
   // model's recency term).
   int64_t last_used_step = 0;
+  // For a free cached block: the pool's count of blocks that had joined the cached LRU segment
+  // when this one did (KvBlockPool::CachedFreeDepth reads LRU positions from it).
+  int64_t lru_seq = 0;
 };
 
 }  // namespace vamp

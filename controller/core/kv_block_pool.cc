@@ -39,7 +39,9 @@ void KvBlockPool::Uncache(KvBlock& b) {
 int32_t KvBlockPool::EvictCached(int32_t n) {
   int32_t evicted = 0;
   while (evicted < n && free_.num_cached() > 0) {
-    Uncache(blocks_[free_.DemoteOldestCached()]);
+    KvBlock& b = blocks_[free_.DemoteOldestCached()];
+    if (on_evict_) on_evict_(b.hash);
+    Uncache(b);
     ++evicted;
   }
   num_evicted_ += evicted;
@@ -64,6 +66,7 @@ void KvBlockPool::Acquire(BlockId id) {
 
 void KvBlockPool::Withdraw(KvBlock& b) {
   if (b.cached) {
+    if (on_evict_) on_evict_(b.hash);
     Uncache(b);
     ++num_evicted_;
   }
@@ -80,6 +83,7 @@ void KvBlockPool::Release(BlockId id) {
   if (InShrinkingTail(id)) {
     Withdraw(b);
   } else if (b.cached) {
+    b.lru_seq = ++lru_clock_;
     free_.PushCached(id);
   } else {
     free_.PushUncachedFront(id);
@@ -129,7 +133,8 @@ absl::Status KvBlockPool::BeginShrink(int32_t n) {
       free_.Remove(id);
       Withdraw(b);
     } else if (b.cached) {
-      Uncache(b);  // still in use; just no longer shareable
+      if (on_evict_) on_evict_(b.hash);  // its content leaves the cache with the tail
+      Uncache(b);                        // still in use; just no longer shareable
     }
   }
   return absl::OkStatus();
@@ -164,6 +169,17 @@ absl::Status KvBlockPool::CancelShrink() {
   num_withdrawn_ = 0;
   shrink_begin_ = kNoBlock;
   return absl::OkStatus();
+}
+
+int64_t KvBlockPool::CachedFreeDepth(BlockId id) const {
+  if (id < 0 || id >= num_blocks() || !free_.ContainsCached(id)) return 0;
+  const int64_t oldest = blocks_[free_.OldestCached()].lru_seq;
+  const int64_t newest = blocks_[free_.NewestCached()].lru_seq;
+  if (newest <= oldest) return 0;
+  // Stamps are increasing from the LRU end to the back; scale the stamp distance by the share
+  // of stamps in that range still present.
+  const double share = static_cast<double>(free_.num_cached() - 1) / (newest - oldest);
+  return static_cast<int64_t>(static_cast<double>(blocks_[id].lru_seq - oldest) * share);
 }
 
 absl::Status KvBlockPool::CheckInvariants() const {

@@ -14,6 +14,7 @@
 #define VAMP_CONTROLLER_CORE_KV_BLOCK_POOL_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -48,6 +49,11 @@ class KvBlockPool {
   // Cumulative number of cached blocks whose cache entry was dropped while free (arbiter evictions
   // and shrink withdrawals).
   int64_t num_evicted() const { return num_evicted_; }
+
+  // Called with the hash of every cached block whose cache entry is dropped while it is free
+  // (arbiter evictions and shrink withdrawals), in eviction order: the feed of a ghost list.
+  using EvictionListener = std::function<void(const BlockHash&)>;
+  void set_eviction_listener(EvictionListener listener) { on_evict_ = std::move(listener); }
 
   // The scheduler step stamped into blocks as they are acquired and released.
   void SetStep(int64_t step) { step_ = step; }
@@ -98,6 +104,11 @@ class KvBlockPool {
       if (!fn(blocks_[id])) return;
     }
   }
+  // For a free cached block: about how many cached free blocks would be evicted before it (its
+  // distance from the LRU end), in O(1). Exact while blocks leave the cached segment only from
+  // its LRU end; prefix hits that take blocks out of the middle make it an interpolation between
+  // the oldest and newest cached blocks' stamps. 0 for a block that is not free and cached.
+  int64_t CachedFreeDepth(BlockId id) const;
   // Full consistency check, O(num_blocks) (tests and debugging): reference counts vs. queue
   // membership, queue segments and LRU order, cache map vs. block states, and the block totals.
   absl::Status CheckInvariants() const;
@@ -118,6 +129,8 @@ class KvBlockPool {
   BlockId shrink_begin_ = kNoBlock;  // first id of the shrinking tail, kNoBlock when none
   int64_t step_ = 0;
   int64_t num_evicted_ = 0;
+  int64_t lru_clock_ = 0;  // blocks that have joined the cached segment so far
+  EvictionListener on_evict_;
 };
 
 }  // namespace vamp

@@ -31,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "controller/core/kv_block_pool.h"
 #include "controller/core/request.h"
+#include "controller/core/reuse_tracker.h"
 #include "controller/core/scheduler_config.h"
 #include "controller/core/scheduler_stats.h"
 
@@ -68,6 +69,24 @@ struct ArbiterInputs {
   double t_queue_micros = 0;    // preemption → reschedule delay
 };
 
+// Both sides of the tax model's comparison (the vamp arbiter's cost model "tax"), summed over the
+// arbiter's window of recent steps, for the decision log.
+struct TaxComparison {
+  bool evaluated = false;
+  // The boundary move priced: groups to offload (> 0) or to give back (< 0).
+  int32_t groups = 0;
+  // Exposed staging those groups would have cost (offload) or did cost (restore), µs.
+  double tax_micros = 0;
+  // Prefill work the extra KV would have saved (offload) or that giving it back would lose
+  // (restore): tokens × t_prefill, µs, plus (offload against a preemption) the preemption's cost.
+  double value_micros = 0;
+  double ghost_tokens = 0;    // prefix tokens found in the ghost list over the window
+  double preempt_tokens = 0;  // tokens recomputed after preemptions over the window
+  int64_t window_steps = 0;
+  int64_t observed_steps = 0;  // executed steps in the window (the sums cover these)
+  double h2d_bytes_per_s = 0;  // the bandwidth the tax was priced at
+};
+
 struct ArbiterPlan {
   // Give the blocks withdrawn for a pending restore back to the pool first (pressure is back).
   bool cancel_restore = false;
@@ -78,6 +97,7 @@ struct ArbiterPlan {
   std::string choice;
   ArbiterCosts costs;
   ArbiterInputs inputs;
+  TaxComparison tax;
 
   bool empty() const {
     return !cancel_restore && expand_groups == 0 && evict_blocks == 0 && preempt.empty();
@@ -92,7 +112,7 @@ struct ArbiterRecord {
   bool requester_running = false;
   int32_t gap_blocks = 0;
   int32_t restore_groups = 0;
-  ArbiterPlan plan;
+  ArbiterPlan plan;  // for a restore: choice "restore" and the comparison that started it
   // What applying the plan achieved.
   int32_t blocks_added = 0;
   int32_t blocks_evicted = 0;
@@ -117,6 +137,9 @@ class PoolExpander {
   virtual int32_t ExpertsPerGroup() const { return 1; }
   // E: rank-local expert shards per MoE layer (0 = unknown; the cost model then does not cap).
   virtual int32_t ExpertsPerLayer() const { return 0; }
+  // Host→device bytes one offloaded group adds to every step on a rank (all eligible layers; the
+  // largest over ranks), or 0 when unknown. The offload tax is priced from it.
+  virtual int64_t StagedBytesPerGroup() const { return 0; }
 
   // ---- Restore (the reverse move; optional, default: not supported) ----
   // Groups moved into the pool so far and not given back.
@@ -138,7 +161,10 @@ struct ExpansionInfo {
   int32_t experts_per_group = 1;  // g
   int32_t experts_per_layer = 0;  // E (0 = unknown)
   int32_t offloaded_groups = 0;   // groups in the pool now (what a restore could give back)
+  int32_t max_groups = 0;         // the cap: offloaded + remaining when nothing is pending
+  int64_t staged_bytes_per_group = 0;  // PoolExpander::StagedBytesPerGroup
   bool restore_pending = false;   // a restore is waiting for its blocks to be released
+  int32_t restore_pending_groups = 0;  // ... and the groups it gives back
 };
 
 // Read-only view of the scheduler for an arbiter call.
@@ -190,6 +216,12 @@ class MemoryArbiter {
   // An arbiter that starts restores should cancel them (ArbiterPlan::cancel_restore) when a gap
   // shows that the memory is needed.
   virtual int32_t OnStepBoundary(const ArbiterContext& context) { return 0; }
+  // The comparison behind the latest positive OnStepBoundary answer (for the decision log).
+  virtual TaxComparison LastRestoreComparison() const { return {}; }
+  // An arbiter that prices extra KV by measured reuse returns its tracker; the scheduler then
+  // feeds it evictions, admissions and preemptions (reuse_tracker.h). Null: nothing is tracked
+  // (the static arbiter pays nothing for it).
+  virtual ReuseTracker* reuse_tracker() { return nullptr; }
 };
 
 }  // namespace vamp

@@ -28,7 +28,19 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Clock* clock,
       expander_(expander),
       kv_(config.num_blocks, config.block_size, config.enable_prefix_caching,
           BlockHasher(config.prefix_cache_hash_key0, config.prefix_cache_hash_key1)),
-      waiting_(config.policy) {}
+      waiting_(config.policy) {
+  // Evicted hashes feed the arbiter's ghost list, when it keeps one.
+  kv_.pool().set_eviction_listener([this](const BlockHash& hash) {
+    if (ReuseTracker* tracker = arbiter_->reuse_tracker()) tracker->OnEvicted(hash);
+  });
+}
+
+void Scheduler::SyncReuseGeometry() {
+  ReuseTracker* tracker = arbiter_->reuse_tracker();
+  if (tracker == nullptr) return;
+  const ExpansionInfo e = Expansion();
+  tracker->SetGeometry(e.blocks_per_group, e.offloaded_groups, e.max_groups);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Requests
@@ -100,7 +112,10 @@ ExpansionInfo Scheduler::Expansion() const {
   info.experts_per_layer = expander_->ExpertsPerLayer();
   info.offloaded_groups = expander_->OffloadedGroups();
   info.restore_pending = restore_pending_groups_ > 0;
+  info.restore_pending_groups = restore_pending_groups_;
   info.blocks_per_group = expander_->BlocksPerGroup();
+  info.max_groups = info.offloaded_groups + expander_->RemainingGroups();
+  info.staged_bytes_per_group = expander_->StagedBytesPerGroup();
   if (kv_.pool().shrink_pending()) return info;
   info.available = true;
   info.remaining_groups = expander_->RemainingGroups();
@@ -162,6 +177,7 @@ void Scheduler::StepBoundary() {
   record.step = step_;
   record.restore_groups = n;
   record.plan.choice = "restore";
+  record.plan.tax = arbiter_->LastRestoreComparison();
   step_decisions_.push_back(std::move(record));
 }
 
@@ -240,6 +256,7 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
           record.blocks_added = *added;
           ++counters_.num_expansions;
           counters_.num_expanded_blocks += *added;
+          SyncReuseGeometry();
         }
       }
     }
@@ -254,6 +271,14 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
         VAMP_LOG(WARNING) << arbiter_->name() << " arbiter chose request " << id
                           << " to preempt, which is not running";
         continue;
+      }
+      if (ReuseTracker* tracker = arbiter_->reuse_tracker()) {
+        // What a pool covering the gap would have saved: the victim's computed tokens past its
+        // cached blocks (those blocks stay cached; if they are evicted before it resumes, the
+        // ghost list counts them).
+        const Request& v = *it->second;
+        tracker->RecordPreemption(
+            step_, gap, v.num_computed_tokens() - v.num_cached_blocks() * config_.block_size);
       }
       Preempt(it->second.get());
       ++record.requests_preempted;
@@ -307,6 +332,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   step_decisions_.clear();
   step_queue_times_.clear();
   StepBoundary();
+  SyncReuseGeometry();
   token_budget_ = config_.max_num_batched_tokens;
   const int32_t threshold = config_.long_prefill_token_threshold;
 
@@ -341,6 +367,12 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.Front();
     const PrefixHit hit = kv_.FindCachedPrefix(*r);
+    // The reuse tracker reads the hit blocks' LRU depths before AcquirePrefix takes them out of
+    // the free queue. Resumed requests are left out: their recompute is counted as preemption.
+    ReuseTracker* tracker = arbiter_->reuse_tracker();
+    const bool track = tracker != nullptr && r->status() != RequestStatus::kPreempted;
+    const ReuseTracker::HitNeeds needs =
+        track ? tracker->MeasureHit(kv_.pool(), hit) : ReuseTracker::HitNeeds{};
     int32_t n = r->num_tokens() - hit.num_tokens;
     if (threshold > 0) n = std::min(n, threshold);
     if (!config_.enable_chunked_prefill && n > token_budget_) break;
@@ -355,6 +387,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       r->set_num_computed_tokens(0);
       break;
     }
+    if (track) tracker->RecordAdmission(step_, needs, *r, config_.block_size, kv_.hasher());
     VAMP_CHECK(waiting_.Remove(r));
     if (r->status() == RequestStatus::kPreempted) --num_waiting_preempted_;
     r->set_status(RequestStatus::kRunning);

@@ -136,6 +136,8 @@ class Scheduler {
   // Makes room (via the arbiter) for `request`'s table to cover `num_total_tokens`, then allocates.
   Room EnsureBlocks(Request* request, int32_t num_total_tokens, bool running);
   ExpansionInfo Expansion() const;
+  // Hands the expansion geometry to the arbiter's reuse tracker (if it keeps one).
+  void SyncReuseGeometry();
   // Step-boundary work for restores: commits a pending one whose blocks are all released, or asks
   // the arbiter whether to start one.
   void StepBoundary();

@@ -362,7 +362,10 @@ MultiTurnResult RunMultiTurnUnderPressure(const std::string& arbiter) {
   // c_eff is the per-shard, per-step staging cost: the paper's 12.3 µs is an H100 figure; a CPU
   // agent copies an 18 KiB shard in well under a microsecond, so the cost model is given that.
   std::unique_ptr<ControllerServer> server =
-      StartSystem(1, {"--arbiter=" + arbiter, "--agent_host_memory_bytes=2800000",
+      // The paper's cost model: this test is about the mechanics of offload under pressure (the
+      // tax model, rightly, finds no reuse here worth a per-step tax).
+      StartSystem(1, {"--arbiter=" + arbiter, "--vamp_cost_model=paper",
+                      "--agent_host_memory_bytes=2800000",
                       "--max_num_batched_tokens=64", "--max_num_seqs=8",
                       "--max_model_len=512", "--vamp_c_eff_us=0.5"});
   if (server == nullptr) return result;

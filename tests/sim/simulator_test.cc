@@ -2,10 +2,12 @@
 // way around it, determinism, the traces, policies and the report.
 #include "sim/simulator.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <string>
 
+#include "bench/workload/low_reuse_generator.h"
 #include "bench/workload/mooncake_trace.h"
 #include "bench/workload/multi_turn_generator.h"
 #include "gmock/gmock.h"
@@ -175,13 +177,20 @@ TEST(SimulatorTest, ParsePolicy) {
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->arbiter, "vamp");
   EXPECT_DOUBLE_EQ(p->max_offload_ratio, 0.15);
+  EXPECT_EQ(p->vamp.cost_model, VampCostModel::kTax);  // the shipped defaults
+  EXPECT_TRUE(p->vamp.restore.enabled);
+  p = ParsePolicy("vamp-25+paper", VampArbiterConfig{});
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->vamp.cost_model, VampCostModel::kPaper);
   EXPECT_FALSE(p->vamp.restore.enabled);
-  p = ParsePolicy("vamp-25+restore+calib", VampArbiterConfig{});
+  EXPECT_FALSE(p->vamp.self_calibration.enabled);
+  p = ParsePolicy("vamp-25+paper+restore+calib", VampArbiterConfig{});
   ASSERT_TRUE(p.ok());
   EXPECT_TRUE(p->vamp.restore.enabled);
   EXPECT_TRUE(p->vamp.self_calibration.enabled);
   EXPECT_EQ(ParsePolicy("static", VampArbiterConfig{})->arbiter, "static");
-  EXPECT_THAT(ParsePolicy("vamp-0", {}).status().message(), HasSubstr("0 < r <= 100"));
+  EXPECT_DOUBLE_EQ(ParsePolicy("vamp-0", {})->max_offload_ratio, 0);
+  EXPECT_THAT(ParsePolicy("vamp-101", {}).status().message(), HasSubstr("0 <= r <= 100"));
   EXPECT_THAT(ParsePolicy("lru", {}).status().message(), HasSubstr("policy 'lru'"));
   EXPECT_THAT(ParsePolicy("vamp-10+turbo", {}).status().message(), HasSubstr("+turbo"));
 }
@@ -265,6 +274,90 @@ TEST(SvgChartTest, LineAndBarCharts) {
   EXPECT_EQ(ticks.front(), 0);
   EXPECT_GE(ticks.back(), 97);
   EXPECT_LE(ticks.size(), 8u);
+}
+
+}  // namespace
+}  // namespace vamp::sim
+
+namespace vamp::sim {
+namespace {
+
+// Property: VAMP with a zero offload cap is the static split, decision for decision.
+TEST(SimulatorTaxModelTest, ZeroCapEqualsStatic) {
+  for (int32_t c : {3, 8}) {
+    const workload::Workload w = MultiTurn(c);
+    const SimResult base = Simulated(w, "static");
+    const SimResult zero = Simulated(w, "vamp-0");
+    EXPECT_EQ(zero.max_groups, 0);
+    EXPECT_EQ(zero.ttft_s, base.ttft_s) << "c=" << c;
+    EXPECT_EQ(zero.tpot_ms, base.tpot_ms) << "c=" << c;
+    EXPECT_EQ(zero.counters.num_preemptions, base.counters.num_preemptions);
+    EXPECT_EQ(zero.counters.prefix_cache.hit_tokens, base.counters.prefix_cache.hit_tokens);
+  }
+}
+
+// On traffic whose reuse no reachable pool serves, the tax model stays at the static split
+// (the paper's model offloads and loses here).
+TEST(SimulatorTaxModelTest, LowReuseTrafficStaysStatic) {
+  workload::LowReuseOptions o;
+  o.num_requests = 300;
+  o.rate_per_s = 1.0;
+  o.prompt_tokens = 3000;
+  o.output_tokens = 64;
+  o.reuse_probability = 0.3;
+  o.mean_reuse_distance = 2000;  // far beyond what VAMP-25's pool holds
+  o.vocab_size = 32000;
+  absl::StatusOr<workload::Workload> w = workload::GenerateLowReuse(o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  SimOptions options = SmallModel();
+  options.exclude_first_turn = false;  // single-turn requests: every turn counts
+  const SimResult base = Simulated(*w, "static", options);
+  const SimResult tax = Simulated(*w, "vamp-25", options);
+  const SimResult paper = Simulated(*w, "vamp-25+paper", options);
+  EXPECT_EQ(tax.turns_completed, 300);
+  ASSERT_EQ(base.ttft_s.size(), 300u);
+  const double base_p99 = Percentile(base.ttft_s, 99);
+  EXPECT_LE(Percentile(tax.ttft_s, 99), 1.05 * base_p99);
+  EXPECT_LE(tax.MeanTpotMs(), 1.05 * base.MeanTpotMs());
+  std::cout << "low reuse: static p99 " << base_p99 << " s, tpot " << base.MeanTpotMs()
+            << " ms; tax p99 " << Percentile(tax.ttft_s, 99) << " s, tpot " << tax.MeanTpotMs()
+            << " ms, groups " << tax.max_groups << "; paper p99 " << Percentile(paper.ttft_s, 99)
+            << " s, tpot " << paper.MeanTpotMs() << " ms, groups " << paper.max_groups << "\n";
+}
+
+TEST(LowReuseGeneratorTest, DeterministicWithReuseAsConfigured) {
+  workload::LowReuseOptions o;
+  o.num_requests = 400;
+  o.prompt_tokens = 256;
+  o.prompt_jitter = 0;
+  o.reuse_probability = 0.5;
+  o.reuse_fraction = 0.5;
+  o.mean_reuse_distance = 10;
+  o.vocab_size = 1000;
+  absl::StatusOr<workload::Workload> a = workload::GenerateLowReuse(o);
+  absl::StatusOr<workload::Workload> b = workload::GenerateLowReuse(o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->sessions.size(), 400u);
+  int shared = 0;
+  for (size_t i = 0; i < a->sessions.size(); ++i) {
+    EXPECT_EQ(a->sessions[i].turns[0].new_tokens, b->sessions[i].turns[0].new_tokens);
+    EXPECT_EQ(a->sessions[i].turns[0].new_tokens.size(), 256u);
+    if (i > 0) EXPECT_GE(a->sessions[i].start_s, a->sessions[i - 1].start_s);
+    for (size_t j = 0; j < i; ++j) {
+      if (std::equal(a->sessions[i].turns[0].new_tokens.begin(),
+                     a->sessions[i].turns[0].new_tokens.begin() + 128,
+                     a->sessions[j].turns[0].new_tokens.begin())) {
+        ++shared;
+        break;
+      }
+    }
+  }
+  EXPECT_NEAR(shared / 400.0, 0.5, 0.08);  // about reuse_probability of them repeat a prefix
+  workload::WorkloadSummary s = workload::Summarize(*a, 16);
+  EXPECT_GT(s.ideal_prefix_hit_ratio, 0.15);
+  EXPECT_LT(s.ideal_prefix_hit_ratio, 0.35);
+  o.rate_per_s = 0;
+  EXPECT_THAT(workload::GenerateLowReuse(o).status().message(), HasSubstr("rate_per_s"));
 }
 
 }  // namespace

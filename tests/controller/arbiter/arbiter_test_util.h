@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/kv_block_pool.h"
 #include "controller/core/memory_arbiter.h"
 #include "controller/core/request.h"
@@ -15,6 +16,16 @@
 #include "gtest/gtest.h"
 
 namespace vamp::testing {
+
+// The paper's arbiter (cost model "paper", no restore, no self-calibration): the configuration
+// the cost-model tests below were written against.
+inline VampArbiterConfig PaperArbiterConfig() {
+  VampArbiterConfig c;
+  c.cost_model = VampCostModel::kPaper;
+  c.restore.enabled = false;
+  c.self_calibration.enabled = false;
+  return c;
+}
 
 class ArbiterFixture {
  public:
@@ -76,6 +87,7 @@ class ArbiterFixture {
     e.experts_per_group = experts_per_group;
     e.experts_per_layer = experts_per_layer;
     e.offloaded_groups = offloaded;
+    e.max_groups = offloaded + remaining;
     return e;
   }
 

@@ -5,6 +5,7 @@
 #include "controller/arbiter/decision_log.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "gtest/gtest.h"
+#include "tests/controller/arbiter/arbiter_test_util.h"
 #include "tests/controller/core/scheduler_test_util.h"
 
 namespace vamp {
@@ -142,7 +143,7 @@ TEST(RestoreTest, GapCancelsAPendingRestore) {
 }
 
 TEST(RestoreTest, VampArbiterRestoresAfterPressureAndLogsIt) {
-  VampArbiterConfig config;
+  VampArbiterConfig config = testing::PaperArbiterConfig();
   config.expansion_step_groups = 1;
   config.restore.enabled = true;
   config.restore.quiet_steps = 5;

@@ -26,18 +26,18 @@ class VampArbiterTest : public ::testing::Test, public ArbiterFixture {
                      int64_t step = 10) {
     return arbiter_.Decide(Context(step, e), Gap(gap, requester, running));
   }
-  VampArbiter arbiter_{VampArbiterConfig{}};
+  VampArbiter arbiter_{testing::PaperArbiterConfig()};
 };
 
 TEST(VampArbiterReconfigureTest, ValidatesAndReplacesTheConfiguration) {
-  VampArbiter arbiter{VampArbiterConfig{}};
+  VampArbiter arbiter{testing::PaperArbiterConfig()};
   VampArbiterConfig bad;
   bad.costs.alpha = -1;
   absl::Status s = arbiter.Reconfigure(bad);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), ::testing::HasSubstr("alpha"));
   EXPECT_DOUBLE_EQ(arbiter.config().costs.alpha, 0.5);  // unchanged
-  VampArbiterConfig good;
+  VampArbiterConfig good = testing::PaperArbiterConfig();
   good.costs.c_eff_micros = 2.5;
   good.expansion_step_groups = 2;
   ASSERT_TRUE(arbiter.Reconfigure(good).ok());
@@ -155,7 +155,7 @@ TEST_F(VampArbiterTest, TinyGapPreemptsOnlyWhenCheapest) {
 }
 
 TEST_F(VampArbiterTest, CheapOffloadBeatsPreemption) {
-  VampArbiterConfig config;
+  VampArbiterConfig config = testing::PaperArbiterConfig();
   config.costs.c_eff_micros = 1;  // C_e = 8 · 1 · 64 = 512 µs < C_p = 1,575 µs
   VampArbiter arbiter(config);
   SetHitRate(0.9);
@@ -215,7 +215,7 @@ TEST_F(VampArbiterTest, NothingFeasibleExpandsWhatIsLeft) {
 }
 
 TEST_F(VampArbiterTest, HitRateFollowsTheRecentWindow) {
-  VampArbiterConfig config;
+  VampArbiterConfig config = testing::PaperArbiterConfig();
   config.hit_rate_window_requests = 10;
   VampArbiter arbiter(config);
   Request* r = AddRunning(1, 4, 3, 200);
@@ -237,7 +237,7 @@ TEST_F(VampArbiterTest, HitRateFollowsTheRecentWindow) {
 }
 
 TEST_F(VampArbiterTest, SelfCalibrationLearnsFromStepTimes) {
-  VampArbiterConfig config;
+  VampArbiterConfig config = testing::PaperArbiterConfig();
   config.self_calibration.enabled = true;
   config.self_calibration.min_samples = 4;
   config.self_calibration.ewma_weight = 0.5;
@@ -266,13 +266,13 @@ TEST_F(VampArbiterTest, SelfCalibrationLearnsFromStepTimes) {
   EXPECT_NEAR(plan.costs.expand_micros, 8 * 500 * 64, 1e-6);
   EXPECT_DOUBLE_EQ(plan.inputs.t_prefill_micros, 30);
   // Disabled: observations are ignored.
-  VampArbiter off{VampArbiterConfig{}};
+  VampArbiter off{testing::PaperArbiterConfig()};
   off.ObserveStep({10000, 4000, 0, 32, 8});
   EXPECT_EQ(off.live().c_eff_samples, 0);
 }
 
 TEST_F(VampArbiterTest, RestoreWaitsForQuietAndIdleCapacity) {
-  VampArbiterConfig config;
+  VampArbiterConfig config = testing::PaperArbiterConfig();
   config.restore.enabled = true;
   config.restore.quiet_steps = 100;
   config.restore.cold_age_steps = 50;
@@ -298,7 +298,7 @@ TEST_F(VampArbiterTest, RestoreWaitsForQuietAndIdleCapacity) {
 }
 
 TEST_F(VampArbiterTest, RestoreNeedsColdBlocksWhenThePoolIsFull) {
-  VampArbiterConfig config;
+  VampArbiterConfig config = testing::PaperArbiterConfig();
   config.restore.enabled = true;
   config.restore.quiet_steps = 100;
   config.restore.cold_age_steps = 1000;
@@ -320,7 +320,7 @@ TEST_F(VampArbiterTest, RestoreNeedsColdBlocksWhenThePoolIsFull) {
 }
 
 TEST_F(VampArbiterTest, RestoreIsPricedAgainstTheWarmTail) {
-  VampArbiterConfig config;
+  VampArbiterConfig config = testing::PaperArbiterConfig();
   config.restore.enabled = true;
   config.restore.quiet_steps = 10;
   config.restore.check_interval_steps = 1;
@@ -351,7 +351,7 @@ TEST_F(VampArbiterTest, WithRestoreColdBlocksAreEvictedBeforeExpanding) {
   Request* r = AddRunning(1, 4, 3, 200);
   // Age 3,000 steps: p_eff = 0.18, 200 blocks cost 9 ms > C_e 6.3 ms — the paper's rule expands.
   EXPECT_EQ(Decide(200, r, true, Expansion(40, kBlocksPerGroup), 3000).choice, "expand");
-  VampArbiterConfig config;
+  VampArbiterConfig config = testing::PaperArbiterConfig();
   config.restore.enabled = true;
   config.restore.cold_age_steps = 2000;
   VampArbiter arbiter(config);
@@ -362,7 +362,7 @@ TEST_F(VampArbiterTest, WithRestoreColdBlocksAreEvictedBeforeExpanding) {
 }
 
 TEST_F(VampArbiterTest, PressureCancelsAPendingRestoreButColdGapsDoNot) {
-  VampArbiterConfig config;
+  VampArbiterConfig config = testing::PaperArbiterConfig();
   config.restore.enabled = true;
   config.restore.cold_age_steps = 1000;
   VampArbiter arbiter(config);

@@ -1,0 +1,64 @@
+#include "controller/arbiter/offload_tax.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace vamp {
+
+OffloadTax::OffloadTax(const OffloadTaxOptions& options)
+    : options_(options),
+      tax_(options.window_steps, options.window_slots, 1),
+      steps_(options.window_steps, options.window_slots, 1) {}
+
+int64_t OffloadTax::StepsInWindow(int64_t step) const {
+  return static_cast<int64_t>(steps_.Sum(step, 0, 0));
+}
+
+void OffloadTax::SetGeometry(int64_t staged_bytes_per_group, int32_t max_groups) {
+  bytes_per_group_ = std::max<int64_t>(0, staged_bytes_per_group);
+  if (max_groups != max_groups_) {
+    max_groups_ = std::max(0, max_groups);
+    tax_.Resize(max_groups_ + 1);
+  }
+}
+
+double OffloadTax::h2d_bytes_per_s() const {
+  return bw_samples_ >= options_.min_samples ? bw_estimate_ : options_.h2d_bytes_per_s;
+}
+
+double OffloadTax::StepMicros(int32_t groups, double compute_micros) const {
+  const double bw = h2d_bytes_per_s();
+  if (groups <= 0 || bytes_per_group_ <= 0 || !(bw > 0)) return 0;
+  const double copy = 1e6 * static_cast<double>(groups) * bytes_per_group_ / bw;
+  return std::max(0.0, copy - options_.overlap_fraction * std::max(0.0, compute_micros));
+}
+
+void OffloadTax::ObserveStep(const StepCost& s) {
+  if (!std::isfinite(s.step_micros) || !std::isfinite(s.exposed_staging_micros) ||
+      s.step_micros <= 0) {
+    return;
+  }
+  const double exposed = std::clamp(s.exposed_staging_micros, 0.0, s.step_micros);
+  const double compute = s.step_micros - exposed;
+  if (options_.learn_bandwidth && s.staged_bytes > 0 && exposed > 0) {
+    // Copy-bound: the copies ran through the hidden share of compute and the exposed stall.
+    const double sample =
+        static_cast<double>(s.staged_bytes) / ((options_.overlap_fraction * compute + exposed) * 1e-6);
+    bw_estimate_ = bw_samples_ == 0
+                       ? sample
+                       : (1 - options_.ewma_weight) * bw_estimate_ + options_.ewma_weight * sample;
+    ++bw_samples_;
+  }
+  steps_.Add(s.step, 0, 1);
+  for (int32_t g = 1; g <= max_groups_; ++g) {
+    const double t = StepMicros(g, compute);
+    tax_.Add(s.step, g, t);
+  }
+}
+
+double OffloadTax::WindowMicros(int64_t step, int32_t groups) const {
+  groups = std::clamp(groups, 0, max_groups_);
+  return groups == 0 ? 0 : tax_.Sum(step, groups, groups);
+}
+
+}  // namespace vamp

@@ -1,0 +1,81 @@
+// The offload tax: what holding g expert groups offloaded costs, per step, measured (shared/
+// DESIGN.md, "Beyond the paper"). Every step copies every offloaded byte host→device once, layer
+// by layer behind compute (double-buffered staging), so a step with compute time K and g groups
+// offloaded stalls for about
+//     exposed(g) = max(0, g · B / bw − f · K)
+// µs, where B is the bytes one group stages per step on a rank, bw the achieved host→device
+// bandwidth and f the share of a step's compute that copies can hide behind (all layers but the
+// first, less the LM head and per-step overhead). The stall delays every request in the step.
+//
+// For each executed step this adds exposed(g) for every reachable g (0..max_groups) to a sliding
+// window of scheduler steps, so WindowMicros(step, g) is the stall that g groups would have cost
+// over exactly the recent steps — decode-only and mixed steps, small and large batches, each with
+// its own compute time. The arbiter compares differences of it with the value of extra KV over
+// the same window (ReuseTracker).
+//
+// Model first, measurements as they arrive: bw starts at the configured value and follows the
+// steps that were copy-bound (staged bytes / (hidden + exposed) time) with an exponentially
+// weighted mean once min_samples such steps were seen.
+//
+// Not thread-safe; the engine thread calls everything.
+#ifndef VAMP_CONTROLLER_ARBITER_OFFLOAD_TAX_H_
+#define VAMP_CONTROLLER_ARBITER_OFFLOAD_TAX_H_
+
+#include <cstdint>
+
+#include "controller/core/sliding_histogram.h"
+
+namespace vamp {
+
+struct OffloadTaxOptions {
+  double h2d_bytes_per_s = 55.5e9;  // start value (DESIGN.md: pinned H2D on the H200 host)
+  double overlap_fraction = 0.9;    // f
+  bool learn_bandwidth = true;
+  double ewma_weight = 0.05;
+  int32_t min_samples = 16;
+  int64_t window_steps = 4096;
+  int32_t window_slots = 16;
+};
+
+// One executed step as the tax model needs it.
+struct StepCost {
+  int64_t step = 0;                  // scheduler step of the plan
+  double step_micros = 0;            // as the slowest rank ran it
+  double exposed_staging_micros = 0;  // of which waiting for expert copies
+  int64_t staged_bytes = 0;          // host→device expert bytes copied in it (one rank)
+};
+
+class OffloadTax {
+ public:
+  explicit OffloadTax(const OffloadTaxOptions& options);
+
+  // B (bytes one offloaded group stages per step on a rank) and the cap. Cheap when unchanged.
+  void SetGeometry(int64_t staged_bytes_per_group, int32_t max_groups);
+  int64_t staged_bytes_per_group() const { return bytes_per_group_; }
+
+  void ObserveStep(const StepCost& step);
+
+  // exposed(g) for one step of `compute_micros` (µs).
+  double StepMicros(int32_t groups, double compute_micros) const;
+  // Σ exposed(g) over the executed steps in the window ending at `step` (µs); groups clamped to
+  // [0, max_groups].
+  double WindowMicros(int64_t step, int32_t groups) const;
+  // Executed steps observed in the window ending at `step`.
+  int64_t StepsInWindow(int64_t step) const;
+  double h2d_bytes_per_s() const;
+  int64_t bandwidth_samples() const { return bw_samples_; }
+  int64_t window_steps() const { return tax_.window_steps(); }
+
+ private:
+  OffloadTaxOptions options_;
+  int64_t bytes_per_group_ = 0;
+  int32_t max_groups_ = 0;
+  SlidingHistogram tax_;    // bucket g: Σ exposed(g)
+  SlidingHistogram steps_;  // executed steps
+  double bw_estimate_ = 0;
+  int64_t bw_samples_ = 0;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_CONTROLLER_ARBITER_OFFLOAD_TAX_H_

@@ -1,0 +1,108 @@
+#include "controller/core/reuse_tracker.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace vamp {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+ReuseTracker::ReuseTracker(const ReuseTrackerOptions& options)
+    : tokens_(options.window_steps, options.window_slots, 2),
+      ghost_tokens_(options.window_steps, options.window_slots, 1),
+      preemption_tokens_(options.window_steps, options.window_slots, 1) {}
+
+void ReuseTracker::SetGeometry(int32_t blocks_per_group, int32_t offloaded_groups,
+                               int32_t max_groups) {
+  bpg_ = std::max(0, blocks_per_group);
+  offloaded_ = std::max(0, offloaded_groups);
+  if (max_groups != max_groups_) {
+    max_groups_ = std::max(0, max_groups);
+    tokens_.Resize(max_groups_ + 2);
+  }
+  ghosts_.set_capacity(static_cast<int64_t>(max_groups_) * bpg_);
+}
+
+ReuseTracker::HitNeeds ReuseTracker::MeasureHit(const KvBlockPool& pool,
+                                                const PrefixHit& hit) const {
+  HitNeeds needs;
+  if (bpg_ <= 0 || hit.blocks.empty()) return needs;
+  const int64_t uncached = pool.num_free_uncached();
+  int32_t running_max = 0;
+  for (BlockId id : hit.blocks) {
+    int32_t need = 0;
+    if (pool.block(id).ref_count == 0) {
+      const int64_t slack = uncached + pool.CachedFreeDepth(id);
+      need = static_cast<int32_t>(std::max<int64_t>(0, offloaded_ - slack / bpg_));
+    }
+    running_max = std::max(running_max, need);
+    if (!needs.runs.empty() && needs.runs.back().first == running_max) {
+      ++needs.runs.back().second;
+    } else {
+      needs.runs.emplace_back(running_max, 1);
+    }
+  }
+  needs.max_need = running_max;
+  return needs;
+}
+
+void ReuseTracker::Record(int64_t step, int32_t need, double tokens) {
+  tokens_.Add(step, std::min(need, max_groups_ + 1), tokens);
+}
+
+void ReuseTracker::RecordAdmission(int64_t step, const HitNeeds& needs, Request& request,
+                                   int32_t block_size, const BlockHasher& hasher) {
+  if (bpg_ <= 0) return;
+  for (const auto& [need, blocks] : needs.runs) {
+    Record(step, need, static_cast<double>(blocks) * block_size);
+  }
+  if (ghosts_.size() == 0) return;
+  // Past the hit: the blocks a larger pool would have kept, while the prefix chain holds.
+  int32_t running_max = needs.max_need;
+  const int32_t first = request.num_cached_blocks();
+  const int32_t last = (request.num_tokens() - 1) / block_size;  // full blocks a hit may cover
+  double ghost = 0;
+  int32_t run_need = -1;
+  int32_t run_blocks = 0;
+  for (int32_t i = first; i < last; ++i) {
+    request.EnsureBlockHashes(i + 1, block_size, hasher);
+    const int64_t depth = ghosts_.Depth(request.block_hashes()[i]);
+    if (depth == 0) break;
+    const int64_t need = offloaded_ + CeilDiv(depth, bpg_);
+    if (need > max_groups_) break;  // no reachable pool would have kept it (nor what follows)
+    running_max = std::max<int32_t>(running_max, static_cast<int32_t>(need));
+    if (running_max != run_need && run_blocks > 0) {
+      Record(step, run_need, static_cast<double>(run_blocks) * block_size);
+      run_blocks = 0;
+    }
+    run_need = running_max;
+    ++run_blocks;
+    ghost += block_size;
+  }
+  if (run_blocks > 0) Record(step, run_need, static_cast<double>(run_blocks) * block_size);
+  if (ghost > 0) ghost_tokens_.Add(step, 0, ghost);
+}
+
+void ReuseTracker::RecordPreemption(int64_t step, int32_t gap_blocks, int32_t recompute_tokens) {
+  if (bpg_ <= 0 || recompute_tokens <= 0) return;
+  const int64_t need = offloaded_ + CeilDiv(std::max(1, gap_blocks), bpg_);
+  Record(step, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)), recompute_tokens);
+  preemption_tokens_.Add(step, 0, recompute_tokens);
+}
+
+double ReuseTracker::TokensBetween(int64_t step, int32_t from, int32_t to) const {
+  if (from == to) return 0;
+  if (from > to) return -TokensBetween(step, to, from);
+  return tokens_.Sum(step, std::max(0, from) + 1, std::min(to, max_groups_));
+}
+
+double ReuseTracker::GhostTokens(int64_t step) const { return ghost_tokens_.Sum(step, 0, 0); }
+
+double ReuseTracker::PreemptionTokens(int64_t step) const {
+  return preemption_tokens_.Sum(step, 0, 0);
+}
+
+}  // namespace vamp

@@ -1,0 +1,102 @@
+// What a larger or smaller KV pool would have served: a miss-ratio curve over the pool sizes that
+// expert offload can reach, measured from the traffic itself (shared/DESIGN.md, "Beyond the
+// paper: offload is a tax, reuse is measurable").
+//
+// Pool sizes are counted in offloaded expert groups g (the pool has its base size at g = 0 and
+// grows by blocks_per_group blocks per group). For every admission the tracker works out, block by
+// block along the request's prompt, the smallest g at which the block would have been a prefix
+// hit, and records its tokens against that g:
+//   - a block found cached and free at LRU depth d (d cached free blocks would be evicted before
+//     it) with u uncached free blocks in the pool survives a shrink by r groups only while
+//     r·blocks_per_group <= u + d, so it needs g_now − floor((u + d) / blocks_per_group) groups;
+//   - a block found cached and in use needs nothing (another request holds it);
+//   - past the cached prefix, a block whose hash is in the ghost list (evicted, at stack distance
+//     s) would have been kept by a pool s blocks larger, so it needs g_now + ceil(s / bpg);
+//   - a prefix needs all its blocks, so each block's need is the running maximum along the
+//     prompt, and the walk stops at the first block that no reachable pool size would have held.
+// Preemptions are recorded too: the recompute of a victim's tokens is what a pool large enough to
+// cover the gap would have avoided.
+// Recorded tokens live in a sliding window of scheduler steps; TokensBetween(a, b) is the prefix
+// work that a pool with b groups would have served and one with a groups would not. The arbiter
+// multiplies it by the measured prefill cost per token to get the value of (or the loss from)
+// moving the boundary, and compares it with the offload tax over the same window.
+//
+// Bounded memory: the ghost list holds at most max_groups × blocks_per_group hashes; the window
+// is window_slots × (max_groups + 2) doubles. Not thread-safe; the scheduler's thread feeds it.
+#ifndef VAMP_CONTROLLER_CORE_REUSE_TRACKER_H_
+#define VAMP_CONTROLLER_CORE_REUSE_TRACKER_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "controller/core/block_hash.h"
+#include "controller/core/ghost_list.h"
+#include "controller/core/kv_block_pool.h"
+#include "controller/core/kv_cache_manager.h"
+#include "controller/core/request.h"
+#include "controller/core/sliding_histogram.h"
+
+namespace vamp {
+
+struct ReuseTrackerOptions {
+  int64_t window_steps = 4096;  // scheduler steps the recorded tokens are kept for
+  int32_t window_slots = 16;    // granularity of the window
+};
+
+class ReuseTracker {
+ public:
+  explicit ReuseTracker(const ReuseTrackerOptions& options);
+
+  // The expansion geometry now: blocks one group adds (0 = no expansion: nothing is recorded),
+  // groups offloaded, and the most that can be (the cap). Cheap when unchanged.
+  void SetGeometry(int32_t blocks_per_group, int32_t offloaded_groups, int32_t max_groups);
+  int32_t blocks_per_group() const { return bpg_; }
+  int32_t offloaded_groups() const { return offloaded_; }
+  int32_t max_groups() const { return max_groups_; }
+
+  // A cached block's entry was dropped while it was free (KvBlockPool's eviction listener).
+  void OnEvicted(const BlockHash& hash) { ghosts_.Add(hash); }
+
+  // The needs of a request's cached prefix, measured before its blocks are acquired (acquiring
+  // takes them out of the free queue, where their depth is read).
+  struct HitNeeds {
+    std::vector<std::pair<int32_t, int32_t>> runs;  // (groups needed, blocks), in prompt order
+    int32_t max_need = 0;                           // running maximum at the end of the hit
+  };
+  HitNeeds MeasureHit(const KvBlockPool& pool, const PrefixHit& hit) const;
+  // Records an admitted request's prefix: the hit runs, then the blocks past the hit found in the
+  // ghost list (hashing them as far as the walk goes; those hashes are needed later anyway).
+  void RecordAdmission(int64_t step, const HitNeeds& needs, Request& request, int32_t block_size,
+                       const BlockHasher& hasher);
+  // A running request was preempted to cover a gap of `gap_blocks`; `recompute_tokens` tokens
+  // will be computed again.
+  void RecordPreemption(int64_t step, int32_t gap_blocks, int32_t recompute_tokens);
+
+  // Tokens over the window ending at `step` that a pool with `to` offloaded groups would have
+  // served and one with `from` would not (0 <= from < to; reversed arguments give the negative).
+  double TokensBetween(int64_t step, int32_t from, int32_t to) const;
+  // Of those, the ones found in the ghost list (past the cached prefix) and in preemptions, over
+  // the window, for any pool size above the current one (decision-log figures).
+  double GhostTokens(int64_t step) const;
+  double PreemptionTokens(int64_t step) const;
+  int64_t window_steps() const { return tokens_.window_steps(); }
+  const GhostList& ghosts() const { return ghosts_; }
+
+ private:
+  void Record(int64_t step, int32_t need, double tokens);
+
+  int32_t bpg_ = 0;
+  int32_t offloaded_ = 0;
+  int32_t max_groups_ = 0;
+  GhostList ghosts_;
+  // Bucket g: tokens first served at g offloaded groups (0..max_groups; max_groups + 1 = out of
+  // reach, kept for the totals).
+  SlidingHistogram tokens_;
+  SlidingHistogram ghost_tokens_;       // one bucket
+  SlidingHistogram preemption_tokens_;  // one bucket
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_CONTROLLER_CORE_REUSE_TRACKER_H_

@@ -1,0 +1,219 @@
+// The tax model (cost model "tax"): the offload tax from step timings, and the decision rule on
+// hand-computed cases: value against tax at a gap, preemption against the tax over the hold, and
+// restore when the tax outweighs what the offloaded share serves.
+#include <memory>
+
+#include "controller/arbiter/offload_tax.h"
+#include "controller/arbiter/vamp_arbiter.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/controller/arbiter/arbiter_test_util.h"
+
+namespace vamp {
+namespace {
+
+using testing::ArbiterFixture;
+
+TEST(OffloadTaxTest, ExposedCopyTimePerGroupCount) {
+  OffloadTaxOptions o;
+  o.h2d_bytes_per_s = 1e9;  // 1 GB/s: 1 MB = 1,000 µs
+  o.overlap_fraction = 0.5;
+  o.learn_bandwidth = false;
+  o.window_steps = 1000;
+  o.window_slots = 10;
+  OffloadTax tax(o);
+  tax.SetGeometry(/*staged_bytes_per_group=*/1'000'000, /*max_groups=*/4);
+  for (int64_t s = 1; s <= 100; ++s) tax.ObserveStep({s, 1000, 0, 0});
+  // Each step: max(0, 1000·g − 0.5·1000).
+  EXPECT_DOUBLE_EQ(tax.StepMicros(1, 1000), 500);
+  EXPECT_DOUBLE_EQ(tax.WindowMicros(100, 0), 0);
+  EXPECT_DOUBLE_EQ(tax.WindowMicros(100, 1), 100 * 500);
+  EXPECT_DOUBLE_EQ(tax.WindowMicros(100, 3), 100 * 2500);
+  EXPECT_DOUBLE_EQ(tax.WindowMicros(100, 9), 100 * 3500);  // clamped to the cap
+  EXPECT_EQ(tax.StepsInWindow(100), 100);
+  EXPECT_EQ(tax.StepsInWindow(5000), 0);
+}
+
+TEST(OffloadTaxTest, LearnsTheBandwidthFromCopyBoundSteps) {
+  OffloadTaxOptions o;
+  o.h2d_bytes_per_s = 1e9;
+  o.overlap_fraction = 0.5;
+  o.min_samples = 4;
+  OffloadTax tax(o);
+  tax.SetGeometry(1'000'000, 4);
+  // 2 MB staged; compute 1000 µs (500 hidden) + 1500 µs exposed: 2 MB / 2000 µs = 1 GB/s... at
+  // 3,500 µs exposed it is 2 MB / 4000 µs = 0.5 GB/s.
+  for (int64_t s = 1; s <= 3; ++s) tax.ObserveStep({s, 4500, 3500, 2'000'000});
+  EXPECT_DOUBLE_EQ(tax.h2d_bytes_per_s(), 1e9);  // not enough samples yet
+  tax.ObserveStep({4, 4500, 3500, 2'000'000});
+  EXPECT_NEAR(tax.h2d_bytes_per_s(), 0.5e9, 1);
+  tax.ObserveStep({5, 1000, 0, 2'000'000});  // not copy-bound: no sample
+  EXPECT_EQ(tax.bandwidth_samples(), 4);
+}
+
+// Tax-model arbiter on a hand-built state: groups of 100 blocks, 1 MB staged per group per step
+// at 1 GB/s, 100 observed steps of 1,000 µs compute (half of it hides copies): the tax of g groups
+// over the window is 100·(1000·g − 500) µs. t_prefill 15 µs/token (not learned here).
+class TaxModelTest : public ::testing::Test, public ArbiterFixture {
+ protected:
+  static constexpr int32_t kBlocksPerGroup = 100;
+
+  static VampArbiterConfig Config() {
+    VampArbiterConfig c;
+    c.cost_model = VampCostModel::kTax;
+    c.tax.window_steps = 1000;
+    c.tax.window_slots = 10;
+    c.tax.h2d_bytes_per_s = 1e9;
+    c.tax.overlap_fraction = 0.5;
+    c.tax.margin = 0.25;
+    c.tax.ttft_weight = 1;
+    c.tax.min_evidence_steps = 10;
+    c.expansion_step_groups = 1;
+    c.self_calibration.enabled = false;
+    c.restore.enabled = true;
+    c.restore.min_hold_steps = 100;
+    c.restore.check_interval_steps = 1;
+    return c;
+  }
+
+  ExpansionInfo Geometry(int32_t offloaded) const {
+    ExpansionInfo e = Expansion(4 - offloaded, kBlocksPerGroup, 2, 128, offloaded);
+    e.staged_bytes_per_group = 1'000'000;
+    return e;
+  }
+
+  // 100 steps observed with `offloaded` groups out; the tracker sees the same geometry.
+  void Warm(int32_t offloaded) {
+    arbiter_.OnStepBoundary(Context(1, Geometry(offloaded)));
+    arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, offloaded, 4);
+    for (int64_t s = 1; s <= 100; ++s) {
+      StepTiming t;
+      t.step = s;
+      t.step_micros = 1000;
+      arbiter_.ObserveStep(t);
+    }
+  }
+
+  VampArbiter arbiter_{Config()};
+};
+
+TEST_F(TaxModelTest, NoMeasuredReuseEvictsInsteadOfOffloading) {
+  Warm(0);
+  AddCachedFree(500, 10);
+  SetHitRate(0.9);  // a high hit rate alone is no reason to offload
+  Request* r = AddRunning(1, 4, 3, 200);
+  const ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  EXPECT_EQ(plan.choice, "evict");
+  EXPECT_EQ(plan.evict_blocks, 50);
+  ASSERT_TRUE(plan.tax.evaluated);
+  EXPECT_EQ(plan.tax.groups, 1);
+  EXPECT_DOUBLE_EQ(plan.tax.tax_micros, 100 * 500);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 0);
+  EXPECT_EQ(plan.tax.observed_steps, 100);
+}
+
+TEST_F(TaxModelTest, MeasuredReuseWorthMoreThanTheTaxOffloads) {
+  Warm(0);
+  AddCachedFree(500, 10);
+  Request* r = AddRunning(1, 4, 3, 200);
+  // 5,000 tokens a pool one group larger would have served: 75,000 µs > 1.25 × 50,000 µs. Two
+  // groups would serve no more and cost 150,000 µs: one group is the best move.
+  arbiter_.reuse_tracker()->RecordPreemption(50, /*gap_blocks=*/50, /*recompute_tokens=*/5000);
+  const ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  EXPECT_EQ(plan.choice, "expand");
+  EXPECT_EQ(plan.expand_groups, 1);
+  EXPECT_EQ(plan.evict_blocks, 0);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 75000);
+  EXPECT_DOUBLE_EQ(plan.tax.tax_micros, 50000);
+}
+
+TEST_F(TaxModelTest, ReuseWorthLessThanTheTaxWithMarginEvicts) {
+  Warm(0);
+  AddCachedFree(500, 10);
+  Request* r = AddRunning(1, 4, 3, 200);
+  // 3,000 tokens: 45,000 µs < 1.25 × 50,000 µs.
+  arbiter_.reuse_tracker()->RecordPreemption(50, 50, 3000);
+  const ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  EXPECT_EQ(plan.choice, "evict");
+}
+
+TEST_F(TaxModelTest, NoOffloadBeforeTheWindowHoldsEvidence) {
+  AddCachedFree(500, 10);
+  Request* r = AddRunning(1, 4, 3, 200);
+  arbiter_.OnStepBoundary(Context(1, Geometry(0)));
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
+  arbiter_.reuse_tracker()->RecordPreemption(1, 50, 1'000'000);
+  const ArbiterPlan plan = arbiter_.Decide(Context(2, Geometry(0)), Gap(50, r, true));
+  EXPECT_EQ(plan.choice, "evict");  // no step observed: nothing is known about the tax
+}
+
+TEST_F(TaxModelTest, PreemptsWhenTheTaxOverTheHoldCostsMore) {
+  Warm(0);
+  Request* r = AddRunning(1, 4, 3, 200);
+  Request* victim = AddRunning(2, 4, 5, 200);
+  // Preempting frees the victim's partial block: t_sched 500 + 5 tokens × 15 = 575 µs. Growing
+  // by one group costs 1.25 × 500 µs per step over a 100-step hold: 62,500 µs.
+  const ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(1, r, true));
+  EXPECT_EQ(plan.choice, "preempt");
+  ASSERT_EQ(plan.preempt.size(), 1u);
+  EXPECT_EQ(plan.preempt[0], victim->id());
+  EXPECT_DOUBLE_EQ(plan.costs.preempt_micros, 575);
+}
+
+TEST_F(TaxModelTest, GrowsWhenAPreemptionWouldWasteMoreThanTheHoldCosts) {
+  Warm(0);
+  Request* r = AddRunning(1, 4, 3, 200);
+  // A victim with a long computed tail: 15 tokens × 15 µs is small, but its partial block plus
+  // 20,000 tokens of value that one more group would have served (recorded preemptions) make
+  // growing the cheaper side: (1.25 × 500 − 300,000 / 100) × 100 < 0.
+  AddRunning(2, 4, 15, 200);
+  arbiter_.reuse_tracker()->RecordPreemption(50, 1, 20000);
+  const ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(1, r, true));
+  EXPECT_EQ(plan.expand_groups, 1);
+  EXPECT_EQ(plan.choice, "expand");  // the value alone already pays for it
+}
+
+TEST_F(TaxModelTest, RestoresWhenTheOffloadedShareServesLessThanItsTax) {
+  Warm(2);
+  // Restoring one of two groups saves tax(2) − tax(1) = 100,000 µs and loses nothing measured.
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 1);
+  const TaxComparison c = arbiter_.LastRestoreComparison();
+  EXPECT_EQ(c.groups, -1);
+  EXPECT_DOUBLE_EQ(c.tax_micros, 100000);
+  EXPECT_DOUBLE_EQ(c.value_micros, 0);
+}
+
+TEST_F(TaxModelTest, KeepsTheGroupsWhileTheyServeEnough) {
+  Warm(2);
+  // 10,000 tokens needed the second group (recorded while none was offloaded: a gap of 150
+  // blocks needs two groups): 150,000 µs of value against 100,000 µs of tax.
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
+  arbiter_.reuse_tracker()->RecordPreemption(150, 150, 10000);
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 2, 4);
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 0);
+}
+
+TEST_F(TaxModelTest, NoRestoreRightAfterAnExpansion) {
+  Warm(0);
+  AddCachedFree(500, 10);
+  Request* r = AddRunning(1, 4, 3, 200);
+  arbiter_.reuse_tracker()->RecordPreemption(50, 50, 5000);
+  ASSERT_EQ(arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true)).expand_groups, 1);
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(150, Geometry(1))), 0);  // within min_hold_steps
+}
+
+TEST(TaxModelConfigTest, DefaultsAreTheTaxModelWithRestoreAndCalibration) {
+  const VampArbiterConfig c;
+  EXPECT_EQ(c.cost_model, VampCostModel::kTax);
+  EXPECT_TRUE(c.restore.enabled);
+  EXPECT_TRUE(c.self_calibration.enabled);
+  EXPECT_TRUE(c.Validate().ok());
+  VampArbiterConfig bad;
+  bad.tax.overlap_fraction = 2;
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("vamp_staging_overlap"));
+  VampArbiter paper(testing::PaperArbiterConfig());
+  EXPECT_EQ(paper.reuse_tracker(), nullptr);  // the paper model measures no reuse
+}
+
+}  // namespace
+}  // namespace vamp
