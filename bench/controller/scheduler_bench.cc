@@ -18,6 +18,10 @@
 //   chunks under the 8,192-token budget).
 // BM_HashPrompt: hashing one 32k-token prompt (2,048 chained SipHash-2-4-128 blocks).
 //
+// The second argument picks the memory arbiter: 0 = static, 1 = vamp with the tax model (ghost
+// list, reuse tracker and offload tax fed every step; a pool expander that could add 16 groups of
+// 2,048 blocks), so the two report side by side what the tax model's bookkeeping costs.
+//
 // Times are manual: only the scheduler calls count, not this file's fake agent.
 #include <chrono>
 #include <cstdint>
@@ -27,6 +31,7 @@
 #include "benchmark/benchmark.h"
 #include "common/clock.h"
 #include "controller/core/scheduler.h"
+#include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/static_arbiter.h"
 
 namespace vamp {
@@ -44,16 +49,48 @@ int64_t Nanos(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
 }
 
+// A pool expander that never runs out of memory to hand over (no agents behind it).
+class BenchExpander final : public PoolExpander {
+ public:
+  int32_t RemainingGroups() const override { return 16 - groups_; }
+  int32_t BlocksPerGroup() const override { return 2048; }
+  absl::StatusOr<int32_t> Expand(int32_t groups) override {
+    groups_ += groups;
+    return groups * 2048;
+  }
+  int32_t ExpertsPerGroup() const override { return 2; }
+  int32_t ExpertsPerLayer() const override { return 128; }
+  int64_t StagedBytesPerGroup() const override { return int64_t{846} << 20; }
+  int32_t OffloadedGroups() const override { return groups_; }
+  absl::Status Restore(int32_t groups) override {
+    groups_ -= groups;
+    return absl::OkStatus();
+  }
+
+ private:
+  int32_t groups_ = 0;
+};
+
 class Workload {
  public:
-  Workload(int32_t num_requests, bool churn) : num_requests_(num_requests), churn_(churn) {
+  Workload(int32_t num_requests, bool churn, bool vamp)
+      : num_requests_(num_requests), churn_(churn) {
     SchedulerConfig c;
     c.block_size = kBlockSize;
     c.num_blocks = kPoolBlocks;
     c.max_num_seqs = num_requests;
     c.max_num_batched_tokens = 8192;
     c.max_model_len = 40960;
-    sched_ = std::move(Scheduler::Create(c, &clock_, std::make_unique<StaticArbiter>())).value();
+    std::unique_ptr<MemoryArbiter> arbiter;
+    if (vamp) {
+      auto v = std::make_unique<VampArbiter>(VampArbiterConfig{});
+      vamp_ = v.get();
+      arbiter = std::move(v);
+    } else {
+      arbiter = std::make_unique<StaticArbiter>();
+    }
+    sched_ = std::move(Scheduler::Create(c, &clock_, std::move(arbiter), vamp ? &expander_ : nullptr))
+                 .value();
     shared_.resize(kSharedTokens);
     for (int32_t i = 0; i < kSharedTokens; ++i) shared_[i] = (i * 7919) % 150000;
     for (int32_t i = 0; i < num_requests; ++i) Add();
@@ -113,6 +150,14 @@ class Workload {
     }
     const auto t2 = Clock::now();
     std::vector<RequestOutput> outputs = std::move(sched_->UpdateFromOutput(out)).value();
+    if (vamp_ != nullptr) {
+      // The engine's per-step feed of the tax model (timed: it runs on the scheduling thread).
+      StepTiming timing;
+      timing.step = plan.step;
+      timing.step_micros = 20000;
+      timing.decode_tokens = plan.total_num_scheduled_tokens;
+      vamp_->ObserveStep(timing);
+    }
     const auto t3 = Clock::now();
     t.update_ns = Nanos(t2, t3);
     for (const RequestOutput& o : outputs) {
@@ -139,6 +184,8 @@ class Workload {
   int32_t num_requests_;
   bool churn_;
   ManualClock clock_;
+  BenchExpander expander_;
+  VampArbiter* vamp_ = nullptr;  // owned by the scheduler
   std::unique_ptr<Scheduler> sched_;
   std::vector<TokenId> shared_;
   RequestId next_id_ = 0;
@@ -157,10 +204,12 @@ void Report(benchmark::State& state, Workload& w, int64_t schedule_ns, int64_t u
   state.counters["kv_usage"] = s.kv_usage;
   state.counters["hit_rate"] = s.counters.prefix_cache.HitRate();
   state.counters["preempt"] = static_cast<double>(s.counters.num_preemptions);
+  state.counters["evicted"] = static_cast<double>(s.counters.num_evicted_blocks);
+  state.counters["expanded"] = static_cast<double>(s.counters.num_expanded_blocks);
 }
 
 void BM_DecodeStep(benchmark::State& state) {
-  Workload w(static_cast<int32_t>(state.range(0)), /*churn=*/false);
+  Workload w(static_cast<int32_t>(state.range(0)), /*churn=*/false, state.range(1) != 0);
   w.WarmUpToDecode();
   int64_t sched_ns = 0, update_ns = 0, tokens = 0;
   for (auto _ : state) {
@@ -173,14 +222,15 @@ void BM_DecodeStep(benchmark::State& state) {
   Report(state, w, sched_ns, update_ns, 0, 0, tokens);
 }
 BENCHMARK(BM_DecodeStep)
-    ->Arg(256)
-    ->Arg(1024)
+    ->Args({256, 0})
+    ->Args({1024, 0})
+    ->Args({1024, 1})
     ->Iterations(400)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
 void BM_ChurnStep(benchmark::State& state) {
-  Workload w(static_cast<int32_t>(state.range(0)), /*churn=*/true);
+  Workload w(static_cast<int32_t>(state.range(0)), /*churn=*/true, state.range(1) != 0);
   w.WarmUpToDecode();
   for (int i = 0; i < 400; ++i) w.Step();  // past the first finishes: steady arrivals
   int64_t sched_ns = 0, update_ns = 0, add_ns = 0, arrivals = 0, tokens = 0;
@@ -196,7 +246,8 @@ void BM_ChurnStep(benchmark::State& state) {
   Report(state, w, sched_ns, update_ns, add_ns, arrivals, tokens);
 }
 BENCHMARK(BM_ChurnStep)
-    ->Arg(1024)
+    ->Args({1024, 0})
+    ->Args({1024, 1})
     ->Iterations(1000)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

@@ -8,7 +8,12 @@ namespace vamp {
 OffloadTax::OffloadTax(const OffloadTaxOptions& options)
     : options_(options),
       tax_(options.window_steps, options.window_slots, 1),
-      steps_(options.window_steps, options.window_slots, 1) {}
+      steps_(options.window_steps, options.window_slots, 2) {}
+
+double OffloadTax::MeanStepMicros(int64_t step) const {
+  const double n = steps_.Sum(step, 0, 0);
+  return n > 0 ? steps_.Sum(step, 1, 1) / n : 0;
+}
 
 int64_t OffloadTax::StepsInWindow(int64_t step) const {
   return static_cast<int64_t>(steps_.Sum(step, 0, 0));
@@ -50,6 +55,7 @@ void OffloadTax::ObserveStep(const StepCost& s) {
     ++bw_samples_;
   }
   steps_.Add(s.step, 0, 1);
+  steps_.Add(s.step, 1, s.step_micros);
   for (int32_t g = 1; g <= max_groups_; ++g) {
     const double t = StepMicros(g, compute);
     tax_.Add(s.step, g, t);

@@ -60,8 +60,10 @@ class OffloadTax {
   // Σ exposed(g) over the executed steps in the window ending at `step` (µs); groups clamped to
   // [0, max_groups].
   double WindowMicros(int64_t step, int32_t groups) const;
-  // Executed steps observed in the window ending at `step`.
+  // Executed steps observed in the window ending at `step`, and their mean duration (µs; 0
+  // when none).
   int64_t StepsInWindow(int64_t step) const;
+  double MeanStepMicros(int64_t step) const;
   double h2d_bytes_per_s() const;
   int64_t bandwidth_samples() const { return bw_samples_; }
   int64_t window_steps() const { return tax_.window_steps(); }
@@ -71,7 +73,7 @@ class OffloadTax {
   int64_t bytes_per_group_ = 0;
   int32_t max_groups_ = 0;
   SlidingHistogram tax_;    // bucket g: Σ exposed(g)
-  SlidingHistogram steps_;  // executed steps
+  SlidingHistogram steps_;  // bucket 0: executed steps, bucket 1: their µs
   double bw_estimate_ = 0;
   int64_t bw_samples_ = 0;
 };

@@ -32,6 +32,10 @@ absl::Status VampArbiterConfig::Validate() const {
   if (!(tax.margin >= 0)) return bad("vamp_margin", "must be >= 0");
   if (tax.min_evidence_steps < 0) return bad("vamp_min_evidence_steps", "must be >= 0");
   if (!(tax.ttft_weight >= 0)) return bad("vamp_ttft_weight", "must be >= 0");
+  if (!(tax.memory_wait_weight >= 0)) return bad("vamp_memory_wait_weight", "must be >= 0");
+  if (!(tax.compute_bound_share >= 0 && tax.compute_bound_share <= 1)) {
+    return bad("vamp_compute_bound_share", "must be in [0, 1]");
+  }
   if (restore.min_hold_steps < 0) return bad("vamp_restore_min_hold_steps", "must be >= 0");
   const CostCoefficients& c = costs;
   if (!(c.alpha >= 0)) return bad("vamp_alpha", "must be >= 0");
@@ -97,6 +101,12 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
       .Double("vamp_ttft_weight", d.tax.ttft_weight, 0, 1e6,
               "Tax model: microseconds of per-step staging stall worth one microsecond of "
               "prefill saved on the first-token path (1 = GPU time alone)")
+      .Double("vamp_memory_wait_weight", d.tax.memory_wait_weight, 0, 1e6,
+              "Tax model: weight of request time spent waiting for KV memory that a larger pool "
+              "would have saved (request-microseconds against microseconds of stall)")
+      .Double("vamp_compute_bound_share", d.tax.compute_bound_share, 0, 1,
+              "Tax model: above this share of recent steps that left requests queued for "
+              "compute, extra KV is valued at GPU time (vamp_ttft_weight is not applied)")
       .Int("vamp_min_evidence_steps", d.tax.min_evidence_steps, 0, kInt32Max,
            "Tax model: executed steps the window must hold before measured reuse can justify an "
            "expansion or a restore")
@@ -167,6 +177,8 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
   v.tax.margin = config.GetDouble("vamp_margin");
   v.tax.min_evidence_steps = config.GetInt("vamp_min_evidence_steps");
   v.tax.ttft_weight = config.GetDouble("vamp_ttft_weight");
+  v.tax.memory_wait_weight = config.GetDouble("vamp_memory_wait_weight");
+  v.tax.compute_bound_share = config.GetDouble("vamp_compute_bound_share");
   v.restore.min_hold_steps = static_cast<int32_t>(config.GetInt("vamp_restore_min_hold_steps"));
   CostCoefficients& c = v.costs;
   c.alpha = config.GetDouble("vamp_alpha");
@@ -537,7 +549,14 @@ TaxComparison VampArbiter::Compare(int64_t step, int32_t from, int32_t to,
   const int32_t lo = std::min(from, to);
   const int32_t hi = std::max(from, to);
   cmp.tax_micros = tax_->WindowMicros(step, hi) - tax_->WindowMicros(step, lo);
-  cmp.value_micros = reuse_->TokensBetween(step, lo, hi) * t_prefill * config_.tax.ttft_weight;
+  // The TTFT weight applies while requests do not queue for compute: when they do, every µs of
+  // stall delays them all and GPU time is the measure (weight 1).
+  const double ttft_weight =
+      reuse_->ComputeBoundShare(step) > config_.tax.compute_bound_share ? 1.0
+                                                                         : config_.tax.ttft_weight;
+  cmp.value_micros = reuse_->TokensBetween(step, lo, hi) * t_prefill * ttft_weight +
+                     reuse_->WaitStepsBetween(step, lo, hi) * tax_->MeanStepMicros(step) *
+                         config_.tax.memory_wait_weight;
   cmp.ghost_tokens = reuse_->GhostTokens(step);
   cmp.preempt_tokens = reuse_->PreemptionTokens(step);
   cmp.window_steps = tax_->window_steps();

@@ -125,8 +125,10 @@ absl::string_view VampCostModelName(VampCostModel model);
 
 // The tax model's settings (cost model "tax").
 struct TaxModelConfig {
-  // Steps the tax and the value of extra KV are summed over (and slots of that window).
-  int64_t window_steps = 4096;
+  // Steps the tax and the value of extra KV are summed over (and slots of that window). 1,024
+  // steps gave memory back within ~100 s of a phase change in vamp-sim's mixed workload, where
+  // 4,096 held it through the whole low-reuse phase (bench/results/, tax-model report).
+  int64_t window_steps = 1024;
   int32_t window_slots = 16;
   // Host→device bandwidth the tax starts from (bytes/s); learned from copy-bound steps with
   // self-calibration.
@@ -139,6 +141,11 @@ struct TaxModelConfig {
   // the first-token path). 1 compares GPU time alone; larger values favour TTFT, which is what
   // the prefix-cache cliff costs users. Chosen by measurement (bench/results/, tax-model report).
   double ttft_weight = 4.0;
+  // Weight of the time requests spent waiting for KV memory (request-µs: the head of the queue
+  // blocked for a gap, times the requests queued) that a larger pool would have saved.
+  double memory_wait_weight = 0.0;
+  // Above this share of steps that left requests queued for compute, the TTFT weight is 1.
+  double compute_bound_share = 0.25;
   // Executed steps the window must hold before measured value may justify an expansion or a
   // restore (a handful of steps says little about either).
   int64_t min_evidence_steps = 256;

@@ -12,7 +12,9 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 ReuseTracker::ReuseTracker(const ReuseTrackerOptions& options)
     : tokens_(options.window_steps, options.window_slots, 2),
+      wait_steps_(options.window_steps, options.window_slots, 2),
       ghost_tokens_(options.window_steps, options.window_slots, 1),
+      queue_state_(options.window_steps, options.window_slots, 2),
       preemption_tokens_(options.window_steps, options.window_slots, 1) {}
 
 void ReuseTracker::SetGeometry(int32_t blocks_per_group, int32_t offloaded_groups,
@@ -22,6 +24,7 @@ void ReuseTracker::SetGeometry(int32_t blocks_per_group, int32_t offloaded_group
   if (max_groups != max_groups_) {
     max_groups_ = std::max(0, max_groups);
     tokens_.Resize(max_groups_ + 2);
+    wait_steps_.Resize(max_groups_ + 2);
   }
   ghosts_.set_capacity(static_cast<int64_t>(max_groups_) * bpg_);
 }
@@ -97,6 +100,28 @@ double ReuseTracker::TokensBetween(int64_t step, int32_t from, int32_t to) const
   if (from == to) return 0;
   if (from > to) return -TokensBetween(step, to, from);
   return tokens_.Sum(step, std::max(0, from) + 1, std::min(to, max_groups_));
+}
+
+void ReuseTracker::RecordMemoryWait(int64_t step, int32_t gap_blocks, int32_t waiting) {
+  if (bpg_ <= 0 || waiting <= 0) return;
+  const int64_t need = offloaded_ + CeilDiv(std::max(1, gap_blocks), bpg_);
+  wait_steps_.Add(step, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)), waiting);
+}
+
+double ReuseTracker::WaitStepsBetween(int64_t step, int32_t from, int32_t to) const {
+  if (from == to) return 0;
+  if (from > to) return -WaitStepsBetween(step, to, from);
+  return wait_steps_.Sum(step, std::max(0, from) + 1, std::min(to, max_groups_));
+}
+
+void ReuseTracker::RecordQueueState(int64_t step, bool waiting_for_compute) {
+  queue_state_.Add(step, 0, 1);
+  if (waiting_for_compute) queue_state_.Add(step, 1, 1);
+}
+
+double ReuseTracker::ComputeBoundShare(int64_t step) const {
+  const double steps = queue_state_.Sum(step, 0, 0);
+  return steps > 0 ? queue_state_.Sum(step, 1, 1) / steps : 0;
 }
 
 double ReuseTracker::GhostTokens(int64_t step) const { return ghost_tokens_.Sum(step, 0, 0); }

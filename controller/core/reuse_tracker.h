@@ -15,7 +15,9 @@
 //   - a prefix needs all its blocks, so each block's need is the running maximum along the
 //     prompt, and the walk stops at the first block that no reachable pool size would have held.
 // Preemptions are recorded too: the recompute of a victim's tokens is what a pool large enough to
-// cover the gap would have avoided.
+// cover the gap would have avoided. So is waiting for memory: a step in which the head of the
+// waiting queue could not be admitted for lack of KV blocks costs every waiting request that
+// step, which a pool covering the gap would have saved (request-steps, kept apart from tokens).
 // Recorded tokens live in a sliding window of scheduler steps; TokensBetween(a, b) is the prefix
 // work that a pool with b groups would have served and one with a groups would not. The arbiter
 // multiplies it by the measured prefill cost per token to get the value of (or the loss from)
@@ -72,10 +74,20 @@ class ReuseTracker {
   // A running request was preempted to cover a gap of `gap_blocks`; `recompute_tokens` tokens
   // will be computed again.
   void RecordPreemption(int64_t step, int32_t gap_blocks, int32_t recompute_tokens);
+  // The head of the waiting queue was left waiting this step for `gap_blocks` missing blocks,
+  // with `waiting` requests in the queue.
+  void RecordMemoryWait(int64_t step, int32_t gap_blocks, int32_t waiting);
 
   // Tokens over the window ending at `step` that a pool with `to` offloaded groups would have
   // served and one with `from` would not (0 <= from < to; reversed arguments give the negative).
   double TokensBetween(int64_t step, int32_t from, int32_t to) const;
+  // The same for request-steps spent waiting for memory.
+  double WaitStepsBetween(int64_t step, int32_t from, int32_t to) const;
+  // Once per scheduled step: whether requests were left waiting for compute (token budget or
+  // max_num_seqs) rather than for memory.
+  void RecordQueueState(int64_t step, bool waiting_for_compute);
+  // Share of the window's steps that left requests waiting for compute (0 when none recorded).
+  double ComputeBoundShare(int64_t step) const;
   // Of those, the ones found in the ghost list (past the cached prefix) and in preemptions, over
   // the window, for any pool size above the current one (decision-log figures).
   double GhostTokens(int64_t step) const;
@@ -93,7 +105,9 @@ class ReuseTracker {
   // Bucket g: tokens first served at g offloaded groups (0..max_groups; max_groups + 1 = out of
   // reach, kept for the totals).
   SlidingHistogram tokens_;
+  SlidingHistogram wait_steps_;  // same buckets: request-steps waiting for memory
   SlidingHistogram ghost_tokens_;       // one bucket
+  SlidingHistogram queue_state_;        // bucket 0: steps, bucket 1: steps waiting for compute
   SlidingHistogram preemption_tokens_;  // one bucket
 };
 

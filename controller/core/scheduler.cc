@@ -363,6 +363,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   // 2. Waiting requests, unless this step already had to preempt or a running request could not
   //    get memory (admitting more would hand newcomers the blocks that running or preempted
   //    requests are waiting for).
+  bool memory_blocked = false;
   while (!running_stalled && step_num_preempted_ == 0 && !waiting_.empty() && token_budget_ > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.Front();
@@ -381,10 +382,15 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     kv_.AcquirePrefix(*r, hit);
     r->set_num_computed_tokens(hit.num_tokens);
     if (EnsureBlocks(r, hit.num_tokens + n, /*running=*/false) != Room::kOk) {
+      if (tracker != nullptr) {
+        // Everybody in the queue waits this step because the head found no memory.
+        tracker->RecordMemoryWait(step_, kv_.Gap(*r, hit.num_tokens + n), waiting_.size());
+      }
       // Releasing the hit blocks makes them the most recently used cached blocks: a request at
       // the head of the queue is about to reuse them, so LRU should keep them longest.
       kv_.Free(*r);
       r->set_num_computed_tokens(0);
+      memory_blocked = true;
       break;
     }
     if (track) tracker->RecordAdmission(step_, needs, *r, config_.block_size, kv_.hasher());
@@ -394,6 +400,13 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     running_.push_back(r);
     scheduled_.push_back({r, n, hit.num_tokens, 0, /*admitted=*/true});
     token_budget_ -= n;
+  }
+
+  if (ReuseTracker* tracker = arbiter_->reuse_tracker()) {
+    // Requests left waiting for compute (the token budget or max_num_seqs, not memory): while
+    // they queue, every µs a step stalls delays them all, so extra KV is worth less.
+    tracker->RecordQueueState(step_, !waiting_.empty() && !memory_blocked && !running_stalled &&
+                                         step_num_preempted_ == 0);
   }
 
   // 3. The plan.
