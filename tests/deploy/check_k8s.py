@@ -16,7 +16,9 @@ Structural checks on each build:
     Services) and name ports those expose; a StatefulSet's serviceName is a headless Service;
   * ConfigMaps and Secrets that pods mount exist in the build; the Secret holds agent-token and
     api-keys;
-  * "world_size" in the generated controller.json equals the agent count.
+  * "world_size" in the generated controller.json equals the agent count, and the Service the
+    agents register through (agent.json "controller") exists, has that port and publishes
+    not-ready addresses.
 """
 import json
 import os
@@ -183,6 +185,21 @@ def check_build(name, docs):
             problem(f"{name}: Secret {s['metadata']['name']}", f"holds {sorted(keys)}, "
                     "want agent-token and api-keys")
     configs = [c for c in by_kind.get("ConfigMap", {}).values() if "controller.json" in c.get("data", {})]
+    # Agents register before the controller is ready: the Service they dial must publish
+    # not-ready addresses and expose the port they dial.
+    for c in configs:
+        controller = json.loads(c["data"].get("agent.json", "{}")).get("controller")
+        if not controller:
+            continue
+        host, _, port = controller.rpartition(":")
+        svc = by_kind.get("Service", {}).get(host.split(".")[0])
+        if svc is None:
+            problem(name, f"agents register with {controller}: no Service {host.split('.')[0]}")
+        elif not svc["spec"].get("publishNotReadyAddresses"):
+            problem(name, f"Service {svc['metadata']['name']} (agent registration) must publish "
+                          "not-ready addresses: the controller turns ready only after agents register")
+        elif int(port) not in [p["port"] for p in svc["spec"]["ports"]]:
+            problem(name, f"Service {svc['metadata']['name']} has no port {port}")
     agents = sum(p[3] for p in pods if p[1].get("app.kubernetes.io/component") == "agent")
     controllers = sum(p[3] for p in pods if p[1].get("app.kubernetes.io/component") == "controller")
     if configs and controllers:
