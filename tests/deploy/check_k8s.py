@@ -240,7 +240,7 @@ def main():
             built[o] = check_build(f"overlay {o}", docs)
         kinds = {k for b in built.values() for k in b}
         for k in ("Deployment", "StatefulSet", "LeaderWorkerSet", "Service", "ConfigMap", "Secret",
-                  "PodDisruptionBudget", "PodMonitor", "ServiceMonitor"):
+                  "PodDisruptionBudget", "PodMonitor", "ServiceMonitor", "PrometheusRule"):
             if k not in kinds:
                 problem("deploy/k8s", f"no overlay builds a {k}")
         if problems:
