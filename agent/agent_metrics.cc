@@ -69,6 +69,14 @@ AgentMetrics::AgentMetrics(prometheus::Registry& registry, const std::string& de
       .Register(registry)
       .Add({{"version", kVersion}, {"device", device}})
       .Set(1);
+  // Every remap series exists from the start at zero: increase() (the remap-failure alert) sees
+  // the first failure, and the families are in the exposition before any remap.
+  for (const char* action : {"offload", "restore"}) {
+    remap_seconds_.Add({{"action", action}}, LatencyBucketsSeconds());
+    for (const char* result : {"ok", "error", "rollback"}) {
+      remaps_.Add({{"action", action}, {"result", result}});
+    }
+  }
 }
 
 void AgentMetrics::SetInitialized(bool initialized) { initialized_.Set(initialized ? 1 : 0); }

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace vamp {
 namespace {
@@ -111,6 +112,7 @@ const ConfigSchema& AgentConfigSchema() {
                 "--tls_cert_file); empty: plaintext")
         .Int("register_timeout_ms", d.registration.rpc_timeout_ms, 10, kMaxMillis,
              "deadline of one call to the controller (Register, health)");
+    AddLogOutputConfigFields(*s);
     return s;
   }();
   return *schema;

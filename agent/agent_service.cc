@@ -217,6 +217,11 @@ vamp::v1::RegisterRequest AgentService::MakeRegisterRequest() {
                         m.staging_bytes() + m.activation_bytes();
   r.set_device_free_bytes(used < device_total_bytes_ ? device_total_bytes_ - used : 0);
   r.set_agent_address(address_);
+  if (metrics_ != nullptr) {
+    // Reachable where the Agent service is: the advertised host with the bound metrics port.
+    const size_t colon = address_.rfind(':');
+    r.set_metrics_address(absl::StrCat(address_.substr(0, colon), ":", metrics_->port()));
+  }
   r.set_hostname(HostName());
   r.set_version(kVersion);
   return r;

@@ -12,6 +12,7 @@
 #include "agent/agent_service.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/sd_notify.h"
 
 namespace {
 
@@ -58,13 +59,10 @@ int Run(int argc, char** argv) {
                  cli->positional[0].c_str());
     return 2;
   }
-  absl::StatusOr<vamp::LogLevel> level = vamp::ParseLogLevel(cli->config.GetString("log_level"));
-  if (!level.ok()) {
-    std::fprintf(stderr, "vamp-agent: config field 'log_level': %s\n",
-                 std::string(level.status().message()).c_str());
+  if (absl::Status s = vamp::ConfigureLogging(cli->config); !s.ok()) {
+    std::fprintf(stderr, "vamp-agent: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  vamp::SetMinLogLevel(*level);
   absl::StatusOr<vamp::AgentOptions> options = vamp::AgentOptionsFromConfig(cli->config);
   if (!options.ok()) {
     std::fprintf(stderr, "vamp-agent: %s\n", std::string(options.status().message()).c_str());
@@ -91,8 +89,12 @@ int Run(int argc, char** argv) {
       return 1;
     }
   }
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  // Under systemd (Type=notify) the agent is ready once its Agent service and /metrics listen:
+  // registration with the controller is retried in the background, so readiness must not wait
+  // for it (the controller itself becomes ready only once its agents serve).
+  const int signal_number = vamp::ServeUntilSignal(
+      stop_signals, [] { return true; },
+      [&agent] { return absl::StrCat("Agent service at ", (*agent)->address()); });
   VAMP_LOG(INFO) << "received signal " << signal_number << ", shutting down";
   (*agent)->Shutdown();
   return 0;

@@ -1,24 +1,59 @@
-// Minimal leveled logging to stderr: `VAMP_LOG(INFO) << "loaded " << n << " experts";`
-// Lines look like `I1129 18:05:20.123456 1234 file.cc:42] message` (glog's layout, which
-// operators' tooling already parses). The threshold comes from SetMinLogLevel or the
-// VAMP_LOG_LEVEL environment variable (DEBUG, INFO, WARNING, ERROR). Thread-safe: each line is
-// written with one call.
+// Minimal leveled logging: `VAMP_LOG(INFO) << "loaded " << n << " experts";`
+// Text lines look like `I1129 18:05:20.123456 1234 file.cc:42] message` (glog's layout, which
+// operators' tooling already parses). With SetLogFormat(kJson) every line is one JSON object
+// (JSON Lines) for log shippers: {"ts":"2026-11-29T18:05:20.123456Z","level":"INFO","file":
+// "file.cc","line":42,"tid":1234,"msg":"message"}. Lines go to stderr, or to the file given to
+// SetLogFile. The threshold comes from SetMinLogLevel or the VAMP_LOG_LEVEL environment variable
+// (DEBUG, INFO, WARNING, ERROR). Thread-safe: each line is written with one write(2), so lines
+// from threads (and from processes appending to the same file) never interleave.
+//
+// Never log secrets (tokens, API keys) or request contents (prompts, outputs): logs are shipped
+// and kept where secrets must not be.
 #ifndef VAMP_COMMON_LOGGING_H_
 #define VAMP_COMMON_LOGGING_H_
 
-#include <sstream>
-#include "absl/strings/string_view.h"
+#include <sys/time.h>
 
+#include <sstream>
+#include <string>
+
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace vamp {
 
+class Config;
+class ConfigSchema;
+
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kFatal = 4 };
+enum class LogFormat { kText, kJson };
 
 void SetMinLogLevel(LogLevel level);
 LogLevel MinLogLevel();
 // Parses "debug", "info", "warning", "error" (any case).
 absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name);
+
+void SetLogFormat(LogFormat format);
+// Parses "text" or "json".
+absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name);
+
+// Appends every later line to `path` (created 0640 when missing) instead of stderr; an empty path
+// goes back to stderr. The file is opened with O_APPEND, so `logrotate copytruncate` works and
+// several processes (a controller and the agents it spawns) can share one file.
+absl::Status SetLogFile(const std::string& path);
+
+// Declares log_format and log_file in a process's schema (log_level stays with each process).
+void AddLogOutputConfigFields(ConfigSchema& schema);
+// Applies log_level, log_format and log_file from `config`; errors name the field.
+absl::Status ConfigureLogging(const Config& config);
+
+// Formats one line (newline included). Exposed for tests.
+std::string FormatLogLine(LogFormat format, LogLevel level, const timeval& time, long thread_id,
+                          absl::string_view file, int line, absl::string_view message);
+// `text` as the body of a JSON string (no quotes): ", \ and control characters escaped, bytes that
+// are not valid UTF-8 replaced by U+FFFD so that every line stays valid JSON.
+std::string JsonEscape(absl::string_view text);
 
 namespace logging_internal {
 
@@ -30,6 +65,9 @@ class LogMessage {
 
  private:
   LogLevel level_;
+  const char* file_;
+  int line_;
+  timeval time_;
   std::ostringstream stream_;
 };
 
@@ -47,17 +85,15 @@ struct LogVoidify {
 #define VAMP_LOG_LEVEL_ERROR ::vamp::LogLevel::kError
 #define VAMP_LOG_LEVEL_FATAL ::vamp::LogLevel::kFatal
 
-#define VAMP_LOG(severity)                                                          \
-  (VAMP_LOG_LEVEL_##severity < ::vamp::MinLogLevel())                               \
-      ? (void)0                                                                     \
-      : ::vamp::logging_internal::LogVoidify() &                                    \
-            ::vamp::logging_internal::LogMessage(VAMP_LOG_LEVEL_##severity, __FILE__, \
-                                                 __LINE__)                          \
+#define VAMP_LOG(severity)                                                                      \
+  (VAMP_LOG_LEVEL_##severity < ::vamp::MinLogLevel())                                           \
+      ? (void)0                                                                                 \
+      : ::vamp::logging_internal::LogVoidify() &                                                \
+            ::vamp::logging_internal::LogMessage(VAMP_LOG_LEVEL_##severity, __FILE__, __LINE__) \
                 .stream()
 
 // Aborts with a message when an internal invariant is broken (never for bad input: that is a
 // Status).
-#define VAMP_CHECK(cond) \
-  (cond) ? (void)0 : VAMP_LOG(FATAL) << "Check failed: " #cond " "
+#define VAMP_CHECK(cond) (cond) ? (void)0 : VAMP_LOG(FATAL) << "Check failed: " #cond " "
 
 #endif  // VAMP_COMMON_LOGGING_H_

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -60,6 +61,21 @@ absl::StatusOr<pid_t> AgentLauncher::Spawn(int rank) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The controller's environment minus systemd's notification variables: they address the
+  // controller (the unit's main process), and the service manager rejects, and logs, every
+  // message a child sends there. Built before fork: the child may only call exec.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    if (absl::StartsWith(entry, "NOTIFY_SOCKET=") || absl::StartsWith(entry, "WATCHDOG_USEC=") ||
+        absl::StartsWith(entry, "WATCHDOG_PID=")) {
+      continue;
+    }
+    env_strings.emplace_back(entry);
+  }
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
@@ -70,7 +86,7 @@ absl::StatusOr<pid_t> AgentLauncher::Spawn(int rank) {
     sigset_t none;
     sigemptyset(&none);
     pthread_sigmask(SIG_SETMASK, &none, nullptr);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   VAMP_LOG(INFO) << "spawned agent rank " << rank << " (pid " << pid << ")";

@@ -6,7 +6,10 @@
 namespace vamp {
 
 AgentRegistry::AgentRegistry(int world_size, std::string auth_token)
-    : world_size_(world_size), auth_token_(std::move(auth_token)), ranks_(world_size) {}
+    : world_size_(world_size),
+      auth_token_(std::move(auth_token)),
+      ranks_(world_size),
+      metrics_addresses_(world_size) {}
 
 grpc::ServerUnaryReactor* AgentRegistry::Register(grpc::CallbackServerContext* context,
                                                   const vamp::v1::RegisterRequest* request,
@@ -52,6 +55,7 @@ grpc::ServerUnaryReactor* AgentRegistry::Register(grpc::CallbackServerContext* c
       }
     }
     ranks_[rank] = AgentEndpoint{rank, request->agent_address()};
+    metrics_addresses_[rank] = request->metrics_address();
     ++generation_;
   }
   VAMP_LOG(INFO) << "agent rank " << rank << " registered: " << request->agent_address() << " ("
@@ -89,6 +93,17 @@ int AgentRegistry::registered() const {
   int n = 0;
   for (const auto& r : ranks_) n += r.has_value();
   return n;
+}
+
+std::vector<AgentRegistry::MetricsTarget> AgentRegistry::MetricsTargets() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<MetricsTarget> targets;
+  for (int r = 0; r < world_size_; ++r) {
+    if (ranks_[r].has_value() && !metrics_addresses_[r].empty()) {
+      targets.push_back({r, metrics_addresses_[r]});
+    }
+  }
+  return targets;
 }
 
 }  // namespace vamp

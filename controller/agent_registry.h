@@ -34,11 +34,21 @@ class AgentRegistry final : public vamp::v1::AgentRegistry::CallbackService {
   int world_size() const { return world_size_; }
   int registered() const;
 
+  // A registered rank's Prometheus /metrics ("host:port"), for service discovery.
+  struct MetricsTarget {
+    int rank = 0;
+    std::string address;
+  };
+  // The registered ranks that serve /metrics, in rank order.
+  std::vector<MetricsTarget> MetricsTargets() const;
+
  private:
   const int world_size_;
   const std::string auth_token_;
   mutable absl::Mutex mu_;
   std::vector<std::optional<AgentEndpoint>> ranks_ ABSL_GUARDED_BY(mu_);
+  // By rank: RegisterRequest.metrics_address of the last registration (empty: none).
+  std::vector<std::string> metrics_addresses_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "controller/controller_config.h"
 
+#include "common/logging.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/scheduler_config.h"
 
@@ -62,9 +63,13 @@ const ConfigSchema& ControllerConfigSchema() {
         .String("api_key_file", "",
                 "file of API keys (one per line) the HTTP API requires; empty = open")
         .String("log_level", "info", "debug | info | warning | error")
+        .String("replica", "",
+                "name of this model replica: the 'replica' label of the scrape targets served at "
+                "/metrics/targets (Prometheus HTTP service discovery); empty: the host name")
         .String("ready_file", "",
                 "when set, write the bound ports as JSON to this file once listening (for "
                 "scripts and tests that start the controller on port 0)");
+    AddLogOutputConfigFields(*s);
     AddSchedulerConfigFields(*s);
     AddVampArbiterConfigFields(*s);
     return s;

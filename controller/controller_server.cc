@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "controller/arbiter/vamp_arbiter.h"
+#include "nlohmann/json.hpp"
 
 namespace vamp {
 namespace {
@@ -38,6 +39,30 @@ void RegisterBuildMetrics() {
     return true;
   }();
   (void)registered;
+}
+
+// 1 while a full set of agents serves the model: what "agent down" alerts look at when Prometheus
+// cannot scrape the agents themselves.
+prometheus::Gauge& ServingGauge() {
+  static prometheus::Gauge& gauge = prometheus::BuildGauge()
+                                        .Name("vamp_controller_serving")
+                                        .Help("1 while a full set of agents serves the model")
+                                        .Register(*MetricsRegistry())
+                                        .Add({});
+  return gauge;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+// "host:port" of a listener bound to `bind` ("host:port") on `port`, as others should dial it.
+std::string DialAddress(const std::string& bind, int port) {
+  std::string host = bind.substr(0, bind.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") host = HostName();
+  return absl::StrCat(host, ":", port);
 }
 
 // Reads a secret (token) file: the first line, trimmed. Never logged.
@@ -90,6 +115,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   std::unique_ptr<ControllerServer> server(new ControllerServer(config));
   ControllerServer* self = server.get();
   RegisterBuildMetrics();
+  ServingGauge().Set(0);
   // Validate what can be validated before anything listens.
   VAMP_ASSIGN_OR_RETURN(SchedulerConfig scheduler, SchedulerConfigFromConfig(config));
   (void)scheduler;
@@ -103,6 +129,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   http.address = config.GetString("http_address");
   http.tls_cert_file = config.GetString("tls_cert_file");
   http.tls_key_file = config.GetString("tls_key_file");
+  http.metrics_targets = [self](int http_port) { return self->MetricsTargetsJson(http_port); };
   std::shared_ptr<grpc::ServerCredentials> credentials;
   if (http.tls_cert_file.empty() != http.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
@@ -192,7 +219,14 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
                    "--host_page_bytes",
                    absl::StrCat(config.GetInt("agent_host_page_bytes")),
                    "--log_level",
-                   config.GetString("log_level")};
+                   config.GetString("log_level"),
+                   "--log_format",
+                   config.GetString("log_format")};
+    if (!config.GetString("log_file").empty()) {
+      // Agents append to the controller's file: every line is one O_APPEND write.
+      launch.args.push_back("--log_file");
+      launch.args.push_back(config.GetString("log_file"));
+    }
     if (!http.tls_cert_file.empty()) {
       // The registration port serves TLS: spawned agents verify it with the same certificate.
       launch.args.push_back("--controller_ca_file");
@@ -279,6 +313,7 @@ void ControllerServer::Supervise() {
       continue;
     }
     grpc_->SetServing("vamp.v1.Serving", true);
+    ServingGauge().Set(1);
     // Serve until the engine fails, an agent re-registers, or we stop.
     while (true) {
       absl::MutexLock lock(&mu_);
@@ -292,6 +327,7 @@ void ControllerServer::Supervise() {
     }
     VAMP_LOG(WARNING) << "agent group changed or failed: re-initialising";
     grpc_->SetServing("vamp.v1.Serving", false);
+    ServingGauge().Set(0);
     TearDown();
     waiting_since = absl::Now();
   }
@@ -373,6 +409,28 @@ void ControllerServer::TearDown() {
   if (context != nullptr) context->engine->Stop();
   // The group goes only after the engine stopped using it; requests still holding the context
   // keep the (stopped) engine alive until they end.
+}
+
+std::string ControllerServer::MetricsTargetsJson(int http_port) const {
+  const std::string replica =
+      config_.GetString("replica").empty() ? HostName() : config_.GetString("replica");
+  nlohmann::json controller_labels = {{"vamp_role", "controller"}, {"replica", replica}};
+  std::string controller_address;
+  if (metrics_ != nullptr) {
+    controller_address = DialAddress(config_.GetString("metrics_address"), metrics_->port());
+  } else {
+    controller_address = DialAddress(config_.GetString("http_address"), http_port);
+    if (!config_.GetString("tls_cert_file").empty()) controller_labels["__scheme__"] = "https";
+  }
+  nlohmann::json groups = nlohmann::json::array();
+  groups.push_back({{"targets", {controller_address}}, {"labels", controller_labels}});
+  for (const AgentRegistry::MetricsTarget& t : registry_->MetricsTargets()) {
+    groups.push_back(
+        {{"targets", {t.address}},
+         {"labels",
+          {{"vamp_role", "agent"}, {"rank", std::to_string(t.rank)}, {"replica", replica}}}});
+  }
+  return groups.dump();
 }
 
 void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {

@@ -52,6 +52,8 @@ class ControllerServer {
   absl::Status BringUp(const std::vector<AgentEndpoint>& endpoints);
   void TearDown();
   std::shared_ptr<const ServingContext> Context() const;
+  // GET /metrics/targets: this controller and every registered agent that serves /metrics.
+  std::string MetricsTargetsJson(int http_port) const;
   void FillStatus(vamp::v1::GetStatusResponse* status) const;
 
   const Config config_;

@@ -258,6 +258,13 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(HttpFrontendOp
     res.set_content(serializer.Serialize(MetricsRegistry()->Collect()),
                     "text/plain; version=0.0.4");
   });
+  if (options.metrics_targets) {
+    // port_ is set before the server thread starts, so handlers may read it.
+    s.Get("/metrics/targets", [targets = options.metrics_targets, f = frontend.get()](
+                                  const httplib::Request&, httplib::Response& res) {
+      res.set_content(targets(f->port_), "application/json");
+    });
+  }
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (res.status == 404 && res.body.empty()) {
       SendError(res, absl::NotFoundError(absl::StrCat("no route for ", req.method, " ",

@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP API of vamp-controller (cpp-httplib): POST /v1/completions and
 // /v1/chat/completions (JSON, or SSE with "stream": true), GET /v1/models, /health (200 serving,
-// 503 not) and /metrics (Prometheus text of the process registry). Errors are OpenAI-style JSON
+// 503 not), /metrics (Prometheus text of the process registry) and /metrics/targets (the
+// replica's scrape targets for Prometheus HTTP service discovery). Errors are OpenAI-style JSON
 // with the matching HTTP status; a client that disconnects mid-stream aborts its request.
 #ifndef VAMP_CONTROLLER_HTTP_FRONTEND_H_
 #define VAMP_CONTROLLER_HTTP_FRONTEND_H_
@@ -29,6 +30,9 @@ struct HttpFrontendOptions {
   // PEM files; when both are set the API is served over HTTPS only.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // Body of GET /metrics/targets (Prometheus HTTP service discovery JSON), built per request from
+  // the port this frontend bound; null: no such route. Open like /metrics: addresses, no secrets.
+  std::function<std::string(int http_port)> metrics_targets;
 };
 
 class HttpFrontend {

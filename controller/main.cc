@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "common/logging.h"
+#include "common/sd_notify.h"
 #include "controller/controller_config.h"
 #include "controller/controller_server.h"
 
@@ -36,13 +37,10 @@ int Run(int argc, char** argv) {
                  cli->positional[0].c_str());
     return 2;
   }
-  absl::StatusOr<vamp::LogLevel> level = vamp::ParseLogLevel(cli->config.GetString("log_level"));
-  if (!level.ok()) {
-    std::fprintf(stderr, "vamp-controller: config field 'log_level': %s\n",
-                 std::string(level.status().message()).c_str());
+  if (absl::Status s = vamp::ConfigureLogging(cli->config); !s.ok()) {
+    std::fprintf(stderr, "vamp-controller: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  vamp::SetMinLogLevel(*level);
 
   // Block the stop signals before any thread starts so that only sigwait below receives them.
   sigset_t stop_signals;
@@ -69,8 +67,15 @@ int Run(int argc, char** argv) {
       return 1;
     }
   }
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  // Under systemd (Type=notify) READY=1 goes out once a full set of agents serves the model, so
+  // units ordered after this one start against a working API; the watchdog is fed meanwhile.
+  vamp::ControllerServer* controller = server->get();
+  const int signal_number = vamp::ServeUntilSignal(
+      stop_signals, [controller] { return controller->serving(); },
+      [controller] {
+        return controller->serving() ? std::string("serving")
+                                     : std::string("waiting for agents to serve the model");
+      });
   VAMP_LOG(INFO) << "received signal " << signal_number << ", shutting down";
   (*server)->Shutdown();
   return 0;

@@ -450,6 +450,7 @@ void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs) {
     if (!event.token_ids.empty()) {
       if (live.completion_tokens == 0) {
         metrics.ttft.Observe(since_arrival_s);
+        live.ttft_micros = now - live.arrival_micros;
       } else {
         metrics.itl.Observe(static_cast<double>(now - live.last_token_micros) * 1e-6);
       }
@@ -468,6 +469,12 @@ void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs) {
       metrics.e2e.Observe(since_arrival_s);
       metrics.finished.Add({{"reason", std::string(FinishReasonName(o.finish_reason))}})
           .Increment();
+      // One line per request for operators; counts and times only, never prompt or output text.
+      VAMP_LOG(INFO) << "request " << o.request_id << " finished: reason "
+                     << FinishReasonName(o.finish_reason) << ", prompt_tokens "
+                     << live.prompt_tokens << " (cached " << live.cached_prompt_tokens
+                     << "), output_tokens " << live.completion_tokens << ", ttft_s "
+                     << live.ttft_micros * 1e-6 << ", e2e_s " << since_arrival_s;
     }
     live.sink(event);
     if (event.finished) live_.erase(it);

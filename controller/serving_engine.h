@@ -106,6 +106,7 @@ class ServingEngine {
     int32_t completion_tokens = 0;
     int64_t last_token_micros = 0;
     int32_t cached_prompt_tokens = 0;
+    int64_t ttft_micros = -1;  // arrival to first token, for the request's completion log line
   };
   // Work for the engine thread between steps. `run` returns nullopt to be retried after the next
   // step (a restore waiting for its KV tail to drain), else its result.

@@ -14,7 +14,12 @@ PKGS=(
   curl            # scripts/run.sh talks to the HTTP API
   openssl libssl-dev  # TLS (HTTPS via cpp-httplib); tests make throwaway certificates
   patchelf        # portable bundle (deploy/bundle)
+  python3-yaml    # tests/deploy, tests/dashboards: read kustomize output and Prometheus rules
+  systemd         # tests/deploy: systemd-analyze verify on deploy/systemd (works offline)
 )
+# `kubectl kustomize` builds deploy/k8s in tests/deploy. Debian's kubernetes-client provides it,
+# unless a kubectl is already installed (another package's /usr/bin/kubectl would conflict).
+if ! command -v kubectl >/dev/null 2>&1; then PKGS+=(kubernetes-client); fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
