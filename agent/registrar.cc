@@ -136,6 +136,14 @@ grpc::Status Registrar::RegisterOnce() {
 
 void Registrar::WatchController() {
   grpc::health::v1::HealthCheckRequest request;
+  {
+    // The controller process we registered with (when it names one): a restarted controller
+    // does not know its predecessor's name, so the watch ends even if the stream reconnected to
+    // the new process without the old connection ever being seen to drop.
+    absl::MutexLock lock(&mu_);
+    request.set_service(last_response_.health_service());
+  }
+  const bool instance = !request.service().empty();
   auto stub = grpc::health::v1::Health::NewStub(channel_);
   // Watch: one long-lived stream that ends when the controller's connection does.
   {
@@ -149,7 +157,12 @@ void Registrar::WatchController() {
     std::unique_ptr<grpc::ClientReader<grpc::health::v1::HealthCheckResponse>> reader =
         stub->Watch(&context, request);
     grpc::health::v1::HealthCheckResponse update;
+    bool replaced = false;
     while (reader->Read(&update)) {
+      if (instance && update.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+        replaced = true;
+        context.TryCancel();
+      }
     }
     grpc::Status s = reader->Finish();
     {
@@ -157,6 +170,11 @@ void Registrar::WatchController() {
       active_ = nullptr;
     }
     if (stopping()) return;
+    if (replaced) {
+      VAMP_LOG(WARNING) << "the controller at " << controller_address_
+                        << " is no longer the one this agent registered with; registering again";
+      return;
+    }
     if (s.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
       VAMP_LOG(WARNING) << "lost the controller at " << controller_address_ << " ("
                         << s.error_message() << "); registering again when it is back";

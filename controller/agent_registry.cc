@@ -1,6 +1,8 @@
 #include "controller/agent_registry.h"
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 
 namespace vamp {
@@ -8,6 +10,10 @@ namespace vamp {
 AgentRegistry::AgentRegistry(int world_size, std::string auth_token)
     : world_size_(world_size),
       auth_token_(std::move(auth_token)),
+      controller_id_([] {
+        absl::BitGen gen;
+        return absl::StrFormat("vamp-controller-%016x", absl::Uniform<uint64_t>(gen));
+      }()),
       ranks_(world_size),
       metrics_addresses_(world_size) {}
 
@@ -62,7 +68,8 @@ grpc::ServerUnaryReactor* AgentRegistry::Register(grpc::CallbackServerContext* c
                  << request->device() << ", " << request->hostname() << ")";
   response->set_rank(rank);
   response->set_world_size(world_size_);
-  response->set_controller_id("vamp-controller");
+  response->set_controller_id(controller_id_);
+  response->set_health_service(health_service());
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

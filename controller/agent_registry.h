@@ -32,6 +32,10 @@ class AgentRegistry final : public vamp::v1::AgentRegistry::CallbackService {
                                     std::vector<AgentEndpoint>* endpoints);
   int64_t generation() const;
   int world_size() const { return world_size_; }
+  // This controller process's id ("vamp-controller-" + 16 random hex digits) and the health
+  // service name (SERVING while it runs) that agents watch.
+  const std::string& controller_id() const { return controller_id_; }
+  std::string health_service() const { return "vamp.controller." + controller_id_; }
   int registered() const;
 
   // A registered rank's Prometheus /metrics ("host:port"), for service discovery.
@@ -45,6 +49,7 @@ class AgentRegistry final : public vamp::v1::AgentRegistry::CallbackService {
  private:
   const int world_size_;
   const std::string auth_token_;
+  const std::string controller_id_;
   mutable absl::Mutex mu_;
   std::vector<std::optional<AgentEndpoint>> ranks_ ABSL_GUARDED_BY(mu_);
   // By rank: RegisterRequest.metrics_address of the last registration (empty: none).

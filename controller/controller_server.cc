@@ -191,6 +191,8 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   VAMP_ASSIGN_OR_RETURN(server->http_, HttpFrontend::Start(http, context));
   // Until a full set of agents serves the model, health says so.
   server->grpc_->SetServing("vamp.v1.Serving", false);
+  // This process, for agents watching their controller (RegisterResponse.health_service).
+  server->grpc_->SetServing(server->registry_->health_service(), true);
   VAMP_LOG(INFO) << "vamp-controller " << kVersion << ": HTTP on port " << server->http_port()
                  << ", gRPC on port " << server->grpc_port() << ", Admin on port "
                  << server->admin_port()

@@ -33,6 +33,9 @@ absl::Status VampArbiterConfig::Validate() const {
   if (tax.min_evidence_steps < 0) return bad("vamp_min_evidence_steps", "must be >= 0");
   if (!(tax.ttft_weight >= 0)) return bad("vamp_ttft_weight", "must be >= 0");
   if (!(tax.memory_wait_weight >= 0)) return bad("vamp_memory_wait_weight", "must be >= 0");
+  if (!(tax.ttft_queue_threshold_micros >= 0)) {
+    return bad("vamp_ttft_queue_threshold_s", "must be >= 0");
+  }
   if (!(tax.compute_bound_share >= 0 && tax.compute_bound_share <= 1)) {
     return bad("vamp_compute_bound_share", "must be in [0, 1]");
   }
@@ -104,6 +107,9 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
       .Double("vamp_memory_wait_weight", d.tax.memory_wait_weight, 0, 1e6,
               "Tax model: weight of request time spent waiting for KV memory that a larger pool "
               "would have saved (request-microseconds against microseconds of stall)")
+      .Double("vamp_ttft_queue_threshold_s", d.tax.ttft_queue_threshold_micros * 1e-6, 0, 1e6,
+              "Tax model: vamp_ttft_weight applies only while admissions waited longer than this "
+              "on average over the window (seconds)")
       .Double("vamp_compute_bound_share", d.tax.compute_bound_share, 0, 1,
               "Tax model: above this share of recent steps that left requests queued for "
               "compute, extra KV is valued at GPU time (vamp_ttft_weight is not applied)")
@@ -179,6 +185,7 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
   v.tax.ttft_weight = config.GetDouble("vamp_ttft_weight");
   v.tax.memory_wait_weight = config.GetDouble("vamp_memory_wait_weight");
   v.tax.compute_bound_share = config.GetDouble("vamp_compute_bound_share");
+  v.tax.ttft_queue_threshold_micros = config.GetDouble("vamp_ttft_queue_threshold_s") * 1e6;
   v.restore.min_hold_steps = static_cast<int32_t>(config.GetInt("vamp_restore_min_hold_steps"));
   CostCoefficients& c = v.costs;
   c.alpha = config.GetDouble("vamp_alpha");
@@ -549,11 +556,14 @@ TaxComparison VampArbiter::Compare(int64_t step, int32_t from, int32_t to,
   const int32_t lo = std::min(from, to);
   const int32_t hi = std::max(from, to);
   cmp.tax_micros = tax_->WindowMicros(step, hi) - tax_->WindowMicros(step, lo);
-  // The TTFT weight applies while requests do not queue for compute: when they do, every µs of
-  // stall delays them all and GPU time is the measure (weight 1).
-  const double ttft_weight =
-      reuse_->ComputeBoundShare(step) > config_.tax.compute_bound_share ? 1.0
-                                                                         : config_.tax.ttft_weight;
+  // The TTFT weight applies while first tokens are late because of memory: requests wait in the
+  // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
+  // compute, every µs of stall delays them all; with short queues, TTFT is not what hurts: GPU
+  // time is the measure then (weight 1).
+  const bool ttft_hurts =
+      reuse_->MeanQueueMicros(step) > config_.tax.ttft_queue_threshold_micros &&
+      reuse_->ComputeBoundShare(step) <= config_.tax.compute_bound_share;
+  const double ttft_weight = ttft_hurts ? config_.tax.ttft_weight : 1.0;
   cmp.value_micros = reuse_->TokensBetween(step, lo, hi) * t_prefill * ttft_weight +
                      reuse_->WaitStepsBetween(step, lo, hi) * tax_->MeanStepMicros(step) *
                          config_.tax.memory_wait_weight;
@@ -710,13 +720,24 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   if (last_expand_step_ >= 0 && step - last_expand_step_ < r.min_hold_steps) return 0;
   next_restore_check_step_ = step + r.check_interval_steps;
   tax_->SetGeometry(e.staged_bytes_per_group, e.max_groups);
-  const int32_t groups = std::min(r.step_groups > 0 ? r.step_groups : config_.expansion_step_groups,
-                                  e.offloaded_groups);
-  const TaxComparison cmp =
-      Compare(step, e.offloaded_groups, e.offloaded_groups - groups, Current().t_prefill_micros);
-  if (cmp.tax_micros <= (1 + config_.tax.margin) * cmp.value_micros) return 0;
-  last_restore_ = cmp;
-  return groups;
+  // The restore saving the most tax net of the value it loses, in whole restore steps: when the
+  // offload serves nothing any more, all of it goes back at once (a restore waits for its tail
+  // blocks to be released, so restoring step by step would keep most of the tax for many turns).
+  const int32_t unit = std::max(1, r.step_groups > 0 ? r.step_groups : config_.expansion_step_groups);
+  const double t_prefill = Current().t_prefill_micros;
+  int32_t best_groups = 0;
+  double best_net = 0;
+  for (int32_t g = std::min(unit, e.offloaded_groups);; g = std::min(g + unit, e.offloaded_groups)) {
+    const TaxComparison cmp = Compare(step, e.offloaded_groups, e.offloaded_groups - g, t_prefill);
+    const double net = cmp.tax_micros - (1 + config_.tax.margin) * cmp.value_micros;
+    if (net > best_net) {
+      best_net = net;
+      best_groups = g;
+      last_restore_ = cmp;
+    }
+    if (g >= e.offloaded_groups) break;
+  }
+  return best_groups;
 }
 
 int32_t VampArbiter::OnStepBoundary(const ArbiterContext& context) {

@@ -19,9 +19,10 @@
 //   4. else what still makes progress (the static arbiter's plan), or wait.
 //   A restore pending when a gap arrives is treated as step 1-3's expansion, with cancel_restore
 //   instead of a remap. With restore on, every restore.check_interval_steps (and no sooner than
-//   restore.min_hold_steps after an expansion) the last restore.step_groups groups go back when
-//   the tax they cost over the window exceeds (1+margin) times the value they served there
-//   (hits a smaller pool would have lost): the hysteresis band is the margin on both sides.
+//   restore.min_hold_steps after an expansion) the arbiter gives back the whole number of
+//   restore steps (restore.step_groups) whose tax over the window exceeds (1+margin) times the
+//   value they served there (hits a smaller pool would have lost) by the most: the hysteresis
+//   band is the margin on both sides.
 //
 // "paper" (reproduces §IV-B of the paper; the "vamp" policy of the earlier releases): covers each
 // KV allocation gap with the cheapest feasible plan among cached-block eviction (C_c), expert
@@ -138,13 +139,19 @@ struct TaxModelConfig {
   // Hysteresis: expand when value > (1 + margin) · tax; restore when tax > (1 + margin) · value.
   double margin = 0.25;
   // µs of staging stall (paid on every step, i.e. on TPOT) worth one µs of prefill saved (paid on
-  // the first-token path). 1 compares GPU time alone; larger values favour TTFT, which is what
-  // the prefix-cache cliff costs users. Chosen by measurement (bench/results/, tax-model report).
-  double ttft_weight = 4.0;
+  // the first-token path), while TTFT hurts (see ttft_queue_threshold_micros). 1 compares GPU
+  // time alone; larger values favour TTFT, which is what the prefix-cache cliff costs users.
+  // 8 by measurement (bench/results/2026-12-01-tax-model.md): 16 met the Figure 9 sweep's TTFT
+  // p99 target but cost +55 % TPOT on the Mooncake trace at a third of its rate for no TTFT
+  // gain; 4 gave up most of the multi-turn gain.
+  double ttft_weight = 8.0;
   // Weight of the time requests spent waiting for KV memory (request-µs: the head of the queue
   // blocked for a gap, times the requests queued) that a larger pool would have saved.
   double memory_wait_weight = 0.0;
-  // Above this share of steps that left requests queued for compute, the TTFT weight is 1.
+  // The TTFT weight applies only while admissions waited longer than this on average (µs) over
+  // the window, and no more than compute_bound_share of its steps left requests queued for
+  // compute.
+  double ttft_queue_threshold_micros = 1e6;
   double compute_bound_share = 0.25;
   // Executed steps the window must hold before measured value may justify an expansion or a
   // restore (a handful of steps says little about either).

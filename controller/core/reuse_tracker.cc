@@ -15,6 +15,7 @@ ReuseTracker::ReuseTracker(const ReuseTrackerOptions& options)
       wait_steps_(options.window_steps, options.window_slots, 2),
       ghost_tokens_(options.window_steps, options.window_slots, 1),
       queue_state_(options.window_steps, options.window_slots, 2),
+      queue_time_(options.window_steps, options.window_slots, 2),
       preemption_tokens_(options.window_steps, options.window_slots, 1) {}
 
 void ReuseTracker::SetGeometry(int32_t blocks_per_group, int32_t offloaded_groups,
@@ -122,6 +123,16 @@ void ReuseTracker::RecordQueueState(int64_t step, bool waiting_for_compute) {
 double ReuseTracker::ComputeBoundShare(int64_t step) const {
   const double steps = queue_state_.Sum(step, 0, 0);
   return steps > 0 ? queue_state_.Sum(step, 1, 1) / steps : 0;
+}
+
+void ReuseTracker::RecordQueueTime(int64_t step, int64_t queue_micros) {
+  queue_time_.Add(step, 0, 1);
+  queue_time_.Add(step, 1, static_cast<double>(std::max<int64_t>(0, queue_micros)));
+}
+
+double ReuseTracker::MeanQueueMicros(int64_t step) const {
+  const double n = queue_time_.Sum(step, 0, 0);
+  return n > 0 ? queue_time_.Sum(step, 1, 1) / n : 0;
 }
 
 double ReuseTracker::GhostTokens(int64_t step) const { return ghost_tokens_.Sum(step, 0, 0); }

@@ -88,6 +88,10 @@ class ReuseTracker {
   void RecordQueueState(int64_t step, bool waiting_for_compute);
   // Share of the window's steps that left requests waiting for compute (0 when none recorded).
   double ComputeBoundShare(int64_t step) const;
+  // A first admission after `queue_micros` in the waiting queue; the window's mean (µs, 0 when
+  // none) tells whether users are waiting for their first token at all.
+  void RecordQueueTime(int64_t step, int64_t queue_micros);
+  double MeanQueueMicros(int64_t step) const;
   // Of those, the ones found in the ghost list (past the cached prefix) and in preemptions, over
   // the window, for any pool size above the current one (decision-log figures).
   double GhostTokens(int64_t step) const;
@@ -108,6 +112,7 @@ class ReuseTracker {
   SlidingHistogram wait_steps_;  // same buckets: request-steps waiting for memory
   SlidingHistogram ghost_tokens_;       // one bucket
   SlidingHistogram queue_state_;        // bucket 0: steps, bucket 1: steps waiting for compute
+  SlidingHistogram queue_time_;         // bucket 0: admissions, bucket 1: their µs queued
   SlidingHistogram preemption_tokens_;  // one bucket
 };
 

@@ -297,6 +297,9 @@ void Scheduler::RecordAdmission(const Scheduled& s, int64_t now) {
   Request* r = s.request;
   const int64_t queued = std::max<int64_t>(0, now - r->queued_since_micros());
   const bool resumed = r->num_preemptions() > 0;
+  if (ReuseTracker* tracker = arbiter_->reuse_tracker(); tracker != nullptr && !resumed) {
+    tracker->RecordQueueTime(step_, queued);
+  }
   PrefixCacheStats& pc = counters_.prefix_cache;
   if (resumed) {
     ++counters_.num_resumed;

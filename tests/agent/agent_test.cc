@@ -820,12 +820,14 @@ class FakeRegistry final : public vamp::v1::AgentRegistry::Service {
     response->set_rank(request->rank() < 0 ? 0 : request->rank());
     response->set_world_size(1);
     response->set_controller_id(id_);
+    response->set_health_service(health_service());
     return grpc::Status::OK;
   }
   std::vector<vamp::v1::RegisterRequest> requests() {
     absl::MutexLock lock(&mu_);
     return requests_;
   }
+  std::string health_service() const { return "vamp.controller." + id_; }
   std::string id_ = "controller-1";
 
  private:
@@ -837,6 +839,7 @@ TEST(AgentTest, RegistersAndRegistersAgainAfterControllerRestart) {
   FakeRegistry registry;
   auto controller = GrpcServer::Start("127.0.0.1:0", {&registry});
   ASSERT_TRUE(controller.ok()) << controller.status();
+  (*controller)->SetServing(registry.health_service(), true);
   const int port = (*controller)->port();
   AgentOptions options = TinyAgentOptions();
   options.controller_address = absl::StrCat("127.0.0.1:", port);
@@ -867,6 +870,7 @@ TEST(AgentTest, RegistersAndRegistersAgainAfterControllerRestart) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(again.ok()) << again.status();
+  (*again)->SetServing(restarted.health_service(), true);
   ASSERT_TRUE(agent->registrar()->WaitForRegistrations(2, 15000));
   ASSERT_GE(restarted.requests().size(), 1u);
   EXPECT_EQ(restarted.requests()[0].rank(), 0);

@@ -173,14 +173,26 @@ TEST_F(TaxModelTest, GrowsWhenAPreemptionWouldWasteMoreThanTheHoldCosts) {
   EXPECT_EQ(plan.choice, "expand");  // the value alone already pays for it
 }
 
-TEST_F(TaxModelTest, RestoresWhenTheOffloadedShareServesLessThanItsTax) {
+TEST_F(TaxModelTest, RestoresEverythingThatServesNothing) {
   Warm(2);
-  // Restoring one of two groups saves tax(2) − tax(1) = 100,000 µs and loses nothing measured.
-  EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 1);
+  // Restoring both groups saves tax(2) = 150,000 µs (one alone: 100,000) and loses nothing
+  // measured: all go back at once.
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 2);
   const TaxComparison c = arbiter_.LastRestoreComparison();
-  EXPECT_EQ(c.groups, -1);
-  EXPECT_DOUBLE_EQ(c.tax_micros, 100000);
+  EXPECT_EQ(c.groups, -2);
+  EXPECT_DOUBLE_EQ(c.tax_micros, 150000);
   EXPECT_DOUBLE_EQ(c.value_micros, 0);
+}
+
+TEST_F(TaxModelTest, RestoresOnlyTheGroupsThatServeLessThanTheirTax) {
+  Warm(2);
+  // 4,000 tokens needed one group (60,000 µs of value): giving back the second group saves
+  // 100,000 µs and loses nothing; giving back both saves 150,000 µs but loses 1.25 × 60,000.
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
+  arbiter_.reuse_tracker()->RecordPreemption(150, 50, 4000);
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 2, 4);
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 1);
+  EXPECT_EQ(arbiter_.LastRestoreComparison().groups, -1);
 }
 
 TEST_F(TaxModelTest, KeepsTheGroupsWhileTheyServeEnough) {

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Reproduces the tax-model report (bench/results/sim-<date>-tax-*.md and the summary
+# bench/results/<date>-tax-model.md): every workload family under static, VAMP with the shipped
+# defaults (cost model "tax") at several caps, and the paper's cost model, in vamp-sim.
+# Deterministic; about two minutes on 2 cores. Usage: bench/arbiter/run_tax_model_sims.sh [DATE]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+date=${1:-$(date -u +%F)}
+sim=${VAMP_SIM:-build/release/sim/vamp-sim}
+[[ -x $sim ]] || bash scripts/build.sh vamp-sim
+out=bench/results
+pol="static,vamp-10,vamp-15,vamp-25,vamp-15+paper,vamp-25+paper"
+run() {  # NAME TITLE ARGS...
+  local name=$1 title=$2
+  shift 2
+  echo "==> $name" >&2
+  "$sim" --progress=false "--policies=$pol" "--title=$title" \
+    "--report=$out/sim-$date-tax-$name.md" "$@" > /dev/null
+}
+# High reuse: the paper's Figure 9 sweep (H100 TP2, Qwen3-Next shapes) and its phased extension.
+run fig9 "Tax model vs paper: Figure 9 multi-turn sweep, H100 TP2" --paper_figure9
+run phased "Tax model vs paper: c = 28, then 6 sessions from t = 600 s" \
+  --concurrency=28 --tail_sessions=6 --tail_start_s=600 --phase_split_s=600
+# Mooncake synthetic trace at 4x, 2x, 1x, 1/2x, 1/3x and 1/4x its recorded rate (time scale
+# 0.25 .. 4), on the paper's H100 TP2 setting and on one H200 with Qwen3-30B-A3B.
+for ts in 0.25 0.5 1 2 3 4; do
+  run "mooncake-h100-ts$ts" "Tax model vs paper: Mooncake trace, time scale $ts, H100 TP2" \
+    --workload=mooncake --mooncake_time_scale=$ts
+  run "mooncake-h200-30b-ts$ts" "Tax model vs paper: Mooncake trace, time scale $ts, H200 Qwen3-30B-A3B" \
+    --workload=mooncake --mooncake_time_scale=$ts --calibration=qwen3-30b-a3b --max_model_len=65536
+done
+# The low-reuse family: three loads, three reuse distances.
+for rate in 1 2 4; do
+  for d in 20 200 2000; do
+    run "lowreuse-r$rate-d$d" "Tax model vs paper: low-reuse family, $rate req/s, mean reuse distance $d" \
+      --workload=low-reuse --low_reuse_rate=$rate --low_reuse_distance=$d
+  done
+done
+# LMCache agent traces under KV pressure (1 GiB pool per GPU, sessions 1 s apart).
+for t in miniswe magagent; do
+  run "lmcache-$t" "Tax model vs paper: LMCache $t traces, 1 GiB KV pool, stagger 1 s" \
+    --workload=lmcache --lmcache_dir=../shared/traces/lmcache-agent-trace/$t --kv_pool_gib=1 \
+    --lmcache_stagger_s=1 --max_model_len=65536
+done
+# Alternating phases: multi-turn (high reuse), then low-reuse traffic from t = 300 s.
+run mixed "Tax model vs paper: 20 multi-turn sessions, then low-reuse traffic from t = 300 s" \
+  --concurrency=20 --turns=8 --mix_low_reuse --low_reuse_start_s=300 --low_reuse_requests=1200 \
+  --low_reuse_rate=2 --phase_split_s=400
+python3 bench/arbiter/summarize_tax_model.py "$date" > "$out/$date-tax-model-tables.md"
+echo "wrote $out/sim-$date-tax-*.md and $out/$date-tax-model-tables.md" >&2
