@@ -195,6 +195,17 @@ def memory():
             "action. Their estimated costs are in the decision log: `vampctl decisions`.",
             "short", [(f"sum by (action) (increase(vamp_arbiter_decisions_total{{{R}}}[{RATE}]))",
                        "{{action}}")])
+    l.panel("Arbiter: offload tax vs value of extra KV", "The tax model's latest priced boundary "
+            "move (cost model 'tax'): the staging stall it costs or saves and the prefill work "
+            "the extra KV serves, both summed over the arbiter's window. The pool grows when the "
+            "value exceeds the tax by the margin and shrinks when the tax exceeds the value.", "s",
+            [(f"vamp_arbiter_offload_tax_seconds{{{R}}}", "{{replica}} tax"),
+             (f"vamp_arbiter_kv_value_seconds{{{R}}}", "{{replica}} value")])
+    l.panel("Arbiter: measured reuse", "Prompt tokens over the arbiter window that a larger pool "
+            "would have served (ghost-list hits) and tokens recomputed after preemptions.",
+            "short",
+            [(f"vamp_arbiter_ghost_hit_tokens{{{R}}}", "{{replica}} ghost hits"),
+             (f"vamp_arbiter_preempt_recompute_tokens{{{R}}}", "{{replica}} preemption recompute")])
     l.row("Steps and staging")
     l.panel("Step time", "Time to apply one step on a rank (remaps, forward pass, sampling).", "s",
             quantiles("vamp_agent_step_duration_seconds", RR, by=("replica", "rank")))
