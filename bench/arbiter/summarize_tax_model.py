@@ -48,7 +48,7 @@ def summarize(path):
     title = text.splitlines()[0].lstrip("# ").strip()
     out = [f"### {title}", "", f"Report: [{os.path.basename(path)}]({os.path.basename(path)})", ""]
     for heading, header, rows in tables(text):
-        if heading != "All runs" and not heading.startswith("Turns arriving"):
+        if heading != "All runs" and not heading.startswith("Late phase"):
             continue
         if "policy" not in header:
             continue
