@@ -146,7 +146,9 @@ struct TaxModelConfig {
   // gain; 4 gave up most of the multi-turn gain.
   double ttft_weight = 8.0;
   // Weight of the time requests spent waiting for KV memory (request-µs: the head of the queue
-  // blocked for a gap, times the requests queued) that a larger pool would have saved.
+  // blocked for a gap, times the requests queued) that a larger pool would have saved. Off: at 1
+  // the Figure 9 sweep's TTFT p99 at c = 28 improves (22.0 -> 12.3 s) but the LMCache miniswe
+  // trace pays +10 % TPOT and -14 % throughput (bench/results/2026-12-01-tax-model.md).
   double memory_wait_weight = 0.0;
   // The TTFT weight applies only while admissions waited longer than this on average (µs) over
   // the window, and no more than compute_bound_share of its steps left requests queued for
