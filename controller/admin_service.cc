@@ -238,7 +238,7 @@ grpc::ServerUnaryReactor* AdminService::ListDecisions(grpc::CallbackServerContex
         d->set_value_us(t.value_micros);
         d->set_ghost_tokens(t.ghost_tokens);
         d->set_preempt_tokens(t.preempt_tokens);
-        d->set_window_steps(t.window_steps);
+        d->set_window_seconds(t.window_micros * 1e-6);
         d->set_h2d_gbps(t.h2d_bytes_per_s * 1e-9);
       }
       d->set_detail(absl::StrCat("requester ", r.requester, r.requester_running ? " (running)"

@@ -427,7 +427,7 @@ void ServingEngine::RunStep() {
     }
     timing.offloaded_experts_per_layer =
         expander_->offloaded_groups() * expander_->ExpertsPerGroup();
-    timing.step = plan->step;
+    timing.end_micros = SteadyClock::Get().NowMicros();
     vamp_arbiter_->ObserveStep(timing);
   }
   for (const QueueTimeSample& q : scheduler_->Stats().step_queue_times) {

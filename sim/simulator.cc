@@ -403,7 +403,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
       timing.prefill_tokens = prefill_tokens;
       timing.decode_tokens = decode_tokens;
       timing.offloaded_experts_per_layer = offloaded;
-      timing.step = plan->step;
+      timing.end_micros = clock_.NowMicros();
       if (expander_) {
         timing.staged_bytes = static_cast<int64_t>(
             static_cast<double>(offloaded) / std::max(1, expander_->ExpertsPerGroup()) *

@@ -153,7 +153,7 @@ class Workload {
     if (vamp_ != nullptr) {
       // The engine's per-step feed of the tax model (timed: it runs on the scheduling thread).
       StepTiming timing;
-      timing.step = plan.step;
+      timing.end_micros = clock_.NowMicros();
       timing.step_micros = 20000;
       timing.decode_tokens = plan.total_num_scheduled_tokens;
       vamp_->ObserveStep(timing);

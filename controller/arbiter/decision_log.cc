@@ -75,9 +75,10 @@ std::string DecisionLog::Format(const DecisionLogEntry& e) {
       t.evaluated
           ? absl::StrFormat(
                 " tax[%+d groups]=%sms value=%sms ghost_tokens=%.0f preempt_tokens=%.0f "
-                "window=%d steps h2d=%.1fGB/s",
+                "window=%.0fs (%d steps) h2d=%.1fGB/s",
                 t.groups, Millis(t.tax_micros), Millis(t.value_micros), t.ghost_tokens,
-                t.preempt_tokens, t.window_steps, t.h2d_bytes_per_s * 1e-9)
+                t.preempt_tokens, t.window_micros * 1e-6, t.observed_steps,
+                t.h2d_bytes_per_s * 1e-9)
           : "";
   if (r.restore_groups > 0) {
     return absl::StrCat(absl::StrFormat("t=%.6fs step=%d restore groups=%d", e.time_micros * 1e-6,

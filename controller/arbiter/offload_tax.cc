@@ -7,16 +7,16 @@ namespace vamp {
 
 OffloadTax::OffloadTax(const OffloadTaxOptions& options)
     : options_(options),
-      tax_(options.window_steps, options.window_slots, 1),
-      steps_(options.window_steps, options.window_slots, 2) {}
+      tax_(options.window_micros, options.window_slots, 1),
+      steps_(options.window_micros, options.window_slots, 2) {}
 
-double OffloadTax::MeanStepMicros(int64_t step) const {
-  const double n = steps_.Sum(step, 0, 0);
-  return n > 0 ? steps_.Sum(step, 1, 1) / n : 0;
+double OffloadTax::MeanStepMicros(int64_t now_micros) const {
+  const double n = steps_.Sum(now_micros, 0, 0);
+  return n > 0 ? steps_.Sum(now_micros, 1, 1) / n : 0;
 }
 
-int64_t OffloadTax::StepsInWindow(int64_t step) const {
-  return static_cast<int64_t>(steps_.Sum(step, 0, 0));
+int64_t OffloadTax::StepsInWindow(int64_t now_micros) const {
+  return static_cast<int64_t>(steps_.Sum(now_micros, 0, 0));
 }
 
 void OffloadTax::SetGeometry(int64_t staged_bytes_per_group, int32_t max_groups) {
@@ -54,17 +54,17 @@ void OffloadTax::ObserveStep(const StepCost& s) {
                        : (1 - options_.ewma_weight) * bw_estimate_ + options_.ewma_weight * sample;
     ++bw_samples_;
   }
-  steps_.Add(s.step, 0, 1);
-  steps_.Add(s.step, 1, s.step_micros);
+  steps_.Add(s.now_micros, 0, 1);
+  steps_.Add(s.now_micros, 1, s.step_micros);
   for (int32_t g = 1; g <= max_groups_; ++g) {
     const double t = StepMicros(g, compute);
-    tax_.Add(s.step, g, t);
+    tax_.Add(s.now_micros, g, t);
   }
 }
 
-double OffloadTax::WindowMicros(int64_t step, int32_t groups) const {
+double OffloadTax::WindowMicros(int64_t now_micros, int32_t groups) const {
   groups = std::clamp(groups, 0, max_groups_);
-  return groups == 0 ? 0 : tax_.Sum(step, groups, groups);
+  return groups == 0 ? 0 : tax_.Sum(now_micros, groups, groups);
 }
 
 }  // namespace vamp

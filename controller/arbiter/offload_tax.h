@@ -8,8 +8,8 @@
 // first, less the LM head and per-step overhead). The stall delays every request in the step.
 //
 // For each executed step this adds exposed(g) for every reachable g (0..max_groups) to a sliding
-// window of scheduler steps, so WindowMicros(step, g) is the stall that g groups would have cost
-// over exactly the recent steps — decode-only and mixed steps, small and large batches, each with
+// window of time, so WindowMicros(now_micros, g) is the stall that g groups would have cost over
+// exactly the recent steps — decode-only and mixed steps, small and large batches, each with
 // its own compute time. The arbiter compares differences of it with the value of extra KV over
 // the same window (ReuseTracker).
 //
@@ -33,13 +33,13 @@ struct OffloadTaxOptions {
   bool learn_bandwidth = true;
   double ewma_weight = 0.05;
   int32_t min_samples = 16;
-  int64_t window_steps = 4096;
+  int64_t window_micros = 60'000'000;
   int32_t window_slots = 16;
 };
 
 // One executed step as the tax model needs it.
 struct StepCost {
-  int64_t step = 0;                  // scheduler step of the plan
+  int64_t now_micros = 0;             // scheduler clock when the step's output arrived
   double step_micros = 0;            // as the slowest rank ran it
   double exposed_staging_micros = 0;  // of which waiting for expert copies
   int64_t staged_bytes = 0;          // host→device expert bytes copied in it (one rank)
@@ -59,14 +59,14 @@ class OffloadTax {
   double StepMicros(int32_t groups, double compute_micros) const;
   // Σ exposed(g) over the executed steps in the window ending at `step` (µs); groups clamped to
   // [0, max_groups].
-  double WindowMicros(int64_t step, int32_t groups) const;
+  double WindowMicros(int64_t now_micros, int32_t groups) const;
   // Executed steps observed in the window ending at `step`, and their mean duration (µs; 0
   // when none).
-  int64_t StepsInWindow(int64_t step) const;
-  double MeanStepMicros(int64_t step) const;
+  int64_t StepsInWindow(int64_t now_micros) const;
+  double MeanStepMicros(int64_t now_micros) const;
   double h2d_bytes_per_s() const;
   int64_t bandwidth_samples() const { return bw_samples_; }
-  int64_t window_steps() const { return tax_.window_steps(); }
+  int64_t window_micros() const { return tax_.window_micros(); }
 
  private:
   OffloadTaxOptions options_;

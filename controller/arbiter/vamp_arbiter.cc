@@ -22,8 +22,8 @@ absl::Status VampArbiterConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("config field '", field, "': ", why));
   };
   if (tax.window_slots < 1) return bad("vamp_window_slots", "must be >= 1");
-  if (tax.window_steps < tax.window_slots) {
-    return bad("vamp_window_steps", "must be >= vamp_window_slots");
+  if (tax.window_micros < tax.window_slots) {
+    return bad("vamp_window_s", "must be at least vamp_window_slots microseconds");
   }
   if (!(tax.h2d_bytes_per_s > 0)) return bad("vamp_h2d_gbps", "must be > 0");
   if (!(tax.overlap_fraction >= 0 && tax.overlap_fraction <= 1)) {
@@ -89,8 +89,9 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
             "Cost model of the vamp arbiter: 'tax' prices offload as the staging stall it adds to "
             "every step and extra KV by the reuse it measurably serves (ghost list); 'paper' "
             "reproduces the paper's C_c/C_e/C_p comparison")
-      .Int("vamp_window_steps", d.tax.window_steps, 1, kInt32Max,
-           "Tax model: scheduler steps the offload tax and the value of extra KV are summed over")
+      .Double("vamp_window_s", d.tax.window_micros * 1e-6, 1e-3, 1e6,
+              "Tax model: seconds of scheduler time the offload tax and the value of extra KV are "
+              "summed over")
       .Int("vamp_window_slots", d.tax.window_slots, 1, 4096,
            "Tax model: slots of that window (its granularity)")
       .Double("vamp_h2d_gbps", d.tax.h2d_bytes_per_s * 1e-9, 1e-6, 1e6,
@@ -176,7 +177,7 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
   VampArbiterConfig v;
   v.cost_model = config.GetString("vamp_cost_model") == "paper" ? VampCostModel::kPaper
                                                                  : VampCostModel::kTax;
-  v.tax.window_steps = config.GetInt("vamp_window_steps");
+  v.tax.window_micros = static_cast<int64_t>(config.GetDouble("vamp_window_s") * 1e6);
   v.tax.window_slots = static_cast<int32_t>(config.GetInt("vamp_window_slots"));
   v.tax.h2d_bytes_per_s = config.GetDouble("vamp_h2d_gbps") * 1e9;
   v.tax.overlap_fraction = config.GetDouble("vamp_staging_overlap");
@@ -228,7 +229,7 @@ namespace {
 std::unique_ptr<ReuseTracker> MakeReuseTracker(const VampArbiterConfig& config) {
   if (config.cost_model != VampCostModel::kTax) return nullptr;
   ReuseTrackerOptions o;
-  o.window_steps = config.tax.window_steps;
+  o.window_micros = config.tax.window_micros;
   o.window_slots = config.tax.window_slots;
   return std::make_unique<ReuseTracker>(o);
 }
@@ -241,7 +242,7 @@ std::unique_ptr<OffloadTax> MakeOffloadTax(const VampArbiterConfig& config) {
   o.learn_bandwidth = config.self_calibration.enabled;
   o.ewma_weight = config.self_calibration.ewma_weight;
   o.min_samples = config.self_calibration.min_samples;
-  o.window_steps = config.tax.window_steps;
+  o.window_micros = config.tax.window_micros;
   o.window_slots = config.tax.window_slots;
   return std::make_unique<OffloadTax>(o);
 }
@@ -284,7 +285,7 @@ void VampArbiter::Observe(const SchedulerCounters& counters) {
 
 void VampArbiter::ObserveStep(const StepTiming& t) {
   if (tax_ != nullptr) {
-    tax_->ObserveStep({t.step, t.step_micros, t.exposed_staging_micros, t.staged_bytes});
+    tax_->ObserveStep({t.end_micros, t.step_micros, t.exposed_staging_micros, t.staged_bytes});
   }
   const SelfCalibrationConfig& s = config_.self_calibration;
   if (!s.enabled) return;
@@ -310,7 +311,7 @@ absl::Status VampArbiter::Reconfigure(const VampArbiterConfig& config) {
   const TaxModelConfig& a = config_.tax;
   const TaxModelConfig& b = config.tax;
   const bool rebuild = config.cost_model != config_.cost_model ||
-                       a.window_steps != b.window_steps || a.window_slots != b.window_slots ||
+                       a.window_micros != b.window_micros || a.window_slots != b.window_slots ||
                        a.h2d_bytes_per_s != b.h2d_bytes_per_s ||
                        a.overlap_fraction != b.overlap_fraction ||
                        config.self_calibration.enabled != config_.self_calibration.enabled;
@@ -548,29 +549,29 @@ ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const Memory
   return StaticFallback(context, gap, std::move(plan));
 }
 
-TaxComparison VampArbiter::Compare(int64_t step, int32_t from, int32_t to,
+TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to,
                                    double t_prefill) const {
   TaxComparison cmp;
   cmp.evaluated = true;
   cmp.groups = to - from;
   const int32_t lo = std::min(from, to);
   const int32_t hi = std::max(from, to);
-  cmp.tax_micros = tax_->WindowMicros(step, hi) - tax_->WindowMicros(step, lo);
+  cmp.tax_micros = tax_->WindowMicros(now, hi) - tax_->WindowMicros(now, lo);
   // The TTFT weight applies while first tokens are late because of memory: requests wait in the
   // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
   // compute, every µs of stall delays them all; with short queues, TTFT is not what hurts: GPU
   // time is the measure then (weight 1).
   const bool ttft_hurts =
-      reuse_->MeanQueueMicros(step) > config_.tax.ttft_queue_threshold_micros &&
-      reuse_->ComputeBoundShare(step) <= config_.tax.compute_bound_share;
+      reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros &&
+      reuse_->ComputeBoundShare(now) <= config_.tax.compute_bound_share;
   const double ttft_weight = ttft_hurts ? config_.tax.ttft_weight : 1.0;
-  cmp.value_micros = reuse_->TokensBetween(step, lo, hi) * t_prefill * ttft_weight +
-                     reuse_->WaitStepsBetween(step, lo, hi) * tax_->MeanStepMicros(step) *
+  cmp.value_micros = reuse_->TokensBetween(now, lo, hi) * t_prefill * ttft_weight +
+                     reuse_->WaitStepsBetween(now, lo, hi) * tax_->MeanStepMicros(now) *
                          config_.tax.memory_wait_weight;
-  cmp.ghost_tokens = reuse_->GhostTokens(step);
-  cmp.preempt_tokens = reuse_->PreemptionTokens(step);
-  cmp.window_steps = tax_->window_steps();
-  cmp.observed_steps = tax_->StepsInWindow(step);
+  cmp.ghost_tokens = reuse_->GhostTokens(now);
+  cmp.preempt_tokens = reuse_->PreemptionTokens(now);
+  cmp.window_micros = tax_->window_micros();
+  cmp.observed_steps = tax_->StepsInWindow(now);
   cmp.h2d_bytes_per_s = tax_->h2d_bytes_per_s();
   return cmp;
 }
@@ -579,6 +580,7 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
   const CostCoefficients c = Current();
   const ExpansionInfo& e = context.expansion();
   const int64_t step = context.step();
+  const int64_t now = context.now_micros();
   const int32_t need = gap.blocks;
   const int32_t free_cached = context.pool().num_free_cached();
   const int64_t bpg = e.blocks_per_group;
@@ -623,7 +625,7 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
   // 1. The expansion worth more than its tax, the most net value first — once the window holds
   // enough steps to tell.
   TaxComparison first;  // the smallest move, for the log when nothing grows
-  const bool evidence = tax_->StepsInWindow(step) >= config_.tax.min_evidence_steps;
+  const bool evidence = tax_->StepsInWindow(now) >= config_.tax.min_evidence_steps;
   if (can_grow) {
     int32_t best_groups = 0;
     double best_net = 0;
@@ -631,7 +633,7 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
     const int32_t unit = pending > 0 ? pending : config_.expansion_step_groups;
     const int32_t limit = pending > 0 ? pending : remaining;
     for (int32_t g = std::min(unit, limit);; g = std::min(g + unit, limit)) {
-      const TaxComparison cmp = Compare(step, offloaded - pending, offloaded - pending + g,
+      const TaxComparison cmp = Compare(now, offloaded - pending, offloaded - pending + g,
                                         c.t_prefill_micros);
       if (!first.evaluated) first = cmp;
       if (evidence && net(cmp) > best_net) {
@@ -684,7 +686,7 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
           std::min<int64_t>(CeilDiv(CeilDiv(short_blocks, bpg), unit) * unit, remaining));
     }
     if (cover * bpg >= short_blocks) {
-      TaxComparison cmp = Compare(step, offloaded - pending, offloaded - pending + cover,
+      TaxComparison cmp = Compare(now, offloaded - pending, offloaded - pending + cover,
                                   c.t_prefill_micros);
       // A one-off preemption against a tax paid on every step for as long as the groups stay:
       // at least restore.min_hold_steps (restores wait that long), the whole window without
@@ -692,7 +694,7 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
       // min_evidence_steps: at start-up it has seen only prefill-heavy steps, behind which any
       // copy hides); with no step seen at all the tax is the bare copy time.
       const double hold = static_cast<double>(
-          config_.restore.enabled ? config_.restore.min_hold_steps : config_.tax.window_steps);
+          config_.restore.enabled ? config_.restore.min_hold_steps : cmp.observed_steps);
       const double steps = static_cast<double>(cmp.observed_steps);
       const double tax = steps > 0 ? cmp.tax_micros / steps : tax_->StepMicros(cover, 0);
       const double value = steps > 0 ? cmp.value_micros / steps : 0;
@@ -714,9 +716,10 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   const RestoreConfig& r = config_.restore;
   const ExpansionInfo& e = context.expansion();
   const int64_t step = context.step();
+  const int64_t now = context.now_micros();
   if (e.offloaded_groups <= 0 || e.restore_pending || e.blocks_per_group <= 0) return 0;
   if (step < next_restore_check_step_) return 0;
-  if (tax_->StepsInWindow(step) < config_.tax.min_evidence_steps) return 0;
+  if (tax_->StepsInWindow(now) < config_.tax.min_evidence_steps) return 0;
   if (last_expand_step_ >= 0 && step - last_expand_step_ < r.min_hold_steps) return 0;
   next_restore_check_step_ = step + r.check_interval_steps;
   tax_->SetGeometry(e.staged_bytes_per_group, e.max_groups);
@@ -728,7 +731,7 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   int32_t best_groups = 0;
   double best_net = 0;
   for (int32_t g = std::min(unit, e.offloaded_groups);; g = std::min(g + unit, e.offloaded_groups)) {
-    const TaxComparison cmp = Compare(step, e.offloaded_groups, e.offloaded_groups - g, t_prefill);
+    const TaxComparison cmp = Compare(now, e.offloaded_groups, e.offloaded_groups - g, t_prefill);
     const double net = cmp.tax_micros - (1 + config_.tax.margin) * cmp.value_micros;
     if (net > best_net) {
       best_net = net;

@@ -4,8 +4,8 @@
 // paid on every step for as long as they stay offloaded — the staging stall OffloadTax measures —
 // and extra KV is worth what it would actually have saved, measured by the ReuseTracker (ghost
 // list of evicted hashes, LRU depths of hits, preemptions). Both are summed over the same window
-// of recent steps (window_steps), in µs of GPU time; each stalls the whole batch, so the batch
-// size cancels out. At a gap of n blocks with G groups offloaded:
+// of recent scheduler time (window_micros), in µs of GPU time; each stalls the whole batch, so
+// the batch size cancels out. At a gap of n blocks with G groups offloaded:
 //   value(g) = TokensBetween(G, G+g) · t_prefill        tax(g) = Tax(G+g) − Tax(G)
 //   1. the best whole expansion step g (up to the cap) by value(g) − (1+margin)·tax(g): when that
 //      is positive, expand by g and evict whatever of the gap g does not cover;
@@ -126,10 +126,11 @@ absl::string_view VampCostModelName(VampCostModel model);
 
 // The tax model's settings (cost model "tax").
 struct TaxModelConfig {
-  // Steps the tax and the value of extra KV are summed over (and slots of that window). 1,024
-  // steps gave memory back within ~100 s of a phase change in vamp-sim's mixed workload, where
-  // 4,096 held it through the whole low-reuse phase (bench/results/, tax-model report).
-  int64_t window_steps = 1024;
+  // Scheduler time the tax and the value of extra KV are summed over (µs), and slots of that
+  // window. In time, not steps: under a large offload steps are slow, and a window of 1,024 steps
+  // kept a finished phase's evidence for minutes. 180 s by measurement against 30-120 s
+  // (bench/results/2026-12-01-tax-model.md).
+  int64_t window_micros = 180'000'000;
   int32_t window_slots = 16;
   // Host→device bandwidth the tax starts from (bytes/s); learned from copy-bound steps with
   // self-calibration.
@@ -189,7 +190,7 @@ struct StepTiming {
   int64_t prefill_tokens = 0;               // tokens of sequences still in prefill
   int64_t decode_tokens = 0;                // one per decoding sequence
   int32_t offloaded_experts_per_layer = 0;  // experts above the residency boundary
-  int64_t step = 0;                         // the scheduler step of the plan
+  int64_t end_micros = 0;                   // scheduler clock when the step's output arrived
   int64_t staged_bytes = 0;                 // host→device expert bytes copied (slowest rank)
 };
 
@@ -235,7 +236,7 @@ class VampArbiter final : public MemoryArbiter {
   ArbiterPlan DecideTax(const ArbiterContext& context, const MemoryGap& gap);
   int32_t RestorePaper(const ArbiterContext& context);
   int32_t RestoreTax(const ArbiterContext& context);
-  // Both sides of moving from `from` to `to` offloaded groups over the window ending at `step`:
+  // Both sides of moving from `from` to `to` offloaded groups over the window ending at `now`:
   // value = tokens served between the two sizes × t_prefill, tax = the difference in staging.
   TaxComparison Compare(int64_t step, int32_t from, int32_t to, double t_prefill) const;
 

@@ -82,7 +82,7 @@ struct TaxComparison {
   double value_micros = 0;
   double ghost_tokens = 0;    // prefix tokens found in the ghost list over the window
   double preempt_tokens = 0;  // tokens recomputed after preemptions over the window
-  int64_t window_steps = 0;
+  int64_t window_micros = 0;
   int64_t observed_steps = 0;  // executed steps in the window (the sums cover these)
   double h2d_bytes_per_s = 0;  // the bandwidth the tax was priced at
 };
@@ -172,12 +172,13 @@ class ArbiterContext {
  public:
   ArbiterContext(const KvBlockPool& pool, const std::vector<Request*>& running,
                  const SchedulerCounters& counters, const SchedulerConfig& config, int64_t step,
-                 ExpansionInfo expansion)
+                 int64_t now_micros, ExpansionInfo expansion)
       : pool_(pool),
         running_(running),
         counters_(counters),
         config_(config),
         step_(step),
+        now_micros_(now_micros),
         expansion_(expansion) {}
 
   // Block states, free counts, and cached free blocks in eviction order with their ages
@@ -192,6 +193,8 @@ class ArbiterContext {
   const SchedulerCounters& counters() const { return counters_; }
   const SchedulerConfig& config() const { return config_; }
   int64_t step() const { return step_; }
+  // The scheduler's clock (µs; virtual in vamp-sim).
+  int64_t now_micros() const { return now_micros_; }
   const ExpansionInfo& expansion() const { return expansion_; }
 
  private:
@@ -200,6 +203,7 @@ class ArbiterContext {
   const SchedulerCounters& counters_;
   const SchedulerConfig& config_;
   int64_t step_;
+  int64_t now_micros_;
   ExpansionInfo expansion_;
 };
 

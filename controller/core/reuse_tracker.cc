@@ -11,12 +11,12 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 ReuseTracker::ReuseTracker(const ReuseTrackerOptions& options)
-    : tokens_(options.window_steps, options.window_slots, 2),
-      wait_steps_(options.window_steps, options.window_slots, 2),
-      ghost_tokens_(options.window_steps, options.window_slots, 1),
-      queue_state_(options.window_steps, options.window_slots, 2),
-      queue_time_(options.window_steps, options.window_slots, 2),
-      preemption_tokens_(options.window_steps, options.window_slots, 1) {}
+    : tokens_(options.window_micros, options.window_slots, 2),
+      wait_steps_(options.window_micros, options.window_slots, 2),
+      ghost_tokens_(options.window_micros, options.window_slots, 1),
+      queue_state_(options.window_micros, options.window_slots, 2),
+      queue_time_(options.window_micros, options.window_slots, 2),
+      preemption_tokens_(options.window_micros, options.window_slots, 1) {}
 
 void ReuseTracker::SetGeometry(int32_t blocks_per_group, int32_t offloaded_groups,
                                int32_t max_groups) {
@@ -53,15 +53,15 @@ ReuseTracker::HitNeeds ReuseTracker::MeasureHit(const KvBlockPool& pool,
   return needs;
 }
 
-void ReuseTracker::Record(int64_t step, int32_t need, double tokens) {
-  tokens_.Add(step, std::min(need, max_groups_ + 1), tokens);
+void ReuseTracker::Record(int64_t now_micros, int32_t need, double tokens) {
+  tokens_.Add(now_micros, std::min(need, max_groups_ + 1), tokens);
 }
 
-void ReuseTracker::RecordAdmission(int64_t step, const HitNeeds& needs, Request& request,
+void ReuseTracker::RecordAdmission(int64_t now_micros, const HitNeeds& needs, Request& request,
                                    int32_t block_size, const BlockHasher& hasher) {
   if (bpg_ <= 0) return;
   for (const auto& [need, blocks] : needs.runs) {
-    Record(step, need, static_cast<double>(blocks) * block_size);
+    Record(now_micros, need, static_cast<double>(blocks) * block_size);
   }
   if (ghosts_.size() == 0) return;
   // Past the hit: the blocks a larger pool would have kept, while the prefix chain holds.
@@ -79,66 +79,66 @@ void ReuseTracker::RecordAdmission(int64_t step, const HitNeeds& needs, Request&
     if (need > max_groups_) break;  // no reachable pool would have kept it (nor what follows)
     running_max = std::max<int32_t>(running_max, static_cast<int32_t>(need));
     if (running_max != run_need && run_blocks > 0) {
-      Record(step, run_need, static_cast<double>(run_blocks) * block_size);
+      Record(now_micros, run_need, static_cast<double>(run_blocks) * block_size);
       run_blocks = 0;
     }
     run_need = running_max;
     ++run_blocks;
     ghost += block_size;
   }
-  if (run_blocks > 0) Record(step, run_need, static_cast<double>(run_blocks) * block_size);
-  if (ghost > 0) ghost_tokens_.Add(step, 0, ghost);
+  if (run_blocks > 0) Record(now_micros, run_need, static_cast<double>(run_blocks) * block_size);
+  if (ghost > 0) ghost_tokens_.Add(now_micros, 0, ghost);
 }
 
-void ReuseTracker::RecordPreemption(int64_t step, int32_t gap_blocks, int32_t recompute_tokens) {
+void ReuseTracker::RecordPreemption(int64_t now_micros, int32_t gap_blocks, int32_t recompute_tokens) {
   if (bpg_ <= 0 || recompute_tokens <= 0) return;
   const int64_t need = offloaded_ + CeilDiv(std::max(1, gap_blocks), bpg_);
-  Record(step, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)), recompute_tokens);
-  preemption_tokens_.Add(step, 0, recompute_tokens);
+  Record(now_micros, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)), recompute_tokens);
+  preemption_tokens_.Add(now_micros, 0, recompute_tokens);
 }
 
-double ReuseTracker::TokensBetween(int64_t step, int32_t from, int32_t to) const {
+double ReuseTracker::TokensBetween(int64_t now_micros, int32_t from, int32_t to) const {
   if (from == to) return 0;
-  if (from > to) return -TokensBetween(step, to, from);
-  return tokens_.Sum(step, std::max(0, from) + 1, std::min(to, max_groups_));
+  if (from > to) return -TokensBetween(now_micros, to, from);
+  return tokens_.Sum(now_micros, std::max(0, from) + 1, std::min(to, max_groups_));
 }
 
-void ReuseTracker::RecordMemoryWait(int64_t step, int32_t gap_blocks, int32_t waiting) {
+void ReuseTracker::RecordMemoryWait(int64_t now_micros, int32_t gap_blocks, int32_t waiting) {
   if (bpg_ <= 0 || waiting <= 0) return;
   const int64_t need = offloaded_ + CeilDiv(std::max(1, gap_blocks), bpg_);
-  wait_steps_.Add(step, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)), waiting);
+  wait_steps_.Add(now_micros, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)), waiting);
 }
 
-double ReuseTracker::WaitStepsBetween(int64_t step, int32_t from, int32_t to) const {
+double ReuseTracker::WaitStepsBetween(int64_t now_micros, int32_t from, int32_t to) const {
   if (from == to) return 0;
-  if (from > to) return -WaitStepsBetween(step, to, from);
-  return wait_steps_.Sum(step, std::max(0, from) + 1, std::min(to, max_groups_));
+  if (from > to) return -WaitStepsBetween(now_micros, to, from);
+  return wait_steps_.Sum(now_micros, std::max(0, from) + 1, std::min(to, max_groups_));
 }
 
-void ReuseTracker::RecordQueueState(int64_t step, bool waiting_for_compute) {
-  queue_state_.Add(step, 0, 1);
-  if (waiting_for_compute) queue_state_.Add(step, 1, 1);
+void ReuseTracker::RecordQueueState(int64_t now_micros, bool waiting_for_compute) {
+  queue_state_.Add(now_micros, 0, 1);
+  if (waiting_for_compute) queue_state_.Add(now_micros, 1, 1);
 }
 
-double ReuseTracker::ComputeBoundShare(int64_t step) const {
-  const double steps = queue_state_.Sum(step, 0, 0);
-  return steps > 0 ? queue_state_.Sum(step, 1, 1) / steps : 0;
+double ReuseTracker::ComputeBoundShare(int64_t now_micros) const {
+  const double steps = queue_state_.Sum(now_micros, 0, 0);
+  return steps > 0 ? queue_state_.Sum(now_micros, 1, 1) / steps : 0;
 }
 
-void ReuseTracker::RecordQueueTime(int64_t step, int64_t queue_micros) {
-  queue_time_.Add(step, 0, 1);
-  queue_time_.Add(step, 1, static_cast<double>(std::max<int64_t>(0, queue_micros)));
+void ReuseTracker::RecordQueueTime(int64_t now_micros, int64_t queue_micros) {
+  queue_time_.Add(now_micros, 0, 1);
+  queue_time_.Add(now_micros, 1, static_cast<double>(std::max<int64_t>(0, queue_micros)));
 }
 
-double ReuseTracker::MeanQueueMicros(int64_t step) const {
-  const double n = queue_time_.Sum(step, 0, 0);
-  return n > 0 ? queue_time_.Sum(step, 1, 1) / n : 0;
+double ReuseTracker::MeanQueueMicros(int64_t now_micros) const {
+  const double n = queue_time_.Sum(now_micros, 0, 0);
+  return n > 0 ? queue_time_.Sum(now_micros, 1, 1) / n : 0;
 }
 
-double ReuseTracker::GhostTokens(int64_t step) const { return ghost_tokens_.Sum(step, 0, 0); }
+double ReuseTracker::GhostTokens(int64_t now_micros) const { return ghost_tokens_.Sum(now_micros, 0, 0); }
 
-double ReuseTracker::PreemptionTokens(int64_t step) const {
-  return preemption_tokens_.Sum(step, 0, 0);
+double ReuseTracker::PreemptionTokens(int64_t now_micros) const {
+  return preemption_tokens_.Sum(now_micros, 0, 0);
 }
 
 }  // namespace vamp

@@ -18,7 +18,8 @@
 // cover the gap would have avoided. So is waiting for memory: a step in which the head of the
 // waiting queue could not be admitted for lack of KV blocks costs every waiting request that
 // step, which a pool covering the gap would have saved (request-steps, kept apart from tokens).
-// Recorded tokens live in a sliding window of scheduler steps; TokensBetween(a, b) is the prefix
+// Recorded tokens live in a sliding window of time (the scheduler's clock, µs: in steps, slow
+// steps under a large offload would stretch the window); TokensBetween(a, b) is the prefix
 // work that a pool with b groups would have served and one with a groups would not. The arbiter
 // multiplies it by the measured prefill cost per token to get the value of (or the loss from)
 // moving the boundary, and compares it with the offload tax over the same window.
@@ -42,7 +43,7 @@
 namespace vamp {
 
 struct ReuseTrackerOptions {
-  int64_t window_steps = 4096;  // scheduler steps the recorded tokens are kept for
+  int64_t window_micros = 60'000'000;  // how long recorded tokens are kept (µs)
   int32_t window_slots = 16;    // granularity of the window
 };
 
@@ -69,38 +70,38 @@ class ReuseTracker {
   HitNeeds MeasureHit(const KvBlockPool& pool, const PrefixHit& hit) const;
   // Records an admitted request's prefix: the hit runs, then the blocks past the hit found in the
   // ghost list (hashing them as far as the walk goes; those hashes are needed later anyway).
-  void RecordAdmission(int64_t step, const HitNeeds& needs, Request& request, int32_t block_size,
+  void RecordAdmission(int64_t now_micros, const HitNeeds& needs, Request& request, int32_t block_size,
                        const BlockHasher& hasher);
   // A running request was preempted to cover a gap of `gap_blocks`; `recompute_tokens` tokens
   // will be computed again.
-  void RecordPreemption(int64_t step, int32_t gap_blocks, int32_t recompute_tokens);
+  void RecordPreemption(int64_t now_micros, int32_t gap_blocks, int32_t recompute_tokens);
   // The head of the waiting queue was left waiting this step for `gap_blocks` missing blocks,
   // with `waiting` requests in the queue.
-  void RecordMemoryWait(int64_t step, int32_t gap_blocks, int32_t waiting);
+  void RecordMemoryWait(int64_t now_micros, int32_t gap_blocks, int32_t waiting);
 
-  // Tokens over the window ending at `step` that a pool with `to` offloaded groups would have
+  // Tokens over the window ending at `now_micros` that a pool with `to` offloaded groups would have
   // served and one with `from` would not (0 <= from < to; reversed arguments give the negative).
-  double TokensBetween(int64_t step, int32_t from, int32_t to) const;
+  double TokensBetween(int64_t now_micros, int32_t from, int32_t to) const;
   // The same for request-steps spent waiting for memory.
-  double WaitStepsBetween(int64_t step, int32_t from, int32_t to) const;
+  double WaitStepsBetween(int64_t now_micros, int32_t from, int32_t to) const;
   // Once per scheduled step: whether requests were left waiting for compute (token budget or
   // max_num_seqs) rather than for memory.
-  void RecordQueueState(int64_t step, bool waiting_for_compute);
+  void RecordQueueState(int64_t now_micros, bool waiting_for_compute);
   // Share of the window's steps that left requests waiting for compute (0 when none recorded).
-  double ComputeBoundShare(int64_t step) const;
+  double ComputeBoundShare(int64_t now_micros) const;
   // A first admission after `queue_micros` in the waiting queue; the window's mean (µs, 0 when
   // none) tells whether users are waiting for their first token at all.
-  void RecordQueueTime(int64_t step, int64_t queue_micros);
-  double MeanQueueMicros(int64_t step) const;
+  void RecordQueueTime(int64_t now_micros, int64_t queue_micros);
+  double MeanQueueMicros(int64_t now_micros) const;
   // Of those, the ones found in the ghost list (past the cached prefix) and in preemptions, over
   // the window, for any pool size above the current one (decision-log figures).
-  double GhostTokens(int64_t step) const;
-  double PreemptionTokens(int64_t step) const;
-  int64_t window_steps() const { return tokens_.window_steps(); }
+  double GhostTokens(int64_t now_micros) const;
+  double PreemptionTokens(int64_t now_micros) const;
+  int64_t window_micros() const { return tokens_.window_micros(); }
   const GhostList& ghosts() const { return ghosts_; }
 
  private:
-  void Record(int64_t step, int32_t need, double tokens);
+  void Record(int64_t now_micros, int32_t need, double tokens);
 
   int32_t bpg_ = 0;
   int32_t offloaded_ = 0;

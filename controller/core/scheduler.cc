@@ -158,7 +158,8 @@ void Scheduler::StepBoundary() {
     restore_pending_groups_ = 0;
     return;  // one capacity change per step boundary
   }
-  const ArbiterContext context(pool, running_, counters_, config_, step_, Expansion());
+  const ArbiterContext context(pool, running_, counters_, config_, step_, clock_->NowMicros(),
+                               Expansion());
   const int32_t groups = arbiter_->OnStepBoundary(context);
   if (groups <= 0 || expander_ == nullptr || pool.shrink_pending()) return;
   const int32_t offloaded = context.expansion().offloaded_groups;
@@ -220,7 +221,8 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
       return Room::kOk;
     }
     ++counters_.num_arbiter_calls;
-    const ArbiterContext context(kv_.pool(), running_, counters_, config_, step_, Expansion());
+    const ArbiterContext context(kv_.pool(), running_, counters_, config_, step_,
+                                 clock_->NowMicros(), Expansion());
     MemoryGap need;
     need.blocks = gap;
     need.requester = request;
@@ -278,7 +280,7 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
         // ghost list counts them).
         const Request& v = *it->second;
         tracker->RecordPreemption(
-            step_, gap, v.num_computed_tokens() - v.num_cached_blocks() * config_.block_size);
+            clock_->NowMicros(), gap, v.num_computed_tokens() - v.num_cached_blocks() * config_.block_size);
       }
       Preempt(it->second.get());
       ++record.requests_preempted;
@@ -298,7 +300,7 @@ void Scheduler::RecordAdmission(const Scheduled& s, int64_t now) {
   const int64_t queued = std::max<int64_t>(0, now - r->queued_since_micros());
   const bool resumed = r->num_preemptions() > 0;
   if (ReuseTracker* tracker = arbiter_->reuse_tracker(); tracker != nullptr && !resumed) {
-    tracker->RecordQueueTime(step_, queued);
+    tracker->RecordQueueTime(now, queued);
   }
   PrefixCacheStats& pc = counters_.prefix_cache;
   if (resumed) {
@@ -387,7 +389,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     if (EnsureBlocks(r, hit.num_tokens + n, /*running=*/false) != Room::kOk) {
       if (tracker != nullptr) {
         // Everybody in the queue waits this step because the head found no memory.
-        tracker->RecordMemoryWait(step_, kv_.Gap(*r, hit.num_tokens + n), waiting_.size());
+        tracker->RecordMemoryWait(clock_->NowMicros(), kv_.Gap(*r, hit.num_tokens + n), waiting_.size());
       }
       // Releasing the hit blocks makes them the most recently used cached blocks: a request at
       // the head of the queue is about to reuse them, so LRU should keep them longest.
@@ -396,7 +398,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       memory_blocked = true;
       break;
     }
-    if (track) tracker->RecordAdmission(step_, needs, *r, config_.block_size, kv_.hasher());
+    if (track) tracker->RecordAdmission(clock_->NowMicros(), needs, *r, config_.block_size, kv_.hasher());
     VAMP_CHECK(waiting_.Remove(r));
     if (r->status() == RequestStatus::kPreempted) --num_waiting_preempted_;
     r->set_status(RequestStatus::kRunning);
@@ -408,7 +410,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   if (ReuseTracker* tracker = arbiter_->reuse_tracker()) {
     // Requests left waiting for compute (the token budget or max_num_seqs, not memory): while
     // they queue, every µs a step stalls delays them all, so extra KV is worth less.
-    tracker->RecordQueueState(step_, !waiting_.empty() && !memory_blocked && !running_stalled &&
+    tracker->RecordQueueState(clock_->NowMicros(), !waiting_.empty() && !memory_blocked && !running_stalled &&
                                          step_num_preempted_ == 0);
   }
 

@@ -93,7 +93,8 @@ class ArbiterFixture {
 
   ArbiterContext Context(int64_t step, ExpansionInfo expansion = ExpansionInfo()) {
     pool_.SetStep(step);
-    return ArbiterContext(pool_, running_, counters_, config_, step, expansion);
+    // The clock reads the step number as µs: one step per µs.
+    return ArbiterContext(pool_, running_, counters_, config_, step, /*now_micros=*/step, expansion);
   }
 
   static MemoryGap Gap(int32_t blocks, const Request* requester, bool running) {

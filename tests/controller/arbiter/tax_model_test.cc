@@ -19,7 +19,7 @@ TEST(OffloadTaxTest, ExposedCopyTimePerGroupCount) {
   o.h2d_bytes_per_s = 1e9;  // 1 GB/s: 1 MB = 1,000 µs
   o.overlap_fraction = 0.5;
   o.learn_bandwidth = false;
-  o.window_steps = 1000;
+  o.window_micros = 1000;
   o.window_slots = 10;
   OffloadTax tax(o);
   tax.SetGeometry(/*staged_bytes_per_group=*/1'000'000, /*max_groups=*/4);
@@ -61,7 +61,7 @@ class TaxModelTest : public ::testing::Test, public ArbiterFixture {
   static VampArbiterConfig Config() {
     VampArbiterConfig c;
     c.cost_model = VampCostModel::kTax;
-    c.tax.window_steps = 1000;
+    c.tax.window_micros = 1000;  // the fixture's clock: one step per µs
     c.tax.window_slots = 10;
     c.tax.h2d_bytes_per_s = 1e9;
     c.tax.overlap_fraction = 0.5;
@@ -88,7 +88,7 @@ class TaxModelTest : public ::testing::Test, public ArbiterFixture {
     arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, offloaded, 4);
     for (int64_t s = 1; s <= 100; ++s) {
       StepTiming t;
-      t.step = s;
+      t.end_micros = s;
       t.step_micros = 1000;
       arbiter_.ObserveStep(t);
     }

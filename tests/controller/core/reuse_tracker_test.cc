@@ -40,7 +40,7 @@ TEST(GhostListTest, MemoryIsBounded) {
 }
 
 TEST(SlidingHistogramTest, SumsOnlyTheWindow) {
-  SlidingHistogram h(/*window_steps=*/100, /*num_slots=*/10, /*num_buckets=*/3);
+  SlidingHistogram h(/*window_micros=*/100, /*num_slots=*/10, /*num_buckets=*/3);
   h.Add(5, 0, 1);
   h.Add(55, 1, 2);
   h.Add(95, 2, 4);
