@@ -187,5 +187,36 @@ TEST(KvBlockPoolDeathTest, AllocatingMoreThanUncachedFreeAborts) {
   EXPECT_DEATH(pool.Release(1), "no user");
 }
 
+TEST(KvBlockPoolTest, EvictionListenerSeesEveryDroppedEntryInOrder) {
+  KvBlockPool pool(8, true);
+  std::vector<BlockHash> evicted;
+  pool.set_eviction_listener([&](const BlockHash& h) { evicted.push_back(h); });
+  const std::vector<BlockId> ids = Alloc(pool, 8);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(pool.Cache(ids[i], H(i + 1)));
+  for (int i = 0; i < 4; ++i) pool.Release(ids[i]);  // LRU order: 1, 2, 3, 4
+  EXPECT_EQ(pool.EvictCached(2), 2);
+  EXPECT_THAT(evicted, ElementsAre(H(1), H(2)));
+  // A shrink drops the tail's entries: free ones at once, in-use ones too (no longer shareable).
+  evicted.clear();
+  ASSERT_TRUE(pool.BeginShrink(2).ok());  // ids 6 and 7, both in use
+  EXPECT_THAT(evicted, ElementsAre(H(7), H(8)));
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(KvBlockPoolTest, CachedFreeDepthCountsBlocksEvictedFirst) {
+  KvBlockPool pool(8, true);
+  const std::vector<BlockId> ids = Alloc(pool, 6);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(pool.Cache(ids[i], H(i + 1)));
+  for (int i = 0; i < 6; ++i) pool.Release(ids[i]);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(pool.CachedFreeDepth(ids[i]), i) << i;
+  pool.Acquire(ids[0]);  // leaves from the LRU end: depths stay exact
+  EXPECT_EQ(pool.CachedFreeDepth(ids[0]), 0);  // not free any more
+  EXPECT_EQ(pool.CachedFreeDepth(ids[1]), 0);
+  EXPECT_EQ(pool.CachedFreeDepth(ids[5]), 4);
+  pool.Acquire(ids[3]);  // from the middle: an interpolation, still ordered and in range
+  EXPECT_LT(pool.CachedFreeDepth(ids[2]), pool.CachedFreeDepth(ids[4]));
+  EXPECT_EQ(pool.CachedFreeDepth(ids[5]), 3);
+}
+
 }  // namespace
 }  // namespace vamp
