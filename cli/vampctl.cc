@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <fstream>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -14,9 +14,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/secret.h"
 #include "google/protobuf/util/json_util.h"
-#include "grpcpp/grpcpp.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "vamp/v1/admin.grpc.pb.h"
 
 namespace {
@@ -416,13 +417,11 @@ int Run(int argc, char** argv) {
     }
   }
   if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    if (!in || !std::getline(in, options.token) || options.token.empty()) {
-      return UsageError("--token-file: cannot read a token from '" + token_file + "'");
-    }
-    while (!options.token.empty() && std::isspace(static_cast<unsigned char>(options.token.back()))) {
-      options.token.pop_back();
-    }
+    // Read and validated as the controller reads its own: a token it would refuse to load could
+    // never match, and one with a newline would make gRPC reject (and print) the metadata.
+    absl::StatusOr<std::string> token = vamp::ReadSecretFile(token_file, "--token-file");
+    if (!token.ok()) return UsageError(std::string(token.status().message()));
+    options.token = *std::move(token);
   }
   g_options = &options;
   if (options.output != "table" && options.output != "json") {

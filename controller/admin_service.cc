@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/secret.h"
 
 namespace vamp {
 namespace {
@@ -19,7 +20,7 @@ bool AdminService::Authorized(grpc::CallbackServerContext* context,
   if (backend_.auth_token.empty()) return true;
   auto it = context->client_metadata().find("authorization");
   if (it != context->client_metadata().end() &&
-      std::string(it->second.data(), it->second.size()) == "Bearer " + backend_.auth_token) {
+      BearerMatches(absl::string_view(it->second.data(), it->second.size()), backend_.auth_token)) {
     return true;
   }
   reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,

@@ -22,6 +22,10 @@ struct AgentLauncherOptions {
   int num_agents = 1;
   // Arguments for rank r: these, then "--rank r".
   std::vector<std::string> args;
+  // Variables ("NAME=value") added to the agents' environment, replacing inherited ones of the
+  // same name: how secrets reach them (argv is readable by every user of the machine, the
+  // environment only by the same user).
+  std::vector<std::string> env;
   // Wait before restarting an agent that exited (ms).
   int64_t restart_backoff_ms = 1000;
 };

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "common/secret.h"
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "controller/arbiter/vamp_arbiter.h"
@@ -65,19 +66,6 @@ std::string DialAddress(const std::string& bind, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-// Reads a secret (token) file: the first line, trimmed. Never logged.
-absl::StatusOr<std::string> ReadSecret(const std::string& path, absl::string_view field) {
-  std::ifstream in(path);
-  std::string line;
-  if (!in || !std::getline(in, line)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
-  }
-  std::string secret(absl::StripAsciiWhitespace(line));
-  if (secret.empty())
-    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
-  return secret;
-}
-
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view field) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
@@ -121,9 +109,32 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   (void)scheduler;
   VAMP_ASSIGN_OR_RETURN(VampArbiterConfig arbiter, VampArbiterConfigFromConfig(config));
   (void)arbiter;
+  if (config.GetString("model_path").empty()) {
+    return absl::InvalidArgumentError(
+        "model_path: required (a folder with config.json, and *.safetensors unless "
+        "load_format=dummy)");
+  }
+  const int spawn = static_cast<int>(config.GetInt("spawn_agents"));
+  // Agents are authenticated by default: a process that registers as a rank receives every
+  // prompt of that rank and answers every client, so the token is what stands between anyone
+  // who can reach the gRPC port and all traffic.
   if (!config.GetString("auth_token_file").empty()) {
-    VAMP_ASSIGN_OR_RETURN(server->auth_token_,
-                          ReadSecret(config.GetString("auth_token_file"), "auth_token_file"));
+    VAMP_ASSIGN_OR_RETURN(server->agent_token_, ReadSecretFile(config.GetString("auth_token_file"),
+                                                               "config field 'auth_token_file'"));
+    server->admin_token_ = server->agent_token_;
+  } else if (spawn > 0) {
+    // Our own agents only: a fresh token they get through their environment. Admin stays as
+    // configured (no token: it listens on loopback unless told otherwise).
+    VAMP_ASSIGN_OR_RETURN(server->agent_token_, GenerateSecret());
+  } else if (config.GetBool("insecure_no_auth")) {
+    VAMP_LOG(WARNING) << "--insecure_no_auth: any process that reaches the gRPC port can register "
+                         "as an agent and receive every prompt; use --auth_token_file outside "
+                         "isolated test setups";
+  } else {
+    return absl::InvalidArgumentError(
+        "config field 'auth_token_file': required when agents are started elsewhere "
+        "(spawn_agents=0): give the controller and every vamp-agent the same token file, or pass "
+        "--insecure_no_auth to let any process register as an agent");
   }
   HttpFrontendOptions http;
   http.address = config.GetString("http_address");
@@ -142,29 +153,12 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     credentials = grpc::SslServerCredentials(tls);
   }
   if (!config.GetString("api_key_file").empty()) {
-    std::ifstream in(config.GetString("api_key_file"));
-    if (!in) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("api_key_file: cannot read '", config.GetString("api_key_file"), "'"));
-    }
-    std::string line;
-    while (std::getline(in, line)) {
-      std::string key(absl::StripAsciiWhitespace(line));
-      if (!key.empty() && key[0] != '#') http.api_keys.push_back(key);
-    }
-    if (http.api_keys.empty()) {
-      return absl::InvalidArgumentError("api_key_file: holds no key");
-    }
+    VAMP_ASSIGN_OR_RETURN(http.api_keys, ReadSecretListFile(config.GetString("api_key_file"),
+                                                            "config field 'api_key_file'"));
   }
-  const int spawn = static_cast<int>(config.GetInt("spawn_agents"));
   const int world_size = spawn > 0 ? spawn : static_cast<int>(config.GetInt("world_size"));
-  if (config.GetString("model_path").empty()) {
-    return absl::InvalidArgumentError(
-        "model_path: required (a folder with config.json, and *.safetensors unless "
-        "load_format=dummy)");
-  }
 
-  server->registry_ = std::make_unique<AgentRegistry>(world_size, server->auth_token_);
+  server->registry_ = std::make_unique<AgentRegistry>(world_size, server->agent_token_);
   ServingContextProvider context = [self] { return self->Context(); };
   server->serving_service_ = std::make_unique<ServingService>(context);
   AdminBackend admin;
@@ -173,7 +167,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   admin.policy.set_arbiter(config.GetString("arbiter"));
   admin.policy.set_max_offload_ratio(config.GetDouble("max_offload_ratio"));
   admin.policy.set_restore_enabled(config.GetBool("vamp_restore"));
-  admin.auth_token = server->auth_token_;
+  admin.auth_token = server->admin_token_;
   server->admin_ = std::make_unique<AdminService>(std::move(admin));
 
   if (!config.GetString("metrics_address").empty()) {
@@ -234,9 +228,10 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       launch.args.push_back("--controller_ca_file");
       launch.args.push_back(http.tls_cert_file);
     }
-    if (!config.GetString("auth_token_file").empty()) {
-      launch.args.push_back("--auth_token_file");
-      launch.args.push_back(config.GetString("auth_token_file"));
+    if (server->agent_token_.empty()) {
+      launch.args.push_back("--insecure_no_auth");
+    } else {
+      launch.env.push_back(absl::StrCat(kAgentAuthTokenEnv, "=", server->agent_token_));
     }
     VAMP_ASSIGN_OR_RETURN(server->launcher_, AgentLauncher::Start(std::move(launch)));
   }
@@ -338,7 +333,7 @@ void ControllerServer::Supervise() {
 absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoints) {
   AgentGroupOptions options;
   options.step_timeout_ms = static_cast<int64_t>(config_.GetDouble("step_timeout_s") * 1000);
-  options.auth_token = auth_token_;
+  options.auth_token = agent_token_;
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<AgentGroup> group, AgentGroup::Connect(endpoints, options));
   VAMP_ASSIGN_OR_RETURN(SchedulerConfig scheduler, SchedulerConfigFromConfig(config_));
   vamp::v1::InitRequest init;

@@ -58,7 +58,12 @@ class ControllerServer {
 
   const Config config_;
   const int64_t start_micros_;
-  std::string auth_token_;
+  // What agents present (registration) and what the controller presents to them: the
+  // auth_token_file's token, or one generated for spawned agents; empty only with
+  // insecure_no_auth.
+  std::string agent_token_;
+  // What Admin calls need: the auth_token_file's token; empty = none (Admin is on loopback).
+  std::string admin_token_;
 
   std::unique_ptr<AgentRegistry> registry_;
   std::unique_ptr<ServingService> serving_service_;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/secret.h"
 #include "controller/event_queue.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -54,10 +55,7 @@ class Handler {
 
   bool Authorized(const httplib::Request& req, httplib::Response& res) const {
     if (options_.api_keys.empty()) return true;
-    const std::string header = req.get_header_value("Authorization");
-    for (const std::string& key : options_.api_keys) {
-      if (header == "Bearer " + key) return true;
-    }
+    if (BearerMatchesAny(req.get_header_value("Authorization"), options_.api_keys)) return true;
     SendError(res, absl::UnauthenticatedError("a valid API key is required "
                                               "(Authorization: Bearer <key>)"));
     return false;

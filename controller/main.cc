@@ -17,7 +17,9 @@ constexpr char kSummary[] =
     "the memory arbiter, and drives one vamp-agent per GPU (or CPU agent). It serves the\n"
     "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
     "/metrics), gRPC Serving and Admin (vampctl), and agent registration. With\n"
-    "--spawn_agents N it starts N local agents itself. Stop it with SIGINT or SIGTERM.\n\n"
+    "--spawn_agents N it starts N local agents itself, handing them a token it generates.\n"
+    "Agents started elsewhere need --auth_token_file on both sides (or --insecure_no_auth).\n"
+    "Stop it with SIGINT or SIGTERM.\n\n"
     "Example (CPU, tiny model):\n"
     "  vamp-controller --model_path tests/data/tiny-qwen3-moe --spawn_agents 1";
 

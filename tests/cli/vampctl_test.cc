@@ -53,10 +53,14 @@ TEST(VampctlTest, UnreachableControllerExitsThree) {
 
 TEST(VampctlTest, HealthAndStatusAgainstLiveController) {
   const std::string model = std::string("--model_path=") + VAMP_TEST_DATA_DIR + "/tiny-qwen3-moe";
-  const char* argv[] = {"vamp-controller", "--grpc_address=127.0.0.1:0",
-                        "--admin_address=127.0.0.1:0", "--http_address=127.0.0.1:0",
-                        "--metrics_address=", model.c_str()};
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 6, argv);
+  const char* argv[] = {"vamp-controller",
+                        "--grpc_address=127.0.0.1:0",
+                        "--admin_address=127.0.0.1:0",
+                        "--http_address=127.0.0.1:0",
+                        "--metrics_address=",
+                        model.c_str(),
+                        "--insecure_no_auth"};
+  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 7, argv);
   ASSERT_TRUE(cli.ok()) << cli.status();
   absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
   ASSERT_TRUE(server.ok()) << server.status();

@@ -2,6 +2,8 @@
 // is not served yet, and bad configuration fails start-up naming the field.
 #include "controller/controller_server.h"
 
+#include <fstream>
+
 #include "controller/controller_config.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -11,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/common/metrics_scrape.h"
 #include "vamp/v1/admin.grpc.pb.h"
+#include "vamp/v1/agent.grpc.pb.h"
 #include "vamp/v1/serving.grpc.pb.h"
 
 namespace vamp {
@@ -33,7 +36,7 @@ absl::StatusOr<CommandLine> Flags(std::vector<std::string> extra) {
 }
 
 TEST(ControllerServerTest, AnswersEverywhereBeforeAgentsArrive) {
-  absl::StatusOr<CommandLine> cli = Flags({"--arbiter=static"});
+  absl::StatusOr<CommandLine> cli = Flags({"--arbiter=static", "--insecure_no_auth"});
   ASSERT_TRUE(cli.ok()) << cli.status();
   absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
   ASSERT_TRUE(server.ok()) << server.status();
@@ -115,6 +118,73 @@ TEST(ControllerServerTest, BadConfigNamesField) {
   server = ControllerServer::Start(bad_token->config);
   ASSERT_FALSE(server.ok());
   EXPECT_THAT(server.status().message(), HasSubstr("auth_token_file"));
+}
+
+// Issue 14: agents started elsewhere register with a token, or the operator says explicitly that
+// any process may register.
+TEST(ControllerServerTest, ExternalAgentsNeedTokenOrExplicitInsecureFlag) {
+  absl::StatusOr<CommandLine> cli = Flags({});
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("auth_token_file"));
+  EXPECT_THAT(server.status().message(), HasSubstr("insecure_no_auth"));
+
+  cli = Flags({"--insecure_no_auth"});
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  server = ControllerServer::Start(cli->config);
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->Shutdown();
+
+  // With a token file, a registration needs its token.
+  const std::string token_file = ::testing::TempDir() + "/controller_token";
+  std::ofstream(token_file) << "controller-test-token\n";
+  cli = Flags({"--auth_token_file=" + token_file});
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  server = ControllerServer::Start(cli->config);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto registry = vamp::v1::AgentRegistry::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*server)->grpc_port()), grpc::InsecureChannelCredentials()));
+  for (const std::string& token : {std::string(), std::string("controller-test-tokeX"),
+                                   std::string("controller-test-token")}) {
+    vamp::v1::RegisterRequest request;
+    request.set_rank(0);
+    request.set_agent_address("127.0.0.1:1");
+    request.set_auth_token(token);
+    grpc::ClientContext ctx;
+    vamp::v1::RegisterResponse response;
+    EXPECT_EQ(
+        registry->Register(&ctx, request, &response).error_code(),
+        token == "controller-test-token" ? grpc::StatusCode::OK : grpc::StatusCode::UNAUTHENTICATED)
+        << token;
+  }
+}
+
+// Issue 14: a two-line or non-ASCII token made agents abort in a loop and gRPC print the secret.
+// Every token file is one validated line, and a bad one fails start-up naming the file only.
+TEST(ControllerServerTest, BadTokenFilesFailStartUpNamingTheFileNotTheSecret) {
+  const std::string dir = ::testing::TempDir();
+  struct Case {
+    std::string name, content, field;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"two_lines", "first-secret-line\nsecond-secret-line\n", "auth_token_file"},
+           {"non_ascii", "caf\xc3\xa9-secret-token\n", "auth_token_file"},
+           {"control", "tab\tsecret-token\n", "auth_token_file"},
+           {"short", "secret\n", "auth_token_file"},
+           {"empty", "\n\n", "auth_token_file"},
+           {"key_non_ascii", "good-key-12345\nbad-key-\xff-secret\n", "api_key_file"}}) {
+    const std::string path = dir + "/bad_" + c.name;
+    std::ofstream(path, std::ios::binary) << c.content;
+    absl::StatusOr<CommandLine> cli = Flags({"--insecure_no_auth", "--" + c.field + "=" + path});
+    ASSERT_TRUE(cli.ok()) << cli.status();
+    absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+    ASSERT_FALSE(server.ok()) << c.name;
+    const std::string message(server.status().message());
+    EXPECT_THAT(message, HasSubstr(c.field)) << c.name;
+    EXPECT_THAT(message, HasSubstr(path)) << c.name;
+    EXPECT_THAT(message, ::testing::Not(HasSubstr("secret"))) << c.name << ": " << message;
+  }
 }
 
 }  // namespace

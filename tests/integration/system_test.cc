@@ -14,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/common/metrics_scrape.h"
 #include "vamp/v1/admin.grpc.pb.h"
+#include "vamp/v1/agent.grpc.pb.h"
 #include "vamp/v1/serving.grpc.pb.h"
 
 namespace vamp {
@@ -288,6 +289,49 @@ TEST(SystemTest, AgentKilledMidRequestFailsItClearlyThenRecovers) {
   ASSERT_TRUE(server->WaitUntilServing(absl::Seconds(60)));
   Json again = Completion(server->http_port(), GreedyBody(g.prompts[0], 16));
   EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
+}
+
+// The /proc/<pid>/<what> of a process (cmdline, environ), NUL separators and all.
+std::string ProcFile(pid_t pid, const std::string& what) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + what, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Issue 14: with the default settings, a process that reached the gRPC port registered as rank 0
+// at its own address and received every prompt. Now the spawned agents hold a token the
+// controller generated, and a registration without it is refused.
+TEST(SystemTest, RogueRegistrationWithoutTokenIsRefusedByDefault) {
+  Goldens g = LoadGoldens();
+  std::unique_ptr<ControllerServer> server = StartSystem(1);
+  ASSERT_NE(server, nullptr);
+  auto registry = vamp::v1::AgentRegistry::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server->grpc_port()), grpc::InsecureChannelCredentials()));
+  for (const std::string& token : {std::string(), std::string("guessed-token-1234")}) {
+    vamp::v1::RegisterRequest rogue;
+    rogue.set_rank(0);
+    rogue.set_agent_address("127.0.0.1:1");
+    rogue.set_device("cpu");
+    rogue.set_auth_token(token);
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    vamp::v1::RegisterResponse response;
+    EXPECT_EQ(registry->Register(&ctx, rogue, &response).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED)
+        << "token '" << token << "'";
+  }
+  // Still served by the real agent, untouched by the attempts.
+  EXPECT_TRUE(server->serving());
+  Json r = Completion(server->http_port(), GreedyBody(g.prompts[0], 16));
+  EXPECT_EQ(r["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
+  // The token reached the agent privately: not on its command line, and wiped from the
+  // environment block it started with.
+  const pid_t agent = server->launcher()->pids()[0];
+  ASSERT_GT(agent, 0);
+  EXPECT_THAT(ProcFile(agent, "cmdline"), ::testing::Not(HasSubstr("auth_token")));
+  const std::string env_block = ProcFile(agent, "environ");
+  const size_t at = env_block.find("VAMP_AGENT_AUTH_TOKEN=");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(env_block[at + std::string("VAMP_AGENT_AUTH_TOKEN=").size()], '\0');
 }
 
 // Runs vampctl against `server`; returns its exit code and fills `out` with what it printed.
