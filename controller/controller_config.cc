@@ -70,8 +70,9 @@ const ConfigSchema& ControllerConfigSchema() {
         .String("tls_key_file", "", "PEM private key for tls_cert_file")
         .String("api_key_file", "",
                 "file of API keys (one per line, printable ASCII without spaces, 8 to 4096 "
-                "characters; '#' starts a comment) that the HTTP API requires as "
-                "'Authorization: Bearer <key>'; empty = open")
+                "characters; '#' starts a comment) that the HTTP API and gRPC Serving require "
+                "as 'Authorization: Bearer <key>' (gRPC: 'authorization' metadata); empty = "
+                "open")
         .String("log_level", "info", "debug | info | warning | error")
         .String("replica", "",
                 "name of this model replica: the 'replica' label of the scrape targets served at "

@@ -160,7 +160,8 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
 
   server->registry_ = std::make_unique<AgentRegistry>(world_size, server->agent_token_);
   ServingContextProvider context = [self] { return self->Context(); };
-  server->serving_service_ = std::make_unique<ServingService>(context);
+  // gRPC Serving is a second door to the same model: the same keys as HTTP.
+  server->serving_service_ = std::make_unique<ServingService>(context, http.api_keys);
   AdminBackend admin;
   admin.status = [self](vamp::v1::GetStatusResponse* s) { self->FillStatus(s); };
   admin.context = context;

@@ -160,6 +160,46 @@ TEST(ControllerServerTest, ExternalAgentsNeedTokenOrExplicitInsecureFlag) {
   }
 }
 
+// Issue 14: gRPC Serving ignored --api_key_file; it requires the same keys as HTTP.
+TEST(ControllerServerTest, GrpcServingRequiresTheHttpApiKeys) {
+  const std::string keys = ::testing::TempDir() + "/controller_api_keys";
+  std::ofstream(keys) << "# clients\nkey-one-123456\nkey-two-123456\n";
+  absl::StatusOr<CommandLine> cli = Flags({"--insecure_no_auth", "--api_key_file=" + keys});
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto serving = vamp::v1::Serving::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->grpc_port()),
+                          grpc::InsecureChannelCredentials()));
+  // Keyless, wrong-key and right-key calls; with the right key the call gets as far as the model,
+  // which is not served yet (no agents).
+  for (const auto& [key, code] : std::vector<std::pair<std::string, grpc::StatusCode>>{
+           {"", grpc::StatusCode::UNAUTHENTICATED},
+           {"key-one-12345X", grpc::StatusCode::UNAUTHENTICATED},
+           {"key-two-123456", grpc::StatusCode::UNAVAILABLE}}) {
+    grpc::ClientContext ctx;
+    if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+    vamp::v1::GenerateRequest request;
+    request.add_prompt_token_ids(1);
+    auto reader = serving->Generate(&ctx, request);
+    vamp::v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), code) << "key '" << key << "'";
+    grpc::ClientContext list_ctx;
+    if (!key.empty()) list_ctx.AddMetadata("authorization", "Bearer " + key);
+    vamp::v1::ListModelsResponse models;
+    EXPECT_EQ(serving->ListModels(&list_ctx, {}, &models).error_code(),
+              code == grpc::StatusCode::UNAUTHENTICATED ? code : grpc::StatusCode::OK)
+        << "key '" << key << "'";
+  }
+  // HTTP agrees.
+  httplib::Client http("127.0.0.1", (*server)->http_port());
+  auto keyless = http.Post("/v1/completions", R"({"prompt": "hi"})", "application/json");
+  ASSERT_TRUE(keyless);
+  EXPECT_EQ(keyless->status, 401);
+}
+
 // Issue 14: a two-line or non-ASCII token made agents abort in a loop and gRPC print the secret.
 // Every token file is one validated line, and a bad one fails start-up naming the file only.
 TEST(ControllerServerTest, BadTokenFilesFailStartUpNamingTheFileNotTheSecret) {
