@@ -14,6 +14,7 @@
 #include "common/secret.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "controller/agent_reports.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "nlohmann/json.hpp"
 
@@ -356,6 +357,9 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   VAMP_LOG(INFO) << "initialising " << endpoints.size() << " agent(s) with " << init.model_path()
                  << " (" << init.load_format() << ", dtype " << init.dtype() << ")";
   VAMP_ASSIGN_OR_RETURN(std::vector<vamp::v1::InitResponse> ranks, group->Init(init));
+  // Nothing is sized from the agents' answers before they are checked: a lying or buggy agent is
+  // refused here (and retried when it registers again) instead of crashing the controller.
+  VAMP_ASSIGN_OR_RETURN(AgentReportLimits limits, CheckInitResponses(init, ranks));
   const vamp::v1::InitResponse& first = ranks.front();
   // Each agent prints its own memory plan; here, one line per rank.
   for (const auto& r : ranks) {
@@ -375,6 +379,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   if (first.eos_token_id() >= 0) engine_options.eos_token_id = first.eos_token_id();
   engine_options.experts_per_group = std::max(1, first.experts_per_group());
   engine_options.experts_per_layer = first.num_experts();
+  engine_options.report_limits = std::move(limits);
   VAMP_ASSIGN_OR_RETURN(engine_options.vamp, VampArbiterConfigFromConfig(config_));
   auto context = std::make_shared<ServingContext>();
   context->model =

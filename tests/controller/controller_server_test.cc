@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "common/grpc_server.h"
 #include "controller/controller_config.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -33,6 +34,97 @@ absl::StatusOr<CommandLine> Flags(std::vector<std::string> extra) {
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
   return ParseCommandLine(ControllerConfigSchema(), static_cast<int>(argv.size()), argv.data());
+}
+
+// An agent that registers and then lies in its Init or Capacity answers.
+class LyingAgent final : public vamp::v1::Agent::Service {
+ public:
+  enum class Lie { kInitKvBlocks, kCapacityKvBlocks };
+  explicit LyingAgent(Lie lie) : lie_(lie) {}
+
+  grpc::Status Init(grpc::ServerContext*, const vamp::v1::InitRequest*,
+                    vamp::v1::InitResponse* response) override {
+    response->set_num_layers(2);
+    response->set_num_experts(8);
+    response->set_experts_per_group(1);
+    response->set_vocab_size(256);
+    response->set_eos_token_id(1);
+    response->set_max_position_embeddings(64);
+    vamp::v1::RankMemory& m = *response->mutable_memory();
+    m.set_device("cpu");
+    m.set_device_total_bytes(uint64_t{1} << 30);
+    m.set_kv_pool_bytes(1 << 20);
+    m.set_kv_blocks(lie_ == Lie::kInitKvBlocks ? 2147483647 : 100);
+    absl::MutexLock lock(&mu_);
+    ++inits_;
+    return grpc::Status::OK;
+  }
+  grpc::Status Capacity(grpc::ServerContext*, const vamp::v1::CapacityRequest*,
+                        vamp::v1::CapacityResponse* response) override {
+    // 2^31 - 1 blocks: what made the controller die of std::bad_alloc.
+    const int64_t blocks = lie_ == Lie::kCapacityKvBlocks ? 2147483647 : 100;
+    response->set_kv_blocks_now(blocks);
+    response->set_kv_blocks_after(blocks);
+    absl::MutexLock lock(&mu_);
+    ++capacity_calls_;
+    return grpc::Status::OK;
+  }
+  grpc::Status GetStats(grpc::ServerContext*, const vamp::v1::GetStatsRequest*,
+                        vamp::v1::GetStatsResponse* response) override {
+    response->mutable_memory()->set_device("cpu");
+    return grpc::Status::OK;
+  }
+  int inits() {
+    absl::MutexLock lock(&mu_);
+    return inits_;
+  }
+  int capacity_calls() {
+    absl::MutexLock lock(&mu_);
+    return capacity_calls_;
+  }
+
+ private:
+  const Lie lie_;
+  absl::Mutex mu_;
+  int inits_ ABSL_GUARDED_BY(mu_) = 0;
+  int capacity_calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Issue 14: an agent reporting kv_blocks = 2^31 - 1 crashed the controller with std::bad_alloc.
+// Its reports are checked and the agent refused; the controller keeps answering.
+TEST(ControllerServerTest, LyingAgentIsRefusedNotFatal) {
+  for (LyingAgent::Lie lie : {LyingAgent::Lie::kCapacityKvBlocks, LyingAgent::Lie::kInitKvBlocks}) {
+    absl::StatusOr<CommandLine> cli = Flags({"--insecure_no_auth"});
+    ASSERT_TRUE(cli.ok()) << cli.status();
+    absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+    ASSERT_TRUE(server.ok()) << server.status();
+    LyingAgent agent(lie);
+    absl::StatusOr<std::unique_ptr<GrpcServer>> agent_server =
+        GrpcServer::Start("127.0.0.1:0", {&agent});
+    ASSERT_TRUE(agent_server.ok()) << agent_server.status();
+    auto registry = vamp::v1::AgentRegistry::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string((*server)->grpc_port()), grpc::InsecureChannelCredentials()));
+    vamp::v1::RegisterRequest request;
+    request.set_rank(0);
+    request.set_agent_address("127.0.0.1:" + std::to_string((*agent_server)->port()));
+    grpc::ClientContext ctx;
+    vamp::v1::RegisterResponse response;
+    ASSERT_TRUE(registry->Register(&ctx, request, &response).ok());
+    // The controller initialises the agent and, with an honest Init, asks its capacity.
+    const bool capacity_lie = lie == LyingAgent::Lie::kCapacityKvBlocks;
+    for (int i = 0; i < 500 && (capacity_lie ? agent.capacity_calls() : agent.inits()) == 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_GT(capacity_lie ? agent.capacity_calls() : agent.inits(), 0);
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_FALSE((*server)->serving());
+    httplib::Client http("127.0.0.1", (*server)->http_port());
+    auto h = http.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 503);
+    (*server)->Shutdown();
+    (*agent_server)->Shutdown(0);
+  }
 }
 
 TEST(ControllerServerTest, AnswersEverywhereBeforeAgentsArrive) {
