@@ -195,13 +195,17 @@ grpc::ServerUnaryReactor* AdminService::ForceRestore(grpc::CallbackServerContext
 }
 
 grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* context,
-                                              const vamp::v1::DrainRequest*,
+                                              const vamp::v1::DrainRequest* request,
                                               vamp::v1::DrainResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!Authorized(context, reactor)) return reactor;
   std::shared_ptr<const ServingContext> ctx = ServingContextOrFinish(reactor);
   if (ctx == nullptr) return reactor;
-  ctx->engine->Drain();
+  if (request->undrain()) {
+    ctx->engine->Undrain();
+  } else {
+    ctx->engine->Drain();
+  }
   vamp::v1::GetStatusResponse status;
   ctx->engine->Snapshot(&status);
   response->set_running(status.queue().running());

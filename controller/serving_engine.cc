@@ -228,6 +228,11 @@ void ServingEngine::Drain() {
   VAMP_LOG(INFO) << "draining: no new requests are admitted";
 }
 
+void ServingEngine::Undrain() {
+  draining_ = false;
+  VAMP_LOG(INFO) << "drain ended: requests are admitted again";
+}
+
 void ServingEngine::Loop() {
   while (true) {
     {

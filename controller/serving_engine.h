@@ -86,6 +86,8 @@ class ServingEngine {
   VampArbiterConfig vamp_config() const;
   // Stops admitting requests; running ones finish.
   void Drain();
+  // Admits requests again after Drain.
+  void Undrain();
   void Stop();
 
   bool healthy() const { return healthy_.load(); }

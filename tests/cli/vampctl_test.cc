@@ -1,6 +1,7 @@
 // Runs the vampctl binary as an operator would and checks its output and exit codes.
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -49,6 +50,24 @@ TEST(VampctlTest, UnreachableControllerExitsThree) {
   Result r = RunVampctl("--endpoint 127.0.0.1:1 --timeout 2 status");
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1"));
+}
+
+// Issue 14: vampctl waited out its whole timeout on a refused connection, and took no
+// --option=value.
+TEST(VampctlTest, RefusedConnectionFailsFastAndOptionsTakeEquals) {
+  const auto start = std::chrono::steady_clock::now();
+  Result r = RunVampctl("--endpoint=127.0.0.1:1 --timeout=30 -o json status");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1 (connection refused"));
+  EXPECT_LT(seconds, 10) << "vampctl waited for its timeout";
+  Result bad = RunVampctl("--timeout=never status");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("'never' is not a positive number"));
+  Result ca = RunVampctl("--ca_file=/nonexistent/ca.pem status");
+  EXPECT_EQ(ca.exit_code, 2);
+  EXPECT_THAT(ca.output, HasSubstr("--ca_file"));
 }
 
 TEST(VampctlTest, HealthAndStatusAgainstLiveController) {

@@ -383,6 +383,22 @@ TEST(SystemTest, VampctlAgainstLiveSystem) {
   int status = 0;
   Completion(server->http_port(), GreedyBody(g.prompts[0], 4), &status);
   EXPECT_EQ(status, 503);
+  // Issue 14: health agrees with HTTP /health while draining, and undrain admits requests again.
+  httplib::Client http("127.0.0.1", server->http_port());
+  auto health = http.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(Vampctl(*server, "health", &out), 4) << out;
+  EXPECT_THAT(out, HasSubstr("NOT_SERVING (draining)"));
+  EXPECT_EQ(Vampctl(*server, "undrain", &out), 0) << out;
+  EXPECT_EQ(Vampctl(*server, "health", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("SERVING"));
+  health = http.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  Json after = Completion(server->http_port(), GreedyBody(g.prompts[0], 16), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(after["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
 }
 
 }  // namespace
@@ -511,6 +527,17 @@ TEST(SystemTest, TlsOnHttpAndGrpcWhenCertificatesAreConfigured) {
   grpc::ClientContext ictx;
   ictx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
   EXPECT_FALSE(insecure->GetStatus(&ictx, {}, &status).ok());
+
+  // Issue 14: vampctl talks to a TLS controller with --ca_file or $VAMPCTL_CA_FILE, and fails
+  // fast (exit 3, naming --ca_file) without.
+  std::string out;
+  EXPECT_EQ(Vampctl(*server, "--ca_file=" + cert + " status", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("serving        yes"));
+  EXPECT_EQ(Vampctl(*server, "--timeout 30 status", &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("--ca_file"));
+  ASSERT_EQ(::setenv("VAMPCTL_CA_FILE", cert.c_str(), 1), 0);
+  EXPECT_EQ(Vampctl(*server, "health", &out), 0) << out;
+  ::unsetenv("VAMPCTL_CA_FILE");
 }
 
 }  // namespace
