@@ -275,6 +275,7 @@ absl::StatusOr<std::vector<vamp::v1::StepResponse>> AgentGroup::Step(
     timed_out = timed_out_;
   }
   if (timed_out) {
+    missed_step_deadline_ = true;
     broken =
         absl::DeadlineExceededError(absl::StrCat("agents did not answer step ", request.step_id(),
                                                  " within ", options_.step_timeout_ms, " ms"));

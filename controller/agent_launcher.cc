@@ -127,6 +127,16 @@ void AgentLauncher::Monitor() {
   }
 }
 
+void AgentLauncher::KillAll() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  for (int r = 0; r < static_cast<int>(pids_.size()); ++r) {
+    if (pids_[r] <= 0) continue;
+    VAMP_LOG(WARNING) << "killing agent rank " << r << " (pid " << pids_[r] << ") to restart it";
+    kill(pids_[r], SIGKILL);
+  }
+}
+
 std::vector<pid_t> AgentLauncher::pids() const {
   absl::MutexLock lock(&mu_);
   return pids_;

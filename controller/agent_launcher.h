@@ -36,6 +36,9 @@ class AgentLauncher {
   ~AgentLauncher();
   // SIGTERM to every agent, SIGKILL after `grace_ms`.
   void Stop(int64_t grace_ms = 5000);
+  // SIGKILLs every agent (a frozen one too: SIGKILL ends a stopped process); the monitor
+  // restarts them as it does any agent that exits.
+  void KillAll();
   // Process ids by rank (0 while a rank is being restarted).
   std::vector<pid_t> pids() const;
 

@@ -324,6 +324,19 @@ void ControllerServer::Supervise() {
       if (registry_->generation() != seen) break;
       mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100));
     }
+    std::shared_ptr<AgentGroup> failed_group;
+    {
+      absl::MutexLock lock(&mu_);
+      failed_group = group_;
+    }
+    if (launcher_ != nullptr && failed_group != nullptr && failed_group->missed_step_deadline()) {
+      // A spawned agent that misses its step deadline is frozen or hung but keeps its
+      // connection, so nothing else would ever replace it: restart our agents.
+      VAMP_LOG(ERROR) << "a spawned agent missed its step deadline (step_timeout_s "
+                      << config_.GetDouble("step_timeout_s")
+                      << "); killing the spawned agents so that they restart";
+      launcher_->KillAll();
+    }
     VAMP_LOG(WARNING) << "agent group changed or failed: re-initialising";
     grpc_->SetServing("vamp.v1.Serving", false);
     ServingGauge().Set(0);

@@ -291,6 +291,33 @@ TEST(SystemTest, AgentKilledMidRequestFailsItClearlyThenRecovers) {
   EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
 }
 
+// Issue 14: a frozen agent (SIGSTOP past --step_timeout_s) kept its connection, so the launcher
+// never restarted it and the controller re-initialised it forever. Now it is killed and
+// respawned, and the system serves again.
+TEST(SystemTest, FrozenSpawnedAgentIsKilledAndRestarted) {
+  Goldens g = LoadGoldens();
+  std::unique_ptr<ControllerServer> server = StartSystem(1, {"--step_timeout_s=1"});
+  ASSERT_NE(server, nullptr);
+  const pid_t frozen = server->launcher()->pids()[0];
+  ASSERT_GT(frozen, 0);
+  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
+  int status = 0;
+  Completion(server->http_port(), GreedyBody(g.prompts[0], 16), &status);
+  EXPECT_NE(status, 200);
+  // Killed (a stopped process dies of SIGKILL), respawned with a new pid, re-initialised.
+  pid_t now = frozen;
+  for (int i = 0; i < 600 && (now == frozen || now <= 0 || !server->serving()); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    now = server->launcher()->pids()[0];
+  }
+  EXPECT_NE(now, frozen);
+  if (now == frozen) kill(frozen, SIGKILL);  // not to leave a stopped process behind
+  ASSERT_TRUE(server->WaitUntilServing(absl::Seconds(30)));
+  Json again = Completion(server->http_port(), GreedyBody(g.prompts[0], 16), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
+}
+
 // The /proc/<pid>/<what> of a process (cmdline, environ), NUL separators and all.
 std::string ProcFile(pid_t pid, const std::string& what) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/" + what, std::ios::binary);
