@@ -371,6 +371,9 @@ int Status(const Options& options, const std::shared_ptr<grpc::Channel>& channel
       response.version(), response.model(), response.uptime_seconds(),
       response.serving() ? "yes" : "no", response.draining() ? "yes" : "no", response.policy(),
       response.offload_ratio(), response.offloaded_groups());
+  if (!response.last_error().empty()) {
+    std::cout << "last error     " << response.last_error() << "\n";
+  }
   const auto& kv = response.kv_pool();
   std::cout << absl::StrFormat(
       "kv pool        %d blocks (%d used, %d cached free, %d free), block %d tokens, hit %.1f%%\n"

@@ -100,9 +100,10 @@ ControllerServer::ControllerServer(const Config& config)
     : config_(config), start_micros_(SteadyClock::Get().NowMicros()) {}
 
 absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
-    const Config& config, const std::string& self_path) {
+    const Config& config, const std::string& self_path, std::function<void()> on_fatal) {
   std::unique_ptr<ControllerServer> server(new ControllerServer(config));
   ControllerServer* self = server.get();
+  server->on_fatal_ = std::move(on_fatal);
   RegisterBuildMetrics();
   ServingGauge().Set(0);
   // Validate what can be validated before anything listens.
@@ -142,6 +143,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   http.tls_cert_file = config.GetString("tls_cert_file");
   http.tls_key_file = config.GetString("tls_key_file");
   http.metrics_targets = [self](int http_port) { return self->MetricsTargetsJson(http_port); };
+  http.last_error = [self] { return self->last_error(); };
   std::shared_ptr<grpc::ServerCredentials> credentials;
   if (http.tls_cert_file.empty() != http.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
@@ -267,6 +269,17 @@ bool ControllerServer::serving() const {
   return ctx != nullptr && ctx->engine->healthy();
 }
 
+std::string ControllerServer::fatal_error() const {
+  absl::MutexLock lock(&mu_);
+  return fatal_error_;
+}
+
+std::string ControllerServer::last_error() const {
+  if (serving()) return "";
+  absl::MutexLock lock(&mu_);
+  return last_error_;
+}
+
 bool ControllerServer::WaitUntilServing(absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
@@ -300,12 +313,26 @@ void ControllerServer::Supervise() {
       continue;
     }
     seen = *generation;
-    absl::Status up = BringUp(endpoints);
+    bool permanent = false;
+    absl::Status up = BringUp(endpoints, &permanent);
     if (!up.ok()) {
       VAMP_LOG(ERROR) << "cannot serve with the registered agents: " << up;
       {
         absl::MutexLock lock(&mu_);
         last_error_ = std::string(up.message());
+      }
+      if (permanent && launcher_ != nullptr) {
+        // Our own agents, given our own flags, will fail the same way every time: answering 503
+        // forever with the reason only in a log helps nobody.
+        VAMP_LOG(ERROR) << "stopping: the spawned agents cannot load the model (" << up.message()
+                        << "); fix the flags and start again";
+        TearDown();
+        {
+          absl::MutexLock lock(&mu_);
+          fatal_error_ = std::string(up.message());
+        }
+        if (on_fatal_) on_fatal_();
+        return;
       }
       waiting_since = absl::Now();
       TearDown();
@@ -345,7 +372,9 @@ void ControllerServer::Supervise() {
   }
 }
 
-absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoints) {
+absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoints,
+                                       bool* permanent) {
+  *permanent = false;
   AgentGroupOptions options;
   options.step_timeout_ms = static_cast<int64_t>(config_.GetDouble("step_timeout_s") * 1000);
   options.auth_token = agent_token_;
@@ -369,7 +398,13 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   memory->set_max_num_seqs(scheduler.max_num_seqs);
   VAMP_LOG(INFO) << "initialising " << endpoints.size() << " agent(s) with " << init.model_path()
                  << " (" << init.load_format() << ", dtype " << init.dtype() << ")";
-  VAMP_ASSIGN_OR_RETURN(std::vector<vamp::v1::InitResponse> ranks, group->Init(init));
+  absl::StatusOr<std::vector<vamp::v1::InitResponse>> initialised = group->Init(init);
+  if (!initialised.ok()) {
+    *permanent =
+        absl::IsInvalidArgument(initialised.status()) || absl::IsNotFound(initialised.status());
+    return initialised.status();
+  }
+  std::vector<vamp::v1::InitResponse> ranks = *std::move(initialised);
   // Nothing is sized from the agents' answers before they are checked: a lying or buggy agent is
   // refused here (and retried when it registers again) instead of crashing the controller.
   VAMP_ASSIGN_OR_RETURN(AgentReportLimits limits, CheckInitResponses(init, ranks));
@@ -455,6 +490,7 @@ void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {
   status->set_uptime_seconds(static_cast<double>(SteadyClock::Get().NowMicros() - start_micros_) *
                              1e-6);
   status->set_policy(config_.GetString("arbiter"));
+  status->set_last_error(last_error());
   std::shared_ptr<const ServingContext> ctx = Context();
   if (ctx != nullptr) ctx->engine->Snapshot(status);
   std::shared_ptr<AgentGroup> group;

@@ -53,6 +53,8 @@ class Handler {
   Handler(HttpFrontendOptions options, ServingContextProvider context)
       : options_(std::move(options)), context_(std::move(context)) {}
 
+  std::string LastError() const { return options_.last_error ? options_.last_error() : ""; }
+
   bool Authorized(const httplib::Request& req, httplib::Response& res) const {
     if (options_.api_keys.empty()) return true;
     if (BearerMatchesAny(req.get_header_value("Authorization"), options_.api_keys)) return true;
@@ -77,15 +79,19 @@ class Handler {
     std::shared_ptr<const ServingContext> ctx = context_();
     const bool serving = ctx != nullptr && ctx->engine->healthy() && !ctx->engine->draining();
     res.status = serving ? 200 : 503;
-    res.set_content(serving ? "{\"status\": \"serving\"}" : "{\"status\": \"not serving\"}",
-                    "application/json");
+    Json body = {{"status", serving ? "serving" : "not serving"}};
+    if (!serving && !LastError().empty()) body["error"] = LastError();
+    res.set_content(Dump(body), "application/json");
   }
 
   void Generate(const httplib::Request& req, httplib::Response& res, bool chat) {
     std::shared_ptr<const ServingContext> ctx = context_();
     if (ctx == nullptr) {
-      SendError(res, absl::UnavailableError("the model is not being served yet (agents are "
-                                            "starting or failed); retry later"));
+      const std::string error = LastError();
+      SendError(res, absl::UnavailableError(absl::StrCat(
+                         "the model is not being served yet (agents are starting or failed); "
+                         "retry later",
+                         error.empty() ? "" : absl::StrCat(". Last error: ", error))));
       return;
     }
     absl::StatusOr<ServingRequest> parsed =

@@ -1,5 +1,6 @@
 // vamp-controller: the engine core of one model replica (shared/DESIGN.md, "Processes").
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -52,7 +53,10 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<vamp::ControllerServer>> server =
-      vamp::ControllerServer::Start(cli->config, "/proc/self/exe");
+      vamp::ControllerServer::Start(cli->config, "/proc/self/exe", [] {
+        // Wakes the sigwait below; the stop signals are blocked in every thread.
+        kill(getpid(), SIGTERM);
+      });
   if (!server.ok()) {
     VAMP_LOG(ERROR) << "cannot start: " << server.status().message();
     return 1;
@@ -78,8 +82,13 @@ int Run(int argc, char** argv) {
         return controller->serving() ? std::string("serving")
                                      : std::string("waiting for agents to serve the model");
       });
-  VAMP_LOG(INFO) << "received signal " << signal_number << ", shutting down";
+  const std::string fatal = (*server)->fatal_error();
+  if (fatal.empty()) VAMP_LOG(INFO) << "received signal " << signal_number << ", shutting down";
   (*server)->Shutdown();
+  if (!fatal.empty()) {
+    VAMP_LOG(ERROR) << "exiting: " << fatal;
+    return 1;
+  }
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <fstream>
 
 #include "controller/controller_config.h"
@@ -316,6 +317,65 @@ TEST(SystemTest, FrozenSpawnedAgentIsKilledAndRestarted) {
   Json again = Completion(server->http_port(), GreedyBody(g.prompts[0], 16), &status);
   EXPECT_EQ(status, 200);
   EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
+}
+
+int Vampctl(const ControllerServer& server, const std::string& args, std::string* out);
+
+// Issue 14: a wrong --model_path left the controller answering 503 forever with the reason only
+// in stderr. Spawned agents that fail Init permanently stop the controller with that error (the
+// binary exits non-zero); until then /health, the Admin status and the 503 body carry it.
+TEST(SystemTest, WrongModelPathStopsTheControllerWithTheReason) {
+  const std::string missing = ::testing::TempDir() + "/no-such-model";
+  std::vector<std::string> args = {
+      "vamp-controller",
+      "--grpc_address=127.0.0.1:0",
+      "--admin_address=127.0.0.1:0",
+      "--http_address=127.0.0.1:0",
+      "--metrics_address=",
+      "--model_path=" + missing,
+      "--spawn_agents=1",
+      std::string("--agent_binary=") + VAMP_BINARY_DIR + "/agent/vamp-agent",
+      "--agent_host_memory_bytes=268435456",
+      "--agent_host_page_bytes=4096",
+      "--log_level=warning"};
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  absl::StatusOr<CommandLine> cli =
+      ParseCommandLine(ControllerConfigSchema(), static_cast<int>(argv.size()), argv.data());
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  std::atomic<int> fatal_calls{0};
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server =
+      ControllerServer::Start(cli->config, "", [&fatal_calls] { ++fatal_calls; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (int i = 0; i < 600 && (*server)->fatal_error().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_THAT((*server)->fatal_error(), HasSubstr(missing));
+  EXPECT_EQ(fatal_calls.load(), 1);
+  httplib::Client http("127.0.0.1", (*server)->http_port());
+  auto health = http.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_THAT(health->body, HasSubstr(missing));
+  int status = 0;
+  Json body = Completion((*server)->http_port(), GreedyBody({1, 2}, 4), &status);
+  EXPECT_EQ(status, 503);
+  EXPECT_THAT(body.dump(), HasSubstr(missing));
+  std::string out;
+  EXPECT_EQ(Vampctl(**server, "status", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("last error"));
+  EXPECT_THAT(out, HasSubstr(missing));
+  (*server)->Shutdown();
+
+  // The binary exits non-zero on its own.
+  std::string command;
+  for (size_t i = 0; i < args.size(); ++i) {
+    command += (i == 0 ? std::string(VAMP_BINARY_DIR) + "/controller/vamp-controller" : args[i]);
+    command += ' ';
+  }
+  const int code = std::system(("timeout 60 " + command + ">/dev/null 2>&1").c_str());
+  ASSERT_TRUE(WIFEXITED(code));
+  EXPECT_EQ(WEXITSTATUS(code), 1);
 }
 
 // The /proc/<pid>/<what> of a process (cmdline, environ), NUL separators and all.
