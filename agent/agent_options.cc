@@ -1,14 +1,17 @@
 #include "agent/agent_options.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/secret.h"
 
 namespace vamp {
 namespace {
@@ -65,10 +68,17 @@ const ConfigSchema& AgentConfigSchema() {
         .Int("rank", -1, -1, 1 << 20,
              "tensor-parallel rank to ask the controller for; -1 lets the controller assign one")
         .String("auth_token_file", "",
-                "file holding the shared secret (trailing whitespace ignored). When set, every "
-                "call to this agent must carry the metadata 'authorization: Bearer <token>' "
-                "(UNAUTHENTICATED otherwise), and the agent presents it when registering and to "
-                "its tensor-parallel peers. The token is never logged")
+                "file holding the shared secret, on one line (8 to 4096 printable ASCII "
+                "characters, no spaces; the controller's --auth_token_file). Every call to this "
+                "agent must carry the metadata 'authorization: Bearer <token>' (UNAUTHENTICATED "
+                "otherwise), and the agent presents it when registering and to its "
+                "tensor-parallel peers. The token is never logged. Agents spawned by "
+                "vamp-controller get its token through the environment instead. Required unless "
+                "--insecure_no_auth")
+        .Bool("insecure_no_auth", false,
+              "run without a token: anyone who reaches the agent's port can drive it and read "
+              "prompts, and any process can register as this controller's agent. Only for "
+              "isolated test setups; logged as a warning")
         .String("metrics_address", d.metrics_address,
                 "host:port for Prometheus /metrics; port 0 picks a free one; empty disables it")
         .String("ready_file", "",
@@ -129,19 +139,28 @@ absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config) {
   o.device = *device;
   o.rank = static_cast<int>(config.GetInt("rank"));
   if (config.GetString("device") == "cuda" && o.rank >= 0) o.device.ordinal = o.rank;
+  if (char* env = std::getenv(kAgentAuthTokenEnv); env != nullptr) {
+    // From a spawning controller. Wiped in place as well as unset: /proc/<pid>/environ shows the
+    // original block, and nothing this process starts should inherit the secret.
+    o.auth_token = env;
+    std::fill(env, env + std::strlen(env), '\0');
+    ::unsetenv(kAgentAuthTokenEnv);
+    if (absl::Status s = ValidateSecret(o.auth_token); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable ", kAgentAuthTokenEnv, ": ", s.message()));
+    }
+  }
   if (const std::string& path = config.GetString("auth_token_file"); !path.empty()) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config field 'auth_token_file': cannot read '", path, "'"));
-    }
-    std::ostringstream text;
-    text << in.rdbuf();
-    o.auth_token = std::string(absl::StripTrailingAsciiWhitespace(text.str()));
-    if (o.auth_token.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config field 'auth_token_file': '", path, "' is empty"));
-    }
+    absl::StatusOr<std::string> token = ReadSecretFile(path, "config field 'auth_token_file'");
+    if (!token.ok()) return token.status();
+    o.auth_token = *std::move(token);
+  }
+  o.insecure_no_auth = config.GetBool("insecure_no_auth");
+  if (o.auth_token.empty() && !o.insecure_no_auth) {
+    return absl::InvalidArgumentError(
+        "config field 'auth_token_file': required (the controller's --auth_token_file): without "
+        "a token anyone who reaches this agent can drive it and read prompts, and anyone can "
+        "register with the controller in its place. Pass --insecure_no_auth to run without one");
   }
   o.host_page_bytes = static_cast<uint64_t>(config.GetInt("host_page_bytes"));
   if (o.host_page_bytes % 4096 != 0) {

@@ -58,6 +58,8 @@ struct AgentOptions {
   // Shared secret: required from every caller as "authorization: Bearer <token>" when non-empty,
   // and presented to the controller and the other ranks. Never logged.
   std::string auth_token;
+  // --insecure_no_auth: the operator's explicit choice to run without a token (warned about).
+  bool insecure_no_auth = false;
 
   // --- CPU agents: the host memory backend stands in for device memory. ---
   // Page size of the host backend (the VMM granularity of the emulated device), bytes.
@@ -89,8 +91,10 @@ struct AgentOptions {
 // The flag schema of vamp-agent.
 const ConfigSchema& AgentConfigSchema();
 
-// Options from parsed flags: reads --auth_token_file (trailing whitespace stripped; an empty or
-// unreadable file is an error naming the flag), parses --device ("cuda" with --rank r >= 0 is
+// Options from parsed flags: takes the token from --auth_token_file (one line, validated; see
+// common/secret.h), else from $VAMP_AGENT_AUTH_TOKEN (kAgentAuthTokenEnv, then wiped from the
+// environment), else requires --insecure_no_auth; parses
+// --device ("cuda" with --rank r >= 0 is
 // cuda:r: one agent per GPU), and range-checks the rest.
 absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config);
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/tcp_communicator.h"
 #include "common/logging.h"
+#include "common/secret.h"
 #include "common/version.h"
 #include "engine/memory/memory_backend.h"
 
@@ -17,14 +18,6 @@ namespace {
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-// Constant-time comparison: the token is a secret.
-bool SameSecret(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 std::string HostName() {
@@ -47,8 +40,7 @@ grpc::Status AgentGrpcService::Authenticate(const grpc::ServerContext* context) 
                         "missing 'authorization: Bearer <token>' metadata");
   }
   const absl::string_view value(it->second.data(), it->second.size());
-  constexpr absl::string_view kBearer = "Bearer ";
-  if (!absl::StartsWith(value, kBearer) || !SameSecret(value.substr(kBearer.size()), auth_token_)) {
+  if (!BearerMatches(value, auth_token_)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid auth token");
   }
   return grpc::Status::OK;
@@ -196,6 +188,10 @@ absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Start(AgentOptions o
                          ? absl::StrCat(", /metrics on port ", agent->metrics_->port())
                          : std::string())
                  << (o.auth_token.empty() ? ", no authentication" : ", token required");
+  if (o.auth_token.empty() && o.insecure_no_auth) {
+    VAMP_LOG(WARNING) << "--insecure_no_auth: this agent accepts calls from anyone who reaches "
+                      << agent->address_ << " and registers without a token";
+  }
   if (!o.controller_address.empty()) {
     AgentService* self = agent.get();
     agent->registrar_ =

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/secret.h"
 #include "common/status_macros.h"
 
 namespace vamp {
@@ -122,14 +123,6 @@ void SetNoDelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-// Constant-time comparison: the token is a secret.
-bool SameSecret(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 absl::StatusOr<addrinfo*> Resolve(const std::string& host, int port, bool passive) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -217,7 +210,7 @@ absl::StatusOr<std::vector<int>> Listen(const TcpCommunicatorOptions& o, const s
       ::close(fd);
       continue;
     }
-    if (!SameSecret(token, o.auth_token)) {
+    if (!SecretEquals(token, o.auth_token)) {
       failure = absl::PermissionDeniedError(absl::StrCat(
           "tensor-parallel peer claiming rank ", hello.rank, " presented a wrong auth token"));
     } else if (hello.size != o.size) {

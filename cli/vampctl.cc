@@ -5,18 +5,21 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <fstream>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/secret.h"
 #include "google/protobuf/util/json_util.h"
-#include "grpcpp/grpcpp.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "vamp/v1/admin.grpc.pb.h"
 
 namespace {
@@ -28,11 +31,13 @@ constexpr int kExitServerError = 4;
 
 constexpr char kUsage[] =
     "Usage: vampctl [--endpoint HOST:PORT] [-o table|json] [--timeout SECONDS] COMMAND\n"
+    "       (every option also as --option=value)\n"
     "\n"
     "Administers a running vamp-controller over gRPC.\n"
     "\n"
     "Commands:\n"
-    "  health          ask grpc.health.v1 whether the controller answers (exit 4 if not)\n"
+    "  health          whether the controller serves: grpc.health.v1, and not draining, as\n"
+    "                  HTTP /health says (exit 4 if not)\n"
     "  status          version, model, uptime, policy, KV pool, queue and every rank's memory\n"
     "  policy get      the memory arbiter and offload cap in force\n"
     "  policy set KEY=VALUE...   arbiter=static|vamp, restore=on|off (the cap needs a restart)\n"
@@ -42,11 +47,14 @@ constexpr char kUsage[] =
     "  offload N       move N expert groups per layer into the KV cache on every rank now\n"
     "  restore N       give N groups back to the experts (waits until their KV blocks are free)\n"
     "  drain           stop admitting requests; running ones finish\n"
+    "  undrain         admit requests again after a drain\n"
     "  decisions [N]   the N most recent memory-arbiter decisions [20]\n"
     "\n"
     "Options:\n"
     "  --endpoint HOST:PORT  controller Admin address [$VAMPCTL_ENDPOINT or 127.0.0.1:50052]\n"
     "  --token-file FILE     admin token file [$VAMPCTL_TOKEN_FILE]\n"
+    "  --ca_file FILE        PEM CA to verify a controller that serves TLS (its --tls_cert_file)\n"
+    "                        [$VAMPCTL_CA_FILE]; without, plaintext\n"
     "  -o, --output FORMAT   table (default) or json\n"
     "  --timeout SECONDS     per-call deadline [5]\n"
     "  -h, --help            print this help\n"
@@ -58,6 +66,7 @@ struct Options {
   std::string output = "table";
   double timeout_seconds = 5;
   std::string token;
+  std::string ca_file;
   std::string command;
   std::vector<std::string> args;
 };
@@ -128,17 +137,20 @@ int Remap(const Options& options, const std::shared_ptr<grpc::Channel>& channel,
   return kExitOk;
 }
 
-int Drain(const Options& options, const std::shared_ptr<grpc::Channel>& channel) {
+int Drain(const Options& options, const std::shared_ptr<grpc::Channel>& channel, bool undrain) {
   auto stub = vamp::v1::Admin::NewStub(channel);
   grpc::ClientContext context;
   SetDeadline(&context, options.timeout_seconds);
+  vamp::v1::DrainRequest request;
+  request.set_undrain(undrain);
   vamp::v1::DrainResponse response;
-  grpc::Status status = stub->Drain(&context, {}, &response);
-  if (!status.ok()) return RpcError("Drain", status, options.endpoint);
+  grpc::Status status = stub->Drain(&context, request, &response);
+  if (!status.ok()) return RpcError(undrain ? "Undrain" : "Drain", status, options.endpoint);
   if (options.output == "json") {
     PrintJson(response);
   } else {
-    std::cout << absl::StrFormat("draining: %d running, %d waiting\n", response.running(),
+    std::cout << absl::StrFormat("%s: %d running, %d waiting\n",
+                                 undrain ? "admitting requests" : "draining", response.running(),
                                  response.waiting());
   }
   return kExitOk;
@@ -315,14 +327,27 @@ int Health(const Options& options, const std::shared_ptr<grpc::Channel>& channel
   grpc::health::v1::HealthCheckResponse response;
   grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) return RpcError("health check", status, options.endpoint);
-  const bool serving =
-      response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-  const std::string name =
-      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  bool serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  // A draining controller answers health checks but admits nothing, and HTTP /health says 503:
+  // say the same. Without the Admin token the status is unknown; the health answer stands.
+  if (serving) {
+    auto admin = vamp::v1::Admin::NewStub(channel);
+    grpc::ClientContext status_context;
+    SetDeadline(&status_context, options.timeout_seconds);
+    vamp::v1::GetStatusResponse state;
+    if (admin->GetStatus(&status_context, {}, &state).ok() && state.draining()) {
+      serving = false;
+      name = "NOT_SERVING";
+    }
+  }
+  const bool draining =
+      !serving && response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
   if (options.output == "json") {
-    std::cout << "{\"status\": \"" << name << "\"}\n";
+    std::cout << "{\"status\": \"" << name << "\", \"draining\": " << (draining ? "true" : "false")
+              << "}\n";
   } else {
-    std::cout << name << "\n";
+    std::cout << name << (draining ? " (draining)" : "") << "\n";
   }
   return serving ? kExitOk : kExitServerError;
 }
@@ -346,6 +371,9 @@ int Status(const Options& options, const std::shared_ptr<grpc::Channel>& channel
       response.version(), response.model(), response.uptime_seconds(),
       response.serving() ? "yes" : "no", response.draining() ? "yes" : "no", response.policy(),
       response.offload_ratio(), response.offloaded_groups());
+  if (!response.last_error().empty()) {
+    std::cout << "last error     " << response.last_error() << "\n";
+  }
   const auto& kv = response.kv_pool();
   std::cout << absl::StrFormat(
       "kv pool        %d blocks (%d used, %d cached free, %d free), block %d tokens, hit %.1f%%\n"
@@ -379,25 +407,34 @@ int Run(int argc, char** argv) {
   }
   std::string token_file;
   if (const char* env = std::getenv("VAMPCTL_TOKEN_FILE"); env != nullptr) token_file = env;
+  if (const char* env = std::getenv("VAMPCTL_CA_FILE"); env != nullptr) options.ca_file = env;
   std::vector<std::string> args(argv + 1, argv + argc);
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const std::string& flag) -> const std::string* {
+    std::string a = args[i];
+    // --option=value is --option value.
+    std::optional<std::string> inline_value;
+    if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+    auto value = [&]() -> const std::string* {
+      if (inline_value.has_value()) return &*inline_value;
       if (i + 1 >= args.size()) return nullptr;
-      (void)flag;
       return &args[++i];
     };
     if (a == "-h" || a == "--help") {
       std::cout << kUsage;
       return kExitOk;
     } else if (a == "--endpoint" || a == "-o" || a == "--output" || a == "--timeout" ||
-               a == "--token-file") {
-      const std::string* v = value(a);
+               a == "--token-file" || a == "--ca_file" || a == "--ca-file") {
+      const std::string* v = value();
       if (v == nullptr) return UsageError("option " + a + " needs a value");
       if (a == "--endpoint") {
         options.endpoint = *v;
       } else if (a == "--token-file") {
         token_file = *v;
+      } else if (a == "--ca_file" || a == "--ca-file") {
+        options.ca_file = *v;
       } else if (a == "--timeout") {
         char* end = nullptr;
         options.timeout_seconds = std::strtod(v->c_str(), &end);
@@ -416,32 +453,53 @@ int Run(int argc, char** argv) {
     }
   }
   if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    if (!in || !std::getline(in, options.token) || options.token.empty()) {
-      return UsageError("--token-file: cannot read a token from '" + token_file + "'");
-    }
-    while (!options.token.empty() && std::isspace(static_cast<unsigned char>(options.token.back()))) {
-      options.token.pop_back();
-    }
+    // Read and validated as the controller reads its own: a token it would refuse to load could
+    // never match, and one with a newline would make gRPC reject (and print) the metadata.
+    absl::StatusOr<std::string> token = vamp::ReadSecretFile(token_file, "--token-file");
+    if (!token.ok()) return UsageError(std::string(token.status().message()));
+    options.token = *std::move(token);
   }
   g_options = &options;
   if (options.output != "table" && options.output != "json") {
     return UsageError("--output: '" + options.output + "' is not one of table, json");
   }
   if (options.command.empty()) return UsageError("no command given");
-  static const char* const kCommands[] = {"health", "status",  "policy",    "offload",
-                                          "restore", "drain", "decisions", "coefficients"};
+  static const char* const kCommands[] = {"health",  "status",    "policy",
+                                          "offload", "restore",   "drain",
+                                          "undrain", "decisions", "coefficients"};
   if (std::find(std::begin(kCommands), std::end(kCommands), options.command) ==
       std::end(kCommands)) {
     return UsageError("unknown command '" + options.command + "'");
   }
-  auto channel = grpc::CreateChannel(options.endpoint, grpc::InsecureChannelCredentials());
-  if (!channel->WaitForConnected(
-          std::chrono::system_clock::now() +
-          std::chrono::microseconds(static_cast<int64_t>(options.timeout_seconds * 1e6)))) {
-    std::fprintf(stderr, "vampctl: cannot reach %s (no connection within %g s)\n",
-                 options.endpoint.c_str(), options.timeout_seconds);
-    return kExitUnreachable;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.ca_file.empty()) {
+    std::ifstream in(options.ca_file, std::ios::binary);
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (!in || tls.pem_root_certs.empty()) {
+      return UsageError("--ca_file: cannot read a PEM certificate from '" + options.ca_file + "'");
+    }
+    credentials = grpc::SslCredentials(tls);
+  }
+  auto channel = grpc::CreateChannel(options.endpoint, credentials);
+  // Fail fast: a refused connection (or a failed TLS handshake) shows as TRANSIENT_FAILURE at
+  // once, while WaitForConnected alone would retry it until the timeout.
+  const auto deadline =
+      std::chrono::system_clock::now() +
+      std::chrono::microseconds(static_cast<int64_t>(options.timeout_seconds * 1e6));
+  for (grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+       state != GRPC_CHANNEL_READY; state = channel->GetState(/*try_to_connect=*/true)) {
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) {
+      std::fprintf(stderr, "vampctl: cannot reach %s (connection refused or failed%s)\n",
+                   options.endpoint.c_str(),
+                   options.ca_file.empty() ? "; a TLS controller needs --ca_file" : "");
+      return kExitUnreachable;
+    }
+    if (!channel->WaitForStateChange(state, deadline)) {
+      std::fprintf(stderr, "vampctl: cannot reach %s (no connection within %g s)\n",
+                   options.endpoint.c_str(), options.timeout_seconds);
+      return kExitUnreachable;
+    }
   }
   const bool variadic = options.command == "policy" || options.command == "coefficients";
   const size_t max_args =
@@ -455,7 +513,8 @@ int Run(int argc, char** argv) {
   if (options.command == "status") return Status(options, channel);
   if (options.command == "offload") return Remap(options, channel, /*offload=*/true);
   if (options.command == "restore") return Remap(options, channel, /*offload=*/false);
-  if (options.command == "drain") return Drain(options, channel);
+  if (options.command == "drain") return Drain(options, channel, /*undrain=*/false);
+  if (options.command == "undrain") return Drain(options, channel, /*undrain=*/true);
   if (options.command == "decisions") return Decisions(options, channel);
   if (options.command == "coefficients") return Coefficients(options, channel);
   if (options.command == "policy") {

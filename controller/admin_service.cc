@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/secret.h"
 
 namespace vamp {
 namespace {
@@ -19,7 +20,7 @@ bool AdminService::Authorized(grpc::CallbackServerContext* context,
   if (backend_.auth_token.empty()) return true;
   auto it = context->client_metadata().find("authorization");
   if (it != context->client_metadata().end() &&
-      std::string(it->second.data(), it->second.size()) == "Bearer " + backend_.auth_token) {
+      BearerMatches(absl::string_view(it->second.data(), it->second.size()), backend_.auth_token)) {
     return true;
   }
   reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -194,13 +195,17 @@ grpc::ServerUnaryReactor* AdminService::ForceRestore(grpc::CallbackServerContext
 }
 
 grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* context,
-                                              const vamp::v1::DrainRequest*,
+                                              const vamp::v1::DrainRequest* request,
                                               vamp::v1::DrainResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!Authorized(context, reactor)) return reactor;
   std::shared_ptr<const ServingContext> ctx = ServingContextOrFinish(reactor);
   if (ctx == nullptr) return reactor;
-  ctx->engine->Drain();
+  if (request->undrain()) {
+    ctx->engine->Undrain();
+  } else {
+    ctx->engine->Drain();
+  }
   vamp::v1::GetStatusResponse status;
   ctx->engine->Snapshot(&status);
   response->set_running(status.queue().running());

@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
+#include "controller/agent_reports.h"
 
 namespace vamp {
 namespace {
@@ -274,6 +275,7 @@ absl::StatusOr<std::vector<vamp::v1::StepResponse>> AgentGroup::Step(
     timed_out = timed_out_;
   }
   if (timed_out) {
+    missed_step_deadline_ = true;
     broken =
         absl::DeadlineExceededError(absl::StrCat("agents did not answer step ", request.step_id(),
                                                  " within ", options_.step_timeout_ms, " ms"));
@@ -293,6 +295,13 @@ absl::StatusOr<std::vector<vamp::v1::StepResponse>> AgentGroup::Step(
     if (!responses[i].error_message().empty()) {
       return absl::InternalError(
           absl::StrCat("agent rank ", i, ": ", responses[i].error_message()));
+    }
+    // The cost model and metrics average these: one absurd report would skew them for the whole
+    // window, so an agent that sends one is treated as broken.
+    if (absl::Status s = CheckStepTimings(responses[i].timings(), static_cast<int>(i)); !s.ok()) {
+      healthy_ = false;
+      VAMP_LOG(ERROR) << s;
+      return s;
     }
   }
   return responses;

@@ -70,6 +70,9 @@ class AgentGroup {
 
   int world_size() const { return static_cast<int>(ranks_.size()); }
   bool healthy() const { return healthy_.load(); }
+  // Whether a step ever went past the step timeout: some rank is alive enough to keep its
+  // connection but does not compute (frozen, e.g. SIGSTOP, or hung), which no reconnect cures.
+  bool missed_step_deadline() const { return missed_step_deadline_.load(); }
 
   // Initialises every rank with `request` (its parallel spec's tp_size/tp_rank set per rank, and
   // the rendezvous arranged as the header comment says), in parallel. Responses are in rank
@@ -102,6 +105,7 @@ class AgentGroup {
   const AgentGroupOptions options_;
   std::vector<Rank> ranks_;
   std::atomic<bool> healthy_{true};
+  std::atomic<bool> missed_step_deadline_{false};
   std::atomic<CollectiveTransport> transport_{CollectiveTransport::kNone};
 
   // The step watchdog: while a step is in flight, cancels every stream at its deadline.

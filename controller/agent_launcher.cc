@@ -65,14 +65,21 @@ absl::StatusOr<pid_t> AgentLauncher::Spawn(int rank) {
   // controller (the unit's main process), and the service manager rejects, and logs, every
   // message a child sends there. Built before fork: the child may only call exec.
   std::vector<std::string> env_strings;
+  auto replaced = [this](absl::string_view entry) {
+    for (const std::string& e : options_.env) {
+      if (absl::StartsWith(entry, e.substr(0, e.find('=') + 1))) return true;
+    }
+    return false;
+  };
   for (char** e = environ; *e != nullptr; ++e) {
     const absl::string_view entry(*e);
     if (absl::StartsWith(entry, "NOTIFY_SOCKET=") || absl::StartsWith(entry, "WATCHDOG_USEC=") ||
-        absl::StartsWith(entry, "WATCHDOG_PID=")) {
+        absl::StartsWith(entry, "WATCHDOG_PID=") || replaced(entry)) {
       continue;
     }
     env_strings.emplace_back(entry);
   }
+  env_strings.insert(env_strings.end(), options_.env.begin(), options_.env.end());
   std::vector<char*> envp;
   for (std::string& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -117,6 +124,16 @@ void AgentLauncher::Monitor() {
       }
     }
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100));
+  }
+}
+
+void AgentLauncher::KillAll() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  for (int r = 0; r < static_cast<int>(pids_.size()); ++r) {
+    if (pids_[r] <= 0) continue;
+    VAMP_LOG(WARNING) << "killing agent rank " << r << " (pid " << pids_[r] << ") to restart it";
+    kill(pids_[r], SIGKILL);
   }
 }
 

@@ -22,6 +22,10 @@ struct AgentLauncherOptions {
   int num_agents = 1;
   // Arguments for rank r: these, then "--rank r".
   std::vector<std::string> args;
+  // Variables ("NAME=value") added to the agents' environment, replacing inherited ones of the
+  // same name: how secrets reach them (argv is readable by every user of the machine, the
+  // environment only by the same user).
+  std::vector<std::string> env;
   // Wait before restarting an agent that exited (ms).
   int64_t restart_backoff_ms = 1000;
 };
@@ -32,6 +36,9 @@ class AgentLauncher {
   ~AgentLauncher();
   // SIGTERM to every agent, SIGKILL after `grace_ms`.
   void Stop(int64_t grace_ms = 5000);
+  // SIGKILLs every agent (a frozen one too: SIGKILL ends a stopped process); the monitor
+  // restarts them as it does any agent that exits.
+  void KillAll();
   // Process ids by rank (0 while a rank is being restarted).
   std::vector<pid_t> pids() const;
 

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/secret.h"
 
 namespace vamp {
 
@@ -27,9 +28,10 @@ grpc::ServerUnaryReactor* AgentRegistry::Register(grpc::CallbackServerContext* c
   };
   if (!auth_token_.empty()) {
     auto it = context->client_metadata().find("authorization");
-    const bool ok = it != context->client_metadata().end() &&
-                    std::string(it->second.data(), it->second.size()) == "Bearer " + auth_token_;
-    if (!ok && request->auth_token() != auth_token_) {
+    const bool ok =
+        it != context->client_metadata().end() &&
+        BearerMatches(absl::string_view(it->second.data(), it->second.size()), auth_token_);
+    if (!ok && !SecretEquals(request->auth_token(), auth_token_)) {
       VAMP_LOG(WARNING) << "rejected an agent registration from " << context->peer()
                         << ": wrong or missing token";
       return finish(grpc::StatusCode::UNAUTHENTICATED, "agent registration needs the shared token");

@@ -19,7 +19,7 @@ namespace vamp {
 
 class AgentRegistry final : public vamp::v1::AgentRegistry::CallbackService {
  public:
-  // `auth_token` empty: registration needs no token.
+  // `auth_token` empty: registration needs no token (--insecure_no_auth only).
   AgentRegistry(int world_size, std::string auth_token);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,

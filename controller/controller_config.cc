@@ -54,14 +54,25 @@ const ConfigSchema& ControllerConfigSchema() {
         .Double("registration_timeout_s", 120, 1, 86400,
                 "how long start-up waits for every agent to register before reporting it")
         .String("auth_token_file", "",
-                "file holding the shared secret agents present (and that Admin calls need); "
-                "empty = none")
+                "file holding the shared secret, on one line (8 to 4096 printable ASCII "
+                "characters, no spaces), that agents present when registering and that Admin "
+                "calls need; give every vamp-agent the same file. Empty: with spawn_agents the "
+                "controller generates a token and hands it to its agents through their "
+                "environment; without, start-up fails unless insecure_no_auth")
+        .Bool("insecure_no_auth", false,
+              "accept agents without a token when agents are started elsewhere and no "
+              "auth_token_file is given: any process that reaches grpc_address can then register "
+              "as an agent and receive every prompt. Only for isolated test setups; logged as a "
+              "warning")
         .String("tls_cert_file", "",
                 "PEM certificate (chain) for HTTPS and gRPC TLS on the client-facing and admin "
                 "endpoints; with tls_key_file; empty = plaintext")
         .String("tls_key_file", "", "PEM private key for tls_cert_file")
         .String("api_key_file", "",
-                "file of API keys (one per line) the HTTP API requires; empty = open")
+                "file of API keys (one per line, printable ASCII without spaces, 8 to 4096 "
+                "characters; '#' starts a comment) that the HTTP API and gRPC Serving require "
+                "as 'Authorization: Bearer <key>' (gRPC: 'authorization' metadata); empty = "
+                "open")
         .String("log_level", "info", "debug | info | warning | error")
         .String("replica", "",
                 "name of this model replica: the 'replica' label of the scrape targets served at "

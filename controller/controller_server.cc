@@ -11,8 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "common/secret.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "controller/agent_reports.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "nlohmann/json.hpp"
 
@@ -65,19 +67,6 @@ std::string DialAddress(const std::string& bind, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-// Reads a secret (token) file: the first line, trimmed. Never logged.
-absl::StatusOr<std::string> ReadSecret(const std::string& path, absl::string_view field) {
-  std::ifstream in(path);
-  std::string line;
-  if (!in || !std::getline(in, line)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
-  }
-  std::string secret(absl::StripAsciiWhitespace(line));
-  if (secret.empty())
-    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
-  return secret;
-}
-
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view field) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
@@ -111,9 +100,10 @@ ControllerServer::ControllerServer(const Config& config)
     : config_(config), start_micros_(SteadyClock::Get().NowMicros()) {}
 
 absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
-    const Config& config, const std::string& self_path) {
+    const Config& config, const std::string& self_path, std::function<void()> on_fatal) {
   std::unique_ptr<ControllerServer> server(new ControllerServer(config));
   ControllerServer* self = server.get();
+  server->on_fatal_ = std::move(on_fatal);
   RegisterBuildMetrics();
   ServingGauge().Set(0);
   // Validate what can be validated before anything listens.
@@ -121,15 +111,39 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   (void)scheduler;
   VAMP_ASSIGN_OR_RETURN(VampArbiterConfig arbiter, VampArbiterConfigFromConfig(config));
   (void)arbiter;
+  if (config.GetString("model_path").empty()) {
+    return absl::InvalidArgumentError(
+        "model_path: required (a folder with config.json, and *.safetensors unless "
+        "load_format=dummy)");
+  }
+  const int spawn = static_cast<int>(config.GetInt("spawn_agents"));
+  // Agents are authenticated by default: a process that registers as a rank receives every
+  // prompt of that rank and answers every client, so the token is what stands between anyone
+  // who can reach the gRPC port and all traffic.
   if (!config.GetString("auth_token_file").empty()) {
-    VAMP_ASSIGN_OR_RETURN(server->auth_token_,
-                          ReadSecret(config.GetString("auth_token_file"), "auth_token_file"));
+    VAMP_ASSIGN_OR_RETURN(server->agent_token_, ReadSecretFile(config.GetString("auth_token_file"),
+                                                               "config field 'auth_token_file'"));
+    server->admin_token_ = server->agent_token_;
+  } else if (spawn > 0) {
+    // Our own agents only: a fresh token they get through their environment. Admin stays as
+    // configured (no token: it listens on loopback unless told otherwise).
+    VAMP_ASSIGN_OR_RETURN(server->agent_token_, GenerateSecret());
+  } else if (config.GetBool("insecure_no_auth")) {
+    VAMP_LOG(WARNING) << "--insecure_no_auth: any process that reaches the gRPC port can register "
+                         "as an agent and receive every prompt; use --auth_token_file outside "
+                         "isolated test setups";
+  } else {
+    return absl::InvalidArgumentError(
+        "config field 'auth_token_file': required when agents are started elsewhere "
+        "(spawn_agents=0): give the controller and every vamp-agent the same token file, or pass "
+        "--insecure_no_auth to let any process register as an agent");
   }
   HttpFrontendOptions http;
   http.address = config.GetString("http_address");
   http.tls_cert_file = config.GetString("tls_cert_file");
   http.tls_key_file = config.GetString("tls_key_file");
   http.metrics_targets = [self](int http_port) { return self->MetricsTargetsJson(http_port); };
+  http.last_error = [self] { return self->last_error(); };
   std::shared_ptr<grpc::ServerCredentials> credentials;
   if (http.tls_cert_file.empty() != http.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
@@ -142,38 +156,22 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     credentials = grpc::SslServerCredentials(tls);
   }
   if (!config.GetString("api_key_file").empty()) {
-    std::ifstream in(config.GetString("api_key_file"));
-    if (!in) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("api_key_file: cannot read '", config.GetString("api_key_file"), "'"));
-    }
-    std::string line;
-    while (std::getline(in, line)) {
-      std::string key(absl::StripAsciiWhitespace(line));
-      if (!key.empty() && key[0] != '#') http.api_keys.push_back(key);
-    }
-    if (http.api_keys.empty()) {
-      return absl::InvalidArgumentError("api_key_file: holds no key");
-    }
+    VAMP_ASSIGN_OR_RETURN(http.api_keys, ReadSecretListFile(config.GetString("api_key_file"),
+                                                            "config field 'api_key_file'"));
   }
-  const int spawn = static_cast<int>(config.GetInt("spawn_agents"));
   const int world_size = spawn > 0 ? spawn : static_cast<int>(config.GetInt("world_size"));
-  if (config.GetString("model_path").empty()) {
-    return absl::InvalidArgumentError(
-        "model_path: required (a folder with config.json, and *.safetensors unless "
-        "load_format=dummy)");
-  }
 
-  server->registry_ = std::make_unique<AgentRegistry>(world_size, server->auth_token_);
+  server->registry_ = std::make_unique<AgentRegistry>(world_size, server->agent_token_);
   ServingContextProvider context = [self] { return self->Context(); };
-  server->serving_service_ = std::make_unique<ServingService>(context);
+  // gRPC Serving is a second door to the same model: the same keys as HTTP.
+  server->serving_service_ = std::make_unique<ServingService>(context, http.api_keys);
   AdminBackend admin;
   admin.status = [self](vamp::v1::GetStatusResponse* s) { self->FillStatus(s); };
   admin.context = context;
   admin.policy.set_arbiter(config.GetString("arbiter"));
   admin.policy.set_max_offload_ratio(config.GetDouble("max_offload_ratio"));
   admin.policy.set_restore_enabled(config.GetBool("vamp_restore"));
-  admin.auth_token = server->auth_token_;
+  admin.auth_token = server->admin_token_;
   server->admin_ = std::make_unique<AdminService>(std::move(admin));
 
   if (!config.GetString("metrics_address").empty()) {
@@ -234,9 +232,10 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       launch.args.push_back("--controller_ca_file");
       launch.args.push_back(http.tls_cert_file);
     }
-    if (!config.GetString("auth_token_file").empty()) {
-      launch.args.push_back("--auth_token_file");
-      launch.args.push_back(config.GetString("auth_token_file"));
+    if (server->agent_token_.empty()) {
+      launch.args.push_back("--insecure_no_auth");
+    } else {
+      launch.env.push_back(absl::StrCat(kAgentAuthTokenEnv, "=", server->agent_token_));
     }
     VAMP_ASSIGN_OR_RETURN(server->launcher_, AgentLauncher::Start(std::move(launch)));
   }
@@ -268,6 +267,17 @@ std::shared_ptr<const ServingContext> ControllerServer::Context() const {
 bool ControllerServer::serving() const {
   std::shared_ptr<const ServingContext> ctx = Context();
   return ctx != nullptr && ctx->engine->healthy();
+}
+
+std::string ControllerServer::fatal_error() const {
+  absl::MutexLock lock(&mu_);
+  return fatal_error_;
+}
+
+std::string ControllerServer::last_error() const {
+  if (serving()) return "";
+  absl::MutexLock lock(&mu_);
+  return last_error_;
 }
 
 bool ControllerServer::WaitUntilServing(absl::Duration timeout) const {
@@ -303,12 +313,26 @@ void ControllerServer::Supervise() {
       continue;
     }
     seen = *generation;
-    absl::Status up = BringUp(endpoints);
+    bool permanent = false;
+    absl::Status up = BringUp(endpoints, &permanent);
     if (!up.ok()) {
       VAMP_LOG(ERROR) << "cannot serve with the registered agents: " << up;
       {
         absl::MutexLock lock(&mu_);
         last_error_ = std::string(up.message());
+      }
+      if (permanent && launcher_ != nullptr) {
+        // Our own agents, given our own flags, will fail the same way every time: answering 503
+        // forever with the reason only in a log helps nobody.
+        VAMP_LOG(ERROR) << "stopping: the spawned agents cannot load the model (" << up.message()
+                        << "); fix the flags and start again";
+        TearDown();
+        {
+          absl::MutexLock lock(&mu_);
+          fatal_error_ = std::string(up.message());
+        }
+        if (on_fatal_) on_fatal_();
+        return;
       }
       waiting_since = absl::Now();
       TearDown();
@@ -327,6 +351,19 @@ void ControllerServer::Supervise() {
       if (registry_->generation() != seen) break;
       mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100));
     }
+    std::shared_ptr<AgentGroup> failed_group;
+    {
+      absl::MutexLock lock(&mu_);
+      failed_group = group_;
+    }
+    if (launcher_ != nullptr && failed_group != nullptr && failed_group->missed_step_deadline()) {
+      // A spawned agent that misses its step deadline is frozen or hung but keeps its
+      // connection, so nothing else would ever replace it: restart our agents.
+      VAMP_LOG(ERROR) << "a spawned agent missed its step deadline (step_timeout_s "
+                      << config_.GetDouble("step_timeout_s")
+                      << "); killing the spawned agents so that they restart";
+      launcher_->KillAll();
+    }
     VAMP_LOG(WARNING) << "agent group changed or failed: re-initialising";
     grpc_->SetServing("vamp.v1.Serving", false);
     ServingGauge().Set(0);
@@ -335,10 +372,12 @@ void ControllerServer::Supervise() {
   }
 }
 
-absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoints) {
+absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoints,
+                                       bool* permanent) {
+  *permanent = false;
   AgentGroupOptions options;
   options.step_timeout_ms = static_cast<int64_t>(config_.GetDouble("step_timeout_s") * 1000);
-  options.auth_token = auth_token_;
+  options.auth_token = agent_token_;
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<AgentGroup> group, AgentGroup::Connect(endpoints, options));
   VAMP_ASSIGN_OR_RETURN(SchedulerConfig scheduler, SchedulerConfigFromConfig(config_));
   vamp::v1::InitRequest init;
@@ -359,7 +398,16 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   memory->set_max_num_seqs(scheduler.max_num_seqs);
   VAMP_LOG(INFO) << "initialising " << endpoints.size() << " agent(s) with " << init.model_path()
                  << " (" << init.load_format() << ", dtype " << init.dtype() << ")";
-  VAMP_ASSIGN_OR_RETURN(std::vector<vamp::v1::InitResponse> ranks, group->Init(init));
+  absl::StatusOr<std::vector<vamp::v1::InitResponse>> initialised = group->Init(init);
+  if (!initialised.ok()) {
+    *permanent =
+        absl::IsInvalidArgument(initialised.status()) || absl::IsNotFound(initialised.status());
+    return initialised.status();
+  }
+  std::vector<vamp::v1::InitResponse> ranks = *std::move(initialised);
+  // Nothing is sized from the agents' answers before they are checked: a lying or buggy agent is
+  // refused here (and retried when it registers again) instead of crashing the controller.
+  VAMP_ASSIGN_OR_RETURN(AgentReportLimits limits, CheckInitResponses(init, ranks));
   const vamp::v1::InitResponse& first = ranks.front();
   // Each agent prints its own memory plan; here, one line per rank.
   for (const auto& r : ranks) {
@@ -379,6 +427,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   if (first.eos_token_id() >= 0) engine_options.eos_token_id = first.eos_token_id();
   engine_options.experts_per_group = std::max(1, first.experts_per_group());
   engine_options.experts_per_layer = first.num_experts();
+  engine_options.report_limits = std::move(limits);
   VAMP_ASSIGN_OR_RETURN(engine_options.vamp, VampArbiterConfigFromConfig(config_));
   auto context = std::make_shared<ServingContext>();
   context->model =
@@ -441,6 +490,7 @@ void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {
   status->set_uptime_seconds(static_cast<double>(SteadyClock::Get().NowMicros() - start_micros_) *
                              1e-6);
   status->set_policy(config_.GetString("arbiter"));
+  status->set_last_error(last_error());
   std::shared_ptr<const ServingContext> ctx = Context();
   if (ctx != nullptr) ctx->engine->Snapshot(status);
   std::shared_ptr<AgentGroup> group;

@@ -5,6 +5,7 @@
 #ifndef VAMP_CONTROLLER_CONTROLLER_SERVER_H_
 #define VAMP_CONTROLLER_CONTROLLER_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -30,8 +31,12 @@ class ControllerServer {
   // Starts serving per `config` (schema: ControllerConfigSchema()). `self_path` locates the
   // vamp-agent binary for spawn_agents when agent_binary is not given. Errors name the field or
   // the address that could not be bound.
-  static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const Config& config,
-                                                                 const std::string& self_path = "");
+  // `on_fatal` runs (on the supervisor thread) when the controller cannot ever serve: a spawned
+  // agent failed Init with a permanent error (a missing or invalid checkpoint); fatal_error()
+  // says why. vamp-controller stops and exits non-zero.
+  static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(
+      const Config& config, const std::string& self_path = "",
+      std::function<void()> on_fatal = nullptr);
   ~ControllerServer();
 
   int grpc_port() const { return grpc_->port(); }
@@ -40,6 +45,11 @@ class ControllerServer {
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   // Whether a serving engine is up with all agents healthy.
   bool serving() const;
+  // Non-empty once the controller gave up serving for good (see Start's on_fatal).
+  std::string fatal_error() const;
+  // Why the model is not being served (the last error bringing the agents up); empty while
+  // serving.
+  std::string last_error() const;
   // Waits up to `timeout` for serving() to be true.
   bool WaitUntilServing(absl::Duration timeout) const;
   // The spawned agents (tests kill them to exercise fault handling); null without spawn_agents.
@@ -49,7 +59,9 @@ class ControllerServer {
  private:
   explicit ControllerServer(const Config& config);
   void Supervise();
-  absl::Status BringUp(const std::vector<AgentEndpoint>& endpoints);
+  // `permanent` is set when the agents refused Init in a way no retry cures (InvalidArgument or
+  // NotFound: a missing or invalid checkpoint, an unsupported dtype).
+  absl::Status BringUp(const std::vector<AgentEndpoint>& endpoints, bool* permanent);
   void TearDown();
   std::shared_ptr<const ServingContext> Context() const;
   // GET /metrics/targets: this controller and every registered agent that serves /metrics.
@@ -58,7 +70,12 @@ class ControllerServer {
 
   const Config config_;
   const int64_t start_micros_;
-  std::string auth_token_;
+  // What agents present (registration) and what the controller presents to them: the
+  // auth_token_file's token, or one generated for spawned agents; empty only with
+  // insecure_no_auth.
+  std::string agent_token_;
+  // What Admin calls need: the auth_token_file's token; empty = none (Admin is on loopback).
+  std::string admin_token_;
 
   std::unique_ptr<AgentRegistry> registry_;
   std::unique_ptr<ServingService> serving_service_;
@@ -75,6 +92,8 @@ class ControllerServer {
   std::shared_ptr<AgentGroup> group_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const ServingContext> context_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  std::string fatal_error_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_fatal_;
   std::vector<vamp::v1::RankMemory> rank_memory_ ABSL_GUARDED_BY(mu_);
   std::thread supervisor_;
 };

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/secret.h"
 #include "controller/event_queue.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -52,12 +53,11 @@ class Handler {
   Handler(HttpFrontendOptions options, ServingContextProvider context)
       : options_(std::move(options)), context_(std::move(context)) {}
 
+  std::string LastError() const { return options_.last_error ? options_.last_error() : ""; }
+
   bool Authorized(const httplib::Request& req, httplib::Response& res) const {
     if (options_.api_keys.empty()) return true;
-    const std::string header = req.get_header_value("Authorization");
-    for (const std::string& key : options_.api_keys) {
-      if (header == "Bearer " + key) return true;
-    }
+    if (BearerMatchesAny(req.get_header_value("Authorization"), options_.api_keys)) return true;
     SendError(res, absl::UnauthenticatedError("a valid API key is required "
                                               "(Authorization: Bearer <key>)"));
     return false;
@@ -79,15 +79,19 @@ class Handler {
     std::shared_ptr<const ServingContext> ctx = context_();
     const bool serving = ctx != nullptr && ctx->engine->healthy() && !ctx->engine->draining();
     res.status = serving ? 200 : 503;
-    res.set_content(serving ? "{\"status\": \"serving\"}" : "{\"status\": \"not serving\"}",
-                    "application/json");
+    Json body = {{"status", serving ? "serving" : "not serving"}};
+    if (!serving && !LastError().empty()) body["error"] = LastError();
+    res.set_content(Dump(body), "application/json");
   }
 
   void Generate(const httplib::Request& req, httplib::Response& res, bool chat) {
     std::shared_ptr<const ServingContext> ctx = context_();
     if (ctx == nullptr) {
-      SendError(res, absl::UnavailableError("the model is not being served yet (agents are "
-                                            "starting or failed); retry later"));
+      const std::string error = LastError();
+      SendError(res, absl::UnavailableError(absl::StrCat(
+                         "the model is not being served yet (agents are starting or failed); "
+                         "retry later",
+                         error.empty() ? "" : absl::StrCat(". Last error: ", error))));
       return;
     }
     absl::StatusOr<ServingRequest> parsed =

@@ -33,6 +33,8 @@ struct HttpFrontendOptions {
   // Body of GET /metrics/targets (Prometheus HTTP service discovery JSON), built per request from
   // the port this frontend bound; null: no such route. Open like /metrics: addresses, no secrets.
   std::function<std::string(int http_port)> metrics_targets;
+  // Why the model is not being served (empty: no error), for /health and 503 bodies; null: none.
+  std::function<std::string()> last_error;
 };
 
 class HttpFrontend {

@@ -1,5 +1,6 @@
 // vamp-controller: the engine core of one model replica (shared/DESIGN.md, "Processes").
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -17,7 +18,9 @@ constexpr char kSummary[] =
     "the memory arbiter, and drives one vamp-agent per GPU (or CPU agent). It serves the\n"
     "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
     "/metrics), gRPC Serving and Admin (vampctl), and agent registration. With\n"
-    "--spawn_agents N it starts N local agents itself. Stop it with SIGINT or SIGTERM.\n\n"
+    "--spawn_agents N it starts N local agents itself, handing them a token it generates.\n"
+    "Agents started elsewhere need --auth_token_file on both sides (or --insecure_no_auth).\n"
+    "Stop it with SIGINT or SIGTERM.\n\n"
     "Example (CPU, tiny model):\n"
     "  vamp-controller --model_path tests/data/tiny-qwen3-moe --spawn_agents 1";
 
@@ -50,7 +53,10 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<vamp::ControllerServer>> server =
-      vamp::ControllerServer::Start(cli->config, "/proc/self/exe");
+      vamp::ControllerServer::Start(cli->config, "/proc/self/exe", [] {
+        // Wakes the sigwait below; the stop signals are blocked in every thread.
+        kill(getpid(), SIGTERM);
+      });
   if (!server.ok()) {
     VAMP_LOG(ERROR) << "cannot start: " << server.status().message();
     return 1;
@@ -76,8 +82,13 @@ int Run(int argc, char** argv) {
         return controller->serving() ? std::string("serving")
                                      : std::string("waiting for agents to serve the model");
       });
-  VAMP_LOG(INFO) << "received signal " << signal_number << ", shutting down";
+  const std::string fatal = (*server)->fatal_error();
+  if (fatal.empty()) VAMP_LOG(INFO) << "received signal " << signal_number << ", shutting down";
   (*server)->Shutdown();
+  if (!fatal.empty()) {
+    VAMP_LOG(ERROR) << "exiting: " << fatal;
+    return 1;
+  }
   return 0;
 }
 

@@ -15,6 +15,23 @@ absl::Status RemoteExpander::Refresh() {
   if (!now.ok()) return now.status();
   absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> one = group_->Capacity(1);
   if (!one.ok()) return one.status();
+  // The pool, and so the scheduler's block table, is sized from these: an agent's word is checked
+  // before anything is allocated on it.
+  for (size_t r = 0; r < now->size(); ++r) {
+    for (const vamp::v1::CapacityResponse* c : {&(*now)[r], &(*one)[r]}) {
+      if (r < limits_.max_kv_blocks.size()) {
+        if (absl::Status s = CheckCapacityResponse(*c, static_cast<int>(r), limits_); !s.ok()) {
+          return s;
+        }
+      } else if (c->kv_blocks_now() < 1 || c->kv_blocks_now() > kMaxAgentKvBlocks ||
+                 c->kv_blocks_after() < 0 || c->kv_blocks_after() > kMaxAgentKvBlocks) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("agent rank ", r, " reported kv_blocks_now = ", c->kv_blocks_now(),
+                         " and kv_blocks_after = ", c->kv_blocks_after(), ", outside [1, ",
+                         kMaxAgentKvBlocks, "]; refusing it"));
+      }
+    }
+  }
   int64_t blocks = INT64_MAX, blocks_after_one = INT64_MAX;
   int32_t max_groups = INT32_MAX;
   int64_t staged_bytes = 0;

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "controller/agent_group.h"
+#include "controller/agent_reports.h"
 #include "controller/core/memory_arbiter.h"
 
 namespace vamp {
@@ -34,6 +35,10 @@ class RemoteExpander final : public PoolExpander {
   // blocks from the pool.
   absl::Status Restore(int32_t groups) override;
 
+  // What the agents' checked Init answers allow their capacity reports to claim (see
+  // agent_reports.h); without, only the hard ceilings apply.
+  void SetLimits(AgentReportLimits limits) { limits_ = std::move(limits); }
+
   // Rank-local geometry from the agents' Init answers.
   void SetGeometry(int32_t experts_per_group, int32_t experts_per_layer) {
     experts_per_group_ = experts_per_group;
@@ -56,6 +61,7 @@ class RemoteExpander final : public PoolExpander {
   int64_t staged_bytes_per_group_ = 0;  // the largest over ranks
   int64_t kv_blocks_ = 0;  // the pool size every rank uses (cross-rank minimum)
   int64_t next_remap_ = 0;
+  AgentReportLimits limits_;
 };
 
 }  // namespace vamp

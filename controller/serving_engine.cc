@@ -118,6 +118,7 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* 
   ServingEngine* e = engine.get();
   e->expander_ = std::make_unique<RemoteExpander>(group, [e] { return e->NextStepId(); });
   e->expander_->SetGeometry(e->options_.experts_per_group, e->options_.experts_per_layer);
+  e->expander_->SetLimits(e->options_.report_limits);
   if (absl::Status s = e->expander_->Refresh(); !s.ok()) return s;
   SchedulerConfig config = e->options_.scheduler;
   config.num_blocks = static_cast<int32_t>(e->expander_->kv_blocks());
@@ -225,6 +226,11 @@ VampArbiterConfig ServingEngine::vamp_config() const {
 void ServingEngine::Drain() {
   draining_ = true;
   VAMP_LOG(INFO) << "draining: no new requests are admitted";
+}
+
+void ServingEngine::Undrain() {
+  draining_ = false;
+  VAMP_LOG(INFO) << "drain ended: requests are admitted again";
 }
 
 void ServingEngine::Loop() {

@@ -57,6 +57,8 @@ struct ServingEngineOptions {
   // Rank-local expert geometry from the agents' Init answers (for the cost model).
   int32_t experts_per_group = 1;
   int32_t experts_per_layer = 0;
+  // What the agents' checked Init answers allow later reports to claim (agent_reports.h).
+  AgentReportLimits report_limits;
   // Idle wait of the loop when nothing is runnable (µs).
   int64_t idle_wait_micros = 2000;
 
@@ -84,6 +86,8 @@ class ServingEngine {
   VampArbiterConfig vamp_config() const;
   // Stops admitting requests; running ones finish.
   void Drain();
+  // Admits requests again after Drain.
+  void Undrain();
   void Stop();
 
   bool healthy() const { return healthy_.load(); }

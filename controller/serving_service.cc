@@ -4,9 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/secret.h"
 
 namespace vamp {
 namespace {
+
+constexpr char kApiKeyRequired[] =
+    "a valid API key is required (metadata 'authorization: Bearer <key>')";
 
 grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
@@ -194,10 +198,22 @@ absl::StatusOr<ServingRequest> FromGenerateRequest(const vamp::v1::GenerateReque
   return out;
 }
 
+bool ServingService::Authorized(const grpc::CallbackServerContext* context) const {
+  if (api_keys_.empty()) return true;
+  auto it = context->client_metadata().find("authorization");
+  return it != context->client_metadata().end() &&
+         BearerMatchesAny(absl::string_view(it->second.data(), it->second.size()), api_keys_);
+}
+
 grpc::ServerWriteReactor<vamp::v1::GenerateResponse>* ServingService::Generate(
     grpc::CallbackServerContext* context, const vamp::v1::GenerateRequest* request) {
   std::shared_ptr<const ServingContext> ctx = context_();
   auto* call = new GenerateCall(ctx, request->request_id());
+  // Before anything else, so an unauthenticated caller learns nothing about the model's state.
+  if (!Authorized(context)) {
+    call->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, kApiKeyRequired));
+    return call;
+  }
   if (ctx == nullptr) {
     call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                               "the model is not being served yet; retry later"));
@@ -215,6 +231,11 @@ grpc::ServerWriteReactor<vamp::v1::GenerateResponse>* ServingService::Generate(
 grpc::ServerUnaryReactor* ServingService::ListModels(grpc::CallbackServerContext* context,
                                                      const vamp::v1::ListModelsRequest*,
                                                      vamp::v1::ListModelsResponse* response) {
+  if (!Authorized(context)) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, kApiKeyRequired));
+    return reactor;
+  }
   std::shared_ptr<const ServingContext> ctx = context_();
   if (ctx != nullptr) {
     vamp::v1::ModelInfo* m = response->add_models();

@@ -1,5 +1,6 @@
 #include "controller/frontend/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -59,6 +60,25 @@ absl::Status CheckTokenIds(const std::vector<int32_t>& ids, const ServedModel& m
     }
   }
   return absl::OkStatus();
+}
+
+// A token id from JSON, checked against the vocabulary before any narrowing: converted to int32
+// first, 4294967301 would have become 5, an in-vocabulary id the client never sent.
+absl::StatusOr<int32_t> TokenIdFromJson(const Json& id, const ServedModel& model,
+                                        absl::string_view field, size_t index) {
+  if (!id.is_number_integer()) {
+    return FieldError(field, absl::StrCat("element ", index, " is not an integer token id"));
+  }
+  const bool in_vocabulary =
+      id.is_number_unsigned()
+          ? id.get<uint64_t>() < static_cast<uint64_t>(std::max(model.vocab_size, 0))
+          : id.get<int64_t>() >= 0 && id.get<int64_t>() < model.vocab_size;
+  if (!in_vocabulary) {
+    return FieldError(field,
+                      absl::StrCat("token id ", id.dump(), " at index ", index,
+                                   " is outside the vocabulary [0, ", model.vocab_size, ")"));
+  }
+  return static_cast<int32_t>(id.get<int64_t>());
 }
 
 // Fields shared by both endpoints: model, sampling, stop conditions, streaming, extensions.
@@ -121,12 +141,11 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequ
   if (body.contains("stop_token_ids") && !body["stop_token_ids"].is_null()) {
     const Json& ids = body["stop_token_ids"];
     if (!ids.is_array()) return FieldError("stop_token_ids", "must be an array of token ids");
-    for (const Json& id : ids) {
-      if (!id.is_number_integer()) return FieldError("stop_token_ids", "must hold integers");
-      sp.stop_token_ids.push_back(id.get<int32_t>());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      absl::StatusOr<int32_t> id = TokenIdFromJson(ids[i], model, "stop_token_ids", i);
+      if (!id.ok()) return id.status();
+      sp.stop_token_ids.push_back(*id);
     }
-    absl::Status c = CheckTokenIds(sp.stop_token_ids, model, "stop_token_ids");
-    if (!c.ok()) return c;
   }
   if (body.contains("stop") && !body["stop"].is_null() &&
       !(body["stop"].is_array() && body["stop"].empty())) {
@@ -184,15 +203,18 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
   if (p->is_string()) {
     out.prompt_token_ids = tokenizer.Encode(p->get<std::string>());
   } else if (p->is_array()) {
-    for (const Json& id : *p) {
-      if (!id.is_number_integer()) {
+    for (size_t i = 0; i < p->size(); ++i) {
+      if (!(*p)[i].is_number_integer()) {
         return FieldError("prompt", "must be a string or an array of token ids (one prompt)");
       }
-      out.prompt_token_ids.push_back(id.get<int32_t>());
+      absl::StatusOr<int32_t> id = TokenIdFromJson((*p)[i], model, "prompt", i);
+      if (!id.ok()) return id.status();
+      out.prompt_token_ids.push_back(*id);
     }
   } else {
     return FieldError("prompt", "must be a string or an array of token ids");
   }
+  // Text is encoded by the tokenizer; its ids are checked too.
   s = CheckTokenIds(out.prompt_token_ids, model, "prompt");
   if (!s.ok()) return s;
   if (body->contains("echo") && (*body)["echo"].is_boolean() && (*body)["echo"].get<bool>()) {

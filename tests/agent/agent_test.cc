@@ -679,6 +679,10 @@ TEST(AgentTest, CudaDeviceWithoutOrdinalFollowsTheRank) {
     if (!cli.ok()) return cli.status();
     return AgentOptionsFromConfig(cli->config);
   };
+  auto parse_insecure = [&parse](std::vector<std::string> args) {
+    args.push_back("--insecure_no_auth");
+    return parse(std::move(args));
+  };
   struct Case {
     std::vector<std::string> args;
     int ordinal;
@@ -687,14 +691,48 @@ TEST(AgentTest, CudaDeviceWithoutOrdinalFollowsTheRank) {
                                          {{"--device=cuda"}, 0},
                                          {{"--device=cuda:3", "--rank=1"}, 3},
                                          {{"--device=cuda:0", "--rank=1"}, 0}}) {
-    absl::StatusOr<AgentOptions> o = parse(c.args);
+    absl::StatusOr<AgentOptions> o = parse_insecure(c.args);
     ASSERT_TRUE(o.ok()) << o.status();
     EXPECT_EQ(o->device.kind, DeviceSpec::Kind::kCuda);
     EXPECT_EQ(o->device.ordinal, c.ordinal) << c.args[0];
   }
-  absl::StatusOr<AgentOptions> cpu = parse({"--device=cpu", "--rank=1"});
+  absl::StatusOr<AgentOptions> cpu = parse_insecure({"--device=cpu", "--rank=1"});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->device.kind, DeviceSpec::Kind::kCpu);
+}
+
+// Issue 14: an agent runs with a token (from --auth_token_file, or from the environment of the
+// controller that spawned it) unless told explicitly to run without one.
+TEST(AgentTest, TokenRequiredUnlessInsecureFlag) {
+  auto parse = [](std::vector<std::string> args) -> absl::StatusOr<AgentOptions> {
+    args.insert(args.begin(), "vamp-agent");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    absl::StatusOr<CommandLine> cli =
+        ParseCommandLine(AgentConfigSchema(), static_cast<int>(argv.size()), argv.data());
+    if (!cli.ok()) return cli.status();
+    return AgentOptionsFromConfig(cli->config);
+  };
+  absl::StatusOr<AgentOptions> none = parse({});
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(), HasSubstr("auth_token_file"));
+  EXPECT_THAT(none.status().message(), HasSubstr("insecure_no_auth"));
+  absl::StatusOr<AgentOptions> insecure = parse({"--insecure_no_auth"});
+  ASSERT_TRUE(insecure.ok()) << insecure.status();
+  EXPECT_TRUE(insecure->auth_token.empty());
+
+  ASSERT_EQ(::setenv("VAMP_AGENT_AUTH_TOKEN", "from-the-controller-0123", 1), 0);
+  absl::StatusOr<AgentOptions> spawned = parse({});
+  ASSERT_TRUE(spawned.ok()) << spawned.status();
+  EXPECT_EQ(spawned->auth_token, "from-the-controller-0123");
+  EXPECT_EQ(std::getenv("VAMP_AGENT_AUTH_TOKEN"), nullptr) << "the token stays in the environment";
+
+  const std::string two_lines = ::testing::TempDir() + "/agent_two_line_token";
+  std::ofstream(two_lines) << "line-one-hunter2\nline-two-hunter2\n";
+  absl::StatusOr<AgentOptions> bad = parse({"--auth_token_file=" + two_lines});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr(two_lines));
+  EXPECT_THAT(bad.status().message(), ::testing::Not(HasSubstr("hunter2")));
 }
 
 TEST(AgentTest, DummyWeightsLoad) {

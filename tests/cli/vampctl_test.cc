@@ -1,6 +1,7 @@
 // Runs the vampctl binary as an operator would and checks its output and exit codes.
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -51,12 +52,34 @@ TEST(VampctlTest, UnreachableControllerExitsThree) {
   EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1"));
 }
 
+// Issue 14: vampctl waited out its whole timeout on a refused connection, and took no
+// --option=value.
+TEST(VampctlTest, RefusedConnectionFailsFastAndOptionsTakeEquals) {
+  const auto start = std::chrono::steady_clock::now();
+  Result r = RunVampctl("--endpoint=127.0.0.1:1 --timeout=30 -o json status");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1 (connection refused"));
+  EXPECT_LT(seconds, 10) << "vampctl waited for its timeout";
+  Result bad = RunVampctl("--timeout=never status");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("'never' is not a positive number"));
+  Result ca = RunVampctl("--ca_file=/nonexistent/ca.pem status");
+  EXPECT_EQ(ca.exit_code, 2);
+  EXPECT_THAT(ca.output, HasSubstr("--ca_file"));
+}
+
 TEST(VampctlTest, HealthAndStatusAgainstLiveController) {
   const std::string model = std::string("--model_path=") + VAMP_TEST_DATA_DIR + "/tiny-qwen3-moe";
-  const char* argv[] = {"vamp-controller", "--grpc_address=127.0.0.1:0",
-                        "--admin_address=127.0.0.1:0", "--http_address=127.0.0.1:0",
-                        "--metrics_address=", model.c_str()};
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 6, argv);
+  const char* argv[] = {"vamp-controller",
+                        "--grpc_address=127.0.0.1:0",
+                        "--admin_address=127.0.0.1:0",
+                        "--http_address=127.0.0.1:0",
+                        "--metrics_address=",
+                        model.c_str(),
+                        "--insecure_no_auth"};
+  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 7, argv);
   ASSERT_TRUE(cli.ok()) << cli.status();
   absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
   ASSERT_TRUE(server.ok()) << server.status();

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <fstream>
 
 #include "controller/controller_config.h"
@@ -14,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/common/metrics_scrape.h"
 #include "vamp/v1/admin.grpc.pb.h"
+#include "vamp/v1/agent.grpc.pb.h"
 #include "vamp/v1/serving.grpc.pb.h"
 
 namespace vamp {
@@ -290,6 +292,135 @@ TEST(SystemTest, AgentKilledMidRequestFailsItClearlyThenRecovers) {
   EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
 }
 
+// Issue 14: a frozen agent (SIGSTOP past --step_timeout_s) kept its connection, so the launcher
+// never restarted it and the controller re-initialised it forever. Now it is killed and
+// respawned, and the system serves again.
+TEST(SystemTest, FrozenSpawnedAgentIsKilledAndRestarted) {
+  Goldens g = LoadGoldens();
+  std::unique_ptr<ControllerServer> server = StartSystem(1, {"--step_timeout_s=1"});
+  ASSERT_NE(server, nullptr);
+  const pid_t frozen = server->launcher()->pids()[0];
+  ASSERT_GT(frozen, 0);
+  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
+  int status = 0;
+  Completion(server->http_port(), GreedyBody(g.prompts[0], 16), &status);
+  EXPECT_NE(status, 200);
+  // Killed (a stopped process dies of SIGKILL), respawned with a new pid, re-initialised.
+  pid_t now = frozen;
+  for (int i = 0; i < 600 && (now == frozen || now <= 0 || !server->serving()); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    now = server->launcher()->pids()[0];
+  }
+  EXPECT_NE(now, frozen);
+  if (now == frozen) kill(frozen, SIGKILL);  // not to leave a stopped process behind
+  ASSERT_TRUE(server->WaitUntilServing(absl::Seconds(30)));
+  Json again = Completion(server->http_port(), GreedyBody(g.prompts[0], 16), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
+}
+
+int Vampctl(const ControllerServer& server, const std::string& args, std::string* out);
+
+// Issue 14: a wrong --model_path left the controller answering 503 forever with the reason only
+// in stderr. Spawned agents that fail Init permanently stop the controller with that error (the
+// binary exits non-zero); until then /health, the Admin status and the 503 body carry it.
+TEST(SystemTest, WrongModelPathStopsTheControllerWithTheReason) {
+  const std::string missing = ::testing::TempDir() + "/no-such-model";
+  std::vector<std::string> args = {
+      "vamp-controller",
+      "--grpc_address=127.0.0.1:0",
+      "--admin_address=127.0.0.1:0",
+      "--http_address=127.0.0.1:0",
+      "--metrics_address=",
+      "--model_path=" + missing,
+      "--spawn_agents=1",
+      std::string("--agent_binary=") + VAMP_BINARY_DIR + "/agent/vamp-agent",
+      "--agent_host_memory_bytes=268435456",
+      "--agent_host_page_bytes=4096",
+      "--log_level=warning"};
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  absl::StatusOr<CommandLine> cli =
+      ParseCommandLine(ControllerConfigSchema(), static_cast<int>(argv.size()), argv.data());
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  std::atomic<int> fatal_calls{0};
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server =
+      ControllerServer::Start(cli->config, "", [&fatal_calls] { ++fatal_calls; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (int i = 0; i < 600 && (*server)->fatal_error().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_THAT((*server)->fatal_error(), HasSubstr(missing));
+  EXPECT_EQ(fatal_calls.load(), 1);
+  httplib::Client http("127.0.0.1", (*server)->http_port());
+  auto health = http.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_THAT(health->body, HasSubstr(missing));
+  int status = 0;
+  Json body = Completion((*server)->http_port(), GreedyBody({1, 2}, 4), &status);
+  EXPECT_EQ(status, 503);
+  EXPECT_THAT(body.dump(), HasSubstr(missing));
+  std::string out;
+  EXPECT_EQ(Vampctl(**server, "status", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("last error"));
+  EXPECT_THAT(out, HasSubstr(missing));
+  (*server)->Shutdown();
+
+  // The binary exits non-zero on its own.
+  std::string command;
+  for (size_t i = 0; i < args.size(); ++i) {
+    command += (i == 0 ? std::string(VAMP_BINARY_DIR) + "/controller/vamp-controller" : args[i]);
+    command += ' ';
+  }
+  const int code = std::system(("timeout 60 " + command + ">/dev/null 2>&1").c_str());
+  ASSERT_TRUE(WIFEXITED(code));
+  EXPECT_EQ(WEXITSTATUS(code), 1);
+}
+
+// The /proc/<pid>/<what> of a process (cmdline, environ), NUL separators and all.
+std::string ProcFile(pid_t pid, const std::string& what) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + what, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Issue 14: with the default settings, a process that reached the gRPC port registered as rank 0
+// at its own address and received every prompt. Now the spawned agents hold a token the
+// controller generated, and a registration without it is refused.
+TEST(SystemTest, RogueRegistrationWithoutTokenIsRefusedByDefault) {
+  Goldens g = LoadGoldens();
+  std::unique_ptr<ControllerServer> server = StartSystem(1);
+  ASSERT_NE(server, nullptr);
+  auto registry = vamp::v1::AgentRegistry::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server->grpc_port()), grpc::InsecureChannelCredentials()));
+  for (const std::string& token : {std::string(), std::string("guessed-token-1234")}) {
+    vamp::v1::RegisterRequest rogue;
+    rogue.set_rank(0);
+    rogue.set_agent_address("127.0.0.1:1");
+    rogue.set_device("cpu");
+    rogue.set_auth_token(token);
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    vamp::v1::RegisterResponse response;
+    EXPECT_EQ(registry->Register(&ctx, rogue, &response).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED)
+        << "token '" << token << "'";
+  }
+  // Still served by the real agent, untouched by the attempts.
+  EXPECT_TRUE(server->serving());
+  Json r = Completion(server->http_port(), GreedyBody(g.prompts[0], 16));
+  EXPECT_EQ(r["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
+  // The token reached the agent privately: not on its command line, and wiped from the
+  // environment block it started with.
+  const pid_t agent = server->launcher()->pids()[0];
+  ASSERT_GT(agent, 0);
+  EXPECT_THAT(ProcFile(agent, "cmdline"), ::testing::Not(HasSubstr("auth_token")));
+  const std::string env_block = ProcFile(agent, "environ");
+  const size_t at = env_block.find("VAMP_AGENT_AUTH_TOKEN=");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(env_block[at + std::string("VAMP_AGENT_AUTH_TOKEN=").size()], '\0');
+}
+
 // Runs vampctl against `server`; returns its exit code and fills `out` with what it printed.
 int Vampctl(const ControllerServer& server, const std::string& args, std::string* out) {
   const std::string command = std::string(VAMP_BINARY_DIR) + "/cli/vampctl --endpoint 127.0.0.1:" +
@@ -339,6 +470,22 @@ TEST(SystemTest, VampctlAgainstLiveSystem) {
   int status = 0;
   Completion(server->http_port(), GreedyBody(g.prompts[0], 4), &status);
   EXPECT_EQ(status, 503);
+  // Issue 14: health agrees with HTTP /health while draining, and undrain admits requests again.
+  httplib::Client http("127.0.0.1", server->http_port());
+  auto health = http.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(Vampctl(*server, "health", &out), 4) << out;
+  EXPECT_THAT(out, HasSubstr("NOT_SERVING (draining)"));
+  EXPECT_EQ(Vampctl(*server, "undrain", &out), 0) << out;
+  EXPECT_EQ(Vampctl(*server, "health", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("SERVING"));
+  health = http.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  Json after = Completion(server->http_port(), GreedyBody(g.prompts[0], 16), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(after["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
 }
 
 }  // namespace
@@ -467,6 +614,17 @@ TEST(SystemTest, TlsOnHttpAndGrpcWhenCertificatesAreConfigured) {
   grpc::ClientContext ictx;
   ictx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
   EXPECT_FALSE(insecure->GetStatus(&ictx, {}, &status).ok());
+
+  // Issue 14: vampctl talks to a TLS controller with --ca_file or $VAMPCTL_CA_FILE, and fails
+  // fast (exit 3, naming --ca_file) without.
+  std::string out;
+  EXPECT_EQ(Vampctl(*server, "--ca_file=" + cert + " status", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("serving        yes"));
+  EXPECT_EQ(Vampctl(*server, "--timeout 30 status", &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("--ca_file"));
+  ASSERT_EQ(::setenv("VAMPCTL_CA_FILE", cert.c_str(), 1), 0);
+  EXPECT_EQ(Vampctl(*server, "health", &out), 0) << out;
+  ::unsetenv("VAMPCTL_CA_FILE");
 }
 
 }  // namespace

@@ -95,6 +95,45 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
   }
 }
 
+// Issue 14: ids past 32 bits were cut to in-vocabulary ids (4294967301 became 5) in prompts and
+// stop_token_ids. They are refused naming the field and the id as sent.
+TEST_F(OpenAiApiTest, TokenIdsPast32BitsAreRefusedNotTruncated) {
+  struct Case {
+    const char* body;
+    const char* param;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"({"prompt": [1, 4294967301]})", "prompt", "token id 4294967301 at index 1"},
+      {R"({"prompt": [-4294967291]})", "prompt", "token id -4294967291 at index 0"},
+      {R"({"prompt": [9223372036854775813]})", "prompt", "token id 9223372036854775813"},
+      {R"({"prompt": [18446744073709551621]})", "prompt", "token ids"},
+      {R"({"prompt": [1], "stop_token_ids": [4294967301]})", "stop_token_ids",
+       "token id 4294967301 at index 0"},
+      {R"({"prompt": [1], "stop_token_ids": [2, -1]})", "stop_token_ids", "token id -1 at index 1"},
+      {R"({"prompt": [1], "stop_token_ids": [1.5]})", "stop_token_ids", "not an integer"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = Completion(c.body);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(Param(s), c.param) << c.body;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.body;
+    EXPECT_EQ(HttpStatusFor(s), 400) << c.body;
+  }
+  absl::Status chat = ParseChatCompletionRequest(
+                          R"({"messages": [{"role": "user", "content": "hi"}],
+                              "stop_token_ids": [4294967301]})",
+                          model_, *tokenizer_)
+                          .status();
+  EXPECT_EQ(Param(chat), "stop_token_ids");
+  EXPECT_EQ(HttpStatusFor(chat), 400);
+  absl::StatusOr<ServingRequest> ok =
+      ParseCompletionRequest(R"({"prompt": [0, 255], "stop_token_ids": [5]})", model_, *tokenizer_);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->prompt_token_ids, (std::vector<int32_t>{0, 255}));
+  EXPECT_EQ(ok->sampling.stop_token_ids, (std::vector<int32_t>{5}));
+}
+
 TEST_F(OpenAiApiTest, UnknownModelIs404WithOpenAiErrorBody) {
   absl::Status s = Completion(R"({"model": "gpt-9", "prompt": "x"})");
   EXPECT_EQ(HttpStatusFor(s), 404);
