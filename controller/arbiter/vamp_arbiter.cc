@@ -722,7 +722,6 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   if (tax_->StepsInWindow(now) < config_.tax.min_evidence_steps) return 0;
   if (last_expand_step_ >= 0 && step - last_expand_step_ < r.min_hold_steps) return 0;
   next_restore_check_step_ = step + r.check_interval_steps;
-  tax_->SetGeometry(e.staged_bytes_per_group, e.max_groups);
   // The restore saving the most tax net of the value it loses, in whole restore steps: when the
   // offload serves nothing any more, all of it goes back at once (a restore waits for its tail
   // blocks to be released, so restoring step by step would keep most of the tax for many turns).

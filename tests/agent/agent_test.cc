@@ -669,19 +669,21 @@ TEST(AgentTest, CpuAgentRefusesCreateCollectiveId) {
   EXPECT_EQ(anonymous.CreateCollectiveId(&id).error_code(), grpc::UNAUTHENTICATED);
 }
 
+// The agent's flags as its main() reads them (argv[0] added).
+absl::StatusOr<AgentOptions> ParseAgentFlags(std::vector<std::string> args) {
+  args.insert(args.begin(), "vamp-agent");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  absl::StatusOr<CommandLine> cli =
+      ParseCommandLine(AgentConfigSchema(), static_cast<int>(argv.size()), argv.data());
+  if (!cli.ok()) return cli.status();
+  return AgentOptionsFromConfig(cli->config);
+}
+
 TEST(AgentTest, CudaDeviceWithoutOrdinalFollowsTheRank) {
-  auto parse = [](std::vector<std::string> args) -> absl::StatusOr<AgentOptions> {
-    args.insert(args.begin(), "vamp-agent");
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    absl::StatusOr<CommandLine> cli =
-        ParseCommandLine(AgentConfigSchema(), static_cast<int>(argv.size()), argv.data());
-    if (!cli.ok()) return cli.status();
-    return AgentOptionsFromConfig(cli->config);
-  };
-  auto parse_insecure = [&parse](std::vector<std::string> args) {
+  auto parse_insecure = [](std::vector<std::string> args) {
     args.push_back("--insecure_no_auth");
-    return parse(std::move(args));
+    return ParseAgentFlags(std::move(args));
   };
   struct Case {
     std::vector<std::string> args;
@@ -704,32 +706,23 @@ TEST(AgentTest, CudaDeviceWithoutOrdinalFollowsTheRank) {
 // Issue 14: an agent runs with a token (from --auth_token_file, or from the environment of the
 // controller that spawned it) unless told explicitly to run without one.
 TEST(AgentTest, TokenRequiredUnlessInsecureFlag) {
-  auto parse = [](std::vector<std::string> args) -> absl::StatusOr<AgentOptions> {
-    args.insert(args.begin(), "vamp-agent");
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    absl::StatusOr<CommandLine> cli =
-        ParseCommandLine(AgentConfigSchema(), static_cast<int>(argv.size()), argv.data());
-    if (!cli.ok()) return cli.status();
-    return AgentOptionsFromConfig(cli->config);
-  };
-  absl::StatusOr<AgentOptions> none = parse({});
+  absl::StatusOr<AgentOptions> none = ParseAgentFlags({});
   ASSERT_FALSE(none.ok());
   EXPECT_THAT(none.status().message(), HasSubstr("auth_token_file"));
   EXPECT_THAT(none.status().message(), HasSubstr("insecure_no_auth"));
-  absl::StatusOr<AgentOptions> insecure = parse({"--insecure_no_auth"});
+  absl::StatusOr<AgentOptions> insecure = ParseAgentFlags({"--insecure_no_auth"});
   ASSERT_TRUE(insecure.ok()) << insecure.status();
   EXPECT_TRUE(insecure->auth_token.empty());
 
   ASSERT_EQ(::setenv("VAMP_AGENT_AUTH_TOKEN", "from-the-controller-0123", 1), 0);
-  absl::StatusOr<AgentOptions> spawned = parse({});
+  absl::StatusOr<AgentOptions> spawned = ParseAgentFlags({});
   ASSERT_TRUE(spawned.ok()) << spawned.status();
   EXPECT_EQ(spawned->auth_token, "from-the-controller-0123");
   EXPECT_EQ(std::getenv("VAMP_AGENT_AUTH_TOKEN"), nullptr) << "the token stays in the environment";
 
   const std::string two_lines = ::testing::TempDir() + "/agent_two_line_token";
   std::ofstream(two_lines) << "line-one-hunter2\nline-two-hunter2\n";
-  absl::StatusOr<AgentOptions> bad = parse({"--auth_token_file=" + two_lines});
+  absl::StatusOr<AgentOptions> bad = ParseAgentFlags({"--auth_token_file=" + two_lines});
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr(two_lines));
   EXPECT_THAT(bad.status().message(), ::testing::Not(HasSubstr("hunter2")));
