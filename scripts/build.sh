@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 preset=release
 if [[ ${1:-} == --preset ]]; then preset=$2; shift 2; fi
 jobs=${VAMP_BUILD_JOBS:-$(nproc)}
+# ccache (when CMake found it): hash paths relative to this checkout so worktrees share objects.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 exec 9>/tmp/vamp-build.lock
 flock 9
 if [[ ! -f build/$preset/build.ninja ]]; then

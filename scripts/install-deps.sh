@@ -16,6 +16,8 @@ PKGS=(
   patchelf        # portable bundle (deploy/bundle)
   python3-yaml    # tests/deploy, tests/dashboards: read kustomize output and Prometheus rules
   systemd         # tests/deploy: systemd-analyze verify on deploy/systemd (works offline)
+  ccache          # rebuilds on a fresh clone or a second worktree reuse compiled objects
+  libevent-dev    # the event-driven HTTP front end and vamp-bench's client
 )
 # `kubectl kustomize` builds deploy/k8s in tests/deploy. Debian's kubernetes-client provides it,
 # unless a kubectl is already installed (another package's /usr/bin/kubectl would conflict).
