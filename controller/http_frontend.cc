@@ -1,7 +1,5 @@
 #include "controller/http_frontend.h"
 
-#include <chrono>
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +8,7 @@
 #include "common/metrics.h"
 #include "common/secret.h"
 #include "controller/event_queue.h"
+#include "controller/openai_response.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"
@@ -20,32 +19,12 @@ namespace {
 using Json = nlohmann::json;
 
 std::string Dump(const Json& j) {
-  // Byte-level detokenisation can cut a UTF-8 sequence; never fail on it.
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 void SendError(httplib::Response& res, const absl::Status& status) {
   res.status = HttpStatusFor(status);
   res.set_content(ErrorBody(status), "application/json");
-}
-
-// OpenAI's finish_reason: null while the request runs, else the scheduler's reason name.
-Json FinishReasonJson(FinishReason r) {
-  if (r == FinishReason::kNone) return nullptr;
-  return std::string(FinishReasonName(r));
-}
-
-Json Usage(const EngineEvent& e) {
-  return {{"prompt_tokens", e.prompt_tokens},
-          {"completion_tokens", e.completion_tokens},
-          {"total_tokens", e.prompt_tokens + e.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", e.cached_prompt_tokens}}}};
-}
-
-int64_t UnixSeconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 class Handler {
@@ -110,17 +89,16 @@ class Handler {
       SendError(res, id.status());
       return;
     }
-    const std::string rid = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", *id);
-    const int64_t created = UnixSeconds();
+    auto writer = std::make_shared<OpenAiResponseWriter>(ctx, chat, include_usage, *id,
+                                                         UnixSeconds());
     if (!stream) {
-      Unary(res, ctx, queue, *id, rid, created, chat);
+      Unary(res, ctx, queue, *id, *writer);
       return;
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [ctx, queue, id = *id, rid, created, chat, include_usage, first = true](
-            size_t, httplib::DataSink& sink) mutable {
+        [ctx, queue, writer, id = *id](size_t, httplib::DataSink& sink) {
           std::optional<EngineEvent> e = queue->Pop(absl::Seconds(1));
           if (!e.has_value()) {
             // Keep-alive comment: also how a vanished client is noticed.
@@ -130,35 +108,7 @@ class Handler {
             }
             return true;
           }
-          Json chunk = {{"id", rid},
-                        {"created", created},
-                        {"model", ctx->model.id},
-                        {"object", chat ? "chat.completion.chunk" : "text_completion"}};
-          const std::string text = ctx->tokenizer->Decode(e->token_ids);
-          Json choice = {{"index", 0},
-                         {"finish_reason", FinishReasonJson(e->finish_reason)},
-                         {"token_ids", e->token_ids}};
-          if (chat) {
-            Json delta = {{"content", text}};
-            if (first) delta["role"] = "assistant";
-            choice["delta"] = delta;
-          } else {
-            choice["text"] = text;
-          }
-          first = false;
-          if (!e->error.empty()) choice["error"] = e->error;
-          chunk["choices"] = Json::array({choice});
-          std::string out = absl::StrCat("data: ", Dump(chunk), "\n\n");
-          if (e->finished && include_usage) {
-            Json usage = {{"id", rid},
-                          {"created", created},
-                          {"model", ctx->model.id},
-                          {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                          {"choices", Json::array()},
-                          {"usage", Usage(*e)}};
-            absl::StrAppend(&out, "data: ", Dump(usage), "\n\n");
-          }
-          if (e->finished) absl::StrAppend(&out, "data: [DONE]\n\n");
+          const std::string out = writer->StreamChunk(*e);
           if (!sink.write(out.data(), out.size())) {
             ctx->engine->Abort(id);
             return false;
@@ -170,9 +120,8 @@ class Handler {
 
  private:
   void Unary(httplib::Response& res, const std::shared_ptr<const ServingContext>& ctx,
-             const std::shared_ptr<EventQueue>& queue, RequestId id, const std::string& rid,
-             int64_t created, bool chat) {
-    std::vector<int32_t> tokens;
+             const std::shared_ptr<EventQueue>& queue, RequestId id,
+             OpenAiResponseWriter& writer) {
     const auto deadline = absl::Now() + absl::Seconds(options_.request_timeout_s);
     while (true) {
       std::optional<EngineEvent> e = queue->Pop(absl::Seconds(1));
@@ -186,29 +135,14 @@ class Handler {
         }
         continue;
       }
-      tokens.insert(tokens.end(), e->token_ids.begin(), e->token_ids.end());
+      writer.Append(*e);
       if (!e->finished) continue;
-      if (!e->error.empty()) {
-        SendError(res, absl::UnavailableError(absl::StrCat("request failed: ", e->error)));
+      absl::StatusOr<std::string> body = writer.Finish(*e);
+      if (!body.ok()) {
+        SendError(res, body.status());
         return;
       }
-      const std::string text = ctx->tokenizer->Decode(tokens);
-      Json choice = {{"index", 0},
-                     {"finish_reason", FinishReasonJson(e->finish_reason)},
-                     {"token_ids", tokens},
-                     {"logprobs", nullptr}};
-      if (chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", text}};
-      } else {
-        choice["text"] = text;
-      }
-      Json body = {{"id", rid},
-                   {"object", chat ? "chat.completion" : "text_completion"},
-                   {"created", created},
-                   {"model", ctx->model.id},
-                   {"choices", Json::array({choice})},
-                   {"usage", Usage(*e)}};
-      res.set_content(Dump(body), "application/json");
+      res.set_content(*body, "application/json");
       return;
     }
   }
