@@ -91,12 +91,41 @@ grpc::ServerUnaryReactor* AdminService::SetPolicy(grpc::CallbackServerContext* c
   VampArbiterConfig vamp = ctx->engine->vamp_config();
   vamp.restore.enabled = request->restore_enabled();
   const std::string arbiter = request->arbiter();
-  std::thread([this, ctx, arbiter, vamp, response, reactor] {
+  RunBlocking([this, ctx, arbiter, vamp, response, reactor] {
     absl::Status s = ctx->engine->SetArbiter(arbiter, vamp);
     if (s.ok()) *response = CurrentPolicy(ctx);
     reactor->Finish(ToGrpc(s));
-  }).detach();
+  });
   return reactor;
+}
+
+AdminService::~AdminService() {
+  std::vector<BlockingCall> calls;
+  {
+    absl::MutexLock lock(&calls_mu_);
+    calls.swap(calls_);
+  }
+  for (BlockingCall& c : calls) c.thread.join();
+}
+
+void AdminService::RunBlocking(std::function<void()> call) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread([done, call = std::move(call)] {
+    call();
+    done->store(true);
+  });
+  absl::MutexLock lock(&calls_mu_);
+  // Join the calls that have finished so threads do not pile up over a long run.
+  std::vector<BlockingCall> running;
+  for (BlockingCall& c : calls_) {
+    if (c.done->load()) {
+      c.thread.join();
+    } else {
+      running.push_back(std::move(c));
+    }
+  }
+  running.push_back({std::move(thread), std::move(done)});
+  calls_.swap(running);
 }
 
 namespace {
@@ -146,13 +175,13 @@ grpc::ServerUnaryReactor* AdminService::SetCoefficients(grpc::CallbackServerCont
     reactor->Finish(ToGrpc(s));
     return reactor;
   }
-  std::thread([ctx, vamp, response, reactor] {
+  RunBlocking([ctx, vamp, response, reactor] {
     // The coefficients belong to the cost model: reconfigure it in place (or keep them for when
     // the policy switches to it).
     absl::Status s = ctx->engine->SetArbiter(ctx->engine->arbiter_name(), vamp);
     if (s.ok()) ToProto(ctx->engine->vamp_config(), response);
     reactor->Finish(ToGrpc(s));
-  }).detach();
+  });
   return reactor;
 }
 
@@ -169,7 +198,7 @@ grpc::ServerUnaryReactor* AdminService::Remap(grpc::CallbackServerContext* conte
   std::shared_ptr<const ServingContext> ctx = ServingContextOrFinish(reactor);
   if (ctx == nullptr) return reactor;
   // The remap waits for a step boundary (and, for a restore, for the KV tail to drain).
-  std::thread([ctx, groups, response, reactor] {
+  RunBlocking([ctx, groups, response, reactor] {
     absl::Status s = ctx->engine->ForceRemap(groups);
     if (s.ok()) {
       vamp::v1::GetStatusResponse status;
@@ -178,7 +207,7 @@ grpc::ServerUnaryReactor* AdminService::Remap(grpc::CallbackServerContext* conte
       response->set_kv_blocks(status.kv_pool().total_blocks());
     }
     reactor->Finish(ToGrpc(s));
-  }).detach();
+  });
   return reactor;
 }
 

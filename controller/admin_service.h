@@ -5,8 +5,15 @@
 #ifndef VAMP_CONTROLLER_ADMIN_SERVICE_H_
 #define VAMP_CONTROLLER_ADMIN_SERVICE_H_
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "controller/serving_context.h"
 #include "vamp/v1/admin.grpc.pb.h"
@@ -27,6 +34,9 @@ struct AdminBackend {
 class AdminService final : public vamp::v1::Admin::CallbackService {
  public:
   explicit AdminService(AdminBackend backend) : backend_(std::move(backend)) {}
+  // Waits for calls still running on their own threads (they wait for a step boundary; the
+  // engine finishes or cancels them when it stops).
+  ~AdminService() override;
 
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const vamp::v1::GetStatusRequest* request,
@@ -66,10 +76,20 @@ class AdminService final : public vamp::v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* Remap(grpc::CallbackServerContext* context, int32_t num_groups,
                                   bool offload, vamp::v1::ForceRemapResponse* response);
 
+  // Runs `call` on a thread of its own: it blocks until the engine reaches a step boundary,
+  // which must not hold a gRPC callback thread. The destructor waits for it.
+  void RunBlocking(std::function<void()> call);
+
   // The policy in force: the engine's when serving, else the configured one.
   vamp::v1::Policy CurrentPolicy(const std::shared_ptr<const ServingContext>& ctx) const;
 
   AdminBackend backend_;
+  struct BlockingCall {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  absl::Mutex calls_mu_;
+  std::vector<BlockingCall> calls_ ABSL_GUARDED_BY(calls_mu_);  // joined when done or at exit
 };
 
 }  // namespace vamp

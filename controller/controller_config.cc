@@ -17,6 +17,29 @@ const ConfigSchema& ControllerConfigSchema() {
                 "admin_token_file is set")
         .String("http_address", "127.0.0.1:8000",
                 "host:port for the OpenAI-compatible HTTP API, /health and /metrics")
+        .Int("http_threads", 2, 1, 256,
+             "event-loop threads of the HTTP server; each holds thousands of connections, so a "
+             "few are enough (requests wait in the scheduler, not for a thread)")
+        .Int("http_max_connections", 65536, 1, 1LL << 24,
+             "open HTTP connections beyond which new ones get 503 (the process raises its "
+             "descriptor limit to its hard limit at start)")
+        .Int("http_max_body_bytes", 4LL << 20, 1, 1LL << 32,
+             "largest request body accepted, in bytes; larger Content-Length gets 413 before the "
+             "body is read (4 MiB holds a ~1M-character prompt as text, or ~400k token ids)")
+        .Int("http_max_header_bytes", 64 << 10, 1024, 64LL << 20,
+             "largest request line plus header fields, in bytes; larger gets 431")
+        .Double("http_header_timeout_s", 10, 0.01, 3600,
+                "a request head not complete this long after its first byte gets 408 (slow "
+                "clients cannot hold connections by trickling headers)")
+        .Double("http_body_timeout_s", 30, 0.01, 3600,
+                "a request body not complete this long after its head gets 408")
+        .Double("http_idle_timeout_s", 300, 0.01, 86400,
+                "a keep-alive connection without a request for this long is closed")
+        .Double("http_write_timeout_s", 60, 0.01, 3600,
+                "a connection whose client reads nothing of a pending response for this long "
+                "is closed (and its request aborted)")
+        .Double("request_timeout_s", 600, 0.01, 86400,
+                "a non-streaming request not finished after this long is aborted with 504")
         .String("metrics_address", "127.0.0.1:9400",
                 "host:port for a dedicated Prometheus /metrics listener; empty = only on HTTP")
         .String("model", "tiny-qwen3-moe", "model id reported to clients")

@@ -139,18 +139,27 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
         "--insecure_no_auth to let any process register as an agent");
   }
   HttpFrontendOptions http;
-  http.address = config.GetString("http_address");
-  http.tls_cert_file = config.GetString("tls_cert_file");
-  http.tls_key_file = config.GetString("tls_key_file");
+  http.server.address = config.GetString("http_address");
+  http.server.tls_cert_file = config.GetString("tls_cert_file");
+  http.server.tls_key_file = config.GetString("tls_key_file");
+  http.server.threads = static_cast<int>(config.GetInt("http_threads"));
+  http.server.max_header_bytes = config.GetInt("http_max_header_bytes");
+  http.server.max_body_bytes = config.GetInt("http_max_body_bytes");
+  http.server.header_timeout_s = config.GetDouble("http_header_timeout_s");
+  http.server.body_timeout_s = config.GetDouble("http_body_timeout_s");
+  http.server.idle_timeout_s = config.GetDouble("http_idle_timeout_s");
+  http.server.write_timeout_s = config.GetDouble("http_write_timeout_s");
+  http.server.max_connections = config.GetInt("http_max_connections");
+  http.request_timeout_s = config.GetDouble("request_timeout_s");
   http.metrics_targets = [self](int http_port) { return self->MetricsTargetsJson(http_port); };
   http.last_error = [self] { return self->last_error(); };
   std::shared_ptr<grpc::ServerCredentials> credentials;
-  if (http.tls_cert_file.empty() != http.tls_key_file.empty()) {
+  if (http.server.tls_cert_file.empty() != http.server.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
   }
-  if (!http.tls_cert_file.empty()) {
-    VAMP_ASSIGN_OR_RETURN(std::string cert, ReadFile(http.tls_cert_file, "tls_cert_file"));
-    VAMP_ASSIGN_OR_RETURN(std::string key, ReadFile(http.tls_key_file, "tls_key_file"));
+  if (!http.server.tls_cert_file.empty()) {
+    VAMP_ASSIGN_OR_RETURN(std::string cert, ReadFile(http.server.tls_cert_file, "tls_cert_file"));
+    VAMP_ASSIGN_OR_RETURN(std::string key, ReadFile(http.server.tls_key_file, "tls_key_file"));
     grpc::SslServerCredentialsOptions tls;
     tls.pem_key_cert_pairs.push_back({key, cert});
     credentials = grpc::SslServerCredentials(tls);
@@ -227,10 +236,10 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       launch.args.push_back("--log_file");
       launch.args.push_back(config.GetString("log_file"));
     }
-    if (!http.tls_cert_file.empty()) {
+    if (!http.server.tls_cert_file.empty()) {
       // The registration port serves TLS: spawned agents verify it with the same certificate.
       launch.args.push_back("--controller_ca_file");
-      launch.args.push_back(http.tls_cert_file);
+      launch.args.push_back(http.server.tls_cert_file);
     }
     if (server->agent_token_.empty()) {
       launch.args.push_back("--insecure_no_auth");

@@ -1,35 +1,34 @@
-// The OpenAI-compatible HTTP API of vamp-controller (cpp-httplib): POST /v1/completions and
+// The OpenAI-compatible HTTP API of vamp-controller: POST /v1/completions and
 // /v1/chat/completions (JSON, or SSE with "stream": true), GET /v1/models, /health (200 serving,
 // 503 not), /metrics (Prometheus text of the process registry) and /metrics/targets (the
 // replica's scrape targets for Prometheus HTTP service discovery). Errors are OpenAI-style JSON
-// with the matching HTTP status; a client that disconnects mid-stream aborts its request.
+// with the matching HTTP status.
+//
+// Transport: HttpServer (controller/http), an event-driven server on a fixed number of threads,
+// so every accepted request reaches the scheduler at once (it waits there, not in a socket) and
+// /health answers while thousands of streams run. A client that goes away aborts its request,
+// streaming or not; a unary request gives up after request_timeout_s (504).
 #ifndef VAMP_CONTROLLER_HTTP_FRONTEND_H_
 #define VAMP_CONTROLLER_HTTP_FRONTEND_H_
 
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "controller/http/http_server.h"
 #include "controller/serving_context.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace vamp {
 
 struct HttpFrontendOptions {
-  std::string address = "127.0.0.1:8000";  // host:port; port 0 picks one
+  // Address, threads, limits, timeouts and TLS of the listening server.
+  HttpServerOptions server;
   // Accepted "Authorization: Bearer <key>" values; empty = no key needed.
   std::vector<std::string> api_keys;
   // A non-streaming request gives up after this long (s).
   double request_timeout_s = 600;
-  // PEM files; when both are set the API is served over HTTPS only.
-  std::string tls_cert_file;
-  std::string tls_key_file;
   // Body of GET /metrics/targets (Prometheus HTTP service discovery JSON), built per request from
   // the port this frontend bound; null: no such route. Open like /metrics: addresses, no secrets.
   std::function<std::string(int http_port)> metrics_targets;
@@ -43,14 +42,15 @@ class HttpFrontend {
   static absl::StatusOr<std::unique_ptr<HttpFrontend>> Start(HttpFrontendOptions options,
                                                             ServingContextProvider context);
   ~HttpFrontend();
-  int port() const { return port_; }
+  int port() const { return server_->port(); }
+  // Open client connections.
+  int64_t connections() const { return server_->connections(); }
+  // Closes every connection (aborting the requests on them) and stops serving. Idempotent.
   void Stop();
 
  private:
   HttpFrontend() = default;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
-  int port_ = 0;
+  std::unique_ptr<HttpServer> server_;
 };
 
 }  // namespace vamp

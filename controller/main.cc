@@ -1,5 +1,6 @@
 // vamp-controller: the engine core of one model replica (shared/DESIGN.md, "Processes").
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -43,6 +44,15 @@ int Run(int argc, char** argv) {
   if (absl::Status s = vamp::ConfigureLogging(cli->config); !s.ok()) {
     std::fprintf(stderr, "vamp-controller: %s\n", std::string(s.message()).c_str());
     return 2;
+  }
+
+  // Every HTTP stream holds a descriptor: thousands of clients need more than the usual soft
+  // limit of 1024, and the hard limit is the operator's (systemd LimitNOFILE, ulimit -Hn).
+  if (rlimit limit; getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+      VAMP_LOG(WARNING) << "cannot raise the open-file limit to " << limit.rlim_max;
+    }
   }
 
   // Block the stop signals before any thread starts so that only sigwait below receives them.

@@ -288,7 +288,12 @@ void ServingEngine::AdmitPending() {
     live_[p.id] = Live{std::move(p.sink), p.arrival_micros, prompt_tokens};
   }
   for (RequestId id : aborts) {
-    if (live_.erase(id) > 0) (void)scheduler_->AbortRequest(id);
+    if (live_.erase(id) > 0 && scheduler_->AbortRequest(id).ok()) {
+      // Clients that went away (or timed out) end their requests too: count them as finished.
+      EngineMetrics::Get()
+          .finished.Add({{"reason", std::string(FinishReasonName(FinishReason::kAbort))}})
+          .Increment();
+    }
   }
 }
 

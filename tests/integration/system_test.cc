@@ -6,6 +6,11 @@
 #include <atomic>
 #include <fstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
 #include "controller/controller_config.h"
 #include "controller/controller_server.h"
 #include "gmock/gmock.h"
@@ -14,6 +19,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/metrics_scrape.h"
+#include "tests/common/raw_http_client.h"
 #include "vamp/v1/admin.grpc.pb.h"
 #include "vamp/v1/agent.grpc.pb.h"
 #include "vamp/v1/serving.grpc.pb.h"
@@ -257,6 +263,91 @@ TEST(SystemTest, MalformedRequestsGet4xxAndOthersKeepServing) {
   if (!absl::IsUnavailable(check)) {
     EXPECT_TRUE(check.ok()) << check;
   }
+}
+
+// The value of a gauge or counter sample `name` (exact, labels included) in an exposition.
+double MetricValue(const std::string& exposition, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line, &v)) return v;
+    }
+  }
+  return -1;
+}
+
+// Issue 14: the front end served 8 requests at a time (a thread per connection), so the rest
+// waited in sockets, /health timed out under load, and a vanished unary client kept running.
+// Now every request reaches the scheduler at once, /health answers meanwhile, and clients that
+// go away (streaming or not) free their sequences.
+TEST(SystemTest, HundredsOfClientsReachTheSchedulerAndDisconnectsAbortThem) {
+  ASSERT_GE(testing::RaiseOpenFileLimit(), 1024);
+  std::unique_ptr<ControllerServer> server = StartSystem(1, {"--max_num_seqs=64"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  const std::string kAborted = "vamp_requests_finished_total{reason=\"abort\"}";
+  absl::StatusOr<std::string> before = testing::ScrapeMetrics(port);
+  ASSERT_TRUE(before.ok());
+  const double aborted_before = std::max(0.0, MetricValue(*before, kAborted));
+  constexpr int kStreaming = 150;
+  constexpr int kUnary = 50;
+  std::vector<std::unique_ptr<testing::RawHttpClient>> clients;
+  for (int i = 0; i < kStreaming + kUnary; ++i) {
+    const bool stream = i < kStreaming;
+    const std::string body =
+        Json{{"prompt", std::vector<int>{3, 4, 5, 6 + i % 100}}, {"max_tokens", 1000},
+             {"ignore_eos", true}, {"stream", stream}}
+            .dump();
+    clients.push_back(std::make_unique<testing::RawHttpClient>(port));
+    ASSERT_TRUE(clients.back()->connected());
+    clients.back()->Send(absl::StrCat("POST /v1/completions HTTP/1.1\r\nContent-Type: "
+                                      "application/json\r\nContent-Length: ",
+                                      body.size(), "\r\n\r\n", body));
+  }
+  // All of them in the scheduler: 64 running (max_num_seqs), the rest waiting there.
+  double in_scheduler = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::string> m = testing::ScrapeMetrics(port);
+    ASSERT_TRUE(m.ok()) << m.status();  // /metrics (and the loop) answers under load
+    in_scheduler = MetricValue(*m, "vamp_scheduler_requests_running") +
+                   MetricValue(*m, "vamp_scheduler_requests_waiting");
+    if (in_scheduler >= kStreaming + kUnary) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(in_scheduler, kStreaming + kUnary);
+  testing::RawHttpClient health(port);
+  health.Send("GET /health HTTP/1.1\r\n\r\n");
+  EXPECT_THAT(health.ReadUntil("serving"), HasSubstr("200 OK"));
+  // Every client goes away before its 1000 tokens: every request is aborted.
+  clients.clear();
+  double left = -1;
+  const absl::Time drained = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < drained) {
+    absl::StatusOr<std::string> m = testing::ScrapeMetrics(port);
+    ASSERT_TRUE(m.ok());
+    left = MetricValue(*m, "vamp_scheduler_requests_running") +
+           MetricValue(*m, "vamp_scheduler_requests_waiting");
+    if (left == 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(left, 0);
+  absl::StatusOr<std::string> m = testing::ScrapeMetrics(port);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(MetricValue(*m, kAborted) - aborted_before, kStreaming + kUnary);
+}
+
+TEST(SystemTest, OversizedBodyGets413AndTheServerKeepsServing) {
+  std::unique_ptr<ControllerServer> server = StartSystem(1, {"--http_max_body_bytes=65536"});
+  ASSERT_NE(server, nullptr);
+  httplib::Client http("127.0.0.1", server->http_port());
+  auto big = http.Post("/v1/completions", std::string(100000, ' '), "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413);
+  EXPECT_THAT(big->body, HasSubstr("http_max_body_bytes"));
+  int status = 0;
+  Completion(server->http_port(), {{"prompt", "x"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
 }
 
 TEST(SystemTest, AgentKilledMidRequestFailsItClearlyThenRecovers) {
