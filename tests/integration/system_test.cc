@@ -337,6 +337,29 @@ TEST(SystemTest, HundredsOfClientsReachTheSchedulerAndDisconnectsAbortThem) {
   EXPECT_EQ(MetricValue(*m, kAborted) - aborted_before, kStreaming + kUnary);
 }
 
+// Issue 14: 8 connections sending one header byte every 2 s blocked all HTTP for 30 s. Now they
+// cost nothing while they trickle, and are cut off with 408 at the head deadline.
+TEST(SystemTest, SlowlorisClientsNeitherBlockServingNorStay) {
+  std::unique_ptr<ControllerServer> server = StartSystem(1, {"--http_header_timeout_s=5"});
+  ASSERT_NE(server, nullptr);
+  std::vector<std::unique_ptr<testing::RawHttpClient>> slow;
+  for (int i = 0; i < 8; ++i) {
+    slow.push_back(std::make_unique<testing::RawHttpClient>(server->http_port()));
+    slow.back()->Send("POST /v1/completions HTTP/1.1\r\nX-Slow: ");
+  }
+  int status = 0;
+  Json ok = Completion(server->http_port(), {{"prompt", "x"}, {"max_tokens", 4}}, &status);
+  EXPECT_EQ(status, 200);
+  for (auto& c : slow) {
+    EXPECT_FALSE(c->WaitClosed(absl::Milliseconds(1))) << "closed before its deadline";
+    c->Send("a");
+  }
+  for (auto& c : slow) {
+    EXPECT_TRUE(c->WaitClosed(absl::Seconds(30)));
+    EXPECT_THAT(c->data(), ::testing::StartsWith("HTTP/1.1 408"));
+  }
+}
+
 TEST(SystemTest, OversizedBodyGets413AndTheServerKeepsServing) {
   std::unique_ptr<ControllerServer> server = StartSystem(1, {"--http_max_body_bytes=65536"});
   ASSERT_NE(server, nullptr);
