@@ -230,6 +230,7 @@ Result RunOne(const std::string& binary, const CommandLine& cli) {
   // 3. Probes, on their own thread.
   std::atomic<bool> stop{false};
   std::vector<double> health;
+  const absl::Time probe_start = absl::Now();
   std::thread prober([&] {
     const auto interval = absl::Milliseconds(cli.config.GetInt("probe_ms"));
     while (!stop.load()) {
@@ -238,6 +239,10 @@ Result RunOne(const std::string& binary, const CommandLine& cli) {
       ++r.health_probes;
       if (absl::StrContains(h, "200 OK")) {
         health.push_back(s);
+        if (s > 0.05) {
+          std::cerr << "  slow /health: " << s * 1e3 << " ms at "
+                    << absl::ToDoubleSeconds(absl::Now() - probe_start) << " s\n";
+        }
       } else {
         ++r.health_failures;
       }
