@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/sd_notify.h"
+#include "common/version.h"
 
 namespace {
 
@@ -51,6 +52,10 @@ int Run(int argc, char** argv) {
   if (!cli.ok()) {
     std::fprintf(stderr, "vamp-agent: %s\n", std::string(cli.status().message()).c_str());
     return 2;
+  }
+  if (cli->version_requested) {
+    std::cout << "vamp-agent " << vamp::kVersion << "\n";
+    return 0;
   }
   if (cli->help_requested) {
     std::cout << vamp::AgentConfigSchema().HelpText("vamp-agent", kSummary);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/secret.h"
+#include "common/version.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -58,6 +59,7 @@ constexpr char kUsage[] =
     "  -o, --output FORMAT   table (default) or json\n"
     "  --timeout SECONDS     per-call deadline [5]\n"
     "  -h, --help            print this help\n"
+    "      --version         print the version\n"
     "\n"
     "Exit codes: 0 ok, 2 bad arguments, 3 controller unreachable, 4 server error.\n";
 
@@ -424,6 +426,9 @@ int Run(int argc, char** argv) {
     };
     if (a == "-h" || a == "--help") {
       std::cout << kUsage;
+      return kExitOk;
+    } else if (a == "--version") {
+      std::cout << "vampctl " << vamp::kVersion << "\n";
       return kExitOk;
     } else if (a == "--endpoint" || a == "-o" || a == "--output" || a == "--timeout" ||
                a == "--token-file" || a == "--ca_file" || a == "--ca-file") {

@@ -144,6 +144,7 @@ std::string ConfigSchema::HelpText(absl::string_view program, absl::string_view 
   std::string out = absl::StrCat("Usage: ", program, " [--config FILE] [--name=value ...]\n\n",
                                  summary, "\n\nOptions (defaults in brackets):\n");
   absl::StrAppend(&out, "  --help                 print this help and exit\n",
+                  "  --version              print the version and exit\n",
                   "  --config FILE          read values from a JSON object file; flags override it\n");
   for (const Field& f : fields_) {
     std::string range;
@@ -291,13 +292,14 @@ absl::Status LoadConfigFile(const std::string& path, Config* config) {
 
 absl::StatusOr<CommandLine> ParseCommandLine(const ConfigSchema& schema, int argc,
                                              const char* const* argv) {
-  CommandLine out{Config(schema), {}, false};
+  CommandLine out{Config(schema), {}, false, false};
   // First pass: --config and --help, so the file is applied before flags override it.
   std::string config_path;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") break;
     if (arg == "--help" || arg == "-h") out.help_requested = true;
+    if (arg == "--version") out.version_requested = true;
     if (arg == "--config") {
       if (i + 1 >= argc) return absl::InvalidArgumentError("--config needs a file path");
       config_path = argv[++i];
@@ -305,7 +307,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ConfigSchema& schema, int arg
       config_path = std::string(arg.substr(9));
     }
   }
-  if (out.help_requested) return out;
+  if (out.help_requested || out.version_requested) return out;
   if (!config_path.empty()) {
     absl::Status s = LoadConfigFile(config_path, &out.config);
     if (!s.ok()) return s;

@@ -94,9 +94,10 @@ struct CommandLine {
   Config config;
   std::vector<std::string> positional;
   bool help_requested = false;
+  bool version_requested = false;  // --version: print the name and kVersion, then exit 0
 };
 
-// Parses argv[1..]: --help/-h, --config FILE, --name=value, --name value, --flag, --no-flag, and
+// Parses argv[1..]: --help/-h, --version, --config FILE, --name=value, --name value, --flag, --no-flag, and
 // `--` ending flags. On error nothing is applied partially that the caller could see.
 absl::StatusOr<CommandLine> ParseCommandLine(const ConfigSchema& schema, int argc,
                                              const char* const* argv);

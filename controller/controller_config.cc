@@ -42,7 +42,9 @@ const ConfigSchema& ControllerConfigSchema() {
                 "a non-streaming request not finished after this long is aborted with 504")
         .String("metrics_address", "127.0.0.1:9400",
                 "host:port for a dedicated Prometheus /metrics listener; empty = only on HTTP")
-        .String("model", "tiny-qwen3-moe", "model id reported to clients")
+        .String("served_model_name", "",
+                "model id clients put in \"model\" and see in /v1/models and responses; empty: "
+                "the name of the model_path folder")
         .String("model_path", "",
                 "checkpoint folder (config.json + *.safetensors) the agents load; with "
                 "load_format=dummy only config.json is read")

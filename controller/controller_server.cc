@@ -440,7 +440,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   VAMP_ASSIGN_OR_RETURN(engine_options.vamp, VampArbiterConfigFromConfig(config_));
   auto context = std::make_shared<ServingContext>();
   context->model =
-      ServedModel{config_.GetString("model"), scheduler.max_model_len, first.vocab_size()};
+      ServedModel{ServedModelName(), scheduler.max_model_len, first.vocab_size()};
   absl::StatusOr<std::unique_ptr<ByteTokenizer>> tokenizer =
       ByteTokenizer::Create(first.vocab_size());
   if (!tokenizer.ok()) return tokenizer.status();
@@ -471,6 +471,16 @@ void ControllerServer::TearDown() {
   // keep the (stopped) engine alive until they end.
 }
 
+std::string ControllerServer::ServedModelName() const {
+  const std::string& name = config_.GetString("served_model_name");
+  if (!name.empty()) return name;
+  std::string path = config_.GetString("model_path");
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  return base.empty() ? "vamp-model" : base;
+}
+
 std::string ControllerServer::MetricsTargetsJson(int http_port) const {
   const std::string replica =
       config_.GetString("replica").empty() ? HostName() : config_.GetString("replica");
@@ -495,7 +505,7 @@ std::string ControllerServer::MetricsTargetsJson(int http_port) const {
 
 void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {
   status->set_version(kVersion);
-  status->set_model(config_.GetString("model"));
+  status->set_model(ServedModelName());
   status->set_uptime_seconds(static_cast<double>(SteadyClock::Get().NowMicros() - start_micros_) *
                              1e-6);
   status->set_policy(config_.GetString("arbiter"));

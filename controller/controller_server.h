@@ -66,6 +66,8 @@ class ControllerServer {
   std::shared_ptr<const ServingContext> Context() const;
   // GET /metrics/targets: this controller and every registered agent that serves /metrics.
   std::string MetricsTargetsJson(int http_port) const;
+  // served_model_name, or the model_path folder's name when that is empty.
+  std::string ServedModelName() const;
   void FillStatus(vamp::v1::GetStatusResponse* status) const;
 
   const Config config_;

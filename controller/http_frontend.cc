@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
@@ -77,9 +79,10 @@ class Handler {
     const bool completions = req.path == "/v1/completions";
     const bool chat = req.path == "/v1/chat/completions";
     const bool models = req.path == "/v1/models";
+    const bool one_model = absl::StartsWith(req.path, "/v1/models/");
     if ((completions || chat) && !post) return MethodNotAllowed(*exchange, "POST");
-    if (models && !get) return MethodNotAllowed(*exchange, "GET");
-    if (!completions && !chat && !models) {
+    if ((models || one_model) && !get) return MethodNotAllowed(*exchange, "GET");
+    if (!completions && !chat && !models && !one_model) {
       return SendError(*exchange, absl::NotFoundError(
                                       absl::StrCat("no route for ", req.method, " ", req.path)));
     }
@@ -89,6 +92,7 @@ class Handler {
                                       "a valid API key is required (Authorization: Bearer <key>)"));
     }
     if (models) return Models(*exchange);
+    if (one_model) return Model(*exchange, req.path.substr(sizeof("/v1/models/") - 1));
     Generate(exchange, chat);
   }
 
@@ -102,16 +106,31 @@ class Handler {
     exchange.Respond(405, kJson, ErrorBody(status), {{"Allow", allowed}});
   }
 
+  static Json ModelObject(const ServedModel& model) {
+    return {{"id", model.id},
+            {"object", "model"},
+            {"created", 0},
+            {"owned_by", "vamp"},
+            {"max_model_len", model.max_model_len}};
+  }
+
   void Models(HttpExchange& exchange) const {
     std::shared_ptr<const ServingContext> ctx = context_();
     Json data = Json::array();
-    if (ctx != nullptr) {
-      data.push_back({{"id", ctx->model.id},
-                      {"object", "model"},
-                      {"owned_by", "vamp"},
-                      {"max_model_len", ctx->model.max_model_len}});
-    }
+    if (ctx != nullptr) data.push_back(ModelObject(ctx->model));
     exchange.Respond(200, kJson, Dump({{"object", "list"}, {"data", data}}));
+  }
+
+  // GET /v1/models/{id}: the served model, or 404 naming the id (OpenAI's models.retrieve).
+  void Model(HttpExchange& exchange, const std::string& id) const {
+    std::shared_ptr<const ServingContext> ctx = context_();
+    if (ctx == nullptr || ctx->model.id != id) {
+      absl::Status status = absl::NotFoundError(absl::StrCat(
+          "model '", id, "' does not exist", ctx == nullptr ? " (no model is served yet)" : ""));
+      status.SetPayload(kParamPayload, absl::Cord("model"));
+      return SendError(exchange, status);
+    }
+    exchange.Respond(200, kJson, Dump(ModelObject(ctx->model)));
   }
 
   void Health(HttpExchange& exchange) const {

@@ -9,6 +9,7 @@
 
 #include "common/logging.h"
 #include "common/sd_notify.h"
+#include "common/version.h"
 #include "controller/controller_config.h"
 #include "controller/controller_server.h"
 
@@ -31,6 +32,10 @@ int Run(int argc, char** argv) {
   if (!cli.ok()) {
     std::fprintf(stderr, "vamp-controller: %s\n", std::string(cli.status().message()).c_str());
     return 2;
+  }
+  if (cli->version_requested) {
+    std::cout << "vamp-controller " << vamp::kVersion << "\n";
+    return 0;
   }
   if (cli->help_requested) {
     std::cout << vamp::ControllerConfigSchema().HelpText("vamp-controller", kSummary);

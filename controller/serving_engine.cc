@@ -38,6 +38,8 @@ struct EngineMetrics {
   prometheus::Gauge& ghost_tokens;
   prometheus::Gauge& preempt_tokens;
   prometheus::Gauge& h2d_bytes_per_second;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& generation_tokens;
 
   static EngineMetrics& Get() {
     static EngineMetrics* m = [] {
@@ -87,7 +89,9 @@ struct EngineMetrics {
           gauge("vamp_arbiter_preempt_recompute_tokens",
                 "Tax model: tokens recomputed after preemptions over the arbiter window"),
           gauge("vamp_arbiter_h2d_bytes_per_second",
-                "Tax model: host-to-device bandwidth the offload tax is priced at (learned)")};
+                "Tax model: host-to-device bandwidth the offload tax is priced at (learned)"),
+          counter("vamp_prompt_tokens_total", "Prompt tokens of admitted requests"),
+          counter("vamp_generation_tokens_total", "Tokens generated and sent to clients")};
     }();
     return *m;
   }
@@ -286,6 +290,7 @@ void ServingEngine::AdmitPending() {
       continue;
     }
     live_[p.id] = Live{std::move(p.sink), p.arrival_micros, prompt_tokens};
+    EngineMetrics::Get().prompt_tokens.Increment(prompt_tokens);
   }
   for (RequestId id : aborts) {
     if (live_.erase(id) > 0 && scheduler_->AbortRequest(id).ok()) {
@@ -468,6 +473,7 @@ void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs) {
       live.last_token_micros = now;
     }
     live.completion_tokens += static_cast<int32_t>(event.token_ids.size());
+    metrics.generation_tokens.Increment(static_cast<double>(event.token_ids.size()));
     event.prompt_tokens = live.prompt_tokens;
     event.completion_tokens = live.completion_tokens;
     // The request is gone from the scheduler once finished: remember its hit while it is there.

@@ -31,6 +31,7 @@
 #include "bench/workload/multi_turn_generator.h"
 #include "common/config.h"
 #include "common/status_macros.h"
+#include "common/version.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "sim/calibration.h"
 #include "sim/report.h"
@@ -176,6 +177,10 @@ struct Job {
 absl::Status Main(int argc, char** argv) {
   const ConfigSchema schema = Schema();
   VAMP_ASSIGN_OR_RETURN(CommandLine cl, ParseCommandLine(schema, argc, argv));
+  if (cl.version_requested) {
+    std::cout << "vamp-sim " << kVersion << "\n";
+    return absl::OkStatus();
+  }
   if (cl.help_requested) {
     std::cout << schema.HelpText(
         "vamp-sim",

@@ -43,6 +43,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/version.h"
 
 namespace vamp {
 namespace {
@@ -336,6 +337,10 @@ int Main(int argc, char** argv) {
   if (!cli.ok()) {
     std::cerr << "vamp_bench_http_concurrency: " << cli.status().message() << "\n";
     return 2;
+  }
+  if (cli->version_requested) {
+    std::cout << "vamp_bench_http_concurrency " << kVersion << "\n";
+    return 0;
   }
   if (cli->help_requested) {
     std::cout << Schema().HelpText("vamp_bench_http_concurrency",

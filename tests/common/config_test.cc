@@ -94,6 +94,16 @@ TEST(ConfigTest, UnknownFlagAndMissingValue) {
   EXPECT_THAT(b.status().message(), HasSubstr("'--model' needs a value"));
 }
 
+TEST(ConfigTest, VersionIsRequestedLikeHelp) {
+  ConfigSchema schema = TestSchema();
+  const char* argv[] = {"prog", "--version", "--no_such_flag"};
+  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, 3, argv);
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  EXPECT_TRUE(cli->version_requested);
+  EXPECT_FALSE(cli->help_requested);
+  EXPECT_THAT(schema.HelpText("prog", "x"), HasSubstr("--version"));
+}
+
 TEST(ConfigTest, FileThenFlagsOverride) {
   ConfigSchema schema = TestSchema();
   const std::string path = WriteTemp(R"({"max_num_seqs": 64, "model": "from-file",

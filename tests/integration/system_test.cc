@@ -132,6 +132,17 @@ std::vector<int> StreamCompletion(int port, const Json& body, std::string* finis
   return tokens;
 }
 
+// The value of a gauge or counter sample `name` (exact, labels included) in an exposition.
+double MetricValue(const std::string& exposition, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line, &v)) return v;
+    }
+  }
+  return -1;
+}
+
 TEST(SystemTest, OneAgentMatchesGoldensOverHttpSseAndGrpc) {
   Goldens g = LoadGoldens();
   std::unique_ptr<ControllerServer> server = StartSystem(1);
@@ -256,24 +267,26 @@ TEST(SystemTest, MalformedRequestsGet4xxAndOthersKeepServing) {
   EXPECT_EQ(status, 200);
   EXPECT_EQ(text["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[1]);
 
+  // The model by id (OpenAI's models.retrieve); the default id is the model folder's name.
+  httplib::Client http("127.0.0.1", server->http_port());
+  auto model = http.Get("/v1/models/tiny-qwen3-moe");
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->status, 200);
+  EXPECT_EQ(Json::parse(model->body)["id"], "tiny-qwen3-moe");
+  auto missing = http.Get("/v1/models/gpt-9");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(Json::parse(missing->body)["error"]["param"], "model");
+
   absl::StatusOr<std::string> metrics = testing::ScrapeMetrics(server->http_port());
   ASSERT_TRUE(metrics.ok());
   EXPECT_THAT(*metrics, HasSubstr("vamp_request_time_to_first_token_seconds_count"));
+  EXPECT_GT(MetricValue(*metrics, "vamp_prompt_tokens_total"), 0);
+  EXPECT_GE(MetricValue(*metrics, "vamp_generation_tokens_total"), 16 + 16);
   absl::Status check = testing::PromtoolCheckMetrics(*metrics);
   if (!absl::IsUnavailable(check)) {
     EXPECT_TRUE(check.ok()) << check;
   }
-}
-
-// The value of a gauge or counter sample `name` (exact, labels included) in an exposition.
-double MetricValue(const std::string& exposition, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
-    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line, &v)) return v;
-    }
-  }
-  return -1;
 }
 
 // Issue 14: the front end served 8 requests at a time (a thread per connection), so the rest
@@ -361,7 +374,8 @@ TEST(SystemTest, SlowlorisClientsNeitherBlockServingNorStay) {
 }
 
 TEST(SystemTest, OversizedBodyGets413AndTheServerKeepsServing) {
-  std::unique_ptr<ControllerServer> server = StartSystem(1, {"--http_max_body_bytes=65536"});
+  std::unique_ptr<ControllerServer> server =
+      StartSystem(1, {"--http_max_body_bytes=65536", "--served_model_name=acme/moe"});
   ASSERT_NE(server, nullptr);
   httplib::Client http("127.0.0.1", server->http_port());
   auto big = http.Post("/v1/completions", std::string(100000, ' '), "application/json");
@@ -369,8 +383,13 @@ TEST(SystemTest, OversizedBodyGets413AndTheServerKeepsServing) {
   EXPECT_EQ(big->status, 413);
   EXPECT_THAT(big->body, HasSubstr("http_max_body_bytes"));
   int status = 0;
-  Completion(server->http_port(), {{"prompt", "x"}, {"max_tokens", 2}}, &status);
+  Json ok = Completion(server->http_port(), {{"prompt", "x"}, {"max_tokens", 2}, {"model", "acme/moe"}},
+                       &status);
   EXPECT_EQ(status, 200);
+  EXPECT_EQ(ok["model"], "acme/moe");
+  auto model = http.Get("/v1/models/acme/moe");  // ids may hold a slash
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->status, 200);
 }
 
 TEST(SystemTest, AgentKilledMidRequestFailsItClearlyThenRecovers) {
