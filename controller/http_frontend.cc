@@ -150,7 +150,7 @@ class Handler {
                                       "failed); retry later",
                                       error.empty() ? "" : absl::StrCat(". Last error: ", error))));
     }
-    const std::string& body = exchange->request().body;
+    const std::string body = exchange->TakeBody();
     absl::StatusOr<ServingRequest> parsed =
         chat ? ParseChatCompletionRequest(body, ctx->model, *ctx->tokenizer)
              : ParseCompletionRequest(body, ctx->model, *ctx->tokenizer);

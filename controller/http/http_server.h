@@ -74,6 +74,9 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
 
   // --- Loop thread only ---
   const HttpRequest& request() const { return request_; }
+  // Moves the body out (request().body is empty afterwards): a long stream need not keep a
+  // prompt of megabytes alive once it has been parsed.
+  std::string TakeBody() { return std::move(request_.body); }
   // Whether the response can still be written (not ended, client still there).
   bool open() const { return connection_ != nullptr && !ended_; }
   // A whole response with Content-Length. Ends the exchange.
@@ -102,7 +105,7 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
 
   const std::shared_ptr<HttpLoop> loop_;
   HttpConnection* connection_;  // loop thread only; null once closed
-  const HttpRequest request_;
+  HttpRequest request_;
   bool ended_ = false;
   bool streaming_ = false;
   std::function<void()> on_close_;
