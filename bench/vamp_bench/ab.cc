@@ -37,7 +37,7 @@ absl::StatusOr<AbConfig> ParseAbConfig(absl::string_view spec) {
     return c;
   }
   if (spec == "static") {
-    c.flags = {"--arbiter=static"};
+    c.flags = {"--arbiter=static", "--max_offload_ratio=0"};
   } else if (spec == "vamp") {
     c.flags = {"--arbiter=vamp"};
   } else if (spec == "paper") {
@@ -112,45 +112,92 @@ absl::StatusOr<RunResult> MeasureRun(const workload::Workload& workload,
 
 absl::StatusOr<std::vector<RunResult>> RunAb(
     const AbOptions& o,
-    const std::function<absl::StatusOr<workload::Workload>(int32_t sessions)>& make_workload) {
+    const std::function<absl::StatusOr<workload::Workload>(int32_t sessions, int32_t run)>&
+        make_workload) {
   if (o.configs.empty()) return absl::InvalidArgumentError("--configs: no configuration given");
   if (o.sessions.empty()) return absl::InvalidArgumentError("--sessions_sweep: no value given");
-  std::vector<RunResult> results;
+  struct Point {
+    int32_t sessions;
+    int32_t repeat;
+    int32_t run;
+  };
+  std::vector<Point> points;
   for (int32_t n : o.sessions) {
-    absl::StatusOr<workload::Workload> w = make_workload(n);
-    if (!w.ok()) return w.status();
     for (int32_t rep = 0; rep < o.repeats; ++rep) {
-      for (const AbConfig& config : o.configs) {
-        SystemOptions so = o.system;
-        if (!o.log_dir.empty()) {
-          so.log_path = absl::StrCat(o.log_dir, "/", config.name, "-s", n, "-r", rep + 1, ".log");
-        }
-        std::fprintf(stderr, "vamp-bench ab: %s, %d sessions, run %d/%d: starting the system\n",
-                     config.name.c_str(), n, rep + 1, o.repeats);
-        RunResult result;
-        absl::StatusOr<std::unique_ptr<RunningSystem>> sys = RunningSystem::Start(so, config.flags);
-        if (!sys.ok()) {
-          result.error = std::string(sys.status().message());
-          std::fprintf(stderr, "vamp-bench ab: %s\n", result.error.c_str());
-        } else {
-          ClientOptions c = o.client;
-          c.endpoint = (*sys)->http();
-          absl::StatusOr<RunResult> r = MeasureRun(*w, c, o.rule, o.sample_interval_s);
-          if (r.ok()) {
-            result = *std::move(r);
-          } else {
-            result.error = std::string(r.status().message());
-          }
-          result.command = (*sys)->command();
-          (*sys)->Stop();
-        }
-        result.config = config.name;
-        result.config_flags = absl::StrJoin(config.flags, " ");
-        result.sessions = n;
-        result.repeat = rep;
-        if (o.on_run) o.on_run(result);
-        results.push_back(std::move(result));
+      points.push_back({n, rep, static_cast<int32_t>(points.size())});
+    }
+  }
+  std::vector<workload::Workload> workloads;
+  for (const Point& p : points) {
+    absl::StatusOr<workload::Workload> w = make_workload(p.sessions, p.run);
+    if (!w.ok()) return w.status();
+    workloads.push_back(*std::move(w));
+  }
+  std::vector<RunResult> results;
+  std::unique_ptr<RunningSystem> shared;
+  std::string shared_error;
+  auto run_one = [&](const AbConfig& config, const Point& p) {
+    RunResult result;
+    std::unique_ptr<RunningSystem> own;
+    RunningSystem* sys = shared.get();
+    if (!o.one_system_per_config) {
+      SystemOptions so = o.system;
+      if (!o.log_dir.empty()) {
+        so.log_path =
+            absl::StrCat(o.log_dir, "/", config.name, "-s", p.sessions, "-r", p.repeat + 1, ".log");
       }
+      std::fprintf(stderr, "vamp-bench ab: %s, %d sessions, run %d/%d: starting the system\n",
+                   config.name.c_str(), p.sessions, p.repeat + 1, o.repeats);
+      absl::StatusOr<std::unique_ptr<RunningSystem>> started =
+          RunningSystem::Start(so, config.flags);
+      if (started.ok()) {
+        own = *std::move(started);
+        sys = own.get();
+      } else {
+        shared_error = std::string(started.status().message());
+      }
+    } else {
+      std::fprintf(stderr, "vamp-bench ab: %s, %d sessions, run %d/%d\n", config.name.c_str(),
+                   p.sessions, p.repeat + 1, o.repeats);
+    }
+    if (sys == nullptr) {
+      result.error = shared_error;
+      std::fprintf(stderr, "vamp-bench ab: %s\n", result.error.c_str());
+    } else {
+      ClientOptions c = o.client;
+      c.endpoint = sys->http();
+      absl::StatusOr<RunResult> r = MeasureRun(workloads[p.run], c, o.rule, o.sample_interval_s);
+      if (r.ok()) {
+        result = *std::move(r);
+      } else {
+        result.error = std::string(r.status().message());
+      }
+      result.command = sys->command();
+    }
+    if (own != nullptr) own->Stop();
+    result.config = config.name;
+    result.config_flags = absl::StrJoin(config.flags, " ");
+    result.sessions = p.sessions;
+    result.repeat = p.repeat;
+    if (o.on_run) o.on_run(result);
+    results.push_back(std::move(result));
+  };
+  if (o.one_system_per_config) {
+    for (const AbConfig& config : o.configs) {
+      SystemOptions so = o.system;
+      if (!o.log_dir.empty()) so.log_path = absl::StrCat(o.log_dir, "/", config.name, ".log");
+      std::fprintf(stderr, "vamp-bench ab: %s: starting the system\n", config.name.c_str());
+      absl::StatusOr<std::unique_ptr<RunningSystem>> started =
+          RunningSystem::Start(so, config.flags);
+      shared_error = started.ok() ? "" : std::string(started.status().message());
+      shared = started.ok() ? *std::move(started) : nullptr;
+      for (const Point& p : points) run_one(config, p);
+      if (shared != nullptr) shared->Stop();
+      shared.reset();
+    }
+  } else {
+    for (const Point& p : points) {
+      for (const AbConfig& config : o.configs) run_one(config, p);
     }
   }
   return results;

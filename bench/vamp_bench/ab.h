@@ -17,7 +17,8 @@
 namespace vamp::bench {
 
 // A named set of controller flags. Built-in names:
-//   static       --arbiter=static (the vLLM 0.15 baseline)
+//   static       --arbiter=static --max_offload_ratio=0 (the vLLM 0.15 baseline: no staging
+//                buffers, the whole budget for weights and KV)
 //   vamp         --arbiter=vamp with the shipped defaults (tax cost model, default cap)
 //   vamp-R       VAMP with the cap VAMP-R: --max_offload_ratio=R/100 (R in 1..95)
 //   paper, paper-R  the paper's cost model (--vamp_cost_model=paper), default cap or VAMP-R
@@ -46,15 +47,24 @@ struct AbOptions {
   WindowRule rule;
   double sample_interval_s = 1.0;
   std::string log_dir;  // controller logs go here as <config>-s<sessions>-r<repeat>.log
+  // false: a fresh system for every run (no run inherits another's cache or offload state).
+  // true: one system per configuration serves all its runs (for systems that take minutes to
+  // start, e.g. 30B models on GPUs); make_workload then gets a distinct `run` index per run so
+  // that no prompt prefix carries over from one run to the next.
+  bool one_system_per_config = false;
   // Called after each run (for progress and partial reports).
   std::function<void(const RunResult&)> on_run;
 };
 
-// Runs every (sessions, repeat, configuration) in that order. A configuration whose system does
-// not start gets a RunResult with `error` set; the sweep goes on.
+// Runs every (sessions, repeat, configuration): by default in that order, with a fresh system
+// each; with one_system_per_config, configuration by configuration. A run whose system does not
+// start gets a RunResult with `error` set; the sweep goes on. `make_workload(sessions, run)`
+// must give every configuration the same workload for the same arguments; `run` counts the
+// (sessions, repeat) points from 0.
 absl::StatusOr<std::vector<RunResult>> RunAb(
     const AbOptions& options,
-    const std::function<absl::StatusOr<workload::Workload>(int32_t sessions)>& make_workload);
+    const std::function<absl::StatusOr<workload::Workload>(int32_t sessions, int32_t run)>&
+        make_workload);
 
 }  // namespace vamp::bench
 

@@ -78,7 +78,8 @@ const ConfigSchema& AbSchema() {
   static const ConfigSchema* schema = [] {
     auto* s = new ConfigSchema();
     s->String("configs", "static,vamp",
-              "comma-separated configurations: static (--arbiter=static), vamp (shipped "
+              "comma-separated configurations: static (--arbiter=static --max_offload_ratio=0), "
+              "vamp (shipped "
               "defaults), vamp-R (cap VAMP-R, --max_offload_ratio=R/100), paper / paper-R (the "
               "paper's cost model), or NAME:FLAGS (FLAGS separated by spaces); the first is the "
               "baseline of the comparison")
@@ -98,6 +99,10 @@ const ConfigSchema& AbSchema() {
         .String("system_flags", "",
                 "extra vamp-controller flags for every configuration, separated by spaces (e.g. "
                 "'--agent_device=cuda --load_format=dummy --gpu_memory_utilization=0.5')")
+        .Bool("one_system_per_config", false,
+              "start each configuration's system once and run every sweep point on it (each "
+              "point with its own seed, so no prefix carries over); default: a fresh system per "
+              "run")
         .Double("startup_timeout_s", 300, 1, 86400,
                 "how long a system may take to serve before its configuration is reported failed");
     AddCommonFlags(*s);
@@ -252,7 +257,7 @@ int RunCommand(int argc, char** argv) {
   if (!e.ok()) return Fail(e.status(), 2);
   e->api_key = client.endpoint.api_key;
   client.endpoint = *e;
-  absl::StatusOr<workload::Workload> w = BuildWorkload(c, 0, 0);
+  absl::StatusOr<workload::Workload> w = BuildWorkload(c, 0, 0, 0);
   if (!w.ok()) return Fail(w.status(), 2);
   spec.workload = DescribeWorkload(c, 0);
   absl::StatusOr<RunResult> r =
@@ -288,6 +293,7 @@ int AbCommand(int argc, char** argv) {
   }
   o.repeats = static_cast<int32_t>(c.GetInt("repeats"));
   o.rule = WindowRuleFor(c);
+  o.one_system_per_config = c.GetBool("one_system_per_config");
   o.sample_interval_s = c.GetDouble("sample_interval_s");
   o.system.controller_binary =
       FindBinary(c.GetString("controller_binary"), "vamp-controller", "controller");
@@ -341,8 +347,10 @@ int AbCommand(int argc, char** argv) {
     absl::Status s = WriteReport(c, spec, done);
     if (!s.ok()) std::fprintf(stderr, "vamp-bench ab: %s\n", std::string(s.message()).c_str());
   };
-  absl::StatusOr<std::vector<RunResult>> runs =
-      RunAb(o, [&](int32_t sessions) { return BuildWorkload(c, sessions, vocab); });
+  absl::StatusOr<std::vector<RunResult>> runs = RunAb(o, [&](int32_t sessions, int32_t run) {
+    // One system serving several runs: a seed per run, so no run reuses another's prefixes.
+    return BuildWorkload(c, sessions, vocab, o.one_system_per_config ? run : 0);
+  });
   if (!runs.ok()) return Fail(runs.status(), 1);
   for (const RunResult& r : *runs) {
     if (!r.error.empty()) return 1;

@@ -57,7 +57,7 @@ void AddWorkloadFlags(ConfigSchema& s) {
 }
 
 absl::StatusOr<workload::Workload> BuildWorkload(const Config& c, int32_t sessions,
-                                                 int32_t vocab_size) {
+                                                 int32_t vocab_size, int32_t seed_offset) {
   const std::string& kind = c.GetString("workload");
   const int32_t vocab = vocab_size > 0 ? vocab_size : static_cast<int32_t>(c.GetInt("vocab_size"));
   const int32_t n = sessions > 0 ? sessions : static_cast<int32_t>(c.GetInt("sessions"));
@@ -72,7 +72,7 @@ absl::StatusOr<workload::Workload> BuildWorkload(const Config& c, int32_t sessio
     o.stagger_s = c.GetDouble("stagger_s");
     o.shared_system_tokens = static_cast<int32_t>(c.GetInt("shared_system_tokens"));
     o.vocab_size = vocab;
-    o.seed = static_cast<uint64_t>(c.GetInt("seed"));
+    o.seed = static_cast<uint64_t>(c.GetInt("seed") + seed_offset);
     return workload::GenerateMultiTurn(o);
   }
   if (kind == "mooncake") {
@@ -100,7 +100,7 @@ absl::StatusOr<workload::Workload> BuildWorkload(const Config& c, int32_t sessio
   o.reuse_probability = c.GetDouble("reuse_probability");
   o.mean_reuse_distance = c.GetDouble("mean_reuse_distance");
   o.vocab_size = vocab;
-  o.seed = static_cast<uint64_t>(c.GetInt("seed"));
+  o.seed = static_cast<uint64_t>(c.GetInt("seed") + seed_offset);
   return workload::GenerateLowReuse(o);
 }
 

@@ -16,10 +16,11 @@ namespace vamp::bench {
 void AddWorkloadFlags(ConfigSchema& schema);
 
 // Builds the workload the flags describe. `sessions` > 0 overrides --sessions (the multi-turn
-// concurrency c; the LMCache session count); `vocab_size` > 0 overrides --vocab_size.
+// concurrency c; the LMCache session count); `vocab_size` > 0 overrides --vocab_size;
+// `seed_offset` is added to --seed (generated workloads only: traces have no seed).
 // Errors name the flag (or the trace file) at fault.
 absl::StatusOr<workload::Workload> BuildWorkload(const Config& config, int32_t sessions,
-                                                 int32_t vocab_size);
+                                                 int32_t vocab_size, int32_t seed_offset = 0);
 
 // The paper's window rule for the chosen workload (stats.h): the multi-turn sweep leaves out
 // first turns from TTFT percentiles; --warmup_requests and --end_before_drain apply to all.

@@ -91,7 +91,8 @@ TEST(SystemAbTest, ShortAbAgainstCpuAgents) {
   const std::string dir = ::testing::TempDir() + "/vamp-bench-ab";
   std::filesystem::create_directories(dir);
   o.log_dir = dir;
-  absl::StatusOr<std::vector<RunResult>> runs = RunAb(o, [](int32_t n) { return Small(n); });
+  absl::StatusOr<std::vector<RunResult>> runs =
+      RunAb(o, [](int32_t n, int32_t) { return Small(n); });
   ASSERT_TRUE(runs.ok()) << runs.status();
   ASSERT_EQ(runs->size(), 2u);
   for (const RunResult& r : *runs) {
@@ -122,7 +123,8 @@ TEST(SystemAbTest, ShortAbAgainstCpuAgents) {
 }
 
 TEST(SystemAbTest, ConfigsParse) {
-  EXPECT_EQ(ParseAbConfig("static")->flags, std::vector<std::string>{"--arbiter=static"});
+  EXPECT_EQ(ParseAbConfig("static")->flags,
+            (std::vector<std::string>{"--arbiter=static", "--max_offload_ratio=0"}));
   EXPECT_EQ(ParseAbConfig("paper-15")->flags,
             (std::vector<std::string>{"--arbiter=vamp", "--vamp_cost_model=paper",
                                       "--max_offload_ratio=0.15"}));
