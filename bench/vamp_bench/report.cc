@@ -354,6 +354,21 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
           " | ", d.empty() ? "–" : absl::StrJoin(d, ", "), " |\n");
     }
   }
+  // The distinct request errors (up to 5 per configuration), so a failing run says why.
+  for (const std::string& c : configs) {
+    std::map<std::string, int> errors;
+    for (const RunResult& r : runs) {
+      if (r.config != c) continue;
+      for (const RequestRecord& q : r.records) {
+        if (!q.ok && q.finish_s >= 0) ++errors[q.error.substr(0, 200)];
+      }
+    }
+    int shown = 0;
+    for (const auto& [message, n] : errors) {
+      if (shown++ == 5) break;
+      absl::StrAppend(&md, "\n**", c, "**: ", n, " request(s) failed: ", message, "\n");
+    }
+  }
   for (const RunResult& r : runs) {
     if (!r.error.empty()) {
       absl::StrAppend(&md, "\n**", r.config, " at ", r.sessions, " sessions, run ", r.repeat + 1,
