@@ -20,7 +20,7 @@ case "${1:-}" in
   --check) mode=check ;;
   --demo) mode=demo ;;
   "") ;;
-  -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
 preset=${VAMP_BUILD_PRESET:-release}

@@ -7,7 +7,10 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <sys/resource.h>
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <thread>
 
@@ -54,6 +57,8 @@ class FakeServer {
     absl::MutexLock lock(&mu_);
     return bodies_;
   }
+  // The most streams the server had open at once.
+  int max_active() const { return max_active_; }
 
  private:
   struct Stream {
@@ -93,6 +98,7 @@ class FakeServer {
         new Stream{self, req, 0, j["max_tokens"].get<int>(), static_cast<int>(j["prompt"].size())};
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/event-stream");
     evhttp_send_reply_start(req, 200, "OK");
+    if (++self->active_ > self->max_active_) self->max_active_ = self->active_;
     Later(s, self->first_delay_s_);
   }
   static void Reply(evhttp_request* req, int code, const std::string& body) {
@@ -128,6 +134,7 @@ class FakeServer {
     ++s->sent;
     if (last) {
       evhttp_send_reply_end(s->req);
+      --s->server->active_;
       delete s;
       return;
     }
@@ -141,6 +148,8 @@ class FakeServer {
   event_base* base_;
   evhttp* http_;
   int port_ = 0;
+  int active_ = 0;  // on the server's thread only
+  std::atomic<int> max_active_{0};
   std::thread thread_;
   absl::Mutex mu_;
   std::vector<Json> bodies_ ABSL_GUARDED_BY(mu_);
@@ -263,6 +272,33 @@ TEST(ClientTest, CutsOffAtMaxDuration) {
     EXPECT_FALSE(r.Completed());
     EXPECT_LT(r.finish_s, 0);
   }
+}
+
+TEST(ClientTest, ThousandSessionsOnTwoLoops) {
+  // 1,000 client and 1,000 server sockets in this one process.
+  rlimit r;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &r), 0);
+  if (r.rlim_max < 4096) GTEST_SKIP() << "open-file limit " << r.rlim_max << " is too low";
+  r.rlim_cur = std::max<rlim_t>(r.rlim_cur, 4096);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &r), 0);
+  // Every stream holds its first token for 0.5 s, so all sessions are in flight together.
+  FakeServer server(/*first_delay_s=*/0.5, /*token_gap_s=*/0.001);
+  workload::MultiTurnOptions o;
+  o.concurrency = 1000;
+  o.turns = 2;
+  o.first_turn_tokens = 8;
+  o.growth_tokens = 4;
+  o.output_tokens = 2;
+  o.think_time_s = 0.1;
+  o.vocab_size = 100;
+  absl::StatusOr<ClientRun> run =
+      RunWorkload(*workload::GenerateMultiTurn(o), Options(server.port(), 2), BenchClock::now());
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->records.size(), 2000u);
+  int completed = 0;
+  for (const RequestRecord& r : run->records) completed += r.Completed() ? 1 : 0;
+  EXPECT_EQ(completed, 2000);
+  EXPECT_GE(server.max_active(), 900);
 }
 
 }  // namespace
