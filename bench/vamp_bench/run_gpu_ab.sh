@@ -3,7 +3,7 @@
 # ab sweeps the paper's multi-turn workload across the prefix-cache cliff on the dummy
 # Qwen3-30B-A3B (tests/data/qwen3-30b-a3b, random weights of the real shapes), static vs VAMP
 # (shipped defaults) vs VAMP-15 / VAMP-25 vs the paper's cost model, and writes the report
-# (markdown, SVG charts, raw JSON, controller logs) to OUT. Sized for about 8 minutes: each
+# (markdown, SVG charts, raw JSON, controller logs) to OUT. Sized for 8-10 minutes: each
 # configuration's system starts once (--one_system_per_config; a seed per sweep point, so no
 # prefix carries over) and each run is cut off after --max_run_s (unfinished turns count as
 # misses in Q(T, P)).
@@ -25,15 +25,19 @@
 #               as in issue 13's first check; lower it to move the cliff to fewer sessions)
 #   --sweep     concurrent sessions (default 4,8,12)
 #   --configs   vamp-bench configurations (default static,vamp,vamp-15,vamp-25,paper)
-#   --turns     turns per session (default 8; turn 0 4,096 tokens, +2,048 a turn, 32 output
-#               tokens, 0.5 s think time)
-#   --max_run_s cut each run off after this many seconds (default 25)
+#   --turns     turns per session (default 6; turn 0 4,096 tokens, +2,048 a turn, 32 output
+#               tokens, 0.5 s think time: the last prompt is about 14k tokens, so the static pool
+#               of about 83k tokens holds 5 to 6 sessions' contexts)
+#   --max_run_s cut each run off after this many seconds (default 15)
 #   anything after -- goes to vamp-bench ab as is (e.g. --workload mooncake --max_requests 300)
+# Time: the dummy 30B system took 50-75 s to start on an H200 (bench/results), so the defaults
+# take about 5 x (60 + 3 x 18) s, 9-10 minutes; --configs static,vamp,paper or --sweep 4,10
+# brings it under 8.
 # Environment: NCCL_NVLS_ENABLE defaults to 0; VAMP_AB_STARTUP_S (default 900) bounds each
 # system's start-up.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-model="" bundle="" out="" device=cuda:0 util=0.47 sweep=4,8,12 turns=8 max_run_s=25 repeats=1
+model="" bundle="" out="" device=cuda:0 util=0.47 sweep=4,8,12 turns=6 max_run_s=15 repeats=1
 configs=static,vamp,vamp-15,vamp-25,paper
 extra=()
 while (($#)); do
@@ -49,7 +53,7 @@ while (($#)); do
     --max_run_s) max_run_s=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_gpu_ab: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
