@@ -316,7 +316,7 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
   absl::StrAppend(&md,
                   "| config | sessions | runs | TTFT p50 (s) | TTFT p90 (s) | TTFT p99 (s) | TPOT "
                   "mean (ms) | TPOT p99 (ms) | ITL p99 (ms) | E2E p50 (s) | req/s | output tok/s "
-                  "| hit rate | preemptions | peak offload | failed | decisions |\n");
+                  "| hit rate | preemptions | peak offload | failed or unfinished | decisions |\n");
   absl::StrAppend(&md,
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
                   "---:|---|\n");
@@ -352,6 +352,13 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
                                        (r.stats.requests - r.stats.completed - r.stats.failed));
           })),
           " | ", d.empty() ? "–" : absl::StrJoin(d, ", "), " |\n");
+    }
+  }
+  for (const RunResult& r : runs) {
+    if (r.cut_off) {
+      absl::StrAppend(&md, "\n", r.config, " at ", r.sessions, " sessions, run ", r.repeat + 1,
+                      ": cut off after ", Fmt(r.duration_s, "%.0f"),
+                      " s; requests still in flight count as misses (the failed column).\n");
     }
   }
   // The distinct request errors (up to 5 per configuration), so a failing run says why.

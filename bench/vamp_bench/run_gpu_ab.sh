@@ -84,7 +84,10 @@ echo "run_gpu_ab: $n_configs configurations x $n_points points x $repeats run(s)
   "${max_run_s} s, plus one start-up per configuration: about" \
   "$((n_configs * (n_points * repeats * (max_run_s + 3) + 60) / 60)) min if a start-up takes a minute"
 commit=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)
-"$bundle/bin/vamp-bench" ab --out "$out" --title gpu-ab --commit "$commit" \
+echo "run_gpu_ab: the report goes to $out/gpu-ab.md (charts $out/gpu-ab-*.svg, raw $out/gpu-ab.json," \
+  "controller logs $out/logs/), rewritten after every run"
+# exec: a signal for this script reaches vamp-bench, whose controllers end with it.
+exec "$bundle/bin/vamp-bench" ab --out "$out" --title gpu-ab --commit "$commit" \
   --controller_binary "$bundle/bin/vamp-controller" --agent_binary "$bundle/bin/vamp-agent" \
   --model_path "$model" --configs "$configs" --sessions_sweep "$sweep" \
   --repeats "$repeats" --one_system_per_config --startup_timeout_s "${VAMP_AB_STARTUP_S:-900}" \
@@ -93,5 +96,3 @@ commit=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)
   --system_flags "--agent_device=$device --load_format=dummy --model=$(basename "$model") \
     --gpu_memory_utilization=$util --step_timeout_s=120 --log_level=warning" \
   "${extra[@]}"
-echo "run_gpu_ab: report in $out/gpu-ab.md (charts $out/gpu-ab-*.svg, raw $out/gpu-ab.json," \
-  "logs $out/logs/)"

@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <sstream>
@@ -17,8 +19,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
-
-extern char** environ;
 
 namespace vamp::bench {
 
@@ -64,19 +64,27 @@ absl::StatusOr<std::unique_ptr<RunningSystem>> RunningSystem::Start(
   args.insert(args.end(), config_flags.begin(), config_flags.end());
   sys->command_ = absl::StrJoin(args, " ");
 
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
+  // fork + exec rather than posix_spawn, for PR_SET_PDEATHSIG: the controller (which stops its
+  // agents) gets SIGTERM when vamp-bench ends for any reason, so no system outlives a killed
+  // benchmark and holds on to its GPUs (the signal follows the thread that forks: Start runs on
+  // the thread that drives the runs). Only async-signal-safe calls between fork and exec.
   const std::string log = o.log_path.empty() ? "/dev/null" : o.log_path;
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    return absl::InternalError(absl::StrCat("cannot start ", args[0], ": ", strerror(rc)));
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("cannot fork: ", strerror(errno)));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);  // the parent died before prctl
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
   }
   sys->pid_ = pid;
 

@@ -1,5 +1,6 @@
 // Starts and stops a serving system for vamp-bench ab: one vamp-controller process that spawns
-// its agents (`--spawn_agents`), on free loopback ports, with its output in a log file.
+// its agents (`--spawn_agents`), on free loopback ports, with its output in a log file. The
+// controller is sent SIGTERM if vamp-bench dies, so no system outlives the benchmark.
 #ifndef VAMP_BENCH_VAMP_BENCH_SYSTEM_H_
 #define VAMP_BENCH_VAMP_BENCH_SYSTEM_H_
 
