@@ -60,7 +60,7 @@ if [[ $mode == demo ]]; then
       --agent_host_page_bytes=4096 --max_num_batched_tokens=64 --max_num_seqs=8 \
       --log_level=warning"
   echo "==> results (client-measured; hit rate and offload from the server's metrics)"
-  sed -n '/^| config/,/^$/p' "$out/demo.md" | cut -d'|' -f2-7,11-16
+  sed -n '/^| config/,/^$/p' "$out/demo.md" | cut -d'|' -f2-8,13-17
   cat <<EOT
 ==> report: $out/demo.md (charts: $out/demo-*.svg, raw data: $out/demo.json,
     controller logs: $out/logs/). Past the cliff, static's prefix-cache hit rate collapses and

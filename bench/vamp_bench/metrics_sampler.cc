@@ -23,6 +23,8 @@ MetricsSample SampleFromMetrics(const std::vector<PromSample>& controller,
       {"vamp_prefix_cache_query_tokens_total", &MetricsSample::prefix_query_tokens_total},
       {"vamp_prefix_cache_hit_tokens_total", &MetricsSample::prefix_hit_tokens_total},
       {"vamp_scheduler_steps_total", &MetricsSample::steps_total},
+      {"vamp_request_inter_token_latency_seconds_sum", &MetricsSample::itl_sum_s},
+      {"vamp_request_inter_token_latency_seconds_count", &MetricsSample::itl_count},
   };
   for (const PromSample& s : controller) {
     if (auto it = gauges.find(s.name); it != gauges.end()) {

@@ -36,6 +36,9 @@ struct MetricsSample {
   double prefix_query_tokens_total = 0;
   double prefix_hit_tokens_total = 0;
   double steps_total = 0;
+  // The server's inter-token latency histogram (the paper's server-side TPOT): sum (s) and count.
+  double itl_sum_s = 0;
+  double itl_count = 0;
   std::map<std::string, double> decisions_total;  // by action
   // Agents, summed over ranks (0 agents scraped: all 0).
   int32_t agents_scraped = 0;

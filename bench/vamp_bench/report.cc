@@ -81,6 +81,7 @@ ServerStats ComputeServerStats(const std::vector<MetricsSample>& samples, const 
   ServerStats s;
   s.hit_rate = kNaN;
   s.preemptions = kNaN;
+  s.server_tpot_s = kNaN;
   s.mean_kv_usage = kNaN;
   s.min_pool_blocks = kNaN;
   s.max_pool_blocks = kNaN;
@@ -119,6 +120,8 @@ ServerStats ComputeServerStats(const std::vector<MetricsSample>& samples, const 
     const double h = last->prefix_hit_tokens_total - first->prefix_hit_tokens_total;
     if (q > 0) s.hit_rate = h / q;
     s.preemptions = last->preemptions_total - first->preemptions_total;
+    const double n = last->itl_count - first->itl_count;
+    if (n > 0) s.server_tpot_s = (last->itl_sum_s - first->itl_sum_s) / n;
   }
   if (first_any != nullptr && last_any != nullptr) {
     for (const auto& [action, n] : last_any->decisions_total) {
@@ -168,6 +171,7 @@ Json ServerJson(const ServerStats& s) {
   return {{"samples", s.samples},
           {"hit_rate", Num(s.hit_rate)},
           {"preemptions", Num(s.preemptions)},
+          {"server_tpot_s", Num(s.server_tpot_s)},
           {"peak_offload_ratio", Num(s.peak_offload_ratio)},
           {"min_pool_blocks", Num(s.min_pool_blocks)},
           {"max_pool_blocks", Num(s.max_pool_blocks)},
@@ -215,6 +219,8 @@ Json RunJsonObject(const RunResult& r, bool with_raw) {
                        {"prefix_query_tokens_total", m.prefix_query_tokens_total},
                        {"prefix_hit_tokens_total", m.prefix_hit_tokens_total},
                        {"steps_total", m.steps_total},
+                       {"itl_sum_s", m.itl_sum_s},
+                       {"itl_count", m.itl_count},
                        {"decisions_total", m.decisions_total},
                        {"agents_scraped", m.agents_scraped},
                        {"agent_kv_pool_bytes", m.agent_kv_pool_bytes},
@@ -315,10 +321,11 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
       "several.\n\n");
   absl::StrAppend(&md,
                   "| config | sessions | runs | TTFT p50 (s) | TTFT p90 (s) | TTFT p99 (s) | TPOT "
-                  "mean (ms) | TPOT p99 (ms) | ITL p99 (ms) | E2E p50 (s) | req/s | output tok/s "
+                  "mean (ms) | TPOT p99 (ms) | server TPOT (ms) | ITL p99 (ms) | E2E p50 (s) | "
+                  "req/s | output tok/s "
                   "| hit rate | preemptions | peak offload | failed or unfinished | decisions |\n");
   absl::StrAppend(&md,
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
                   "---:|---|\n");
   for (int32_t n : sessions) {
     for (const std::string& c : configs) {
@@ -337,6 +344,7 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
           MeanSd(p.Each([](const RunResult& r) { return r.stats.ttft_s.p99; })), " | ",
           MeanSd(p.Each([](const RunResult& r) { return r.stats.tpot_s.mean; }), 1e3), " | ",
           MeanSd(p.Each([](const RunResult& r) { return r.stats.tpot_s.p99; }), 1e3), " | ",
+          MeanSd(p.Each([](const RunResult& r) { return r.server.server_tpot_s; }), 1e3), " | ",
           MeanSd(p.Each([](const RunResult& r) { return r.stats.itl_s.p99; }), 1e3), " | ",
           MeanSd(p.Each([](const RunResult& r) { return r.stats.e2e_s.p50; })), " | ",
           MeanSd(p.Each([](const RunResult& r) { return r.stats.request_throughput; })), " | ",

@@ -18,8 +18,11 @@ namespace vamp::bench {
 // cache and preemption figures from server counters). NaN where no sample covers the window.
 struct ServerStats {
   int64_t samples = 0;
-  double hit_rate = 0;            // Δ hit tokens / Δ queried tokens over the window, 0..1
-  double preemptions = 0;         // Δ over the window
+  double hit_rate = 0;     // Δ hit tokens / Δ queried tokens over the window, 0..1
+  double preemptions = 0;  // Δ over the window
+  // Mean of the server's inter-token latency histogram over the window (Δ sum / Δ count): the
+  // paper's TPOT ("the mean of the server-side TPOT histogram"), seconds.
+  double server_tpot_s = 0;
   double peak_offload_ratio = 0;  // over the run
   double min_pool_blocks = 0;
   double max_pool_blocks = 0;

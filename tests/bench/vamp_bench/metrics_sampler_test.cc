@@ -16,7 +16,10 @@ TEST(MetricsSamplerTest, SampleFromControllerAndAgents) {
       "vamp_scheduler_requests_waiting 3\nvamp_scheduler_preemptions_total 12\n"
       "vamp_prefix_cache_query_tokens_total 1000\nvamp_prefix_cache_hit_tokens_total 900\n"
       "vamp_arbiter_decisions_total{action=\"offload\"} 5\n"
-      "vamp_arbiter_decisions_total{action=\"evict\"} 7\nvamp_unrelated 1\n");
+      "vamp_arbiter_decisions_total{action=\"evict\"} 7\nvamp_unrelated 1\n"
+      "vamp_request_inter_token_latency_seconds_bucket{le=\"0.1\"} 4\n"
+      "vamp_request_inter_token_latency_seconds_sum 0.25\n"
+      "vamp_request_inter_token_latency_seconds_count 5\n");
   absl::StatusOr<std::vector<PromSample>> a0 = ParsePrometheusText(
       "vamp_agent_kv_pool_bytes{rank=\"0\"} 100\nvamp_agent_offloaded_expert_bytes 10\n"
       "vamp_agent_resident_expert_bytes 90\n");
@@ -36,6 +39,8 @@ TEST(MetricsSamplerTest, SampleFromControllerAndAgents) {
   EXPECT_EQ(m.prefix_hit_tokens_total, 900);
   EXPECT_EQ(m.decisions_total.at("offload"), 5);
   EXPECT_EQ(m.decisions_total.at("evict"), 7);
+  EXPECT_EQ(m.itl_sum_s, 0.25);
+  EXPECT_EQ(m.itl_count, 5);
   EXPECT_EQ(m.agents_scraped, 2);
   EXPECT_EQ(m.agent_kv_pool_bytes, 300);
   EXPECT_EQ(m.agent_offloaded_expert_bytes, 30);

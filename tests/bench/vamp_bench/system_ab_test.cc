@@ -105,6 +105,8 @@ TEST(SystemAbTest, ShortAbAgainstCpuAgents) {
     EXPECT_LE(r.stats.ttft_s.count, 4);
     EXPECT_EQ(r.samples.back().agents_scraped, 1);
     EXPECT_GT(r.server.samples, 0);
+    // The server's TPOT (its inter-token histogram over the window) is measured too.
+    EXPECT_GT(r.server.server_tpot_s, 0) << r.config;
     EXPECT_THAT(r.command, HasSubstr("--spawn_agents=1"));
   }
   EXPECT_EQ((*runs)[0].config, "static");
