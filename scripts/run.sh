@@ -63,8 +63,10 @@ if [[ $mode == demo ]]; then
   sed -n '/^| config/,/^$/p' "$out/demo.md" | cut -d'|' -f2-8,13-17
   cat <<EOT
 ==> report: $out/demo.md (charts: $out/demo-*.svg, raw data: $out/demo.json,
-    controller logs: $out/logs/). Past the cliff, static's prefix-cache hit rate collapses and
-    TTFT rises; a VAMP configuration that offloads experts keeps the hit rate and TTFT low.
+    controller logs: $out/logs/). Past the cliff static's prefix-cache hit rate collapses and
+    TTFT rises; the paper's cost model (paper-75) offloads experts early and keeps both low. The
+    shipped tax model (vamp-75) does not remove this CPU cliff: it offloads late, if at all
+    (bench/results/2026-12-01-vamp-bench-cpu-demo/README.md).
 EOT
   exit 0
 fi
