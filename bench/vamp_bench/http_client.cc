@@ -76,18 +76,27 @@ class ConnectionPool::Request {
   evhttp_request* request = nullptr;
   StreamHandlers handlers;
   std::string transport_error;
+  std::string path;
+  std::string body;
+  int attempts = 0;
+  bool reused = false;     // the current attempt went out on a kept-alive connection
+  bool got_bytes = false;  // any response byte arrived
+  bool timed_out = false;  // the attempt failed by the inactivity timeout
 };
 
 struct PoolCallbacks {
   static void OnChunk(evhttp_request* req, void* arg) {
     auto* r = static_cast<ConnectionPool::Request*>(arg);
     const std::string bytes = Drain(req);
+    r->got_bytes = r->got_bytes || !bytes.empty();
     if (!bytes.empty() && r->handlers.on_body) {
       r->handlers.on_body(evhttp_request_get_response_code(req), bytes);
     }
   }
   static void OnError(evhttp_request_error error, void* arg) {
-    static_cast<ConnectionPool::Request*>(arg)->transport_error = ErrorName(error);
+    auto* r = static_cast<ConnectionPool::Request*>(arg);
+    r->transport_error = ErrorName(error);
+    r->timed_out = error == EVREQ_HTTP_TIMEOUT;
   }
   static void OnDone(evhttp_request* req, void* arg) {
     std::unique_ptr<ConnectionPool::Request> r(static_cast<ConnectionPool::Request*>(arg));
@@ -100,8 +109,20 @@ struct PoolCallbacks {
       if (!rest.empty() && r->handlers.on_body) r->handlers.on_body(status, rest);
     }
     const bool ok = req != nullptr && status > 0;
-    if (!ok && r->transport_error.empty()) r->transport_error = "no response";
     pool->Release(r->connection, ok);
+    // A kept-alive connection the server closed while it sat idle (libevent usually notices
+    // first; this covers the close racing the send) fails the next request at once, before any
+    // byte of an answer: send it once more on a new connection. Not after a timeout: the server
+    // may be working on it.
+    if (!ok && r->reused && !r->got_bytes && !r->timed_out && r->attempts == 1) {
+      r->transport_error.clear();
+      if (pool->Send(r.get(), /*allow_reuse=*/false).ok()) {
+        ++pool->in_flight_;
+        r.release();
+        return;
+      }
+    }
+    if (!ok && r->transport_error.empty()) r->transport_error = "no response";
     if (r->handlers.on_done) r->handlers.on_done(ok ? status : 0, ok ? "" : r->transport_error);
   }
 };
@@ -114,12 +135,7 @@ ConnectionPool::~ConnectionPool() {
   for (evhttp_connection* c : broken_) evhttp_connection_free(c);
 }
 
-evhttp_connection* ConnectionPool::Acquire() {
-  if (!idle_.empty()) {
-    evhttp_connection* c = idle_.back();
-    idle_.pop_back();
-    return c;
-  }
+evhttp_connection* ConnectionPool::Connect() {
   evhttp_connection* c = evhttp_connection_base_new(base_, nullptr, endpoint_.host.c_str(),
                                                     static_cast<uint16_t>(endpoint_.port));
   if (c == nullptr) return nullptr;
@@ -134,33 +150,49 @@ void ConnectionPool::Release(evhttp_connection* connection, bool reusable) {
   (reusable ? idle_ : broken_).push_back(connection);
 }
 
-absl::StatusOr<ConnectionPool::Request*> ConnectionPool::PostStreaming(const std::string& path,
-                                                                       std::string body,
-                                                                       StreamHandlers handlers) {
-  evhttp_connection* c = Acquire();
+absl::Status ConnectionPool::Send(Request* r, bool allow_reuse) {
+  evhttp_connection* c = nullptr;
+  r->reused = false;
+  if (allow_reuse && !idle_.empty()) {
+    c = idle_.back();
+    idle_.pop_back();
+    r->reused = true;
+  } else {
+    c = Connect();
+  }
   if (c == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("cannot create a connection to ", endpoint_.host, ":", endpoint_.port));
   }
-  auto r = std::make_unique<Request>();
-  r->pool = this;
   r->connection = c;
-  r->handlers = std::move(handlers);
-  evhttp_request* req = evhttp_request_new(&PoolCallbacks::OnDone, r.get());
+  ++r->attempts;
+  evhttp_request* req = evhttp_request_new(&PoolCallbacks::OnDone, r);
   evhttp_request_set_chunked_cb(req, &PoolCallbacks::OnChunk);
   evhttp_request_set_error_cb(req, &PoolCallbacks::OnError);
   AddHeaders(req, endpoint_);
   evkeyvalq* h = evhttp_request_get_output_headers(req);
   evhttp_add_header(h, "Content-Type", "application/json");
   evhttp_add_header(h, "Accept", "text/event-stream");
-  evbuffer_add(evhttp_request_get_output_buffer(req), body.data(), body.size());
+  evbuffer_add(evhttp_request_get_output_buffer(req), r->body.data(), r->body.size());
   r->request = req;
-  if (evhttp_make_request(c, req, EVHTTP_REQ_POST, path.c_str()) != 0) {
+  if (evhttp_make_request(c, req, EVHTTP_REQ_POST, r->path.c_str()) != 0) {
     // evhttp_make_request frees the request on failure.
     Release(c, false);
     return absl::UnavailableError(
         absl::StrCat("cannot send a request to ", endpoint_.host, ":", endpoint_.port));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ConnectionPool::Request*> ConnectionPool::PostStreaming(const std::string& path,
+                                                                       std::string body,
+                                                                       StreamHandlers handlers) {
+  auto r = std::make_unique<Request>();
+  r->pool = this;
+  r->handlers = std::move(handlers);
+  r->path = path;
+  r->body = std::move(body);
+  if (absl::Status s = Send(r.get(), /*allow_reuse=*/true); !s.ok()) return s;
   ++in_flight_;
   return r.release();
 }

@@ -37,7 +37,9 @@ struct StreamHandlers {
 };
 
 // Keep-alive connections to one endpoint, created on demand (one per request in flight) and
-// reused. Not thread-safe: use it only on the thread running `base`.
+// reused. A request that fails before any response byte on a reused connection (the server
+// closed it while idle) is sent once more on a new connection. Not thread-safe: use it only on
+// the thread running `base`.
 class ConnectionPool {
  public:
   // `timeout_s`: a request fails when the server sends nothing for this long.
@@ -58,7 +60,10 @@ class ConnectionPool {
 
  private:
   friend struct PoolCallbacks;
-  evhttp_connection* Acquire();
+  // Sends `request` on an idle kept-alive connection (when `allow_reuse` and there is one) or a
+  // new one.
+  absl::Status Send(Request* request, bool allow_reuse);
+  evhttp_connection* Connect();
   void Release(evhttp_connection* connection, bool reusable);
 
   event_base* const base_;

@@ -32,7 +32,7 @@ using ::testing::HasSubstr;
 class FakeServer {
  public:
   explicit FakeServer(double first_delay_s = 0.05, double token_gap_s = 0.01,
-                      std::string api_key = "", int status = 200)
+                      std::string api_key = "", int status = 200, double idle_timeout_s = 0)
       : first_delay_s_(first_delay_s),
         token_gap_s_(token_gap_s),
         api_key_(std::move(api_key)),
@@ -43,6 +43,11 @@ class FakeServer {
     evhttp_bound_socket* socket = evhttp_bind_socket_with_handle(http_, "127.0.0.1", 0);
     port_ = ntohs(reinterpret_cast<sockaddr_in*>(&Local(socket))->sin_port);
     evhttp_set_gencb(http_, &FakeServer::Handle, this);
+    if (idle_timeout_s > 0) {
+      // Connections with nothing to read or write for this long are closed by the server.
+      timeval tv{0, static_cast<suseconds_t>(idle_timeout_s * 1e6)};
+      evhttp_set_timeout_tv(http_, &tv);
+    }
     thread_ = std::thread([this] { event_base_dispatch(base_); });
   }
   ~FakeServer() {
@@ -272,6 +277,27 @@ TEST(ClientTest, CutsOffAtMaxDuration) {
     EXPECT_FALSE(r.Completed());
     EXPECT_LT(r.finish_s, 0);
   }
+}
+
+TEST(ClientTest, SurvivesTheServerClosingIdleConnections) {
+  // The server drops connections idle for 0.2 s; sessions think 0.5 s between turns, so every
+  // later turn finds its kept-alive connection closed by the server. (libevent notices such
+  // closes on idle connections; the pool's one resend covers a close racing the send.)
+  FakeServer server(/*first_delay_s=*/0.01, /*token_gap_s=*/0.001, "", 200,
+                    /*idle_timeout_s=*/0.2);
+  workload::MultiTurnOptions o;
+  o.concurrency = 4;
+  o.turns = 3;
+  o.first_turn_tokens = 8;
+  o.growth_tokens = 4;
+  o.output_tokens = 3;
+  o.think_time_s = 0.5;
+  o.vocab_size = 100;
+  absl::StatusOr<ClientRun> run =
+      RunWorkload(*workload::GenerateMultiTurn(o), Options(server.port()), BenchClock::now());
+  ASSERT_TRUE(run.ok());
+  ASSERT_EQ(run->records.size(), 12u);
+  for (const RequestRecord& r : run->records) EXPECT_TRUE(r.Completed()) << r.error;
 }
 
 TEST(ClientTest, ThousandSessionsOnTwoLoops) {
