@@ -323,6 +323,12 @@ int AbCommand(int argc, char** argv) {
   std::filesystem::create_directories(c.GetString("out") + "/logs", ec);
   if (ec) return Fail(absl::InvalidArgumentError("--out: cannot create " + c.GetString("out")), 2);
   o.log_dir = c.GetString("out") + "/logs";
+  // The ideal hit rate at the sweep's first point, for the hit-rate chart.
+  if (absl::StatusOr<workload::Workload> w = BuildWorkload(c, o.sessions.front(), vocab); w.ok()) {
+    spec.ideal_hit_rate = workload::Summarize(*w, 16).ideal_prefix_hit_ratio;
+    spec.ideal_hit_rate_label =
+        absl::StrCat("ideal, 16-token blocks, ", o.sessions.front(), " sessions");
+  }
   spec.workload = DescribeWorkload(c, 0);
   if (o.sessions.size() > 1) {
     absl::StrAppend(&spec.workload, "; sessions swept over ", absl::StrJoin(o.sessions, ", "));

@@ -304,6 +304,11 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
   absl::StrAppend(&md, "# ", spec.title, "\n\n");
   for (const std::string& line : spec.header_lines) absl::StrAppend(&md, line, "\n");
   absl::StrAppend(&md, "\nWorkload: ", spec.workload, "\n\n");
+  if (std::isfinite(spec.ideal_hit_rate)) {
+    absl::StrAppend(&md, "Hit rate an infinite prefix cache would reach: ",
+                    Fmt(100 * spec.ideal_hit_rate, "%.1f"), "% (", spec.ideal_hit_rate_label,
+                    ").\n\n");
+  }
   absl::StrAppend(&md, "Configurations:\n\n");
   for (const std::string& c : configs) {
     for (const RunResult& r : runs) {
@@ -529,6 +534,9 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
     svg("ttft-p99", chart::RenderLineChart(p99), "TTFT p99 against concurrency");
     svg("ttft-p90", chart::RenderLineChart(p90), "TTFT p90 against concurrency");
     svg("tpot", chart::RenderLineChart(tpot), "Mean TPOT against concurrency");
+    if (std::isfinite(spec.ideal_hit_rate)) {
+      hit.references.push_back({spec.ideal_hit_rate_label, 100 * spec.ideal_hit_rate});
+    }
     svg("hit-rate", chart::RenderLineChart(hit), "Prefix-cache hit rate against concurrency");
     svg("throughput", chart::RenderLineChart(rps), "Request throughput against concurrency");
   }

@@ -4,6 +4,7 @@
 #ifndef VAMP_BENCH_VAMP_BENCH_REPORT_H_
 #define VAMP_BENCH_VAMP_BENCH_REPORT_H_
 
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -52,6 +53,10 @@ struct ReportSpec {
   std::vector<std::string> header_lines;  // date, commit, machine, commands (markdown lines)
   std::string workload;                   // DescribeWorkload
   std::string svg_prefix = "report";      // SVG files are <prefix>-<chart>.svg
+  // The hit rate (0..1) an infinite prefix cache would reach on the workload
+  // (workload::Summarize), drawn as a reference line on the hit-rate chart; NaN: none.
+  double ideal_hit_rate = std::numeric_limits<double>::quiet_NaN();
+  std::string ideal_hit_rate_label;
   // The Q(T, P) grid in seconds; empty: derived from the runs (AutoLimits).
   std::vector<double> ttft_limits_s;
   std::vector<double> tpot_limits_s;
