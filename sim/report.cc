@@ -6,9 +6,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "sim/svg_chart.h"
+#include "bench/chart/svg_chart.h"
 
 namespace vamp::sim {
+
+using chart::BarChart;
+using chart::BarGroup;
+using chart::ChartSeries;
+using chart::LineChart;
+using chart::RenderBarChart;
+using chart::RenderLineChart;
 
 std::vector<PaperPoint> PaperFigure9H100() {
   return {

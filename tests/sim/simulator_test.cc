@@ -13,7 +13,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sim/report.h"
-#include "sim/svg_chart.h"
 
 namespace vamp::sim {
 namespace {
@@ -249,31 +248,6 @@ TEST(ReportTest, RendersTablesAndCharts) {
     EXPECT_EQ(svg.rfind("<svg", 0), 0u) << name;
     EXPECT_THAT(svg, HasSubstr("</svg>"));
   }
-}
-
-TEST(SvgChartTest, LineAndBarCharts) {
-  LineChart c;
-  c.title = "a < b";
-  c.log_y = true;
-  ChartSeries s;
-  s.name = "x";
-  s.points = {{1, 0.5}, {2, 50}, {3, 0}};  // the 0 is left out on a log axis
-  c.series.push_back(s);
-  const std::string svg = RenderLineChart(c);
-  EXPECT_THAT(svg, HasSubstr("a &lt; b"));
-  EXPECT_THAT(svg, HasSubstr("<polyline"));
-  EXPECT_EQ(std::count(svg.begin(), svg.end(), '\n') > 5, true);
-  BarChart b;
-  b.categories = {"p", "q"};
-  BarGroup g;
-  g.name = "evict";
-  g.values = {3, 0};
-  b.groups.push_back(g);
-  EXPECT_THAT(RenderBarChart(b), HasSubstr("<rect x="));
-  const std::vector<double> ticks = NiceTicks(0, 97, 6);
-  EXPECT_EQ(ticks.front(), 0);
-  EXPECT_GE(ticks.back(), 97);
-  EXPECT_LE(ticks.size(), 8u);
 }
 
 }  // namespace

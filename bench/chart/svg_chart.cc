@@ -1,4 +1,4 @@
-#include "sim/svg_chart.h"
+#include "bench/chart/svg_chart.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace vamp::sim {
+namespace vamp::chart {
 namespace {
 
 // Colour-blind-friendly palette (Okabe–Ito), then greys.
@@ -182,6 +182,7 @@ std::string RenderLineChart(const LineChart& c) {
       x_max = std::max(x_max, x);
     }
   }
+  for (const ReferenceLine& r : c.references) ys.push_back(r.y);
   if (!std::isfinite(x_min)) {
     x_min = 0;
     x_max = 1;
@@ -209,10 +210,12 @@ std::string RenderLineChart(const LineChart& c) {
       absl::StrAppendFormat(&path, "%s%.1f,%.1f", path.empty() ? "" : " ", X(x), f.Y(y));
     }
     if (path.empty()) continue;
-    absl::StrAppendFormat(&s,
-                          "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s "
-                          "points=\"%s\"/>\n",
-                          color, series.dashed ? " stroke-dasharray=\"5,3\"" : "", path);
+    if (series.line) {
+      absl::StrAppendFormat(&s,
+                            "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s "
+                            "points=\"%s\"/>\n",
+                            color, series.dashed ? " stroke-dasharray=\"5,3\"" : "", path);
+    }
     if (!series.markers) continue;
     for (const auto& [x, y] : series.points) {
       if (c.log_y && y <= 0) continue;
@@ -226,6 +229,16 @@ std::string RenderLineChart(const LineChart& c) {
                               f.Y(y), color);
       }
     }
+  }
+  for (const ReferenceLine& r : c.references) {
+    if (c.log_y && r.y <= 0) continue;
+    absl::StrAppendFormat(&s,
+                          "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                          "stroke=\"#777777\" stroke-width=\"1.5\" stroke-dasharray=\"2,4\"/>\n"
+                          "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#555555\">%s"
+                          "</text>\n",
+                          f.x0(), f.Y(r.y), f.x1(), f.Y(r.y), f.x1() - 4, f.Y(r.y) - 4,
+                          Escape(r.label));
   }
   s += Legend(f, legend);
   s += "</svg>\n";
@@ -272,4 +285,4 @@ std::string RenderBarChart(const BarChart& c) {
   return s;
 }
 
-}  // namespace vamp::sim
+}  // namespace vamp::chart

@@ -1,13 +1,15 @@
-// A small hand-written SVG chart writer for vamp-sim's reports: line charts (linear or log y) and
-// grouped bar charts, self-contained files that any browser or markdown viewer renders.
-#ifndef VAMP_SIM_SVG_CHART_H_
-#define VAMP_SIM_SVG_CHART_H_
+// A small hand-written SVG chart writer shared by the reports of vamp-sim and vamp-bench: line
+// charts (linear or log y, optional horizontal reference lines) and grouped bar charts, as
+// self-contained files that any browser or markdown viewer renders. Colours come from a
+// colour-blind-friendly palette; the legend sits to the right of the plot, outside it.
+#ifndef VAMP_BENCH_CHART_SVG_CHART_H_
+#define VAMP_BENCH_CHART_SVG_CHART_H_
 
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace vamp::sim {
+namespace vamp::chart {
 
 struct ChartSeries {
   std::string name;
@@ -18,6 +20,15 @@ struct ChartSeries {
   bool hollow_markers = false;
   // Palette index (-1 = by position among the series).
   int color = -1;
+  // false: markers only, no connecting line (scatter; e.g. one point per request).
+  bool line = true;
+};
+
+// A horizontal reference line across the plot (e.g. a value the paper reports), drawn dashed in
+// grey with its label at the right end, inside the plot.
+struct ReferenceLine {
+  std::string label;
+  double y = 0;
 };
 
 struct LineChart {
@@ -28,6 +39,7 @@ struct LineChart {
   int width = 720;
   int height = 400;
   std::vector<ChartSeries> series;
+  std::vector<ReferenceLine> references;
 };
 
 struct BarGroup {
@@ -51,6 +63,6 @@ std::string RenderBarChart(const BarChart& chart);
 // "Nice" axis ticks covering [lo, hi] (about `count` of them).
 std::vector<double> NiceTicks(double lo, double hi, int count);
 
-}  // namespace vamp::sim
+}  // namespace vamp::chart
 
-#endif  // VAMP_SIM_SVG_CHART_H_
+#endif  // VAMP_BENCH_CHART_SVG_CHART_H_

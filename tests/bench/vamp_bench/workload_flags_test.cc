@@ -1,0 +1,122 @@
+// vamp-bench's workload flags: every family builds from flags, deterministically; the sweep's
+// session override and seed offsets; the window rule per family; errors name the input.
+#include "bench/vamp_bench/workload_flags.h"
+
+#include <set>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace vamp::bench {
+namespace {
+
+using ::testing::HasSubstr;
+
+const ConfigSchema& Schema() {
+  static const ConfigSchema* s = [] {
+    auto* schema = new ConfigSchema();
+    AddWorkloadFlags(*schema);
+    return schema;
+  }();
+  return *s;
+}
+
+Config Flags(std::vector<std::string> flags) {
+  std::vector<const char*> argv = {"vamp-bench"};
+  for (const std::string& f : flags) argv.push_back(f.c_str());
+  absl::StatusOr<CommandLine> cli =
+      ParseCommandLine(Schema(), static_cast<int>(argv.size()), argv.data());
+  EXPECT_TRUE(cli.ok()) << cli.status();
+  return cli->config;
+}
+
+bool Same(const workload::Workload& a, const workload::Workload& b) {
+  if (a.sessions.size() != b.sessions.size()) return false;
+  for (size_t i = 0; i < a.sessions.size(); ++i) {
+    const auto& x = a.sessions[i];
+    const auto& y = b.sessions[i];
+    if (x.start_s != y.start_s || x.turns.size() != y.turns.size()) return false;
+    for (size_t k = 0; k < x.turns.size(); ++k) {
+      if (x.turns[k].new_tokens != y.turns[k].new_tokens ||
+          x.turns[k].think_time_s != y.turns[k].think_time_s ||
+          x.turns[k].arrival_offset_s != y.turns[k].arrival_offset_s ||
+          x.turns[k].output_tokens != y.turns[k].output_tokens) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+TEST(WorkloadFlagsTest, MultiTurnStructureDeterminismAndSweepOverride) {
+  Config c = Flags({"--sessions=3", "--turns=4", "--first_turn_tokens=100", "--growth_tokens=10",
+                    "--output_tokens=5", "--think_time_s=0.5", "--vocab_size=256"});
+  absl::StatusOr<workload::Workload> w = BuildWorkload(c, 0, 0);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->sessions.size(), 3u);
+  for (const workload::Session& s : w->sessions) {
+    ASSERT_EQ(s.turns.size(), 4u);
+    EXPECT_EQ(s.turns[0].new_tokens.size(), 100u);
+    for (size_t k = 1; k < 4; ++k) {
+      // Later turns re-send the history, wait for the previous turn and think first.
+      EXPECT_TRUE(s.turns[k].extends_history);
+      EXPECT_TRUE(s.turns[k].after_previous);
+      EXPECT_EQ(s.turns[k].think_time_s, 0.5);
+      EXPECT_EQ(s.turns[k].new_tokens.size(), 10u);
+    }
+    for (const workload::Turn& t : s.turns) {
+      EXPECT_EQ(t.output_tokens, 5);
+      for (int32_t id : t.new_tokens) ASSERT_LT(id, 256);
+    }
+  }
+  EXPECT_TRUE(Same(*w, *BuildWorkload(c, 0, 0)));
+  // The sweep's sessions override --sessions; a seed offset gives other tokens, same shape.
+  EXPECT_EQ(BuildWorkload(c, 7, 0)->sessions.size(), 7u);
+  absl::StatusOr<workload::Workload> other = BuildWorkload(c, 0, 0, 1);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(Same(*w, *other));
+  EXPECT_EQ(other->NumTurns(), w->NumTurns());
+  EXPECT_TRUE(WindowRuleFor(c).exclude_first_turn);
+  EXPECT_FALSE(WindowRuleFor(Flags({"--include_first_turn"})).exclude_first_turn);
+  EXPECT_THAT(DescribeWorkload(c, 5), HasSubstr("5 sessions x 4 turns"));
+}
+
+TEST(WorkloadFlagsTest, MooncakeReplaySharesPrefixesByHashId) {
+  // The default --trace is the shared synthetic trace, outside the repository.
+  Config c = Flags({"--workload=mooncake", "--max_requests=50", "--time_scale=0.5"});
+  absl::StatusOr<workload::Workload> w = BuildWorkload(c, 0, 0);
+  if (!w.ok()) GTEST_SKIP() << "no Mooncake trace here: " << w.status();
+  ASSERT_EQ(w->sessions.size(), 50u);
+  double last = -1;
+  std::set<std::vector<int32_t>> first_blocks;
+  for (const workload::Session& s : w->sessions) {
+    ASSERT_EQ(s.turns.size(), 1u);  // one request per record, open loop by its timestamp
+    EXPECT_GE(s.start_s + s.turns[0].arrival_offset_s, last);
+    last = s.start_s + s.turns[0].arrival_offset_s;
+    const auto& t = s.turns[0].new_tokens;
+    first_blocks.insert(
+        std::vector<int32_t>(t.begin(), t.begin() + std::min<size_t>(512, t.size())));
+  }
+  // Records that start with the same hash id start with the same tokens.
+  EXPECT_LT(first_blocks.size(), w->sessions.size());
+  EXPECT_FALSE(WindowRuleFor(c).exclude_first_turn);  // every request is a first turn
+}
+
+TEST(WorkloadFlagsTest, LowReuseAndErrors) {
+  Config c = Flags(
+      {"--workload=low_reuse", "--num_requests=30", "--prompt_tokens=64", "--vocab_size=256"});
+  absl::StatusOr<workload::Workload> w = BuildWorkload(c, 0, 0);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->sessions.size(), 30u);
+  EXPECT_TRUE(Same(*w, *BuildWorkload(c, 0, 0)));
+  absl::StatusOr<workload::Workload> bad =
+      BuildWorkload(Flags({"--workload=mooncake", "--trace=/nonexistent/trace.jsonl"}), 0, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("/nonexistent/trace.jsonl"));
+  bad = BuildWorkload(Flags({"--workload=lmcache", "--trace_dir=/nonexistent"}), 0, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("/nonexistent"));
+}
+
+}  // namespace
+}  // namespace vamp::bench
