@@ -93,6 +93,6 @@ exec "$bundle/bin/vamp-bench" ab --out "$out" --title gpu-ab --commit "$commit" 
   --repeats "$repeats" --one_system_per_config --startup_timeout_s "${VAMP_AB_STARTUP_S:-900}" \
   --turns "$turns" --first_turn_tokens 4096 --growth_tokens 2048 --output_tokens 32 \
   --think_time_s 0.5 --max_duration_s "$max_run_s" --request_timeout_s 300 \
-  --system_flags "--agent_device=$device --load_format=dummy --model=$(basename "$model") \
+  --system_flags "--agent_device=$device --load_format=dummy \
     --gpu_memory_utilization=$util --step_timeout_s=120 --log_level=warning" \
   "${extra[@]}"

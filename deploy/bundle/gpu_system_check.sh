@@ -172,7 +172,7 @@ else
 fi
 step "starting vamp-controller (TP=$tp: $where; $model, dummy weights, dtype $dtype, VAMP-r $ratio)"
 "$bundle/bin/vamp-controller" --spawn_agents "$tp" --agent_device "$agent_device" \
-  --agent_binary "$agent_binary" --model "$(basename "$model")" --model_path "$model" \
+  --agent_binary "$agent_binary" --model_path "$model" \
   --load_format dummy --dtype "$dtype" \
   --max_offload_ratio "$ratio" --gpu_memory_utilization "$util" "${device_flags[@]}" \
   --http_address 127.0.0.1:0 --grpc_address 127.0.0.1:0 --admin_address 127.0.0.1:0 \
