@@ -1368,7 +1368,7 @@ class TreeBuilder {
 // Evaluation
 // ---------------------------------------------------------------------------------------------
 
-constexpr int64_t kMaxSteps = 20'000'000;
+constexpr int64_t kMaxSteps = 2'000'000;
 constexpr size_t kMaxOutput = 64 << 20;
 constexpr int kMaxMacroDepth = 32;
 
