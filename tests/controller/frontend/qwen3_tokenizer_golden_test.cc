@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "controller/frontend/hf_tokenizer.h"
 #include "controller/frontend/openai_api.h"
 #include "gtest/gtest.h"
@@ -96,6 +97,56 @@ TEST(Qwen3TokenizerGoldenTest, RendersEveryConversationLikeTheReference) {
     ok += text == c["text"].get<std::string>() && r->prompt_token_ids == want;
   }
   std::cout << "[ goldens ] conversations " << ok << "/" << conversations.size() << "\n";
+}
+
+TEST(Qwen3ChatRequestTest, ToolChoiceDecidesParsingAndOpensTheReply) {
+  const HfTokenizer& t = Qwen3();
+  const ServedModel model{"qwen3", 40960, 151936};
+  const std::string tools =
+      R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+          "properties": {"city": {"type": "string"}}}}}])";
+  auto parse = [&](const std::string& extra) {
+    return ParseChatCompletionRequest(
+        R"({"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": )" + tools +
+            extra + "}",
+        model, t);
+  };
+  absl::StatusOr<ServingRequest> r = parse("");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.parse_tool_calls);
+  EXPECT_TRUE(r->response.parse_reasoning);
+  EXPECT_EQ(r->response.assistant_prefix, "");
+  r = parse(R"(, "tool_choice": "none")");
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->response.parse_tool_calls);
+  r = parse(R"(, "tool_choice": "required", "chat_template_kwargs": {"enable_thinking": false})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->response.assistant_prefix, "<tool_call>\n");
+  std::string text = t.Decode(r->prompt_token_ids, false);
+  EXPECT_TRUE(absl::EndsWith(text, "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n"))
+      << text;
+  r = parse(R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  text = t.Decode(r->prompt_token_ids, false);
+  EXPECT_TRUE(absl::EndsWith(
+      text, "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "))
+      << text;
+  // The template's own variables cannot be overridden through chat_template_kwargs.
+  r = parse(R"(, "chat_template_kwargs": {"messages": []})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(std::string(*r.status().GetPayload(kParamPayload)), "chat_template_kwargs.messages");
+}
+
+TEST(Qwen3ChatRequestTest, EosAndTagsAreWhereTheModelExpectsThem) {
+  const HfTokenizer& t = Qwen3();
+  EXPECT_EQ(t.TokenId("<|im_end|>"), 151645);
+  EXPECT_EQ(t.TokenId("<think>"), 151667);
+  EXPECT_EQ(t.TokenId("<tool_call>"), 151657);
+  EXPECT_TRUE(t.has_think_tags());
+  EXPECT_TRUE(t.has_tool_call_tags());
+  EXPECT_EQ(t.max_token_id(), 151668);
+  // <|im_end|> is special (dropped from output text), <think> is not.
+  EXPECT_EQ(t.Decode({151667, 9707, 151668, 151645}), "<think>Hello</think>");
 }
 
 }  // namespace
