@@ -230,7 +230,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(absl::string_
   if (!model.contains("vocab") || !model["vocab"].is_object() || model["vocab"].empty()) {
     return FileError(origin, "model.vocab", "must be a non-empty object {token: id}");
   }
-  constexpr int64_t kMaxId = 1 << 24;
+  constexpr int64_t kMaxId = 1 << 21;  // real vocabularies stay far below (Gemma: 262k)
   int64_t max_id = -1;
   t->vocab_.reserve(model["vocab"].size());
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
@@ -514,6 +514,7 @@ void HfTokenizer::EncodeSegment(absl::string_view text, std::vector<int32_t>* id
 }
 
 void HfTokenizer::EncodeWord(absl::string_view word, std::vector<int32_t>* ids) const {
+  if (word.empty()) return;
   if (word.size() == 1) {
     ids->push_back(byte_ids_[static_cast<unsigned char>(word[0])]);
     return;
