@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> docs = absl::StrSplit(text, "\n\n", absl::SkipEmpty());
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  absl::StatusOr<std::unique_ptr<vamp::HfTokenizer>> t = vamp::HfTokenizer::FromModelFolder(argv[1]);
+  absl::StatusOr<std::unique_ptr<vamp::HfTokenizer>> t =
+      vamp::HfTokenizer::FromModelFolder(argv[1]);
   if (!t.ok()) {
     std::cerr << t.status() << "\n";
     return 1;

@@ -3,8 +3,8 @@
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
 
 namespace vamp {
@@ -74,8 +74,8 @@ ChatOutput ParseChatOutput(absl::string_view generated, const ResponseOptions& o
     while (pos != absl::string_view::npos) {
       const size_t body = pos + kCallOpen.size();
       const size_t close = text.find(kCallClose, body);
-      const absl::string_view json =
-          text.substr(body, close == absl::string_view::npos ? absl::string_view::npos : close - body);
+      const absl::string_view json = text.substr(
+          body, close == absl::string_view::npos ? absl::string_view::npos : close - body);
       std::optional<ToolCall> call = ParseCall(json);
       if (!call.has_value()) {
         ok = false;

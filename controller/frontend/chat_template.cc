@@ -32,7 +32,18 @@ using List = std::vector<Value>;
 using Dict = std::vector<std::pair<std::string, Value>>;  // insertion-ordered, like Python
 struct MacroDef;
 
-enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kMacro };
+enum class Kind {
+  kUndefined,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kList,
+  kDict,
+  kNamespace,
+  kMacro
+};
 
 struct Value {
   Kind kind = Kind::kUndefined;
@@ -88,16 +99,26 @@ struct Value {
 
 const char* KindName(Kind k) {
   switch (k) {
-    case Kind::kUndefined: return "undefined";
-    case Kind::kNone: return "none";
-    case Kind::kBool: return "boolean";
-    case Kind::kInt: return "integer";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "string";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "mapping";
-    case Kind::kNamespace: return "namespace";
-    case Kind::kMacro: return "macro";
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNone:
+      return "none";
+    case Kind::kBool:
+      return "boolean";
+    case Kind::kInt:
+      return "integer";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "string";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "mapping";
+    case Kind::kNamespace:
+      return "namespace";
+    case Kind::kMacro:
+      return "macro";
   }
   return "?";
 }
@@ -105,26 +126,39 @@ const char* KindName(Kind k) {
 bool Truthy(const Value& v) {
   switch (v.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return v.b;
-    case Kind::kInt: return v.i != 0;
-    case Kind::kFloat: return v.f != 0;
-    case Kind::kString: return !v.s.empty();
-    case Kind::kList: return !v.list->empty();
-    case Kind::kDict: return !v.dict->empty();
-    default: return true;
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return v.b;
+    case Kind::kInt:
+      return v.i != 0;
+    case Kind::kFloat:
+      return v.f != 0;
+    case Kind::kString:
+      return !v.s.empty();
+    case Kind::kList:
+      return !v.list->empty();
+    case Kind::kDict:
+      return !v.dict->empty();
+    default:
+      return true;
   }
 }
 
 Value FromJson(const OJson& j) {
   switch (j.type()) {
-    case OJson::value_t::null: return Value::None();
-    case OJson::value_t::boolean: return Value::Bool(j.get<bool>());
-    case OJson::value_t::number_integer: return Value::Int(j.get<int64_t>());
+    case OJson::value_t::null:
+      return Value::None();
+    case OJson::value_t::boolean:
+      return Value::Bool(j.get<bool>());
+    case OJson::value_t::number_integer:
+      return Value::Int(j.get<int64_t>());
     case OJson::value_t::number_unsigned:
       return Value::Int(static_cast<int64_t>(std::min<uint64_t>(j.get<uint64_t>(), INT64_MAX)));
-    case OJson::value_t::number_float: return Value::Float(j.get<double>());
-    case OJson::value_t::string: return Value::Str(j.get<std::string>());
+    case OJson::value_t::number_float:
+      return Value::Float(j.get<double>());
+    case OJson::value_t::string:
+      return Value::Str(j.get<std::string>());
     case OJson::value_t::array: {
       List l;
       l.reserve(j.size());
@@ -137,7 +171,8 @@ Value FromJson(const OJson& j) {
       for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), FromJson(it.value()));
       return Value::MakeDict(std::move(d));
     }
-    default: return Value::None();
+    default:
+      return Value::None();
   }
 }
 
@@ -156,13 +191,27 @@ void JsonQuote(absl::string_view s, std::string* out) {
   out->push_back('"');
   for (char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           absl::StrAppend(out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
@@ -185,9 +234,15 @@ absl::Status ToJson(const Value& v, int indent, bool sort_keys, int depth, std::
   };
   switch (v.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: *out += "null"; return absl::OkStatus();
-    case Kind::kBool: *out += v.b ? "true" : "false"; return absl::OkStatus();
-    case Kind::kInt: absl::StrAppend(out, v.i); return absl::OkStatus();
+    case Kind::kNone:
+      *out += "null";
+      return absl::OkStatus();
+    case Kind::kBool:
+      *out += v.b ? "true" : "false";
+      return absl::OkStatus();
+    case Kind::kInt:
+      absl::StrAppend(out, v.i);
+      return absl::OkStatus();
     case Kind::kFloat:
       if (std::isnan(v.f)) {
         *out += "NaN";
@@ -197,7 +252,9 @@ absl::Status ToJson(const Value& v, int indent, bool sort_keys, int depth, std::
         *out += FloatRepr(v.f);
       }
       return absl::OkStatus();
-    case Kind::kString: JsonQuote(v.s, out); return absl::OkStatus();
+    case Kind::kString:
+      JsonQuote(v.s, out);
+      return absl::OkStatus();
     case Kind::kList: {
       if (v.list->empty()) {
         *out += "[]";
@@ -239,7 +296,8 @@ absl::Status ToJson(const Value& v, int indent, bool sort_keys, int depth, std::
       out->push_back('}');
       return absl::OkStatus();
     }
-    case Kind::kMacro: return absl::InvalidArgumentError("tojson: a macro is not serializable");
+    case Kind::kMacro:
+      return absl::InvalidArgumentError("tojson: a macro is not serializable");
   }
   return absl::OkStatus();
 }
@@ -249,14 +307,22 @@ std::string Repr(const Value& v, int depth = 0);
 // Python's str() of a value, as Jinja prints it.
 std::string Str(const Value& v, int depth = 0) {
   switch (v.kind) {
-    case Kind::kUndefined: return "";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return v.b ? "True" : "False";
-    case Kind::kInt: return absl::StrCat(v.i);
-    case Kind::kFloat: return FloatRepr(v.f);
-    case Kind::kString: return v.s;
-    case Kind::kMacro: return "<macro>";
-    default: return Repr(v, depth);
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return v.b ? "True" : "False";
+    case Kind::kInt:
+      return absl::StrCat(v.i);
+    case Kind::kFloat:
+      return FloatRepr(v.f);
+    case Kind::kString:
+      return v.s;
+    case Kind::kMacro:
+      return "<macro>";
+    default:
+      return Repr(v, depth);
   }
 }
 
@@ -303,8 +369,10 @@ std::string Repr(const Value& v, int depth) {
       }
       return out + "}";
     }
-    case Kind::kNamespace: return "<Namespace>";
-    default: return Str(v, depth);
+    case Kind::kNamespace:
+      return "<Namespace>";
+    default:
+      return Str(v, depth);
   }
 }
 
@@ -316,9 +384,12 @@ bool Equal(const Value& a, const Value& b, int depth = 0) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kBool: return a.b == b.b;
-    case Kind::kString: return a.s == b.s;
+    case Kind::kNone:
+      return true;
+    case Kind::kBool:
+      return a.b == b.b;
+    case Kind::kString:
+      return a.s == b.s;
     case Kind::kList:
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
@@ -332,12 +403,14 @@ bool Equal(const Value& a, const Value& b, int depth = 0) {
         if (o == nullptr || !Equal(v, *o, depth + 1)) return false;
       }
       return true;
-    default: return a.dict == b.dict && a.macro == b.macro;
+    default:
+      return a.dict == b.dict && a.macro == b.macro;
   }
 }
 
 bool IsAscii(absl::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -419,13 +492,27 @@ absl::StatusOr<std::vector<Tok>> LexTag(absl::string_view s, absl::string_view o
           const char e = s[j + 1];
           j += 2;
           switch (e) {
-            case 'n': str.push_back('\n'); break;
-            case 't': str.push_back('\t'); break;
-            case 'r': str.push_back('\r'); break;
-            case '\\': str.push_back('\\'); break;
-            case '\'': str.push_back('\''); break;
-            case '"': str.push_back('"'); break;
-            case '0': str.push_back('\0'); break;
+            case 'n':
+              str.push_back('\n');
+              break;
+            case 't':
+              str.push_back('\t');
+              break;
+            case 'r':
+              str.push_back('\r');
+              break;
+            case '\\':
+              str.push_back('\\');
+              break;
+            case '\'':
+              str.push_back('\'');
+              break;
+            case '"':
+              str.push_back('"');
+              break;
+            case '0':
+              str.push_back('\0');
+              break;
             case 'u': {
               if (j + 4 > s.size()) return SyntaxError(origin, line, "bad \\u escape");
               unsigned cp = 0;
@@ -447,9 +534,9 @@ absl::StatusOr<std::vector<Tok>> LexTag(absl::string_view s, absl::string_view o
       out.push_back({TokType::kString, std::move(str)});
       i = j;
     } else {
-      static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{",
-                                   "}",  ".",  ",",  ":",  "|",  "~",  "+", "-", "*", "/", "%",
-                                   "<",  ">",  "="};
+      static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "(", ")", "[",
+                                   "]",  "{",  "}",  ".",  ",",  ":",  "|", "~", "+",
+                                   "-",  "*",  "/",  "%",  "<",  ">",  "="};
       bool found = false;
       for (const char* op : kOps) {
         if (absl::StartsWith(s.substr(i), op)) {
@@ -460,7 +547,8 @@ absl::StatusOr<std::vector<Tok>> LexTag(absl::string_view s, absl::string_view o
         }
       }
       if (!found) {
-        return SyntaxError(origin, line, absl::StrCat("unexpected character '", std::string(1, c), "'"));
+        return SyntaxError(origin, line,
+                           absl::StrCat("unexpected character '", std::string(1, c), "'"));
       }
     }
   }
@@ -474,7 +562,7 @@ absl::StatusOr<std::vector<Piece>> Split(absl::string_view src, absl::string_vie
   std::vector<Piece> pieces;
   size_t i = 0;
   int line = 1;
-  bool strip_next = false;   // a "-" closed the previous tag
+  bool strip_next = false;    // a "-" closed the previous tag
   bool trim_newline = false;  // trim_blocks after a block/comment tag
   auto count_lines = [](absl::string_view s) {
     return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
@@ -586,8 +674,22 @@ struct Arg {
 
 struct Expr {
   enum Type {
-    kLiteral, kName, kAttr, kItem, kSlice, kCall, kFilter, kTest, kNot, kNeg, kBinary, kAnd, kOr,
-    kCond, kList, kDict
+    kLiteral,
+    kName,
+    kAttr,
+    kItem,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kNot,
+    kNeg,
+    kBinary,
+    kAnd,
+    kOr,
+    kCond,
+    kList,
+    kDict
   } type;
   int line = 0;
   Value literal;
@@ -610,43 +712,45 @@ struct MacroDef {
 struct Node {
   enum Type { kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue } type;
   int line = 0;
-  std::string text;                              // kText
-  ExprPtr expr;                                  // kOutput, kFor iterable, kSet value
+  std::string text;                                // kText
+  ExprPtr expr;                                    // kOutput, kFor iterable, kSet value
   std::vector<std::pair<ExprPtr, Body>> branches;  // kIf
-  Body body, else_body;                          // kFor, kIf else, kSetBlock, kMacro (body)
-  std::vector<std::string> targets;              // kFor loop variables, kSet target (1 or 2 parts)
-  ExprPtr filter;                                // kFor "if" filter
-  std::unique_ptr<MacroDef> macro;               // kMacro
+  Body body, else_body;                            // kFor, kIf else, kSetBlock, kMacro (body)
+  std::vector<std::string> targets;  // kFor loop variables, kSet target (1 or 2 parts)
+  ExprPtr filter;                    // kFor "if" filter
+  std::unique_ptr<MacroDef> macro;   // kMacro
 };
 
 const std::set<std::string>& KnownFilters() {
   static const auto* s = new std::set<std::string>{
-      "tojson", "length", "count", "trim", "upper", "lower", "title", "capitalize", "string",
-      "int", "float", "list", "join", "first", "last", "reverse", "default", "d", "items",
-      "replace", "selectattr", "rejectattr", "map", "sort", "unique", "indent", "safe", "abs",
-      "round", "dictsort", "wordcount", "center", "e", "escape", "batch", "sum", "min", "max",
-      "attr", "select", "reject"};
+      "tojson",     "length",   "count",     "trim",   "upper",  "lower",   "title",
+      "capitalize", "string",   "int",       "float",  "list",   "join",    "first",
+      "last",       "reverse",  "default",   "d",      "items",  "replace", "selectattr",
+      "rejectattr", "map",      "sort",      "unique", "indent", "safe",    "abs",
+      "round",      "dictsort", "wordcount", "center", "e",      "escape",  "batch",
+      "sum",        "min",      "max",       "attr",   "select", "reject"};
   return *s;
 }
 const std::set<std::string>& KnownTests() {
   static const auto* s = new std::set<std::string>{
-      "defined", "undefined", "none", "string", "number", "integer", "float", "mapping",
-      "iterable", "sequence", "boolean", "true", "false", "odd", "even", "divisibleby", "eq",
-      "equalto", "==", "ne", "!=", "lt", "<", "gt", ">", "le", "<=", "ge", ">=", "in", "lower",
-      "upper", "callable", "sameas"};
+      "defined", "undefined",   "none",     "string",  "number",   "integer", "float",
+      "mapping", "iterable",    "sequence", "boolean", "true",     "false",   "odd",
+      "even",    "divisibleby", "eq",       "equalto", "==",       "ne",      "!=",
+      "lt",      "<",           "gt",       ">",       "le",       "<=",      "ge",
+      ">=",      "in",          "lower",    "upper",   "callable", "sameas"};
   return *s;
 }
 const std::set<std::string>& KnownMethods() {
   static const auto* s = new std::set<std::string>{
-      "startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip", "upper", "lower",
-      "title", "capitalize", "replace", "find", "rfind", "count", "splitlines", "join", "items",
-      "keys", "values", "get", "index", "append", "isdigit", "isalpha", "isspace", "isupper",
-      "islower", "zfill"};
+      "startswith", "endswith", "split",      "rsplit",  "strip", "lstrip", "rstrip", "upper",
+      "lower",      "title",    "capitalize", "replace", "find",  "rfind",  "count",  "splitlines",
+      "join",       "items",    "keys",       "values",  "get",   "index",  "append", "isdigit",
+      "isalpha",    "isspace",  "isupper",    "islower", "zfill"};
   return *s;
 }
 const std::set<std::string>& KnownGlobals() {
-  static const auto* s = new std::set<std::string>{"range", "namespace", "raise_exception",
-                                                   "strftime_now", "dict"};
+  static const auto* s =
+      new std::set<std::string>{"range", "namespace", "raise_exception", "strftime_now", "dict"};
   return *s;
 }
 
@@ -677,7 +781,8 @@ class Parser {
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> Name() {
-    if (Peek().type != TokType::kName) return Error(absl::StrCat("expected a name, got '", Peek().text, "'"));
+    if (Peek().type != TokType::kName)
+      return Error(absl::StrCat("expected a name, got '", Peek().text, "'"));
     std::string n = Peek().text;
     Advance();
     return n;
@@ -1010,7 +1115,8 @@ class Parser {
           return Error("expected a test name after 'is'");
         }
         Advance();
-        if (!KnownTests().count(name)) return Error(absl::StrCat("test '", name, "' is not supported"));
+        if (!KnownTests().count(name))
+          return Error(absl::StrCat("test '", name, "' is not supported"));
         t->name = name;
         t->a = std::move(e);
         if (IsOp("(")) {
@@ -1019,8 +1125,8 @@ class Parser {
           if (!args.ok()) return args.status();
           t->args = std::move(*args);
         } else if (Peek().type != TokType::kEnd && !IsOp(")") && !IsOp("]") && !IsOp(",") &&
-                   !IsOp("}") && !IsOp(":") && !IsName("and") && !IsName("or") &&
-                   !IsName("if") && !IsName("else") && !IsOp("|") &&
+                   !IsOp("}") && !IsOp(":") && !IsName("and") && !IsName("or") && !IsName("if") &&
+                   !IsName("else") && !IsOp("|") &&
                    (Peek().type == TokType::kString || Peek().type == TokType::kInt ||
                     Peek().type == TokType::kFloat || Peek().type == TokType::kName)) {
           // One argument without parentheses: "x is divisibleby 3", "x is sameas none".
@@ -1373,9 +1479,9 @@ constexpr size_t kMaxOutput = 64 << 20;
 constexpr int kMaxMacroDepth = 32;
 
 bool IsPySpace(char32_t c) {
-  return (c >= 9 && c <= 13) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+  return (c >= 9 && c <= 13) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 std::string Encode(const std::vector<char32_t>& cps, size_t from, size_t to) {
@@ -1571,7 +1677,8 @@ class Renderer {
 
   absl::StatusOr<List> Iterate(const Value& v, int line) {
     switch (v.kind) {
-      case Kind::kList: return *v.list;
+      case Kind::kList:
+        return *v.list;
       case Kind::kDict: {
         List keys;
         for (const auto& [k, x] : *v.dict) keys.push_back(Value::Str(k));
@@ -1658,7 +1765,8 @@ class Renderer {
 
   absl::StatusOr<Value> Eval(const Expr& e) {
     switch (e.type) {
-      case Expr::kLiteral: return e.literal;
+      case Expr::kLiteral:
+        return e.literal;
       case Expr::kName: {
         const Value* v = Lookup(e.name);
         return v == nullptr ? Value() : *v;
@@ -1682,9 +1790,12 @@ class Renderer {
         if (!key.ok()) return key;
         return Item(*obj, *key, e.line);
       }
-      case Expr::kSlice: return EvalSlice(e);
-      case Expr::kCall: return EvalCall(e);
-      case Expr::kFilter: return EvalFilter(e);
+      case Expr::kSlice:
+        return EvalSlice(e);
+      case Expr::kCall:
+        return EvalCall(e);
+      case Expr::kFilter:
+        return EvalFilter(e);
       case Expr::kTest: {
         absl::StatusOr<bool> r = EvalTest(e);
         if (!r.ok()) return r.status();
@@ -1747,7 +1858,8 @@ class Renderer {
         }
         return Value::MakeDict(std::move(d));
       }
-      case Expr::kBinary: return EvalBinary(e);
+      case Expr::kBinary:
+        return EvalBinary(e);
     }
     return Error(e.line, "unknown expression");
   }
@@ -1865,8 +1977,8 @@ class Renderer {
         l.insert(l.end(), b.list->begin(), b.list->end());
         return Value::MakeList(std::move(l));
       }
-      return Error(e.line, absl::StrCat("cannot add a ", KindName(a.kind), " and a ",
-                                        KindName(b.kind)));
+      return Error(e.line,
+                   absl::StrCat("cannot add a ", KindName(a.kind), " and a ", KindName(b.kind)));
     }
     if (op == "*" && a.kind == Kind::kString && b.kind == Kind::kInt) {
       if (b.i > 100000 || a.s.size() * std::max<int64_t>(b.i, 0) > kMaxOutput) {
@@ -1962,10 +2074,12 @@ class Renderer {
     if (e.a->type != Expr::kName) return Error(e.line, "only functions and methods can be called");
     const std::string& fn = e.a->name;
     const Value* callee = Lookup(fn);
-    if (callee != nullptr && callee->kind == Kind::kMacro) return CallMacro(*callee->macro, *args, e.line);
+    if (callee != nullptr && callee->kind == Kind::kMacro)
+      return CallMacro(*callee->macro, *args, e.line);
     if (fn == "raise_exception") {
       const Value* m = args->Get(0, "message");
-      return absl::InvalidArgumentError(m == nullptr ? "the chat template raised an error" : Str(*m));
+      return absl::InvalidArgumentError(m == nullptr ? "the chat template raised an error"
+                                                     : Str(*m));
     }
     if (fn == "namespace" || fn == "dict") {
       Value ns{fn == "namespace" ? Kind::kNamespace : Kind::kDict};
@@ -2012,7 +2126,8 @@ class Renderer {
   absl::StatusOr<Value> CallMacro(const MacroDef& m, const Args& args, int line) {
     if (macro_depth_ >= kMaxMacroDepth) return Error(line, "macros nested too deeply");
     if (args.positional.size() > m.params.size()) {
-      return Error(line, absl::StrCat("macro '", m.name, "' takes ", m.params.size(), " arguments"));
+      return Error(line,
+                   absl::StrCat("macro '", m.name, "' takes ", m.params.size(), " arguments"));
     }
     Frame frame;
     for (size_t k = 0; k < m.params.size(); ++k) {
@@ -2082,8 +2197,10 @@ class Renderer {
         const int64_t maxsplit = maxv != nullptr && maxv->kind == Kind::kInt ? maxv->i : -1;
         List out;
         if (sep == nullptr || sep->kind == Kind::kNone) {
-          if (name == "rsplit" && maxsplit >= 0) return Error(line, "rsplit(None, n) is not supported");
-          for (std::string& part : SplitWhitespace(s, maxsplit)) out.push_back(Value::Str(std::move(part)));
+          if (name == "rsplit" && maxsplit >= 0)
+            return Error(line, "rsplit(None, n) is not supported");
+          for (std::string& part : SplitWhitespace(s, maxsplit))
+            out.push_back(Value::Str(std::move(part)));
           return Value::MakeList(std::move(out));
         }
         if (sep->kind != Kind::kString || sep->s.empty()) return Error(line, "empty separator");
@@ -2127,7 +2244,8 @@ class Renderer {
         const std::string* to = str_arg(1, "new");
         if (from == nullptr || to == nullptr) return Error(line, "replace(old, new) needs strings");
         const Value* count = args.Get(2, "count");
-        return Value::Str(Replace(s, *from, *to, count != nullptr && count->kind == Kind::kInt ? count->i : -1));
+        return Value::Str(
+            Replace(s, *from, *to, count != nullptr && count->kind == Kind::kInt ? count->i : -1));
       }
       if (name == "find" || name == "rfind" || name == "count") {
         const std::string* sub = str_arg(0, "sub");
@@ -2135,7 +2253,9 @@ class Renderer {
         if (name == "count") {
           if (sub->empty()) return Value::Int(static_cast<int64_t>(DecodeUtf8(s).size()) + 1);
           int64_t n = 0;
-          for (size_t at = s.find(*sub); at != std::string::npos; at = s.find(*sub, at + sub->size())) ++n;
+          for (size_t at = s.find(*sub); at != std::string::npos;
+               at = s.find(*sub, at + sub->size()))
+            ++n;
           return Value::Int(n);
         }
         const size_t at = name == "find" ? s.find(*sub) : s.rfind(*sub);
@@ -2231,7 +2351,8 @@ class Renderer {
         return Value::Int(n);
       }
     }
-    if (obj.kind == Kind::kUndefined) return Error(line, absl::StrCat("'", name, "' of an undefined value"));
+    if (obj.kind == Kind::kUndefined)
+      return Error(line, absl::StrCat("'", name, "' of an undefined value"));
     return Error(line, absl::StrCat("a ", KindName(obj.kind), " has no method '", name, "'"));
   }
 
@@ -2287,8 +2408,10 @@ class Renderer {
     if (t == "true") return v.kind == Kind::kBool && v.b;
     if (t == "false") return v.kind == Kind::kBool && !v.b;
     if (t == "mapping") return v.kind == Kind::kDict;
-    if (t == "iterable") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString;
-    if (t == "sequence") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString;
+    if (t == "iterable")
+      return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString;
+    if (t == "sequence")
+      return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString;
     if (t == "callable") return v.kind == Kind::kMacro;
     if (t == "lower") return v.kind == Kind::kString && CaseMap(v.s, 0) == v.s;
     if (t == "upper") return v.kind == Kind::kString && CaseMap(v.s, 1) == v.s;
@@ -2318,7 +2441,8 @@ class Renderer {
     size_t start = 0;
     while (start <= path.size()) {
       const size_t dot = path.find('.', start);
-      const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      const std::string part =
+          path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       const Value* next = cur.Find(part);
       cur = next == nullptr ? Value() : *next;
       if (dot == std::string::npos) break;
@@ -2335,38 +2459,49 @@ class Renderer {
     const Value& v = *vv;
     const std::string& f = e.name;
     if (f == "safe" || f == "e" || f == "escape") {
-      if (f != "safe") return Error(e.line, "filter 'escape' is not supported (HF disables autoescape)");
+      if (f != "safe")
+        return Error(e.line, "filter 'escape' is not supported (HF disables autoescape)");
       return v;
     }
     if (f == "tojson") {
       const Value* indent = args->Get(0, "indent");
       const Value* sort = args->Get(99, "sort_keys");
       const Value* ascii = args->Get(99, "ensure_ascii");
-      if (ascii != nullptr && Truthy(*ascii)) return Error(e.line, "tojson(ensure_ascii=true) is not supported");
+      if (ascii != nullptr && Truthy(*ascii))
+        return Error(e.line, "tojson(ensure_ascii=true) is not supported");
       for (const auto& [n, x] : args->named) {
         if (n != "indent" && n != "sort_keys" && n != "ensure_ascii") {
           return Error(e.line, absl::StrCat("tojson(", n, "=...) is not supported"));
         }
       }
       std::string out;
-      absl::Status s = ToJson(v, indent != nullptr && indent->kind == Kind::kInt ? static_cast<int>(std::clamp<int64_t>(indent->i, 0, 16)) : -1,
+      absl::Status s = ToJson(v,
+                              indent != nullptr && indent->kind == Kind::kInt
+                                  ? static_cast<int>(std::clamp<int64_t>(indent->i, 0, 16))
+                                  : -1,
                               sort != nullptr && Truthy(*sort), 0, &out);
       if (!s.ok()) return Error(e.line, s.message());
       return Value::Str(std::move(out));
     }
     if (f == "length" || f == "count") {
       switch (v.kind) {
-        case Kind::kString: return Value::Int(static_cast<int64_t>(DecodeUtf8(v.s).size()));
-        case Kind::kList: return Value::Int(static_cast<int64_t>(v.list->size()));
+        case Kind::kString:
+          return Value::Int(static_cast<int64_t>(DecodeUtf8(v.s).size()));
+        case Kind::kList:
+          return Value::Int(static_cast<int64_t>(v.list->size()));
         case Kind::kDict:
-        case Kind::kNamespace: return Value::Int(static_cast<int64_t>(v.dict->size()));
-        case Kind::kUndefined: return Value::Int(0);
-        default: return Error(e.line, absl::StrCat("a ", KindName(v.kind), " has no length"));
+        case Kind::kNamespace:
+          return Value::Int(static_cast<int64_t>(v.dict->size()));
+        case Kind::kUndefined:
+          return Value::Int(0);
+        default:
+          return Error(e.line, absl::StrCat("a ", KindName(v.kind), " has no length"));
       }
     }
     if (f == "trim") {
       const Value* c = args->Get(0, "chars");
-      return Value::Str(Strip(Str(v), c != nullptr && c->kind == Kind::kString ? &c->s : nullptr, true, true));
+      return Value::Str(
+          Strip(Str(v), c != nullptr && c->kind == Kind::kString ? &c->s : nullptr, true, true));
     }
     if (f == "upper" || f == "lower") return Value::Str(CaseMap(Str(v), f == "upper"));
     if (f == "title" || f == "capitalize") return ApplyCase(Str(v), f);
@@ -2401,13 +2536,15 @@ class Renderer {
     if (f == "round") {
       if (!v.is_number()) return Error(e.line, "round needs a number");
       const Value* p = args->Get(0, "precision");
-      const double scale = std::pow(10.0, p != nullptr && p->kind == Kind::kInt ? std::clamp<int64_t>(p->i, 0, 15) : 0);
+      const double scale = std::pow(
+          10.0, p != nullptr && p->kind == Kind::kInt ? std::clamp<int64_t>(p->i, 0, 15) : 0);
       return Value::Float(std::round(v.number() * scale) / scale);
     }
     if (f == "default" || f == "d") {
       const Value* def = args->Get(0, "default_value");
       const Value* boolean = args->Get(1, "boolean");
-      const bool use = v.kind == Kind::kUndefined || (boolean != nullptr && Truthy(*boolean) && !Truthy(v));
+      const bool use =
+          v.kind == Kind::kUndefined || (boolean != nullptr && Truthy(*boolean) && !Truthy(v));
       if (use) return def != nullptr ? *def : Value::Str("");
       return v;
     }
@@ -2423,7 +2560,8 @@ class Renderer {
       }
       return Value::MakeList(std::move(out));
     }
-    if (f == "wordcount") return Value::Int(static_cast<int64_t>(SplitWhitespace(Str(v), -1).size()));
+    if (f == "wordcount")
+      return Value::Int(static_cast<int64_t>(SplitWhitespace(Str(v), -1).size()));
     if (f == "replace") {
       if (args->positional.size() < 2) return Error(e.line, "replace(old, new)");
       const Value* count = args->Get(2, "count");
@@ -2434,15 +2572,19 @@ class Renderer {
       const Value* w = args->Get(0, "width");
       const Value* first = args->Get(1, "first");
       const Value* blank = args->Get(2, "blank");
-      std::string pad = w == nullptr ? "    " : w->kind == Kind::kString ? w->s
-                                                : std::string(static_cast<size_t>(std::clamp<int64_t>(w->i, 0, 256)), ' ');
+      std::string pad =
+          w == nullptr ? "    "
+          : w->kind == Kind::kString
+              ? w->s
+              : std::string(static_cast<size_t>(std::clamp<int64_t>(w->i, 0, 256)), ' ');
       const std::string s = Str(v);
       std::string out;
       size_t start = 0;
       bool first_line = true;
       while (start <= s.size()) {
         size_t nl = s.find('\n', start);
-        const std::string line = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+        const std::string line =
+            s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
         const bool indent = first_line ? (first != nullptr && Truthy(*first))
                                        : (!line.empty() || (blank != nullptr && Truthy(*blank)));
         if (indent) out += pad;
@@ -2457,7 +2599,8 @@ class Renderer {
     if (f == "center") {
       const Value* w = args->Get(0, "width");
       std::string s = Str(v);
-      const int64_t width = w != nullptr && w->kind == Kind::kInt ? std::min<int64_t>(w->i, 10000) : 80;
+      const int64_t width =
+          w != nullptr && w->kind == Kind::kInt ? std::min<int64_t>(w->i, 10000) : 80;
       const int64_t len = static_cast<int64_t>(DecodeUtf8(s).size());
       if (len >= width) return Value::Str(s);
       const int64_t total = width - len, left = total / 2 + (total & width & 1);
@@ -2497,7 +2640,8 @@ class Renderer {
     if (f == "unique") {
       List out;
       for (const Value& x : *items) {
-        if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return Equal(x, y); })) out.push_back(x);
+        if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return Equal(x, y); }))
+          out.push_back(x);
       }
       return Value::MakeList(std::move(out));
     }
@@ -2515,8 +2659,9 @@ class Renderer {
           return Error(e.line, absl::StrCat("'", f, "' needs numbers"));
         }
         if (f == "sum") {
-          acc = acc.kind == Kind::kInt && x.kind == Kind::kInt ? Value::Int(acc.i + x.i)
-                                                              : Value::Float(acc.number() + x.number());
+          acc = acc.kind == Kind::kInt && x.kind == Kind::kInt
+                    ? Value::Int(acc.i + x.i)
+                    : Value::Float(acc.number() + x.number());
         } else if (acc.kind == Kind::kUndefined) {
           acc = x;
         } else {
@@ -2548,7 +2693,8 @@ class Renderer {
       bool bad = false;
       std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
         if (a.first.is_number() && b.first.is_number()) return a.first.number() < b.first.number();
-        if (a.first.kind == Kind::kString && b.first.kind == Kind::kString) return a.first.s < b.first.s;
+        if (a.first.kind == Kind::kString && b.first.kind == Kind::kString)
+          return a.first.s < b.first.s;
         bad = true;
         return false;
       });
@@ -2560,10 +2706,12 @@ class Renderer {
     }
     if (f == "batch") {
       const Value* n = args->Get(0, "linecount");
-      if (n == nullptr || n->kind != Kind::kInt || n->i <= 0) return Error(e.line, "batch(n) needs n > 0");
+      if (n == nullptr || n->kind != Kind::kInt || n->i <= 0)
+        return Error(e.line, "batch(n) needs n > 0");
       List out;
       for (size_t k = 0; k < items->size(); k += static_cast<size_t>(n->i)) {
-        List chunk(items->begin() + k, items->begin() + std::min(items->size(), k + static_cast<size_t>(n->i)));
+        List chunk(items->begin() + k,
+                   items->begin() + std::min(items->size(), k + static_cast<size_t>(n->i)));
         out.push_back(Value::MakeList(std::move(chunk)));
       }
       return Value::MakeList(std::move(out));
@@ -2579,7 +2727,8 @@ class Renderer {
         const Value* attr = args->Get(99, "attribute");
         const Value* def = args->Get(99, "default");
         if (attr == nullptr) {
-          if (args->positional.empty()) return Error(e.line, "map needs attribute= or a filter name");
+          if (args->positional.empty())
+            return Error(e.line, "map needs attribute= or a filter name");
           return Error(e.line, "map(<filter>) is not supported; use map(attribute=...)");
         }
         for (const Value& x : *items) {
@@ -2600,7 +2749,8 @@ class Renderer {
       }
       std::string test;
       if (args->positional.size() > next) test = Str(args->positional[next]);
-      if (!test.empty() && !KnownTests().count(test)) return Error(e.line, absl::StrCat("test '", test, "' is not supported"));
+      if (!test.empty() && !KnownTests().count(test))
+        return Error(e.line, absl::StrCat("test '", test, "' is not supported"));
       for (const Value& x : *items) {
         Value subject = x;
         if (by_attr) {
@@ -2647,7 +2797,8 @@ class Renderer {
 }  // namespace
 }  // namespace jinja
 
-ChatTemplate::ChatTemplate(std::unique_ptr<jinja::Program> program) : program_(std::move(program)) {}
+ChatTemplate::ChatTemplate(std::unique_ptr<jinja::Program> program)
+    : program_(std::move(program)) {}
 ChatTemplate::~ChatTemplate() = default;
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Compile(absl::string_view source,

@@ -3,7 +3,8 @@
 //
 // Statements: {% if/elif/else/endif %}, {% for x in xs %} / {% for k, v in d.items() %} with
 // `loop` (index, index0, revindex, revindex0, first, last, length, previtem, nextitem), an inline
-// `if` filter and {% else %}; {% set x = ... %}, {% set ns.attr = ... %}, {% set x %}...{% endset %};
+// `if` filter and {% else %}; {% set x = ... %}, {% set ns.attr = ... %}, {% set x %}...{% endset
+// %};
 // {% macro %} with defaults and {% call %}-free calls; {% break %}, {% continue %}; {# comments #};
 // whitespace control ({%- -%}, {{- -}}) and Jinja's trim_blocks / lstrip_blocks as HF sets them.
 // Expressions: literals (strings, numbers, true/false/none, lists, dicts), attribute and item

@@ -144,14 +144,14 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(absl::string_
             p["add_prefix_space"].get<bool>()) {
           return FileError(origin, field + ".add_prefix_space", "true is not supported");
         }
-        const bool use_regex = !p.contains("use_regex") || !p["use_regex"].is_boolean() ||
-                               p["use_regex"].get<bool>();
+        const bool use_regex =
+            !p.contains("use_regex") || !p["use_regex"].is_boolean() || p["use_regex"].get<bool>();
         if (!use_regex) continue;
         pattern = kGpt2Pattern;
       } else if (type == "Split") {
-        const std::string behavior =
-            p.contains("behavior") && p["behavior"].is_string() ? p["behavior"].get<std::string>()
-                                                                : "";
+        const std::string behavior = p.contains("behavior") && p["behavior"].is_string()
+                                         ? p["behavior"].get<std::string>()
+                                         : "";
         if (behavior != "Isolated") {
           return FileError(origin, field + ".behavior",
                            absl::StrCat("'", behavior, "' is not supported (only Isolated)"));
@@ -166,7 +166,8 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(absl::string_
           pattern = pat["String"].get<std::string>();
           options |= PCRE2_LITERAL;
         } else {
-          return FileError(origin, field + ".pattern", "must be {\"Regex\": ...} or {\"String\": ...}");
+          return FileError(origin, field + ".pattern",
+                           "must be {\"Regex\": ...} or {\"String\": ...}");
         }
         if (pattern.empty()) return FileError(origin, field + ".pattern", "is empty");
       } else {
@@ -194,9 +195,9 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(absl::string_
   for (const char* field : {"decoder", "post_processor"}) {
     if (!doc.contains(field) || doc[field].is_null()) continue;
     const Json& d = doc[field];
-    const std::string type =
-        d.is_object() && d.contains("type") && d["type"].is_string() ? d["type"].get<std::string>()
-                                                                     : "";
+    const std::string type = d.is_object() && d.contains("type") && d["type"].is_string()
+                                 ? d["type"].get<std::string>()
+                                 : "";
     if (type != "ByteLevel") {
       return FileError(origin, field,
                        absl::StrCat("type '", type, "' is not supported (only ByteLevel)"));
@@ -290,7 +291,8 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(absl::string_
       return FileError(origin, absl::StrCat("model.merges[", i, "]"),
                        "names a token missing from model.vocab");
     }
-    const uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
+    const uint64_t key =
+        (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
     t->merges_.try_emplace(key, static_cast<int32_t>(i), iab->second);  // the first rank wins
   }
 
@@ -316,16 +318,15 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(absl::string_
           return FileError(origin, absl::StrCat(field, ".", f), "true is not supported");
         }
       }
-      const bool special = a.contains("special") && a["special"].is_boolean() &&
-                           a["special"].get<bool>();
+      const bool special =
+          a.contains("special") && a["special"].is_boolean() && a["special"].get<bool>();
       t->added_.push_back({content, static_cast<int32_t>(id), special});
       max_id = std::max<int64_t>(max_id, id);
     }
   }
-  std::stable_sort(t->added_.begin(), t->added_.end(),
-                   [](const AddedToken& x, const AddedToken& y) {
-                     return x.content.size() > y.content.size();
-                   });
+  std::stable_sort(
+      t->added_.begin(), t->added_.end(),
+      [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
   for (const AddedToken& a : t->added_) {
     t->added_first_byte_[static_cast<unsigned char>(a.content[0])] = true;
   }
@@ -465,10 +466,10 @@ void HfTokenizer::EncodeSegment(absl::string_view text, std::vector<int32_t>* id
                                    [](char c) { return static_cast<unsigned char>(c) < 0x80; });
     if (!ascii) {
       utf8proc_uint8_t* out = nullptr;
-      const utf8proc_ssize_t n = utf8proc_map(
-          reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-          static_cast<utf8proc_ssize_t>(text.size()), &out,
-          static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+      const utf8proc_ssize_t n =
+          utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                       static_cast<utf8proc_ssize_t>(text.size()), &out,
+                       static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
       if (n >= 0 && out != nullptr) {
         normalized.assign(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
         text = normalized;
@@ -489,8 +490,8 @@ void HfTokenizer::EncodeSegment(absl::string_view text, std::vector<int32_t>* id
       const auto* subject = reinterpret_cast<PCRE2_SPTR>(piece.data());
       size_t start = 0, pos = 0;
       while (pos < piece.size()) {
-        const int rc = pcre2_match(regex->code, subject, piece.size(), pos, PCRE2_NO_UTF_CHECK,
-                                   md, nullptr);
+        const int rc =
+            pcre2_match(regex->code, subject, piece.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
         if (rc < 0) break;
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
         const size_t s = ov[0], e = ov[1];
@@ -542,7 +543,8 @@ void HfTokenizer::EncodeWord(absl::string_view word, std::vector<int32_t>* ids) 
   if (shard != nullptr) {
     absl::MutexLock lock(&shard->mu);
     if (shard->map.size() < kCacheEntriesPerShard) {
-      shard->map.emplace(std::string(word), std::vector<int32_t>(ids->begin() + before, ids->end()));
+      shard->map.emplace(std::string(word),
+                         std::vector<int32_t>(ids->begin() + before, ids->end()));
     }
   }
 }
@@ -573,8 +575,8 @@ void HfTokenizer::Bpe(absl::string_view word, std::vector<int32_t>* ids) const {
   auto consider = [&](int32_t pos) {
     if (pos < 0 || sym[pos].next < 0) return;
     const int32_t r = sym[pos].next;
-    auto it = merges_.find((static_cast<uint64_t>(sym[pos].id) << 32) |
-                           static_cast<uint32_t>(sym[r].id));
+    auto it =
+        merges_.find((static_cast<uint64_t>(sym[pos].id) << 32) | static_cast<uint32_t>(sym[r].id));
     if (it != merges_.end()) heap.push({it->second.first, pos, sym[pos].id, sym[r].id});
   };
   for (int32_t i = 0; i + 1 < n; ++i) consider(i);
@@ -585,8 +587,8 @@ void HfTokenizer::Bpe(absl::string_view word, std::vector<int32_t>* ids) const {
     if (left.id != c.left || left.next < 0) continue;  // stale: merged away or changed
     Symbol& right = sym[left.next];
     if (right.id != c.right) continue;
-    left.id = merges_.find((static_cast<uint64_t>(c.left) << 32) |
-                           static_cast<uint32_t>(c.right))->second.second;
+    left.id = merges_.find((static_cast<uint64_t>(c.left) << 32) | static_cast<uint32_t>(c.right))
+                  ->second.second;
     right.id = -1;  // dead
     left.next = right.next;
     if (left.next >= 0) sym[left.next].prev = c.pos;
@@ -604,8 +606,8 @@ void HfTokenizer::AppendTokenBytes(int32_t id, bool skip_special_tokens, std::st
 
 absl::StatusOr<std::string> HfTokenizer::ApplyChatTemplate(const ChatTemplateInput& input) const {
   const bool has_tools = !input.tools_json.empty() && input.tools_json != "[]";
-  const ChatTemplate* tpl = has_tools && tool_template_ != nullptr ? tool_template_.get()
-                                                                   : template_.get();
+  const ChatTemplate* tpl =
+      has_tools && tool_template_ != nullptr ? tool_template_.get() : template_.get();
   if (tpl == nullptr) {
     return absl::InvalidArgumentError(
         "messages: this model's tokenizer has no chat template (tokenizer_config.json "

@@ -71,7 +71,7 @@ class HfTokenizer final : public Tokenizer {
 
   bool nfc_ = false;
   bool ignore_merges_ = false;
-  std::vector<std::unique_ptr<Regex>> splits_;  // applied in order, each isolating its matches
+  std::vector<std::unique_ptr<Regex>> splits_;       // applied in order, each isolating its matches
   absl::flat_hash_map<std::string, int32_t> vocab_;  // raw bytes -> id
   // (left id << 32 | right id) -> (rank, merged id)
   absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> merges_;

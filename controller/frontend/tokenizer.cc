@@ -29,7 +29,7 @@ std::string StreamDecoder::Finish() {
 }
 
 absl::StatusOr<std::unique_ptr<ByteTokenizer>> ByteTokenizer::Create(int32_t vocab_size,
-                                                                    int32_t byte_offset) {
+                                                                     int32_t byte_offset) {
   if (byte_offset < 0 || static_cast<int64_t>(byte_offset) + 256 > vocab_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("byte-level tokenizer needs byte_offset + 256 <= vocab_size; got offset ",
@@ -78,9 +78,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadModelTokenizer(const std::string&
     absl::StatusOr<std::unique_ptr<HfTokenizer>> hf = HfTokenizer::FromModelFolder(model_path);
     if (!hf.ok()) return hf.status();
     if ((*hf)->max_token_id() >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          (dir / "tokenizer.json").string(), ": token id ", (*hf)->max_token_id(),
-          " does not fit the model's vocab_size ", vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat((dir / "tokenizer.json").string(), ": token id ", (*hf)->max_token_id(),
+                       " does not fit the model's vocab_size ", vocab_size));
     }
     return std::unique_ptr<Tokenizer>(*std::move(hf));
   }

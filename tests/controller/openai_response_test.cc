@@ -140,8 +140,8 @@ TEST(OpenAiResponseWriterTest, StreamedTextNeverSplitsACharacter) {
     for (const EngineEvent& e : Events(*ctx->tokenizer, text, 1)) {
       for (const Json& chunk : Chunks(writer.StreamChunk(e))) {
         const Json& choice = chunk["choices"][0];
-        const std::string piece =
-            chat ? choice["delta"]["content"].get<std::string>() : choice["text"].get<std::string>();
+        const std::string piece = chat ? choice["delta"]["content"].get<std::string>()
+                                       : choice["text"].get<std::string>();
         EXPECT_TRUE(IsValidUtf8(piece));
         all += piece;
       }

@@ -8,7 +8,8 @@
 #include "controller/frontend/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const nlohmann::ordered_json* vars = new nlohmann::ordered_json(nlohmann::ordered_json::parse(R"({
+  static const nlohmann::ordered_json* vars =
+      new nlohmann::ordered_json(nlohmann::ordered_json::parse(R"({
     "messages": [
       {"role": "system", "content": "Be brief."},
       {"role": "user", "content": "Weather in Paris? 你好 🎉"},

@@ -112,7 +112,8 @@ TEST(ChatStreamParserTest, AnySplitGivesTheUnaryResult) {
 }
 
 TEST(ChatStreamParserTest, PlainTextAndLookalikesPassThrough) {
-  for (const std::string text : {"just text", "a < b and <thinking> </tool", "<thin", "<tool_cal"}) {
+  for (const std::string text :
+       {"just text", "a < b and <thinking> </tool", "<thin", "<tool_cal"}) {
     const ChatOutput got = Stream(text, Qwen3(true), 1, /*check_tags=*/false);
     EXPECT_EQ(got.content, text);
     EXPECT_FALSE(got.reasoning_content.has_value());
@@ -128,7 +129,8 @@ TEST(ChatStreamParserTest, PlainTextAndLookalikesPassThrough) {
 TEST(ChatStreamParserTest, ForcedCallPrefixIsNotSentAsText) {
   ResponseOptions o = Qwen3(true);
   o.assistant_prefix = "<tool_call>\n";
-  const ChatOutput got = Stream("{\"name\": \"f\", \"arguments\": {\"a\": [1]}}\n</tool_call>", o, 4);
+  const ChatOutput got =
+      Stream("{\"name\": \"f\", \"arguments\": {\"a\": [1]}}\n</tool_call>", o, 4);
   EXPECT_FALSE(got.content.has_value());
   ASSERT_EQ(got.tool_calls.size(), 1u);
   EXPECT_EQ(got.tool_calls[0].arguments, "{\"a\":[1]}");

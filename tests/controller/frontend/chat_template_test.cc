@@ -20,7 +20,8 @@ std::string Render(const std::string& source, const OJson& vars = OJson::object(
 TEST(ChatTemplateTest, ExpressionsAndOperators) {
   EXPECT_EQ(Render("{{ 1 + 2 * 3 }}|{{ 7 // 2 }}|{{ -7 // 2 }}|{{ 7 % 3 }}|{{ 2 ** 10 }}"),
             "7|3|-4|1|1024");
-  EXPECT_EQ(Render("{{ 7 / 2 }}|{{ 1.0 }}|{{ 'a' ~ 1 ~ none }}|{{ 'x' * 3 }}"), "3.5|1.0|a1None|xxx");
+  EXPECT_EQ(Render("{{ 7 / 2 }}|{{ 1.0 }}|{{ 'a' ~ 1 ~ none }}|{{ 'x' * 3 }}"),
+            "3.5|1.0|a1None|xxx");
   EXPECT_EQ(Render("{{ true and not false }}|{{ none or 'd' }}|{{ 'a' if 1 > 2 else 'b' }}"),
             "True|d|b");
   EXPECT_EQ(Render("{{ 'b' in 'abc' }}|{{ 2 in [1, 2] }}|{{ 'k' in {'k': 1} }}|{{ 3 not in [1] }}"),
@@ -39,12 +40,14 @@ TEST(ChatTemplateTest, StringMethodsFollowPython) {
   const OJson vars = {{"s", "  a,b,,c  "}, {"t", "<think>x</think>\n\ny"}};
   EXPECT_EQ(Render("[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}]", vars),
             "[a,b,,c][a,b,,c  ][  a,b,,c]");
-  EXPECT_EQ(Render("{{ s.strip().split(',') }}|{{ 'a b  c'.split() }}|{{ 'a-b-c'.rsplit('-', 1) }}", vars),
+  EXPECT_EQ(Render("{{ s.strip().split(',') }}|{{ 'a b  c'.split() }}|{{ 'a-b-c'.rsplit('-', 1) }}",
+                   vars),
             "['a', 'b', '', 'c']|['a', 'b', 'c']|['a-b', 'c']");
   EXPECT_EQ(Render("{{ t.split('</think>')[-1].lstrip('\\n') }}", vars), "y");
   // Python's lstrip('\n') keeps leading spaces (transformers.js strips them; HF's Jinja does not).
   EXPECT_EQ(Render("[{{ '  reply'.lstrip('\\n') }}]"), "[  reply]");
-  EXPECT_EQ(Render("{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'c')) }}{{ 'aXa'.replace('a', 'b') }}"),
+  EXPECT_EQ(Render("{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'c')) }}{{ "
+                   "'aXa'.replace('a', 'b') }}"),
             "TrueTruebXb");
   EXPECT_EQ(Render("{{ 'Hello World'.upper() }}{{ 'ab'.title() }}{{ 'abc'.find('c') }}"),
             "HELLO WORLDAb2");
@@ -52,22 +55,29 @@ TEST(ChatTemplateTest, StringMethodsFollowPython) {
 
 TEST(ChatTemplateTest, ForLoopsWithLoopVariablesFiltersAndElse) {
   const OJson vars = {{"xs", {"a", "b", "c"}}, {"d", {{"k1", 1}, {"k2", 2}}}};
-  EXPECT_EQ(Render("{% for x in xs %}{{ loop.index0 }}{{ x }}{{ loop.revindex }}{% if loop.first %}F{% endif %}"
+  EXPECT_EQ(Render("{% for x in xs %}{{ loop.index0 }}{{ x }}{{ loop.revindex }}{% if loop.first "
+                   "%}F{% endif %}"
                    "{% if loop.last %}L{% endif %},{% endfor %}",
                    vars),
             "0a3F,1b2,2c1L,");
-  EXPECT_EQ(Render("{% for x in xs if x != 'b' %}{{ loop.index }}{{ x }}{% endfor %}", vars), "1a2c");
+  EXPECT_EQ(Render("{% for x in xs if x != 'b' %}{{ loop.index }}{{ x }}{% endfor %}", vars),
+            "1a2c");
   EXPECT_EQ(Render("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", vars), "k1=1;k2=2;");
   EXPECT_EQ(Render("{% for x in [] %}x{% else %}empty{% endfor %}"), "empty");
-  EXPECT_EQ(Render("{% for x in xs %}{% if x == 'b' %}{% break %}{% endif %}{{ x }}{% endfor %}", vars), "a");
-  EXPECT_EQ(Render("{% for x in xs %}{% if x == 'b' %}{% continue %}{% endif %}{{ x }}{% endfor %}", vars), "ac");
+  EXPECT_EQ(
+      Render("{% for x in xs %}{% if x == 'b' %}{% break %}{% endif %}{{ x }}{% endfor %}", vars),
+      "a");
+  EXPECT_EQ(Render("{% for x in xs %}{% if x == 'b' %}{% continue %}{% endif %}{{ x }}{% endfor %}",
+                   vars),
+            "ac");
 }
 
 TEST(ChatTemplateTest, SetNamespaceScopingAndMacros) {
   // A plain set inside a loop does not leak out; a namespace attribute does.
-  EXPECT_EQ(Render("{% set x = 1 %}{% set ns = namespace(n=0) %}{% for i in range(3) %}{% set x = i %}"
-                   "{% set ns.n = ns.n + i %}{% endfor %}{{ x }}/{{ ns.n }}"),
-            "1/3");
+  EXPECT_EQ(
+      Render("{% set x = 1 %}{% set ns = namespace(n=0) %}{% for i in range(3) %}{% set x = i %}"
+             "{% set ns.n = ns.n + i %}{% endfor %}{{ x }}/{{ ns.n }}"),
+      "1/3");
   EXPECT_EQ(Render("{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}"
                    "{{ greet('a') }} {{ greet('b', punct='?') }}"),
             "Hi a! Hi b?");
@@ -81,17 +91,22 @@ TEST(ChatTemplateTest, TestsAndFilters) {
                    "{{ m.b is string }}{{ 3 is odd }}{{ m is mapping }}{{ 4 is divisibleby 2 }}",
                    vars),
             "TrueTrueFalseTrueTrueTrueTrueTrue");
-  EXPECT_EQ(Render("{{ tools | map(attribute='name') | join(', ') }}|{{ tools | selectattr('n', 'gt', 1) | list | length }}"
+  EXPECT_EQ(Render("{{ tools | map(attribute='name') | join(', ') }}|{{ tools | selectattr('n', "
+                   "'gt', 1) | list | length }}"
                    "|{{ (tools | sort(attribute='n') | first).name }}",
                    vars),
             "f, g|1|g");
-  EXPECT_EQ(Render("{{ m | tojson }}|{{ '  x ' | trim }}|{{ none | default('d') }}|{{ m.c | default('e') }}", vars),
-            "{\"a\": null, \"b\": \"x\"}|x|None|e");
+  EXPECT_EQ(
+      Render(
+          "{{ m | tojson }}|{{ '  x ' | trim }}|{{ none | default('d') }}|{{ m.c | default('e') }}",
+          vars),
+      "{\"a\": null, \"b\": \"x\"}|x|None|e");
   EXPECT_EQ(Render("{{ {'k': 'ü\"\\n', 'l': [1, 2.5, true]} | tojson }}"),
             "{\"k\": \"ü\\\"\\n\", \"l\": [1, 2.5, true]}");
   EXPECT_EQ(Render("{{ {'a': [1]} | tojson(indent=2) }}"), "{\n  \"a\": [\n    1\n  ]\n}");
-  EXPECT_EQ(Render("{{ 'ab' | upper }}{{ [3, 1] | max }}{{ [1, 2] | sum }}{{ 'x\ny' | indent(2) }}"),
-            "AB33x\n  y");
+  EXPECT_EQ(
+      Render("{{ 'ab' | upper }}{{ [3, 1] | max }}{{ [1, 2] | sum }}{{ 'x\ny' | indent(2) }}"),
+      "AB33x\n  y");
 }
 
 TEST(ChatTemplateTest, WhitespaceControlAndHfBlockTrimming) {
@@ -112,10 +127,10 @@ TEST(ChatTemplateTest, RaiseExceptionIsAnErrorWithItsMessage) {
 }
 
 TEST(ChatTemplateTest, FeaturesOutsideTheSubsetFailToCompileNamingTheLine) {
-  for (const char* source : {"{% filter upper %}x{% endfilter %}", "{{ x | frobnicate }}",
-                             "{{ x.format(1) }}", "{% include 'x' %}", "{{ x is prime }}",
-                             "{{ undefined_fn(1) }}", "{% for x in y %}", "{{ 'a' ", "{% if %}",
-                             "line\n{% call m() %}{% endcall %}"}) {
+  for (const char* source :
+       {"{% filter upper %}x{% endfilter %}", "{{ x | frobnicate }}", "{{ x.format(1) }}",
+        "{% include 'x' %}", "{{ x is prime }}", "{{ undefined_fn(1) }}", "{% for x in y %}",
+        "{{ 'a' ", "{% if %}", "line\n{% call m() %}{% endcall %}"}) {
     absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::Compile(source, "tpl.jinja");
     EXPECT_FALSE(t.ok()) << source;
     EXPECT_THAT(t.status().message(), HasSubstr("tpl.jinja:")) << source;
@@ -123,9 +138,11 @@ TEST(ChatTemplateTest, FeaturesOutsideTheSubsetFailToCompileNamingTheLine) {
 }
 
 TEST(ChatTemplateTest, RunawayTemplatesAreStopped) {
-  EXPECT_THAT(Render("{% for i in range(1000000) %}{% for j in range(1000000) %}x{% endfor %}{% endfor %}"),
-              HasSubstr("RENDER ERROR"));
-  EXPECT_THAT(Render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}"), HasSubstr("too deeply"));
+  EXPECT_THAT(
+      Render("{% for i in range(1000000) %}{% for j in range(1000000) %}x{% endfor %}{% endfor %}"),
+      HasSubstr("RENDER ERROR"));
+  EXPECT_THAT(Render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}"),
+              HasSubstr("too deeply"));
   EXPECT_THAT(Render("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}"),
               HasSubstr("COMPILE ERROR"));
   EXPECT_THAT(Render("{{ " + std::string(500, '[') + std::string(500, ']') + " }}"),

@@ -94,7 +94,7 @@ TEST(HfTokenizerTest, AddedTokensBeforeBpeAndSpecialOnesSkippedInDecode) {
 TEST(HfTokenizerTest, NfcAndInvalidUtf8) {
   auto t = Load(SmallTokenizer({}));
   ASSERT_NE(t, nullptr);
-  EXPECT_EQ(t->Encode("e\xCC\x81"), (std::vector<int32_t>{0xC3, 0xA9}));  // é composed
+  EXPECT_EQ(t->Encode("e\xCC\x81"), (std::vector<int32_t>{0xC3, 0xA9}));   // é composed
   EXPECT_EQ(t->Encode("\xFF"), (std::vector<int32_t>{0xEF, 0xBF, 0xBD}));  // U+FFFD
   EXPECT_EQ(t->Decode({0xE2, 0x82}), "\xEF\xBF\xBD");  // a cut character decodes to U+FFFD
 }
@@ -106,16 +106,25 @@ TEST(HfTokenizerTest, UnusableFilesNameTheField) {
   };
   const std::vector<Case> cases = {
       {[](Json& j) { j["model"]["type"] = "WordPiece"; }, "model.type"},
-      {[](Json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "normalizer"},
+      {[](Json& j) {
+         j["normalizer"] = {{"type", "Lowercase"}};
+       },
+       "normalizer"},
       {[](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; },
        "pre_tokenizer[0].pattern"},
       {[](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; },
        "pre_tokenizer[0].behavior"},
       {[](Json& j) { j["model"]["vocab"].erase(ByteLevel("a")); }, "model.vocab"},
-      {[](Json& j) { j["model"]["merges"] = Json::array({Json::array({ByteLevel("q"), ByteLevel("z")})}); }, "model.merges[0]"},
+      {[](Json& j) {
+         j["model"]["merges"] = Json::array({Json::array({ByteLevel("q"), ByteLevel("z")})});
+       },
+       "model.merges[0]"},
       {[](Json& j) { j["model"]["merges"] = Json::array({"a b c"}); }, "model.merges[0]"},
       {[](Json& j) { j["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip"},
-      {[](Json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder"},
+      {[](Json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "decoder"},
       {[](Json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback"},
   };
   for (const Case& c : cases) {
