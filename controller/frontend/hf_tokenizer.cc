@@ -45,6 +45,13 @@ const ByteAlphabet& Alphabet() {
   return *a;
 }
 
+// j[key] when j is an object holding a string there, else `fallback` (never throws).
+std::string StringAt(const Json& j, const char* key, const std::string& fallback = "") {
+  if (!j.is_object()) return fallback;
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
 absl::Status FileError(absl::string_view origin, absl::string_view field,
                        absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(origin, ": ", field, ": ", message));
@@ -102,7 +109,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(absl::string_
   if (doc.contains("normalizer") && !doc["normalizer"].is_null()) {
     const Json& n = doc["normalizer"];
     std::vector<const Json*> parts;
-    if (n.is_object() && n.value("type", "") == "Sequence" && n.contains("normalizers") &&
+    if (StringAt(n, "type") == "Sequence" && n.contains("normalizers") &&
         n["normalizers"].is_array()) {
       for (const Json& p : n["normalizers"]) parts.push_back(&p);
     } else {
@@ -124,7 +131,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(absl::string_
   if (doc.contains("pre_tokenizer") && !doc["pre_tokenizer"].is_null()) {
     const Json& pt = doc["pre_tokenizer"];
     std::vector<const Json*> parts;
-    if (pt.is_object() && pt.value("type", "") == "Sequence" && pt.contains("pretokenizers") &&
+    if (StringAt(pt, "type") == "Sequence" && pt.contains("pretokenizers") &&
         pt["pretokenizers"].is_array()) {
       for (const Json& p : pt["pretokenizers"]) parts.push_back(&p);
     } else {
@@ -209,7 +216,8 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(absl::string_
     return FileError(origin, "model", "is missing");
   }
   const Json& model = doc["model"];
-  if (model.value("type", "BPE") != "BPE" || !model["type"].is_string()) {
+  if ((model.contains("type") && !model["type"].is_string()) ||
+      StringAt(model, "type", "BPE") != "BPE") {
     return FileError(origin, "model.type", "only BPE is supported");
   }
   if (model.contains("dropout") && !model["dropout"].is_null()) {

@@ -13,6 +13,13 @@ namespace {
 // Ordered: tool definitions reach the chat template with their keys in the client's order.
 using Json = nlohmann::ordered_json;
 
+// j[key] when j is an object holding a string there, else "" (never throws).
+std::string StringAt(const Json& j, const char* key) {
+  if (!j.is_object()) return "";
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 absl::Status FieldError(absl::string_view field, absl::string_view message) {
   absl::Status s = absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
   s.SetPayload(kParamPayload, absl::Cord(field));
@@ -298,7 +305,7 @@ absl::Status ParseTools(const Json& body, const Tokenizer& tokenizer, ChatTempla
     if (!t.is_array()) return FieldError("tools", "must be an array");
     for (size_t i = 0; i < t.size(); ++i) {
       const std::string at = absl::StrCat("tools[", i, "]");
-      if (!t[i].is_object() || t[i].value("type", "") != "function") {
+      if (StringAt(t[i], "type") != "function") {
         return FieldError(at + ".type", "must be \"function\"");
       }
       if (!t[i].contains("function") || !t[i]["function"].is_object()) {
@@ -336,7 +343,7 @@ absl::Status ParseTools(const Json& body, const Tokenizer& tokenizer, ChatTempla
       if (choice != "none" && choice != "auto" && choice != "required") {
         return FieldError("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
       }
-    } else if (c.is_object() && c.value("type", "") == "function" && c.contains("function") &&
+    } else if (StringAt(c, "type") == "function" && c.contains("function") &&
                c["function"].is_object() && c["function"].contains("name") &&
                c["function"]["name"].is_string()) {
       choice = "named";

@@ -126,6 +126,10 @@ TEST(HfTokenizerTest, UnusableFilesNameTheField) {
        },
        "decoder"},
       {[](Json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback"},
+      // Found by fuzz_tokenizer_json: non-string "type" fields must not throw.
+      {[](Json& j) { j["model"]["type"] = 5; }, "model.type"},
+      {[](Json& j) { j["pre_tokenizer"]["type"] = 7; }, "pre_tokenizer[0]"},
+      {[](Json& j) { j["normalizer"] = {{"type", {1}}}; }, "normalizer"},
   };
   for (const Case& c : cases) {
     Json j = SmallTokenizer({{"a", "b"}});
