@@ -20,7 +20,7 @@ corpus=.cache/tokenizer-bench.txt
   done
 } > "$corpus"
 if [[ ! -d bench/tokenizer/node_modules/@huggingface/tokenizers ]]; then
-  (cd bench/tokenizer && npm install --ignore-scripts --no-audit --no-fund >/dev/null)
+  (cd bench/tokenizer && npm ci --ignore-scripts --no-audit --no-fund >/dev/null)
 fi
 echo "corpus: $corpus ($(wc -c < "$corpus") bytes), model: $model, one core (taskset -c 0)"
 taskset -c 0 "$bin" "$model" "$corpus" "$seconds"

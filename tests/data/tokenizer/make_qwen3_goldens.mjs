@@ -2,7 +2,7 @@
 // prompts (text and ids) for >= 30 conversations, from the reference implementation
 // (@huggingface/transformers, the JS port of HF tokenizers and chat templates) reading the local
 // files that scripts/fetch-tokenizers.sh places in tests/data/qwen3-30b-a3b. No network.
-//   cd tests/data/tokenizer && npm install --ignore-scripts && node make_qwen3_goldens.mjs
+//   cd tests/data/tokenizer && npm ci --ignore-scripts && node make_qwen3_goldens.mjs
 // Conversations are written in OpenAI's request format (what clients send); they reach the
 // template as vLLM hands them over: tool-call arguments parsed into objects, a null content as "".
 import { AutoTokenizer, env } from '@huggingface/transformers';
