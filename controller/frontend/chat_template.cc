@@ -2803,6 +2803,12 @@ ChatTemplate::~ChatTemplate() = default;
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Compile(absl::string_view source,
                                                                     absl::string_view origin) {
+  // Jinja's keep_trailing_newline=False (HF's setting): one trailing newline of the source goes.
+  if (absl::EndsWith(source, "\r\n")) {
+    source.remove_suffix(2);
+  } else if (absl::EndsWith(source, "\n")) {
+    source.remove_suffix(1);
+  }
   absl::StatusOr<std::vector<jinja::Piece>> pieces = jinja::Split(source, origin);
   if (!pieces.ok()) return pieces.status();
   auto program = std::make_unique<jinja::Program>();

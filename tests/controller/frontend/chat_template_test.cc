@@ -115,6 +115,9 @@ TEST(ChatTemplateTest, WhitespaceControlAndHfBlockTrimming) {
   EXPECT_EQ(Render("a  {{- ' b ' -}}  c"), "a b c");
   EXPECT_EQ(Render("x {#- comment -#} y"), "xy");
   EXPECT_EQ(Render("{% if true -%}\n\n  t{%- endif %}"), "t");
+  // keep_trailing_newline=False: one final newline of the source is dropped (a .jinja file's).
+  EXPECT_EQ(Render("{{ 'x' }}\n"), "x");
+  EXPECT_EQ(Render("{{ 'x' }}\n\n"), "x\n");
 }
 
 TEST(ChatTemplateTest, RaiseExceptionIsAnErrorWithItsMessage) {
