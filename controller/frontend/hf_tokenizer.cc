@@ -648,7 +648,9 @@ absl::StatusOr<std::string> HfTokenizer::ApplyChatTemplate(const ChatTemplateInp
   }
   OJson messages = OJson::array();
   for (const ChatMessage& m : input.messages) {
-    OJson j = {{"role", m.role}, {"content", m.content}};
+    // OpenAI's "developer" role is the system prompt for newer models; templates only know
+    // "system" (Qwen3's would drop the message silently).
+    OJson j = {{"role", m.role == "developer" ? "system" : m.role}, {"content", m.content}};
     if (m.reasoning_content.has_value()) j["reasoning_content"] = *m.reasoning_content;
     if (m.name.has_value()) j["name"] = *m.name;
     if (m.tool_call_id.has_value()) j["tool_call_id"] = *m.tool_call_id;

@@ -43,8 +43,9 @@ class HfTokenizer final : public Tokenizer {
   std::vector<int32_t> Encode(absl::string_view text) const override;
   void AppendTokenBytes(int32_t id, bool skip_special_tokens, std::string* out) const override;
   // Renders the model's template with messages, tools (when given), add_generation_prompt,
-  // bos_token / eos_token and every chat_template_kwargs entry as variables. A model without a
-  // template: InvalidArgument naming "messages".
+  // bos_token / eos_token and every chat_template_kwargs entry as variables; a "developer"
+  // message reaches the template as "system". A model without a template: InvalidArgument naming
+  // "messages".
   absl::StatusOr<std::string> ApplyChatTemplate(const ChatTemplateInput& input) const override;
   std::string name() const override { return "hf-bpe"; }
   bool has_think_tags() const override { return has_think_tags_; }

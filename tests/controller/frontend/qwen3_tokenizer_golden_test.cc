@@ -143,6 +143,19 @@ TEST(Qwen3ChatRequestTest, ToolChoiceDecidesParsingAndOpensTheReply) {
   EXPECT_EQ(std::string(*r.status().GetPayload(kParamPayload)), "chat_template_kwargs.messages");
 }
 
+TEST(Qwen3ChatRequestTest, DeveloperMessagesAreTheSystemPrompt) {
+  const HfTokenizer& t = Qwen3();
+  const ServedModel model{"qwen3", 40960, 151936};
+  absl::StatusOr<ServingRequest> r = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "developer", "content": "Be brief."},
+                       {"role": "user", "content": "Hi"}]})",
+      model, t);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(t.Decode(r->prompt_token_ids, false),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+}
+
 TEST(Qwen3ChatRequestTest, EosAndTagsAreWhereTheModelExpectsThem) {
   const HfTokenizer& t = Qwen3();
   EXPECT_EQ(t.TokenId("<|im_end|>"), 151645);
