@@ -209,7 +209,6 @@ absl::Status CheckLength(ServingRequest* out, const ServedModel& model, absl::st
   return absl::OkStatus();
 }
 
-
 // One chat message: role, content (a string or text parts; null only for an assistant), name,
 // tool_call_id (tool), tool_calls and reasoning_content (assistant).
 absl::StatusOr<ChatMessage> ParseMessage(const Json& m, const std::string& where) {
