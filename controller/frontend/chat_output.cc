@@ -51,7 +51,9 @@ std::string NewToolCallId() {
 }
 
 ChatOutput ParseChatOutput(absl::string_view generated, const ResponseOptions& options) {
-  const std::string full = absl::StrCat(options.assistant_prefix, generated);
+  const std::string full =
+      absl::StrCat(options.parse_reasoning && options.reasoning_open ? kThinkOpen : "",
+                   options.assistant_prefix, generated);
   absl::string_view text = full;
   ChatOutput out;
   if (options.parse_reasoning && text.find(kThinkOpen) != absl::string_view::npos &&
@@ -99,7 +101,8 @@ ChatOutput ParseChatOutput(absl::string_view generated, const ResponseOptions& o
 ChatStreamParser::ChatStreamParser(const ResponseOptions& options)
     : options_(options), mode_(options.parse_reasoning ? Mode::kStart : Mode::kContent) {
   ChatDelta ignored;
-  buffer_ = options_.assistant_prefix;
+  buffer_ = absl::StrCat(options_.parse_reasoning && options_.reasoning_open ? kThinkOpen : "",
+                         options_.assistant_prefix);
   Drain(false, &ignored);  // the prefix (an opened tool call) is not sent as text
 }
 

@@ -8,6 +8,8 @@
 // - tool calls only when <tool_call> occurs and every block parses as JSON with a string "name"
 //   and an "arguments" value (an unterminated last block counts); the content is the text before
 //   the first <tool_call> (null when empty); otherwise the whole text stays content.
+// When the prompt opened <think> itself (options.reasoning_open), the output is read as if it
+// began with <think>.
 // Streaming (ChatStreamParser) decides as the text arrives and never sends a partial tag: text
 // that may be the start of a tag is held back. It differs from the unary rule only for output
 // cut off inside <think> (streamed as reasoning) and for a malformed tool-call block (streamed as

@@ -469,6 +469,12 @@ absl::StatusOr<ServingRequest> ParseChatCompletionRequest(absl::string_view text
   out.response.chat = true;
   out.response.include_usage = out.include_usage;
   out.response.parse_reasoning = tokenizer.has_think_tags();
+  if (out.response.parse_reasoning) {
+    const size_t open = prompt->rfind("<think>");
+    const size_t close = prompt->rfind("</think>");
+    out.response.reasoning_open =
+        open != std::string::npos && (close == std::string::npos || close < open);
+  }
   out.prompt_token_ids = tokenizer.Encode(*prompt + out.response.assistant_prefix);
   s = CheckLength(&out, model, "messages");
   if (!s.ok()) return s;

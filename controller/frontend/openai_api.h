@@ -31,6 +31,9 @@ struct ResponseOptions {
   bool include_usage = false;  // stream_options.include_usage
   // Split <think>…</think> into reasoning_content (the model's vocabulary has the tags).
   bool parse_reasoning = false;
+  // The prompt itself opened <think> (templates of always-thinking models end the generation
+  // prompt with it): the output starts inside the reasoning and only closes it.
+  bool reasoning_open = false;
   // Turn <tool_call>{json}</tool_call> blocks into tool_calls (tools offered, tool_choice not
   // "none").
   bool parse_tool_calls = false;

@@ -29,6 +29,30 @@ TEST(ChatOutputTest, ReasoningNeedsBothTagsLikeVllm) {
   EXPECT_EQ(o.content, "plain");
 }
 
+TEST(ChatOutputTest, ReasoningOpenedByThePromptEndsAtTheCloseTag) {
+  ResponseOptions o = Qwen3(false);
+  o.reasoning_open = true;  // e.g. Qwen3-Thinking-2507: "<|im_start|>assistant\n<think>\n"
+  ChatOutput out = ParseChatOutput("plan\n</think>\n\nanswer", o);
+  EXPECT_EQ(out.reasoning_content, "plan\n");
+  EXPECT_EQ(out.content, "\n\nanswer");
+  for (size_t step : {1, 3, 100}) {
+    ChatStreamParser p(o);
+    std::string reasoning, content;
+    for (const std::string piece : {std::string("plan\n</th"), std::string("ink>\n\nanswer")}) {
+      for (size_t i = 0; i < piece.size(); i += step) {
+        ChatDelta d = p.Next(piece.substr(i, step));
+        reasoning += d.reasoning_content;
+        content += d.content;
+      }
+    }
+    ChatDelta d = p.Finish();
+    reasoning += d.reasoning_content;
+    content += d.content;
+    EXPECT_EQ(reasoning, "plan\n") << step;
+    EXPECT_EQ(content, "\n\nanswer") << step;
+  }
+}
+
 TEST(ChatOutputTest, ToolCallsLikeTheHermesParser) {
   ChatOutput o = ParseChatOutput(
       "<think>r</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "

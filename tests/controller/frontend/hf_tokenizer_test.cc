@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "controller/frontend/openai_api.h"
 #include "controller/frontend/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -129,7 +130,10 @@ TEST(HfTokenizerTest, UnusableFilesNameTheField) {
       // Found by fuzz_tokenizer_json: non-string "type" fields must not throw.
       {[](Json& j) { j["model"]["type"] = 5; }, "model.type"},
       {[](Json& j) { j["pre_tokenizer"]["type"] = 7; }, "pre_tokenizer[0]"},
-      {[](Json& j) { j["normalizer"] = {{"type", {1}}}; }, "normalizer"},
+      {[](Json& j) {
+         j["normalizer"] = {{"type", {1}}};
+       },
+       "normalizer"},
   };
   for (const Case& c : cases) {
     Json j = SmallTokenizer({{"a", "b"}});
@@ -179,6 +183,27 @@ TEST_F(ModelFolderTest, LoadsTokenizerAndTemplate) {
   EXPECT_EQ(*(*t)->ApplyChatTemplate(input), "[user]hi<|end|>[assistant]");
   // Ids beyond the model's vocabulary: refused.
   EXPECT_THAT(LoadModelTokenizer(dir_.string(), 1000).status().message(), HasSubstr("vocab_size"));
+}
+
+TEST_F(ModelFolderTest, TemplateThatOpensThinkingStartsTheOutputInReasoning) {
+  Write("tokenizer.json", SmallTokenizer({}).dump());
+  Write("tokenizer_config.json", Json({{"chat_template",
+                                        "{% for m in messages %}{{ m.content }}{% endfor %}"
+                                        "{% if add_generation_prompt %}<think>\n{% endif %}"}})
+                                     .dump());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = LoadModelTokenizer(dir_.string(), 2000);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const ServedModel model{"m", 1000, 2000};
+  absl::StatusOr<ServingRequest> r = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "<think>a</think>hi"}]})", model, **t);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.parse_reasoning);
+  EXPECT_TRUE(r->response.reasoning_open);
+  r = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false})", model,
+      **t);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->response.reasoning_open);
 }
 
 TEST_F(ModelFolderTest, BrokenFilesFailNamingTheFile) {

@@ -121,6 +121,7 @@ TEST(Qwen3ChatRequestTest, ToolChoiceDecidesParsingAndOpensTheReply) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->response.parse_tool_calls);
   EXPECT_TRUE(r->response.parse_reasoning);
+  EXPECT_FALSE(r->response.reasoning_open);  // Qwen3's prompt does not open <think> itself
   EXPECT_EQ(r->response.assistant_prefix, "");
   r = parse(R"(, "tool_choice": "none")");
   ASSERT_TRUE(r.ok());
