@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/ascii.h"
@@ -16,6 +17,7 @@
 #include "common/version.h"
 #include "controller/agent_reports.h"
 #include "controller/arbiter/vamp_arbiter.h"
+#include "controller/frontend/hf_tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace vamp {
@@ -115,6 +117,27 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     return absl::InvalidArgumentError(
         "model_path: required (a folder with config.json, and *.safetensors unless "
         "load_format=dummy)");
+  }
+  // The model's own tokenizer and chat template, when its folder has one: a folder whose
+  // tokenizer is unusable stops start-up here with the file and field at fault.
+  {
+    std::error_code ec;
+    const std::filesystem::path folder(config.GetString("model_path"));
+    if (std::filesystem::exists(folder / "tokenizer.json", ec)) {
+      absl::StatusOr<std::unique_ptr<HfTokenizer>> tokenizer =
+          HfTokenizer::FromModelFolder(folder.string());
+      if (!tokenizer.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model_path: the model's tokenizer cannot be used: ",
+                         tokenizer.status().message()));
+      }
+      VAMP_LOG(INFO) << "tokenizer: " << (folder / "tokenizer.json").string() << " ("
+                     << (*tokenizer)->max_token_id() + 1 << " ids)";
+      server->tokenizer_ = *std::move(tokenizer);
+    } else {
+      VAMP_LOG(INFO) << "tokenizer: byte-level fallback (no tokenizer.json in "
+                     << folder.string() << ")";
+    }
   }
   const int spawn = static_cast<int>(config.GetInt("spawn_agents"));
   // Agents are authenticated by default: a process that registers as a rank receives every
@@ -441,10 +464,21 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   auto context = std::make_shared<ServingContext>();
   context->model =
       ServedModel{ServedModelName(), scheduler.max_model_len, first.vocab_size()};
-  absl::StatusOr<std::unique_ptr<ByteTokenizer>> tokenizer =
-      ByteTokenizer::Create(first.vocab_size());
-  if (!tokenizer.ok()) return tokenizer.status();
-  context->tokenizer = *std::move(tokenizer);
+  if (tokenizer_ != nullptr) {
+    const auto* hf = static_cast<const HfTokenizer*>(tokenizer_.get());
+    if (hf->max_token_id() >= first.vocab_size()) {
+      *permanent = true;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model_path: tokenizer.json has token id ", hf->max_token_id(),
+          ", outside the model's vocab_size ", first.vocab_size()));
+    }
+    context->tokenizer = tokenizer_;
+  } else {
+    absl::StatusOr<std::unique_ptr<ByteTokenizer>> tokenizer =
+        ByteTokenizer::Create(first.vocab_size());
+    if (!tokenizer.ok()) return tokenizer.status();
+    context->tokenizer = *std::move(tokenizer);
+  }
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<ServingEngine> engine,
                         ServingEngine::Start(group.get(), engine_options));
   context->engine = std::move(engine);

@@ -21,6 +21,7 @@
 #include "controller/agent_launcher.h"
 #include "controller/agent_registry.h"
 #include "controller/http_frontend.h"
+#include "controller/frontend/tokenizer.h"
 #include "controller/serving_context.h"
 #include "controller/serving_service.h"
 
@@ -78,6 +79,9 @@ class ControllerServer {
   std::string agent_token_;
   // What Admin calls need: the auth_token_file's token; empty = none (Admin is on loopback).
   std::string admin_token_;
+  // The model folder's tokenizer (tokenizer.json), loaded at start; null: the byte fallback,
+  // sized by the vocabulary the agents report.
+  std::shared_ptr<const Tokenizer> tokenizer_;
 
   std::unique_ptr<AgentRegistry> registry_;
   std::unique_ptr<ServingService> serving_service_;

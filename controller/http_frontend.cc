@@ -156,7 +156,7 @@ class Handler {
              : ParseCompletionRequest(body, ctx->model, *ctx->tokenizer);
     if (!parsed.ok()) return SendError(*exchange, parsed.status());
     const bool stream = parsed->stream;
-    const bool include_usage = parsed->include_usage;
+    const ResponseOptions response = parsed->response;
     auto pending = std::make_shared<PendingEvents>();
     // Set right after Submit, on this loop thread; drains run on it too, later.
     auto writer = std::make_shared<std::optional<OpenAiResponseWriter>>();
@@ -184,7 +184,7 @@ class Handler {
           if (pending->Push(e)) exchange->Post(drain);
         });
     if (!id.ok()) return SendError(*exchange, id.status());
-    writer->emplace(ctx, chat, include_usage, *id, UnixSeconds());
+    writer->emplace(ctx, response, *id, UnixSeconds());
     // A client that goes away (either kind of request) or a unary request past its deadline
     // frees its sequence in the scheduler.
     exchange->SetOnClose([engine = ctx->engine, id = *id] { engine->Abort(id); });

@@ -37,14 +37,47 @@ int64_t UnixSeconds() {
       .count();
 }
 
+namespace {
+
+ResponseOptions DefaultOptions(const ServingContext& context, bool chat, bool include_usage) {
+  ResponseOptions o;
+  o.chat = chat;
+  o.include_usage = include_usage;
+  o.parse_reasoning = chat && context.tokenizer->has_think_tags();
+  return o;
+}
+
+// OpenAI reports a turn that ended in tool calls as "tool_calls" (a natural stop otherwise).
+Json FinishReasonFor(FinishReason r, bool called_tools) {
+  if (called_tools && r == FinishReason::kStop) return "tool_calls";
+  return FinishReasonJson(r);
+}
+
+Json ToolCallJson(const ToolCall& c) {
+  return {{"id", c.id},
+          {"type", "function"},
+          {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
+}  // namespace
+
+OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext> context,
+                                           const ResponseOptions& options, RequestId request_id,
+                                           int64_t created)
+    : context_(std::move(context)),
+      options_(options),
+      chat_(options.chat),
+      include_usage_(options.include_usage),
+      response_id_(absl::StrCat(options.chat ? "chatcmpl-" : "cmpl-", request_id)),
+      created_(created),
+      decoder_(context_->tokenizer.get()),
+      parser_(options) {}
+
 OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext> context,
                                            bool chat, bool include_usage, RequestId request_id,
                                            int64_t created)
-    : context_(std::move(context)),
-      chat_(chat),
-      include_usage_(include_usage),
-      response_id_(absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id)),
-      created_(created) {}
+    : OpenAiResponseWriter(context, DefaultOptions(*context, chat, include_usage), request_id,
+                           created) {}
 
 std::string OpenAiResponseWriter::StreamChunk(const EngineEvent& e) {
   const char* object = chat_ ? "chat.completion.chunk" : "text_completion";
@@ -52,16 +85,38 @@ std::string OpenAiResponseWriter::StreamChunk(const EngineEvent& e) {
                 {"created", created_},
                 {"model", context_->model.id},
                 {"object", object}};
-  const std::string text = context_->tokenizer->Decode(e.token_ids);
-  Json choice = {{"index", 0},
-                 {"finish_reason", FinishReasonJson(e.finish_reason)},
-                 {"token_ids", e.token_ids}};
+  std::string text = decoder_.Next(e.token_ids);
+  if (e.finished) text += decoder_.Finish();
+  Json choice = {{"index", 0}, {"finish_reason", nullptr}, {"token_ids", e.token_ids}};
   if (chat_) {
-    Json delta = {{"content", text}};
+    ChatDelta d = parser_.Next(text);
+    if (e.finished) {
+      ChatDelta rest = parser_.Finish();
+      d.reasoning_content += rest.reasoning_content;
+      d.content += rest.content;
+      for (auto& c : rest.tool_calls) d.tool_calls.push_back(std::move(c));
+    }
+    Json delta = Json::object();
     if (first_chunk_) delta["role"] = "assistant";
-    choice["delta"] = delta;
+    if (!d.reasoning_content.empty()) delta["reasoning_content"] = d.reasoning_content;
+    // Plain chat keeps a content field in every chunk, as before (possibly "").
+    if (!d.content.empty() || (d.reasoning_content.empty() && d.tool_calls.empty())) {
+      delta["content"] = d.content;
+    }
+    if (!d.tool_calls.empty()) {
+      Json calls = Json::array();
+      for (const ChatDelta::Call& c : d.tool_calls) {
+        Json j = ToolCallJson(c.call);
+        j["index"] = c.index;
+        calls.push_back(std::move(j));
+      }
+      delta["tool_calls"] = std::move(calls);
+    }
+    choice["delta"] = std::move(delta);
+    choice["finish_reason"] = FinishReasonFor(e.finish_reason, parser_.called_tools());
   } else {
     choice["text"] = text;
+    choice["finish_reason"] = FinishReasonJson(e.finish_reason);
   }
   first_chunk_ = false;
   if (!e.error.empty()) choice["error"] = e.error;
@@ -94,7 +149,23 @@ absl::StatusOr<std::string> OpenAiResponseWriter::Finish(const EngineEvent& e) c
                  {"token_ids", tokens_},
                  {"logprobs", nullptr}};
   if (chat_) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    const ChatOutput parsed = ParseChatOutput(text, options_);
+    Json message = {{"role", "assistant"}};
+    message["content"] = parsed.content.has_value() ? Json(*parsed.content) : Json(nullptr);
+    if (parsed.reasoning_content.has_value()) {
+      message["reasoning_content"] = *parsed.reasoning_content;
+    }
+    if (!parsed.tool_calls.empty()) {
+      Json calls = Json::array();
+      for (const ToolCall& c : parsed.tool_calls) calls.push_back(ToolCallJson(c));
+      message["tool_calls"] = std::move(calls);
+    }
+    // Plain chat (no parsing asked for) keeps "content": "" for an empty reply, as before.
+    if (!options_.parse_reasoning && !options_.parse_tool_calls && !parsed.content.has_value()) {
+      message["content"] = "";
+    }
+    choice["message"] = std::move(message);
+    choice["finish_reason"] = FinishReasonFor(e.finish_reason, !parsed.tool_calls.empty());
   } else {
     choice["text"] = text;
   }

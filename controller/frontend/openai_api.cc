@@ -3,13 +3,22 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
 namespace vamp {
 namespace {
 
-using Json = nlohmann::json;
+// Ordered: tool definitions reach the chat template with their keys in the client's order.
+using Json = nlohmann::ordered_json;
+
+// j[key] when j is an object holding a string there, else "" (never throws).
+std::string StringAt(const Json& j, const char* key) {
+  if (!j.is_object()) return "";
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
 
 absl::Status FieldError(absl::string_view field, absl::string_view message) {
   absl::Status s = absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
@@ -155,6 +164,24 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequ
       !(body["logprobs"].is_boolean() && !body["logprobs"].get<bool>())) {
     return FieldError("logprobs", "log probabilities are not supported");
   }
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
+      !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
+    return FieldError("logit_bias", "is not supported");
+  }
+  if (body.contains("response_format") && !body["response_format"].is_null()) {
+    const Json& rf = body["response_format"];
+    if (!rf.is_object() || !rf.contains("type") || rf["type"] != "text") {
+      return FieldError("response_format",
+                        "only {\"type\": \"text\"} is supported (no structured output)");
+    }
+  }
+  for (const char* field : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                            "structured_outputs", "functions", "function_call", "chat_template",
+                            "documents"}) {
+    if (body.contains(field) && !body[field].is_null()) {
+      return FieldError(field, "is not supported");
+    }
+  }
   if (body.contains("cache_salt") && !body["cache_salt"].is_null()) {
     if (!body["cache_salt"].is_string()) return FieldError("cache_salt", "must be a string");
     out->cache_salt = body["cache_salt"].get<std::string>();
@@ -182,6 +209,171 @@ absl::Status CheckLength(ServingRequest* out, const ServedModel& model, absl::st
   return absl::OkStatus();
 }
 
+// One chat message: role, content (a string or text parts; null only for an assistant), name,
+// tool_call_id (tool), tool_calls and reasoning_content (assistant).
+absl::StatusOr<ChatMessage> ParseMessage(const Json& m, const std::string& where) {
+  if (!m.is_object()) return FieldError(where, "must be an object");
+  if (!m.contains("role") || !m["role"].is_string()) {
+    return FieldError(where + ".role", "must be a string");
+  }
+  ChatMessage message;
+  message.role = m["role"].get<std::string>();
+  const std::string& role = message.role;
+  if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
+      role != "developer") {
+    return FieldError(where + ".role",
+                      absl::StrCat("'", role,
+                                   "' is not one of system, developer, user, assistant, tool"));
+  }
+  const Json* content = m.contains("content") ? &m["content"] : nullptr;
+  if (content == nullptr || content->is_null()) {
+    if (role != "assistant") return FieldError(where + ".content", "is required");
+  } else if (content->is_string()) {
+    message.content = content->get<std::string>();
+  } else if (content->is_array()) {
+    for (const Json& part : *content) {
+      if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+          !part.contains("text") || !part["text"].is_string()) {
+        return FieldError(where + ".content", "parts must be {\"type\": \"text\", \"text\": ...}");
+      }
+      message.content += part["text"].get<std::string>();
+    }
+  } else {
+    return FieldError(where + ".content", "must be a string or an array of text parts");
+  }
+  auto optional_string = [&](const char* field,
+                             std::optional<std::string>* out) -> absl::Status {
+    if (!m.contains(field) || m[field].is_null()) return absl::OkStatus();
+    if (!m[field].is_string()) return FieldError(absl::StrCat(where, ".", field), "must be a string");
+    *out = m[field].get<std::string>();
+    return absl::OkStatus();
+  };
+  absl::Status s = optional_string("name", &message.name);
+  if (s.ok()) s = optional_string("tool_call_id", &message.tool_call_id);
+  if (s.ok()) s = optional_string("reasoning_content", &message.reasoning_content);
+  if (s.ok() && !message.reasoning_content.has_value()) {
+    s = optional_string("reasoning", &message.reasoning_content);
+  }
+  if (!s.ok()) return s;
+  if (message.reasoning_content.has_value() && role != "assistant") {
+    return FieldError(where + ".reasoning_content", "is only allowed on assistant messages");
+  }
+  if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+    const Json& calls = m["tool_calls"];
+    if (role != "assistant") return FieldError(where + ".tool_calls", "is only allowed on assistant messages");
+    if (!calls.is_array()) return FieldError(where + ".tool_calls", "must be an array");
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const std::string at = absl::StrCat(where, ".tool_calls[", i, "]");
+      const Json& c = calls[i];
+      if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) {
+        return FieldError(at + ".function", "must be an object {name, arguments}");
+      }
+      if (c.contains("type") && c["type"] != "function") {
+        return FieldError(at + ".type", "must be \"function\"");
+      }
+      const Json& f = c["function"];
+      ToolCall call;
+      if (c.contains("id") && c["id"].is_string()) call.id = c["id"].get<std::string>();
+      if (!f.contains("name") || !f["name"].is_string()) {
+        return FieldError(at + ".function.name", "must be a string");
+      }
+      call.name = f["name"].get<std::string>();
+      if (!f.contains("arguments") || f["arguments"].is_null()) {
+        call.arguments = "{}";
+      } else if (f["arguments"].is_string()) {
+        call.arguments = f["arguments"].get<std::string>();
+      } else if (f["arguments"].is_object()) {
+        call.arguments = f["arguments"].dump();
+      } else {
+        return FieldError(at + ".function.arguments", "must be a JSON string");
+      }
+      message.tool_calls.push_back(std::move(call));
+    }
+  }
+  return message;
+}
+
+// tools, tool_choice and parallel_tool_calls: the tools go to the template; the choice decides
+// whether the output is parsed for calls and whether the reply is opened with one.
+absl::Status ParseTools(const Json& body, const Tokenizer& tokenizer, ChatTemplateInput* input,
+                        ResponseOptions* response) {
+  Json tools = Json::array();
+  std::vector<std::string> names;
+  if (body.contains("tools") && !body["tools"].is_null()) {
+    const Json& t = body["tools"];
+    if (!t.is_array()) return FieldError("tools", "must be an array");
+    for (size_t i = 0; i < t.size(); ++i) {
+      const std::string at = absl::StrCat("tools[", i, "]");
+      if (StringAt(t[i], "type") != "function") {
+        return FieldError(at + ".type", "must be \"function\"");
+      }
+      if (!t[i].contains("function") || !t[i]["function"].is_object()) {
+        return FieldError(at + ".function", "must be an object");
+      }
+      const Json& f = t[i]["function"];
+      if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty()) {
+        return FieldError(at + ".function.name", "must be a non-empty string");
+      }
+      // The definition as vLLM hands it to templates: type, then function {name, description,
+      // parameters} (whichever are given; other keys are not part of the template's input).
+      Json fn = Json::object();
+      fn["name"] = f["name"];
+      if (f.contains("description") && !f["description"].is_null()) {
+        if (!f["description"].is_string()) return FieldError(at + ".function.description", "must be a string");
+        fn["description"] = f["description"];
+      }
+      if (f.contains("parameters") && !f["parameters"].is_null()) {
+        if (!f["parameters"].is_object()) return FieldError(at + ".function.parameters", "must be an object");
+        fn["parameters"] = f["parameters"];
+      }
+      names.push_back(f["name"].get<std::string>());
+      Json tool = Json::object();
+      tool["type"] = "function";
+      tool["function"] = std::move(fn);
+      tools.push_back(std::move(tool));
+    }
+  }
+  std::string choice = tools.empty() ? "none" : "auto";
+  std::string forced_name;
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+    const Json& c = body["tool_choice"];
+    if (c.is_string()) {
+      choice = c.get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required") {
+        return FieldError("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+    } else if (StringAt(c, "type") == "function" && c.contains("function") &&
+               c["function"].is_object() && c["function"].contains("name") &&
+               c["function"]["name"].is_string()) {
+      choice = "named";
+      forced_name = c["function"]["name"].get<std::string>();
+      if (std::find(names.begin(), names.end(), forced_name) == names.end()) {
+        return FieldError("tool_choice.function.name",
+                          absl::StrCat("'", forced_name, "' is not one of the tools"));
+      }
+    } else {
+      return FieldError("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (choice != "none" && tools.empty()) {
+      return FieldError("tool_choice", absl::StrCat("'", choice, "' needs a non-empty tools list"));
+    }
+  }
+  absl::Status s = OptionalBool(body, "parallel_tool_calls", &response->parallel_tool_calls);
+  if (!s.ok()) return s;
+  if (!tools.empty()) input->tools_json = tools.dump();
+  if (choice == "none") return absl::OkStatus();
+  if (!tokenizer.has_tool_call_tags()) {
+    return FieldError("tools", "this model's tokenizer has no tool-call format (<tool_call> tokens); "
+                               "send tool_choice \"none\" or no tools");
+  }
+  response->parse_tool_calls = true;
+  if (choice == "required") response->assistant_prefix = "<tool_call>\n";
+  if (choice == "named") {
+    response->assistant_prefix =
+        absl::StrCat("<tool_call>\n{\"name\": ", Json(forced_name).dump(), ", \"arguments\": ");
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
@@ -222,6 +414,7 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
   }
   s = CheckLength(&out, model, "prompt");
   if (!s.ok()) return s;
+  out.response.include_usage = out.include_usage;
   return out;
 }
 
@@ -238,41 +431,51 @@ absl::StatusOr<ServingRequest> ParseChatCompletionRequest(absl::string_view text
       (*body)["messages"].empty()) {
     return FieldError("messages", "must be a non-empty array of {role, content}");
   }
-  std::vector<ChatMessage> messages;
+  ChatTemplateInput input;
   int index = 0;
   for (const Json& m : (*body)["messages"]) {
-    const std::string where = absl::StrCat("messages[", index++, "]");
-    if (!m.is_object()) return FieldError(where, "must be an object");
-    if (!m.contains("role") || !m["role"].is_string()) {
-      return FieldError(where + ".role", "must be a string");
-    }
-    const std::string role = m["role"].get<std::string>();
-    if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
-        role != "developer") {
-      return FieldError(where + ".role",
-                        absl::StrCat("'", role,
-                                     "' is not one of system, developer, user, assistant, tool"));
-    }
-    ChatMessage message{role, ""};
-    const Json* content = m.contains("content") ? &m["content"] : nullptr;
-    if (content == nullptr || content->is_null()) {
-      if (role != "assistant") return FieldError(where + ".content", "is required");
-    } else if (content->is_string()) {
-      message.content = content->get<std::string>();
-    } else if (content->is_array()) {
-      for (const Json& part : *content) {
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
-            !part.contains("text") || !part["text"].is_string()) {
-          return FieldError(where + ".content", "parts must be {\"type\": \"text\", \"text\": ...}");
-        }
-        message.content += part["text"].get<std::string>();
-      }
-    } else {
-      return FieldError(where + ".content", "must be a string or an array of text parts");
-    }
-    messages.push_back(std::move(message));
+    absl::StatusOr<ChatMessage> message = ParseMessage(m, absl::StrCat("messages[", index++, "]"));
+    if (!message.ok()) return message.status();
+    input.messages.push_back(*std::move(message));
   }
-  out.prompt_token_ids = tokenizer.Encode(tokenizer.ApplyChatTemplate(messages));
+  s = ParseTools(*body, tokenizer, &input, &out.response);
+  if (!s.ok()) return s;
+  s = OptionalBool(*body, "add_generation_prompt", &input.add_generation_prompt);
+  if (!s.ok()) return s;
+  bool continue_final = false;
+  s = OptionalBool(*body, "continue_final_message", &continue_final);
+  if (!s.ok()) return s;
+  if (continue_final) return FieldError("continue_final_message", "is not supported");
+  if (body->contains("chat_template_kwargs") && !(*body)["chat_template_kwargs"].is_null()) {
+    const Json& kw = (*body)["chat_template_kwargs"];
+    if (!kw.is_object()) return FieldError("chat_template_kwargs", "must be an object");
+    input.kwargs_json = kw.dump();
+  }
+  absl::StatusOr<std::string> prompt = tokenizer.ApplyChatTemplate(input);
+  if (!prompt.ok()) {
+    // The tokenizer names the field where it can ("tools: ...", "chat_template_kwargs.x: ...");
+    // anything else (the template's raise_exception, a render error) is about the conversation.
+    const std::string message(prompt.status().message());
+    for (const char* field : {"tools", "chat_template_kwargs", "messages"}) {
+      if (absl::StartsWith(message, field)) {
+        const size_t end = message.find_first_of(": ");
+        absl::Status e = absl::InvalidArgumentError(message);
+        e.SetPayload(kParamPayload, absl::Cord(message.substr(0, end)));
+        return e;
+      }
+    }
+    return FieldError("messages", message);
+  }
+  out.response.chat = true;
+  out.response.include_usage = out.include_usage;
+  out.response.parse_reasoning = tokenizer.has_think_tags();
+  if (out.response.parse_reasoning) {
+    const size_t open = prompt->rfind("<think>");
+    const size_t close = prompt->rfind("</think>");
+    out.response.reasoning_open =
+        open != std::string::npos && (close == std::string::npos || close < open);
+  }
+  out.prompt_token_ids = tokenizer.Encode(*prompt + out.response.assistant_prefix);
   s = CheckLength(&out, model, "messages");
   if (!s.ok()) return s;
   return out;

@@ -25,6 +25,25 @@ struct ServedModel {
   int32_t vocab_size = 0;
 };
 
+// How the response writer shapes a request's output (chat requests; completions get raw text).
+struct ResponseOptions {
+  bool chat = false;
+  bool include_usage = false;  // stream_options.include_usage
+  // Split <think>…</think> into reasoning_content (the model's vocabulary has the tags).
+  bool parse_reasoning = false;
+  // The prompt itself opened <think> (templates of always-thinking models end the generation
+  // prompt with it): the output starts inside the reasoning and only closes it.
+  bool reasoning_open = false;
+  // Turn <tool_call>{json}</tool_call> blocks into tool_calls (tools offered, tool_choice not
+  // "none").
+  bool parse_tool_calls = false;
+  // parallel_tool_calls = false: only the first call is returned.
+  bool parallel_tool_calls = true;
+  // Text the prompt already opened the assistant's reply with (tool_choice "required" or a named
+  // function prefill "<tool_call>\n…"); the parsers read it before the generated text.
+  std::string assistant_prefix;
+};
+
 struct ServingRequest {
   bool chat = false;
   std::string model;
@@ -34,6 +53,7 @@ struct ServingRequest {
   bool include_usage = false;  // stream_options.include_usage
   std::string cache_salt;
   int32_t priority = 0;
+  ResponseOptions response;  // chat output parsing; chat and include_usage mirror the fields above
 };
 
 // Default max_tokens when a completion request gives none (OpenAI's default for completions).
@@ -42,6 +62,13 @@ inline constexpr int32_t kDefaultCompletionMaxTokens = 16;
 absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view body,
                                                       const ServedModel& model,
                                                       const Tokenizer& tokenizer);
+// Chat requests: messages (with tool_calls, tool_call_id, name, reasoning_content), tools,
+// tool_choice ("none" | "auto" | "required" | {"type": "function", "function": {"name"}}),
+// parallel_tool_calls, chat_template_kwargs and add_generation_prompt go through the tokenizer's
+// chat template. "required" and a named function are enforced by opening the assistant's reply
+// with "<tool_call>\n" (and the function's name), as far as the model's format allows; a model
+// without a tool-call format refuses tools. response_format other than {"type": "text"} and a
+// non-empty logit_bias are refused with a 400 naming the field.
 absl::StatusOr<ServingRequest> ParseChatCompletionRequest(absl::string_view body,
                                                           const ServedModel& model,
                                                           const Tokenizer& tokenizer);

@@ -2,6 +2,9 @@
 // is not served yet, and bad configuration fails start-up naming the field.
 #include "controller/controller_server.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 
 #include "common/grpc_server.h"
@@ -210,6 +213,27 @@ TEST(ControllerServerTest, BadConfigNamesField) {
   server = ControllerServer::Start(bad_token->config);
   ASSERT_FALSE(server.ok());
   EXPECT_THAT(server.status().message(), HasSubstr("auth_token_file"));
+}
+
+// Issue 15: a model folder whose tokenizer.json cannot be used stops start-up naming the file and
+// the field, before anything listens; the agents never get the model.
+TEST(ControllerServerTest, UnusableTokenizerStopsStartUpNamingFileAndField) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("vamp_bad_tokenizer_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(std::string(VAMP_TEST_DATA_DIR) + "/tiny-qwen3-moe/config.json",
+                             dir / "config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer.json")
+      << R"({"model": {"type": "Unigram", "vocab": []}, "pre_tokenizer": null})";
+  absl::StatusOr<CommandLine> cli =
+      Flags({"--insecure_no_auth", "--model_path=" + dir.string()});
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("model_path"));
+  EXPECT_THAT(server.status().message(), HasSubstr("tokenizer.json: model.type"));
+  std::filesystem::remove_all(dir);
 }
 
 // Issue 14: agents started elsewhere register with a token, or the operator says explicitly that

@@ -81,6 +81,10 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
       {R"({"prompt": "x", "min_tokens": 2})", "min_tokens", "not supported yet"},
       {R"({"prompt": "x", "presence_penalty": 0.5})", "presence_penalty", "not supported yet"},
       {R"({"prompt": "x", "presence_penalty": 3})", "presence_penalty", "must be in [-2, 2]"},
+      {R"({"prompt": "x", "logit_bias": {"5": 10}})", "logit_bias", "not supported"},
+      {R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format",
+       "only {\"type\": \"text\"}"},
+      {R"({"prompt": "x", "guided_json": {}})", "guided_json", "not supported"},
       {R"({"prompt": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"})", "prompt",
        "at least one must be left for output"},
       {R"({"prompt": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "max_tokens": 5})",
@@ -169,6 +173,58 @@ TEST_F(OpenAiApiTest, ChatUsesTemplateAndValidatesMessages) {
   absl::Status empty =
       ParseChatCompletionRequest(R"({"messages": []})", model_, *tokenizer_).status();
   EXPECT_EQ(Param(empty), "messages");
+}
+
+TEST_F(OpenAiApiTest, ChatToolFieldsAreValidatedNotIgnored) {
+  struct Case {
+    const char* body;
+    const char* param;
+    const char* message;
+  };
+  const Case cases[] = {
+      // The byte fallback has no template for tool definitions.
+      {R"({"messages": [{"role": "user", "content": "hi"}],
+           "tools": [{"type": "function", "function": {"name": "f"}}]})", "tools", "no tool-call format"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "x"}]})",
+       "tools[0].type", "must be \"function\""},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function",
+           "function": {"name": ""}}]})", "tools[0].function.name", "non-empty"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"})",
+       "tool_choice", "needs a non-empty tools list"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "sometimes",
+           "tools": [{"type": "function", "function": {"name": "f"}}]})", "tool_choice", "must be"},
+      {R"({"messages": [{"role": "user", "content": "hi"}],
+           "tools": [{"type": "function", "function": {"name": "f"}}],
+           "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+       "tool_choice.function.name", "'g' is not one of the tools"},
+      {R"({"messages": [{"role": "user", "content": "hi"},
+           {"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
+             "function": {"arguments": "{}"}}]}]})", "messages[1].tool_calls[0].function.name",
+       "must be a string"},
+      {R"({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]})",
+       "messages[0].tool_calls", "only allowed on assistant"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": [1]})",
+       "chat_template_kwargs", "must be an object"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true})",
+       "continue_final_message", "not supported"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "functions": []})", "functions",
+       "not supported"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = ParseChatCompletionRequest(c.body, model_, *tokenizer_).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(Param(s), c.param) << c.body << " " << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.body;
+  }
+  // tool_choice "none" without tools, and an assistant turn with null content, are fine.
+  absl::StatusOr<ServingRequest> r = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null},
+          {"role": "user", "content": "x"}], "tool_choice": "none", "max_tokens": 2})",
+      model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.chat);
+  EXPECT_FALSE(r->response.parse_tool_calls);
+  EXPECT_FALSE(r->response.parse_reasoning);  // bytes have no <think> tags
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "controller/frontend/tokenizer.h"
 
+#include "controller/frontend/utf8.h"
 #include "gtest/gtest.h"
 
 namespace vamp {
@@ -20,8 +21,50 @@ TEST(ByteTokenizerTest, RoundTripsBytesAndDropsNonByteIds) {
 TEST(ByteTokenizerTest, ChatTemplateIsDocumentedLayout) {
   absl::StatusOr<std::unique_ptr<ByteTokenizer>> t = ByteTokenizer::Create(256);
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ((*t)->ApplyChatTemplate({{"system", "Be brief."}, {"user", "Hi"}}),
+  ChatTemplateInput input;
+  input.messages = {{"system", "Be brief."}, {"user", "Hi"}};
+  EXPECT_EQ(*(*t)->ApplyChatTemplate(input),
             "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n");
+  input.add_generation_prompt = false;
+  EXPECT_EQ(*(*t)->ApplyChatTemplate(input), "<|system|>\nBe brief.\n<|user|>\nHi\n");
+  input.tools_json = R"([{"type": "function", "function": {"name": "f"}}])";
+  EXPECT_FALSE((*t)->ApplyChatTemplate(input).ok());
+}
+
+TEST(StreamDecoderTest, HoldsSplitCharactersAndMatchesFullDecode) {
+  absl::StatusOr<std::unique_ptr<ByteTokenizer>> t = ByteTokenizer::Create(256);
+  ASSERT_TRUE(t.ok());
+  const std::string text =
+      "a\xE2\x82\xAC"
+      "b\xF0\x9F\x98\x80\xC3";  // a€b😀 then a cut é
+  std::vector<int32_t> ids = (*t)->Encode(text);
+  StreamDecoder stream(t->get());
+  std::string all;
+  std::vector<std::string> chunks;
+  for (int32_t id : ids) {
+    chunks.push_back(stream.Next({id}));
+    EXPECT_TRUE(IsValidUtf8(chunks.back()));
+    all += chunks.back();
+  }
+  EXPECT_EQ(chunks[1], "");  // first byte of €: held
+  EXPECT_EQ(chunks[3], "\xE2\x82\xAC");
+  all += stream.Finish();
+  EXPECT_EQ(all, (*t)->Decode(ids));
+  EXPECT_EQ(all,
+            "a\xE2\x82\xAC"
+            "b\xF0\x9F\x98\x80\xEF\xBF\xBD");
+}
+
+TEST(Utf8Test, ReplacesMaximalIllFormedSubpartsLikeWhatwg) {
+  EXPECT_EQ(SanitizeUtf8("ok"), "ok");
+  EXPECT_EQ(SanitizeUtf8("\x80"), "\xEF\xBF\xBD");
+  EXPECT_EQ(SanitizeUtf8("\xE2\x82"), "\xEF\xBF\xBD");  // truncated: one U+FFFD
+  EXPECT_EQ(SanitizeUtf8("\xE2\x28\xA1"), "\xEF\xBF\xBD(\xEF\xBF\xBD");
+  EXPECT_EQ(SanitizeUtf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
+  EXPECT_EQ(SanitizeUtf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");                  // overlong
+  EXPECT_EQ(IncompleteUtf8Tail("ab\xF0\x9F\x98"), 3u);
+  EXPECT_EQ(IncompleteUtf8Tail("ab\xF0\x28"), 0u);
+  EXPECT_EQ(IncompleteUtf8Tail("ab"), 0u);
 }
 
 }  // namespace
