@@ -33,6 +33,7 @@
 #include "engine/runner/cuda/cuda_runner_support.h"
 #include "engine/runner/cuda/nccl_communicator.h"
 #endif
+#include "common/clock.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -128,10 +129,6 @@ constexpr int kNcclUniqueIdBytes = 128;
 #if VAMP_AGENT_CUDA
 static_assert(kNcclUniqueIdBytes == NcclCommunicator::kUniqueIdBytes);
 #endif
-
-int64_t MicrosSince(Steady::time_point start) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Steady::now() - start).count();
-}
 
 absl::Status WithPrefix(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
@@ -1197,7 +1194,7 @@ vamp::v1::StepResponse AgentEngine::Step(const vamp::v1::StepRequest& request) {
         errors.push_back(std::string(s.message()));
       }
     }
-    response.mutable_timings()->set_remap_us(MicrosSince(remap_start));
+    response.mutable_timings()->set_remap_us(static_cast<int64_t>(MicrosSince(remap_start)));
     if (metrics_ != nullptr &&
         (request.remaps_size() > 0 || request.rollback_remap_ids_size() > 0)) {
       metrics_->SetMemory(MemoryLocked());
@@ -1221,7 +1218,7 @@ vamp::v1::StepResponse AgentEngine::Step(const vamp::v1::StepRequest& request) {
   vamp::v1::StepTimings& t = *response.mutable_timings();
   t.set_staging_stall_us(static_cast<int64_t>(staging_after.wait_us - staging_before.wait_us));
   t.set_staged_bytes(staging_after.bytes - staging_before.bytes);
-  t.set_total_us(MicrosSince(start));
+  t.set_total_us(static_cast<int64_t>(MicrosSince(start)));
   *response.mutable_memory() = MemoryLocked();
   if (!errors.empty()) {
     response.set_error_message(absl::StrJoin(errors, "; "));

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent/tcp_communicator.h"
+#include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/secret.h"
 #include "common/version.h"
@@ -14,11 +15,6 @@
 
 namespace vamp {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 std::string HostName() {
   char name[256] = {};
@@ -53,7 +49,7 @@ grpc::Status AgentGrpcService::Init(grpc::ServerContext* context,
   absl::StatusOr<vamp::v1::InitResponse> r = engine_->Init(*request);
   if (!r.ok()) {
     VAMP_LOG(ERROR) << "Init failed: " << r.status();
-    return ToGrpc(r.status());
+    return ToGrpcStatus(r.status());
   }
   *response = *std::move(r);
   return grpc::Status::OK;
@@ -66,7 +62,7 @@ grpc::Status AgentGrpcService::CreateCollectiveId(
   absl::StatusOr<std::string> id = engine_->CreateCollectiveId();
   if (!id.ok()) {
     VAMP_LOG(ERROR) << id.status();
-    return ToGrpc(id.status());
+    return ToGrpcStatus(id.status());
   }
   response->set_nccl_unique_id(*std::move(id));
   return grpc::Status::OK;
@@ -94,7 +90,7 @@ grpc::Status AgentGrpcService::Capacity(grpc::ServerContext* context,
                                         vamp::v1::CapacityResponse* response) {
   if (grpc::Status s = Authenticate(context); !s.ok()) return s;
   absl::StatusOr<vamp::v1::CapacityResponse> r = engine_->Capacity(*request);
-  if (!r.ok()) return ToGrpc(r.status());
+  if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;
 }

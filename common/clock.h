@@ -32,6 +32,12 @@ class SteadyClock final : public Clock {
   }
 };
 
+// Microseconds of the process's monotonic clock since `start` (for timings reported in µs).
+inline double MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 // A clock that moves only when told to (tests, the simulator's virtual time). Thread-safe.
 class ManualClock final : public Clock {
  public:

@@ -6,10 +6,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 
 namespace vamp {
+
+// The gRPC status for an absl::Status: the same code (both follow google.rpc.Code) and message.
+inline grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
 
 // Largest gRPC message VAMP servers accept or send (bytes); clients should allow the same.
 inline constexpr int kGrpcMaxMessageBytes = 256 << 20;

@@ -4,17 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/grpc_server.h"
 #include "common/secret.h"
 
 namespace vamp {
-namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-}  // namespace
-
 bool AdminService::Authorized(grpc::CallbackServerContext* context,
                               grpc::ServerUnaryReactor* reactor) const {
   if (backend_.auth_token.empty()) return true;
@@ -94,7 +87,7 @@ grpc::ServerUnaryReactor* AdminService::SetPolicy(grpc::CallbackServerContext* c
   RunBlocking([this, ctx, arbiter, vamp, response, reactor] {
     absl::Status s = ctx->engine->SetArbiter(arbiter, vamp);
     if (s.ok()) *response = CurrentPolicy(ctx);
-    reactor->Finish(ToGrpc(s));
+    reactor->Finish(ToGrpcStatus(s));
   });
   return reactor;
 }
@@ -172,7 +165,7 @@ grpc::ServerUnaryReactor* AdminService::SetCoefficients(grpc::CallbackServerCont
   vamp.costs.c_eff_micros = request->c_eff_us();
   vamp.expansion_step_groups = request->expansion_step_groups();
   if (absl::Status s = vamp.Validate(); !s.ok()) {
-    reactor->Finish(ToGrpc(s));
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
   RunBlocking([ctx, vamp, response, reactor] {
@@ -180,7 +173,7 @@ grpc::ServerUnaryReactor* AdminService::SetCoefficients(grpc::CallbackServerCont
     // the policy switches to it).
     absl::Status s = ctx->engine->SetArbiter(ctx->engine->arbiter_name(), vamp);
     if (s.ok()) ToProto(ctx->engine->vamp_config(), response);
-    reactor->Finish(ToGrpc(s));
+    reactor->Finish(ToGrpcStatus(s));
   });
   return reactor;
 }
@@ -206,7 +199,7 @@ grpc::ServerUnaryReactor* AdminService::Remap(grpc::CallbackServerContext* conte
       response->set_offloaded_groups(status.offloaded_groups());
       response->set_kv_blocks(status.kv_pool().total_blocks());
     }
-    reactor->Finish(ToGrpc(s));
+    reactor->Finish(ToGrpcStatus(s));
   });
   return reactor;
 }

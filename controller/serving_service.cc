@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_server.h"
 #include "common/secret.h"
 
 namespace vamp {
@@ -11,10 +12,6 @@ namespace {
 
 constexpr char kApiKeyRequired[] =
     "a valid API key is required (metadata 'authorization: Bearer <key>')";
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 vamp::v1::FinishReason ToProto(FinishReason r, bool error) {
   if (error) return vamp::v1::FINISH_REASON_ERROR;
@@ -55,7 +52,7 @@ class GenerateCall : public grpc::ServerWriteReactor<vamp::v1::GenerateResponse>
           if (shared->call != nullptr) shared->call->OnEvent(e);
         });
     if (!id.ok()) {
-      Finish(ToGrpc(id.status()));
+      Finish(ToGrpcStatus(id.status()));
       return;
     }
     absl::MutexLock lock(&mu_);
@@ -221,7 +218,7 @@ grpc::ServerWriteReactor<vamp::v1::GenerateResponse>* ServingService::Generate(
   }
   absl::StatusOr<ServingRequest> parsed = FromGenerateRequest(*request, ctx->model);
   if (!parsed.ok()) {
-    call->Finish(ToGrpc(parsed.status()));
+    call->Finish(ToGrpcStatus(parsed.status()));
     return call;
   }
   call->Begin(*std::move(parsed));

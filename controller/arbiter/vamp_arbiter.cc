@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/integer_math.h"
 #include "controller/core/static_arbiter.h"
 
 namespace vamp {
@@ -373,8 +374,6 @@ std::vector<const Request*> PreemptionOrder(const ArbiterContext& context, const
   }
   return order;
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Preemption victims, in preemption order, until the uncached blocks they free cover `need`, and
 // their cost C_p; no victims when they cannot cover it (or the requester is waiting).

@@ -3,12 +3,9 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/integer_math.h"
+
 namespace vamp {
-namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-}  // namespace
 
 ReuseTracker::ReuseTracker(const ReuseTrackerOptions& options)
     : tokens_(options.window_micros, options.window_slots, 2),

@@ -5,18 +5,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace vamp {
-namespace {
-
-double MicrosSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-}  // namespace
 
 MemoryRepartitioner::MemoryRepartitioner(PagePool* pool, ExpertStore* experts, KvRegion* kv,
                                          InFlightFence* fence)

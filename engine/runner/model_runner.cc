@@ -6,16 +6,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/integer_math.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/sampling.h"
 
 namespace vamp {
 namespace {
-
-double MicrosSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 // splitmix64: the default per-request seed from the runner seed and the request id.
 uint64_t MixSeed(uint64_t seed, uint64_t id) {
@@ -24,8 +21,6 @@ uint64_t MixSeed(uint64_t seed, uint64_t id) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 

@@ -4,16 +4,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 
 namespace vamp {
-namespace {
-
-double MicrosSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-}  // namespace
 
 HostStagingEngine::HostStagingEngine(bool record_events)
     : record_events_(record_events), worker_([this] { WorkerLoop(); }) {}

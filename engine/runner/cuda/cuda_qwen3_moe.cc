@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/integer_math.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/memory/cuda_status.h"
@@ -49,8 +50,6 @@ class Carver {
   uint8_t* base_;
   uint64_t used_ = 0;
 };
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <typename T>
 T* As(void* p) {
