@@ -1656,6 +1656,28 @@ class Renderer {
     return absl::OkStatus();
   }
 
+  // Whether `v` is, or holds at any depth, the container whose storage is `target`. Containers
+  // share storage (shared_ptr), so storing such a value inside that container would make a cycle
+  // that is never freed (found by fuzz_chat_template: {% set ns.a = ns %}).
+  // Values nested deeper than kMaxHoldsDepth count as holding it (refused rather than walked).
+  static bool Holds(const Value& v, const void* target, int depth = 0) {
+    constexpr int kMaxHoldsDepth = 256;
+    if (depth > kMaxHoldsDepth) return true;
+    if (v.list != nullptr) {
+      if (v.list.get() == target) return true;
+      for (const Value& x : *v.list) {
+        if (Holds(x, target, depth + 1)) return true;
+      }
+    }
+    if (v.dict != nullptr) {
+      if (v.dict.get() == target) return true;
+      for (const auto& [k, x] : *v.dict) {
+        if (Holds(x, target, depth + 1)) return true;
+      }
+    }
+    return false;
+  }
+
   absl::Status SetTarget(const Node& node, Value v) {
     if (node.targets.size() == 1) {
       Assign(node.targets[0], std::move(v));
@@ -1664,6 +1686,10 @@ class Renderer {
     Value* ns = Lookup(node.targets[0]);
     if (ns == nullptr || ns->kind != Kind::kNamespace) {
       return Error(node.line, absl::StrCat("'", node.targets[0], "' is not a namespace"));
+    }
+    if (Holds(v, ns->dict.get())) {
+      return Error(node.line, absl::StrCat("'", node.targets[0], ".", node.targets[1],
+                                           "' cannot hold the namespace itself"));
     }
     for (auto& [k, x] : *ns->dict) {
       if (k == node.targets[1]) {
@@ -2334,6 +2360,7 @@ class Renderer {
         const Value* v = args.Get(0, "item");
         if (v == nullptr) return Error(line, "append() needs an item");
         if (obj.list->size() > 1000000) return Error(line, "list too long");
+        if (Holds(*v, obj.list.get())) return Error(line, "append() cannot add a list to itself");
         obj.list->push_back(*v);
         return Value::None();
       }

@@ -72,6 +72,32 @@ TEST(ChatTemplateTest, ForLoopsWithLoopVariablesFiltersAndElse) {
             "ac");
 }
 
+// fuzz_chat_template found that a container stored inside itself leaked (shared storage makes a
+// cycle): such assignments are render errors, as is anything nested too deep to check.
+TEST(ChatTemplateTest, AContainerCannotHoldItself) {
+  auto render = [](const std::string& source) {
+    absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::Compile(source, "t");
+    EXPECT_TRUE(t.ok()) << t.status();
+    return (*t)->Render(OJson::object());
+  };
+  absl::StatusOr<std::string> ns =
+      render("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns.a }}");
+  ASSERT_FALSE(ns.ok());
+  EXPECT_THAT(ns.status().message(), ::testing::HasSubstr("cannot hold the namespace itself"));
+  absl::StatusOr<std::string> list = render("{% set x = [] %}{{ x.append(x) }}");
+  ASSERT_FALSE(list.ok());
+  EXPECT_THAT(list.status().message(), ::testing::HasSubstr("cannot add a list to itself"));
+  absl::StatusOr<std::string> nested = render(
+      "{% set ns = namespace(l=[]) %}{% set y = [ns] %}{{ ns.l.append(y) }}done");
+  ASSERT_FALSE(nested.ok());
+  // Holding another container is fine.
+  absl::StatusOr<std::string> ok = render(
+      "{% set ns = namespace(a=1) %}{% set other = namespace(b=2) %}{% set ns.a = other %}"
+      "{{ ns.a.b }}{% set x = [] %}{% set y = [1] %}{{ x.append(y) }}{{ x | length }}");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, "2None1");  // append() returns None, which renders as Python does
+}
+
 TEST(ChatTemplateTest, SetNamespaceScopingAndMacros) {
   // A plain set inside a loop does not leak out; a namespace attribute does.
   EXPECT_EQ(
