@@ -830,34 +830,8 @@ class Parser {
     --depth_;
     return value;
   }
-  absl::StatusOr<ExprPtr> Or() {
-    absl::StatusOr<ExprPtr> left = And();
-    if (!left.ok()) return left;
-    while (IsName("or")) {
-      Advance();
-      absl::StatusOr<ExprPtr> right = And();
-      if (!right.ok()) return right;
-      ExprPtr e = Make(Expr::kOr);
-      e->a = std::move(*left);
-      e->b = std::move(*right);
-      *left = std::move(e);
-    }
-    return left;
-  }
-  absl::StatusOr<ExprPtr> And() {
-    absl::StatusOr<ExprPtr> left = Not();
-    if (!left.ok()) return left;
-    while (IsName("and")) {
-      Advance();
-      absl::StatusOr<ExprPtr> right = Not();
-      if (!right.ok()) return right;
-      ExprPtr e = Make(Expr::kAnd);
-      e->a = std::move(*left);
-      e->b = std::move(*right);
-      *left = std::move(e);
-    }
-    return left;
-  }
+  absl::StatusOr<ExprPtr> Or() { return LeftAssociative(&Parser::And, Expr::kOr, {}, "or"); }
+  absl::StatusOr<ExprPtr> And() { return LeftAssociative(&Parser::Not, Expr::kAnd, {}, "and"); }
   absl::StatusOr<ExprPtr> Not() {
     if (IsName("not")) {
       Advance();
@@ -894,76 +868,57 @@ class Parser {
       }
       absl::StatusOr<ExprPtr> right = Add();
       if (!right.ok()) return right;
-      ExprPtr e = Make(Expr::kBinary);
-      e->name = op;
-      e->a = std::move(*left);
-      e->b = std::move(*right);
-      *left = std::move(e);
+      *left = Join(Expr::kBinary, op, std::move(*left), std::move(*right));
     }
     return left;
   }
   absl::StatusOr<ExprPtr> Add() {
-    absl::StatusOr<ExprPtr> left = Concat();
-    if (!left.ok()) return left;
-    while (IsOp("+") || IsOp("-")) {
-      const std::string op = Peek().text;
-      Advance();
-      absl::StatusOr<ExprPtr> right = Concat();
-      if (!right.ok()) return right;
-      ExprPtr e = Make(Expr::kBinary);
-      e->name = op;
-      e->a = std::move(*left);
-      e->b = std::move(*right);
-      *left = std::move(e);
-    }
-    return left;
+    return LeftAssociative(&Parser::Concat, Expr::kBinary, {"+", "-"});
   }
-  absl::StatusOr<ExprPtr> Concat() {
-    absl::StatusOr<ExprPtr> left = Mul();
-    if (!left.ok()) return left;
-    while (IsOp("~")) {
-      Advance();
-      absl::StatusOr<ExprPtr> right = Mul();
-      if (!right.ok()) return right;
-      ExprPtr e = Make(Expr::kBinary);
-      e->name = "~";
-      e->a = std::move(*left);
-      e->b = std::move(*right);
-      *left = std::move(e);
-    }
-    return left;
-  }
+  absl::StatusOr<ExprPtr> Concat() { return LeftAssociative(&Parser::Mul, Expr::kBinary, {"~"}); }
   absl::StatusOr<ExprPtr> Mul() {
-    absl::StatusOr<ExprPtr> left = Pow();
-    if (!left.ok()) return left;
-    while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
-      const std::string op = Peek().text;
-      Advance();
-      absl::StatusOr<ExprPtr> right = Pow();
-      if (!right.ok()) return right;
-      ExprPtr e = Make(Expr::kBinary);
-      e->name = op;
-      e->a = std::move(*left);
-      e->b = std::move(*right);
-      *left = std::move(e);
-    }
-    return left;
+    return LeftAssociative(&Parser::Pow, Expr::kBinary, {"*", "/", "//", "%"});
   }
-  absl::StatusOr<ExprPtr> Pow() {
-    absl::StatusOr<ExprPtr> left = Unary();
-    if (!left.ok()) return left;
-    while (IsOp("**")) {
-      Advance();
-      absl::StatusOr<ExprPtr> right = Unary();
-      if (!right.ok()) return right;
-      ExprPtr e = Make(Expr::kBinary);
-      e->name = "**";
-      e->a = std::move(*left);
-      e->b = std::move(*right);
-      *left = std::move(e);
-    }
-    return left;
+  // Left-associative, as in Jinja (not right-associative as in Python).
+  absl::StatusOr<ExprPtr> Pow() { return LeftAssociative(&Parser::Unary, Expr::kBinary, {"**"}); }
+
+  // `type` node (its name the operator) joining `a` and `b`.
+  ExprPtr Join(Expr::Type type, std::string op, ExprPtr a, ExprPtr b) {
+    ExprPtr e = Make(type);
+    e->name = std::move(op);
+    e->a = std::move(a);
+    e->b = std::move(b);
+    return e;
   }
+
+  // One left-associative level of binary operators: operands parsed by `next`, joined by any of
+  // the operator tokens `ops` or, when `keyword` is set, by that keyword ("and", "or").
+  absl::StatusOr<ExprPtr> LeftAssociative(absl::StatusOr<ExprPtr> (Parser::*next)(),
+                                          Expr::Type type,
+                                          std::initializer_list<absl::string_view> ops,
+                                          absl::string_view keyword = {}) {
+    absl::StatusOr<ExprPtr> left = (this->*next)();
+    if (!left.ok()) return left;
+    while (true) {
+      std::string op;
+      if (!keyword.empty() && IsName(keyword)) {
+        op = std::string(keyword);
+      } else {
+        for (absl::string_view o : ops) {
+          if (IsOp(o)) {
+            op = Peek().text;
+            break;
+          }
+        }
+      }
+      if (op.empty()) return left;
+      Advance();
+      absl::StatusOr<ExprPtr> right = (this->*next)();
+      if (!right.ok()) return right;
+      *left = Join(type, std::move(op), std::move(*left), std::move(*right));
+    }
+  }
+
   absl::StatusOr<ExprPtr> Unary() {
     if (IsOp("-") || IsOp("+")) {
       const bool neg = IsOp("-");
