@@ -42,6 +42,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "bench/vamp_bench/protocol.h"
 #include "common/config.h"
 #include "common/version.h"
 
@@ -119,12 +120,16 @@ std::string Get(int port, const std::string& path, double* seconds, int timeout_
   return out;
 }
 
-double Metric(const std::string& text, absl::string_view name) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line, &v)) return v;
-    }
+// The value of the unlabelled sample `name` in a /metrics response (head and body, as Get returns
+// it); 0 when absent or the body does not parse (a probe that failed).
+double Metric(const std::string& response, absl::string_view name) {
+  const size_t body = response.find("\r\n\r\n");
+  if (body == std::string::npos) return 0;
+  absl::StatusOr<std::vector<bench::PromSample>> samples =
+      bench::ParsePrometheusText(absl::string_view(response).substr(body + 4));
+  if (!samples.ok()) return 0;
+  for (const bench::PromSample& s : *samples) {
+    if (s.name == name && s.labels.empty()) return s.value;
   }
   return 0;
 }
