@@ -81,9 +81,14 @@ std::string DecisionLog::Format(const DecisionLogEntry& e) {
                 t.h2d_bytes_per_s * 1e-9)
           : "";
   if (r.restore_groups > 0) {
+    const std::string working_set =
+        t.working_set_blocks >= 0
+            ? absl::StrFormat(" working_set=%d blocks reuse_age=%d steps", t.working_set_blocks,
+                              t.reuse_age_steps)
+            : "";
     return absl::StrCat(absl::StrFormat("t=%.6fs step=%d restore groups=%d", e.time_micros * 1e-6,
                                         r.step, r.restore_groups),
-                        tax);
+                        tax, working_set);
   }
   const ArbiterInputs& in = p.inputs;
   return absl::StrCat(

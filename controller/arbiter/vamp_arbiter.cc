@@ -65,6 +65,15 @@ absl::Status VampArbiterConfig::Validate() const {
   if (restore.benefit_horizon_steps < 0) {
     return bad("vamp_restore_benefit_horizon_steps", "must be >= 0");
   }
+  if (!(restore.working_set_quantile > 0 && restore.working_set_quantile <= 1)) {
+    return bad("vamp_restore_working_set_quantile", "must be in (0, 1]");
+  }
+  if (restore.working_set_min_age_steps < 0) {
+    return bad("vamp_restore_working_set_min_age_steps", "must be >= 0");
+  }
+  if (!(restore.working_set_headroom >= 0)) {
+    return bad("vamp_restore_working_set_headroom", "must be >= 0");
+  }
   if (restore.check_interval_steps < 1) {
     return bad("vamp_restore_check_interval_steps", "must be >= 1");
   }
@@ -160,6 +169,16 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
            "Restore: steps over which a restore's staging saving is counted against its cost")
       .Int("vamp_restore_check_interval_steps", d.restore.check_interval_steps, 1, kInt32Max,
            "Restore: steps between restores and between checks of the idle capacity")
+      .Bool("vamp_restore_preempt_holders", d.restore.preempt_holders,
+            "Tax model: preempt decoding requests holding the memory a restore waits for when "
+            "their recompute costs less than the tax the wait keeps")
+      .Double("vamp_restore_working_set_quantile", d.restore.working_set_quantile, 1e-6, 1,
+              "Tax model: share of the window's cache hits whose reuse age bounds the working set")
+      .Int("vamp_restore_working_set_min_age_steps", d.restore.working_set_min_age_steps, 0,
+           kInt32Max, "Tax model: the working set's reuse age is at least this many steps")
+      .Double("vamp_restore_working_set_headroom", d.restore.working_set_headroom, 0, 1e6,
+              "Tax model: give groups back while the working set x (1 + headroom) fits the "
+              "smaller pool")
       .Bool("vamp_self_calibration", d.self_calibration.enabled,
             "Learn t_prefill and c_eff from observed step times (not in the paper)")
       .Double("vamp_calibration_ewma_weight", d.self_calibration.ewma_weight, 1e-9, 1,
@@ -211,6 +230,10 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
       static_cast<int32_t>(config.GetInt("vamp_restore_benefit_horizon_steps"));
   v.restore.check_interval_steps =
       static_cast<int32_t>(config.GetInt("vamp_restore_check_interval_steps"));
+  v.restore.preempt_holders = config.GetBool("vamp_restore_preempt_holders");
+  v.restore.working_set_quantile = config.GetDouble("vamp_restore_working_set_quantile");
+  v.restore.working_set_min_age_steps = config.GetInt("vamp_restore_working_set_min_age_steps");
+  v.restore.working_set_headroom = config.GetDouble("vamp_restore_working_set_headroom");
   v.self_calibration.enabled = config.GetBool("vamp_self_calibration");
   v.self_calibration.ewma_weight = config.GetDouble("vamp_calibration_ewma_weight");
   v.self_calibration.min_samples =
@@ -548,6 +571,17 @@ ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const Memory
   return StaticFallback(context, gap, std::move(plan));
 }
 
+double VampArbiter::TtftWeight(int64_t now) const {
+  // The TTFT weight applies while first tokens are late because of memory: requests wait in the
+  // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
+  // compute, every µs of stall delays them all; with short queues, TTFT is not what hurts: GPU
+  // time is the measure then (weight 1).
+  const bool ttft_hurts =
+      reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros &&
+      reuse_->ComputeBoundShare(now) <= config_.tax.compute_bound_share;
+  return ttft_hurts ? config_.tax.ttft_weight : 1.0;
+}
+
 TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to,
                                    double t_prefill) const {
   TaxComparison cmp;
@@ -556,15 +590,7 @@ TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to,
   const int32_t lo = std::min(from, to);
   const int32_t hi = std::max(from, to);
   cmp.tax_micros = tax_->WindowMicros(now, hi) - tax_->WindowMicros(now, lo);
-  // The TTFT weight applies while first tokens are late because of memory: requests wait in the
-  // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
-  // compute, every µs of stall delays them all; with short queues, TTFT is not what hurts: GPU
-  // time is the measure then (weight 1).
-  const bool ttft_hurts =
-      reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros &&
-      reuse_->ComputeBoundShare(now) <= config_.tax.compute_bound_share;
-  const double ttft_weight = ttft_hurts ? config_.tax.ttft_weight : 1.0;
-  cmp.value_micros = reuse_->TokensBetween(now, lo, hi) * t_prefill * ttft_weight +
+  cmp.value_micros = reuse_->TokensBetween(now, lo, hi) * t_prefill * TtftWeight(now) +
                      reuse_->WaitStepsBetween(now, lo, hi) * tax_->MeanStepMicros(now) *
                          config_.tax.memory_wait_weight;
   cmp.ghost_tokens = reuse_->GhostTokens(now);
@@ -738,7 +764,115 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
     }
     if (g >= e.offloaded_groups) break;
   }
+  // The working set: blocks in use plus cached free blocks used within the reuse age that covers
+  // working_set_quantile of the window's hits. What lies beyond it is idle by the traffic's own
+  // measure, however much the window's older evidence valued it; when the working set fits in a
+  // smaller pool with headroom, the groups that make the difference go back now.
+  const KvBlockPool& pool = context.pool();
+  const int64_t reuse_age = std::max<int64_t>(r.working_set_min_age_steps,
+                                              reuse_->ReuseAgeSteps(now, r.working_set_quantile));
+  int64_t idle_cached = 0;
+  pool.ForEachCachedFree([&](const KvBlock& b) {
+    if (step - b.last_used_step <= reuse_age) return false;  // LRU order: the rest are younger
+    ++idle_cached;
+    return true;
+  });
+  const int64_t working = int64_t{pool.num_blocks()} - pool.num_free_uncached() - idle_cached;
+  int32_t idle_groups = 0;
+  for (int32_t g = std::min(unit, e.offloaded_groups);; g = std::min(g + unit, e.offloaded_groups)) {
+    const int64_t left = int64_t{pool.num_blocks()} - int64_t{g} * e.blocks_per_group;
+    if (static_cast<double>(working) * (1 + r.working_set_headroom) > static_cast<double>(left)) break;
+    idle_groups = g;
+    if (g >= e.offloaded_groups) break;
+  }
+  if (idle_groups > best_groups) {
+    best_groups = idle_groups;
+    last_restore_ = Compare(now, e.offloaded_groups, e.offloaded_groups - idle_groups, t_prefill);
+    reuse_->ForgetAbove(e.offloaded_groups - idle_groups);
+  }
+  if (best_groups > 0) {
+    last_restore_.working_set_blocks = working;
+    last_restore_.reuse_age_steps = reuse_age;
+  }
   return best_groups;
+}
+
+ArbiterPlan VampArbiter::PreemptForRestore(const ArbiterContext& context) {
+  ArbiterPlan plan;
+  const RestoreConfig& r = config_.restore;
+  const ExpansionInfo& e = context.expansion();
+  const KvBlockPool& pool = context.pool();
+  const int64_t step = context.step();
+  const int64_t now = context.now_micros();
+  if (config_.cost_model != VampCostModel::kTax || !r.enabled || !r.preempt_holders ||
+      !e.restore_pending ||
+      e.restore_pending_groups <= 0 || !pool.shrink_pending() || step < next_evacuation_check_step_) {
+    return plan;
+  }
+  next_evacuation_check_step_ = step + r.check_interval_steps;
+  const int64_t steps = tax_->StepsInWindow(now);
+  if (steps <= 0) return plan;
+  // Staging stall per step that the pending restore removes once it completes (µs).
+  const double saving_per_step =
+      (tax_->WindowMicros(now, e.offloaded_groups) -
+       tax_->WindowMicros(now, e.offloaded_groups - e.restore_pending_groups)) /
+      static_cast<double>(steps);
+  const double t_prefill = Current().t_prefill_micros;
+  const double ttft_weight = TtftWeight(now);
+  const int32_t block_size = context.config().block_size;
+  // The holders: remaining steps (the restore completes after the last one's) and recompute.
+  struct Holder {
+    RequestId id;
+    int64_t remaining_steps;
+    double recompute_micros;
+  };
+  std::vector<Holder> holders;
+  for (int32_t i = 0; i < context.num_running(); ++i) {
+    const Request& q = context.running(i);
+    // A request still in prefill has its first token ahead of it: preempting it would put that
+    // on the line (TTFT weighs more than the tax), and its prefill ends soon anyway.
+    if (q.num_computed_tokens() < q.num_prompt_tokens()) continue;
+    const std::vector<BlockId>& table = q.block_ids();
+    for (size_t k = 0; k < table.size(); ++k) {
+      if (table[k] < pool.shrink_begin()) continue;
+      // Its blocks before the first withdrawn one stay cached and are hit again on resume.
+      const int64_t recompute = std::max<int64_t>(
+          0, q.num_computed_tokens() - static_cast<int64_t>(k) * block_size);
+      const int64_t remaining = std::min<int64_t>(
+          q.RemainingOutputBudget(context.config().max_model_len), r.benefit_horizon_steps);
+      // The recompute is prefill on the first-token path of whoever queues behind it.
+      holders.push_back({q.id(), remaining, static_cast<double>(recompute) * t_prefill * ttft_weight});
+      break;
+    }
+  }
+  if (holders.empty()) return plan;
+  std::sort(holders.begin(), holders.end(),
+            [](const Holder& a, const Holder& b) { return a.remaining_steps > b.remaining_steps; });
+  // Preempting the n longest-running holders ends the wait when the (n+1)-th finishes.
+  double recompute = 0;
+  double best_net = 0;
+  size_t best_n = 0;
+  TaxComparison best;
+  for (size_t n = 1; n <= holders.size(); ++n) {
+    recompute += holders[n - 1].recompute_micros;
+    const int64_t wait_after = n < holders.size() ? holders[n].remaining_steps : 0;
+    const double saving =
+        saving_per_step * static_cast<double>(holders[0].remaining_steps - wait_after);
+    const double net = saving - (1 + config_.tax.margin) * recompute;
+    if (net > best_net) {
+      best_net = net;
+      best_n = n;
+      best = Compare(now, e.offloaded_groups, e.offloaded_groups - e.restore_pending_groups, t_prefill);
+      best.tax_micros = saving;
+      best.value_micros = recompute;
+    }
+  }
+  for (size_t n = 0; n < best_n; ++n) plan.preempt.push_back(holders[n].id);
+  if (best_n > 0) {
+    plan.choice = "restore-preempt";
+    plan.tax = best;
+  }
+  return plan;
 }
 
 int32_t VampArbiter::OnStepBoundary(const ArbiterContext& context) {

@@ -22,7 +22,14 @@
 //   restore.min_hold_steps after an expansion) the arbiter gives back the whole number of
 //   restore steps (restore.step_groups) whose tax over the window exceeds (1+margin) times the
 //   value they served there (hits a smaller pool would have lost) by the most: the hysteresis
-//   band is the margin on both sides.
+//   band is the margin on both sides. It gives back more when the working set (blocks in use or
+//   used within the measured reuse age; RestoreConfig) fits a smaller pool with headroom.
+//   A restore completes when the running requests holding blocks of the withdrawn tail release
+//   them; under a large offload each of their steps is slow, so waiting can keep the whole tax
+//   for minutes. PreemptForRestore preempts the decoding holders (never one still in prefill,
+//   whose first token is on the line) that would finish last when the tax
+//   their remaining steps (output budget, at most restore.benefit_horizon_steps) keep exceeds
+//   (1 + margin) times their recompute from the first withdrawn block.
 //
 // "paper" (reproduces §IV-B of the paper; the "vamp" policy of the earlier releases): covers each
 // KV allocation gap with the cheapest feasible plan among cached-block eviction (C_c), expert
@@ -110,6 +117,19 @@ struct RestoreConfig {
   // Steps between two restores, and after a check that found too little idle capacity before
   // the next (counting cold blocks walks the LRU queue).
   int32_t check_interval_steps = 20;
+  // Tax model, working-set rule: the working set is the blocks in use plus the cached free blocks
+  // used within the reuse age that covers working_set_quantile of the window's cache hits (at
+  // least working_set_min_age_steps); while it fits a pool smaller by whole restore steps with
+  // working_set_headroom to spare, those groups go back (and the window forgets the demand
+  // that needed them). Without it the memory of a finished high-reuse phase stayed offloaded
+  // until its evidence aged out of the window (minutes).
+  double working_set_quantile = 0.99;
+  int64_t working_set_min_age_steps = 64;
+  double working_set_headroom = 0.25;
+  // Tax model: preempt decoding requests that hold blocks a pending restore waits for, when the
+  // tax the wait keeps exceeds (1 + margin) × their recompute (weighted like a prefill on the
+  // first-token path). See PreemptForRestore.
+  bool preempt_holders = true;
 };
 
 struct SelfCalibrationConfig {
@@ -145,10 +165,12 @@ struct TaxModelConfig {
   // µs of staging stall (paid on every step, i.e. on TPOT) worth one µs of prefill saved (paid on
   // the first-token path), while TTFT hurts (see ttft_queue_threshold_micros). 1 compares GPU
   // time alone; larger values favour TTFT, which is what the prefix-cache cliff costs users.
-  // 8 by measurement (bench/results/2026-12-01-tax-model.md): 16 met the Figure 9 sweep's TTFT
-  // p99 target but cost +55 % TPOT on the Mooncake trace at a third of its rate for no TTFT
-  // gain; 4 gave up most of the multi-turn gain.
-  double ttft_weight = 8.0;
+  // 16 by measurement (bench/results/2026-12-01-tax-model.md): with the working-set restore
+  // (RestoreConfig), 16 against 8 lowers the Figure 9 sweep's TTFT p99 at c = 28 from 12.4 to
+  // 8.7 s (static 54.5 s) and at c = 16 from 18.2 to 6.3 s, at TPOT within 2 %, and costs at
+  // most +4 % TPOT on the Mooncake trace (before that restore rule, 16 cost +55 % there); 4 gave
+  // up most of the multi-turn gain.
+  double ttft_weight = 16.0;
   // Weight of the time requests spent waiting for KV memory (request-µs: the head of the queue
   // blocked for a gap, times the requests queued) that a larger pool would have saved. Off: at 1
   // the Figure 9 sweep's TTFT p99 at c = 28 improves (22.0 -> 12.3 s) but the LMCache miniswe
@@ -218,6 +240,7 @@ class VampArbiter final : public MemoryArbiter {
   absl::string_view name() const override { return "vamp"; }
   ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) override;
   int32_t OnStepBoundary(const ArbiterContext& context) override;
+  ArbiterPlan PreemptForRestore(const ArbiterContext& context) override;
   TaxComparison LastRestoreComparison() const override { return last_restore_; }
   ReuseTracker* reuse_tracker() override { return reuse_.get(); }
 
@@ -242,6 +265,9 @@ class VampArbiter final : public MemoryArbiter {
   // Both sides of moving from `from` to `to` offloaded groups over the window ending at `now`:
   // value = tokens served between the two sizes × t_prefill, tax = the difference in staging.
   TaxComparison Compare(int64_t step, int32_t from, int32_t to, double t_prefill) const;
+  // µs of prefill on the first-token path per µs of GPU time now: tax.ttft_weight while first
+  // tokens wait for memory, else 1.
+  double TtftWeight(int64_t now) const;
 
   struct HitSnapshot {
     int64_t requests;
@@ -265,6 +291,7 @@ class VampArbiter final : public MemoryArbiter {
   int64_t last_pressure_step_ = 0;
   int64_t last_restore_step_ = 0;
   int64_t next_restore_check_step_ = 0;
+  int64_t next_evacuation_check_step_ = 0;
   // Tax model (null under the paper model).
   std::unique_ptr<ReuseTracker> reuse_;
   std::unique_ptr<OffloadTax> tax_;

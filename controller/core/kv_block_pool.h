@@ -86,6 +86,8 @@ class KvBlockPool {
   // share them, and are withdrawn when their last user releases them.
   absl::Status BeginShrink(int32_t n);
   bool shrink_pending() const { return shrink_begin_ != kNoBlock; }
+  // First id of the shrinking tail (kNoBlock when no shrink is pending).
+  BlockId shrink_begin() const { return shrink_begin_; }
   // Blocks still to be withdrawn before CommitShrink can succeed (0 when none is pending).
   int32_t shrink_outstanding() const;
   // Removes the withdrawn tail; FailedPrecondition until shrink_outstanding() == 0.

@@ -85,6 +85,9 @@ struct TaxComparison {
   int64_t window_micros = 0;
   int64_t observed_steps = 0;  // executed steps in the window (the sums cover these)
   double h2d_bytes_per_s = 0;  // the bandwidth the tax was priced at
+  // Restores: the working set (blocks) and the reuse age (steps) that bounded it; -1 otherwise.
+  int64_t working_set_blocks = -1;
+  int64_t reuse_age_steps = -1;
 };
 
 struct ArbiterPlan {
@@ -220,6 +223,11 @@ class MemoryArbiter {
   // An arbiter that starts restores should cancel them (ArbiterPlan::cancel_restore) when a gap
   // shows that the memory is needed.
   virtual int32_t OnStepBoundary(const ArbiterContext& context) { return 0; }
+  // While a restore waits for running requests to release blocks of the withdrawn tail (ids >=
+  // context.pool().shrink_begin()), called at every step boundary: the running requests to
+  // preempt now so that the restore completes sooner (ArbiterPlan::preempt, with the comparison
+  // behind it in ArbiterPlan::tax). Default: none, the restore waits for them to finish.
+  virtual ArbiterPlan PreemptForRestore(const ArbiterContext& context) { return {}; }
   // The comparison behind the latest positive OnStepBoundary answer (for the decision log).
   virtual TaxComparison LastRestoreComparison() const { return {}; }
   // An arbiter that prices extra KV by measured reuse returns its tracker; the scheduler then

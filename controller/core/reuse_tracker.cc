@@ -1,11 +1,18 @@
 #include "controller/core/reuse_tracker.h"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 
 #include "common/integer_math.h"
 
 namespace vamp {
+namespace {
+
+// Log2 buckets of block ages in steps: enough for 2^47 steps.
+constexpr int32_t kAgeBuckets = 48;
+
+}  // namespace
 
 ReuseTracker::ReuseTracker(const ReuseTrackerOptions& options)
     : tokens_(options.window_micros, options.window_slots, 2),
@@ -13,7 +20,8 @@ ReuseTracker::ReuseTracker(const ReuseTrackerOptions& options)
       ghost_tokens_(options.window_micros, options.window_slots, 1),
       queue_state_(options.window_micros, options.window_slots, 2),
       queue_time_(options.window_micros, options.window_slots, 2),
-      preemption_tokens_(options.window_micros, options.window_slots, 1) {}
+      preemption_tokens_(options.window_micros, options.window_slots, 1),
+      hit_ages_(options.window_micros, options.window_slots, kAgeBuckets) {}
 
 void ReuseTracker::SetGeometry(int32_t blocks_per_group, int32_t offloaded_groups,
                                int32_t max_groups) {
@@ -27,17 +35,25 @@ void ReuseTracker::SetGeometry(int32_t blocks_per_group, int32_t offloaded_group
   ghosts_.set_capacity(static_cast<int64_t>(max_groups_) * bpg_);
 }
 
-ReuseTracker::HitNeeds ReuseTracker::MeasureHit(const KvBlockPool& pool,
-                                                const PrefixHit& hit) const {
+ReuseTracker::HitNeeds ReuseTracker::MeasureHit(const KvBlockPool& pool, const PrefixHit& hit,
+                                                int64_t step) const {
   HitNeeds needs;
   if (bpg_ <= 0 || hit.blocks.empty()) return needs;
   const int64_t uncached = pool.num_free_uncached();
   int32_t running_max = 0;
   for (BlockId id : hit.blocks) {
     int32_t need = 0;
-    if (pool.block(id).ref_count == 0) {
+    const KvBlock& block = pool.block(id);
+    if (block.ref_count == 0) {
       const int64_t slack = uncached + pool.CachedFreeDepth(id);
       need = static_cast<int32_t>(std::max<int64_t>(0, offloaded_ - slack / bpg_));
+      const auto age = static_cast<uint64_t>(std::max<int64_t>(0, step - block.last_used_step));
+      const int32_t bucket = std::min(kAgeBuckets - 1, static_cast<int32_t>(std::bit_width(age)));
+      if (!needs.ages.empty() && needs.ages.back().first == bucket) {
+        ++needs.ages.back().second;
+      } else {
+        needs.ages.emplace_back(bucket, 1);
+      }
     }
     running_max = std::max(running_max, need);
     if (!needs.runs.empty() && needs.runs.back().first == running_max) {
@@ -60,6 +76,7 @@ void ReuseTracker::RecordAdmission(int64_t now_micros, const HitNeeds& needs, Re
   for (const auto& [need, blocks] : needs.runs) {
     Record(now_micros, need, static_cast<double>(blocks) * block_size);
   }
+  for (const auto& [bucket, blocks] : needs.ages) hit_ages_.Add(now_micros, bucket, blocks);
   if (ghosts_.size() == 0) return;
   // Past the hit: the blocks a larger pool would have kept, while the prefix chain holds.
   int32_t running_max = needs.max_need;
@@ -133,6 +150,22 @@ double ReuseTracker::MeanQueueMicros(int64_t now_micros) const {
 }
 
 double ReuseTracker::GhostTokens(int64_t now_micros) const { return ghost_tokens_.Sum(now_micros, 0, 0); }
+
+int64_t ReuseTracker::ReuseAgeSteps(int64_t now_micros, double quantile) const {
+  const double total = hit_ages_.Sum(now_micros, 0, kAgeBuckets - 1);
+  if (total <= 0) return 0;
+  double seen = 0;
+  for (int32_t b = 0; b < kAgeBuckets; ++b) {
+    seen += hit_ages_.Sum(now_micros, b, b);
+    if (seen >= quantile * total) return (int64_t{1} << b) - 1;
+  }
+  return (int64_t{1} << (kAgeBuckets - 1)) - 1;
+}
+
+void ReuseTracker::ForgetAbove(int32_t groups) {
+  tokens_.Clear(std::max(0, groups) + 1, max_groups_ + 1);
+  wait_steps_.Clear(std::max(0, groups) + 1, max_groups_ + 1);
+}
 
 double ReuseTracker::PreemptionTokens(int64_t now_micros) const {
   return preemption_tokens_.Sum(now_micros, 0, 0);

@@ -24,6 +24,11 @@
 // multiplies it by the measured prefill cost per token to get the value of (or the loss from)
 // moving the boundary, and compares it with the offload tax over the same window.
 //
+// Reuse ages: for every cached free block a hit takes, its age in steps (since it was last used)
+// goes into a log2 histogram over the same window; ReuseAgeSteps(q) is the age within which a
+// share q of those hits came. Blocks older than that are, by the traffic's own measure, unlikely
+// to be reused: the working-set restore rule (vamp_arbiter.h) reads it.
+//
 // Bounded memory: the ghost list holds at most max_groups × blocks_per_group hashes; the window
 // is window_slots × (max_groups + 2) doubles. Not thread-safe; the scheduler's thread feeds it.
 #ifndef VAMP_CONTROLLER_CORE_REUSE_TRACKER_H_
@@ -66,8 +71,12 @@ class ReuseTracker {
   struct HitNeeds {
     std::vector<std::pair<int32_t, int32_t>> runs;  // (groups needed, blocks), in prompt order
     int32_t max_need = 0;                           // running maximum at the end of the hit
+    // (log2 age bucket, blocks) of the cached free blocks hit; bucket b holds ages (steps) in
+    // [2^(b-1), 2^b - 1], bucket 0 age 0.
+    std::vector<std::pair<int32_t, int32_t>> ages;
   };
-  HitNeeds MeasureHit(const KvBlockPool& pool, const PrefixHit& hit) const;
+  // `step` is the scheduler's step now (blocks' last_used_step is on the same clock).
+  HitNeeds MeasureHit(const KvBlockPool& pool, const PrefixHit& hit, int64_t step) const;
   // Records an admitted request's prefix: the hit runs, then the blocks past the hit found in the
   // ghost list (hashing them as far as the walk goes; those hashes are needed later anyway).
   void RecordAdmission(int64_t now_micros, const HitNeeds& needs, Request& request, int32_t block_size,
@@ -96,6 +105,13 @@ class ReuseTracker {
   // Of those, the ones found in the ghost list (past the cached prefix) and in preemptions, over
   // the window, for any pool size above the current one (decision-log figures).
   double GhostTokens(int64_t now_micros) const;
+  // The age (steps, a power of two minus one: the upper end of its log2 bucket) within which a
+  // share `quantile` of the window's cached-block hits came; 0 when the window holds none.
+  int64_t ReuseAgeSteps(int64_t now_micros, double quantile) const;
+  // Forgets the window's evidence for pool sizes above `groups` offloaded groups (tokens and
+  // memory waits that needed more): after the arbiter found that memory idle and gave it back,
+  // the demand that once needed it is history and must not grow the pool again.
+  void ForgetAbove(int32_t groups);
   double PreemptionTokens(int64_t now_micros) const;
   int64_t window_micros() const { return tokens_.window_micros(); }
   const GhostList& ghosts() const { return ghosts_; }
@@ -115,6 +131,7 @@ class ReuseTracker {
   SlidingHistogram queue_state_;        // bucket 0: steps, bucket 1: steps waiting for compute
   SlidingHistogram queue_time_;         // bucket 0: admissions, bucket 1: their µs queued
   SlidingHistogram preemption_tokens_;  // one bucket
+  SlidingHistogram hit_ages_;           // kAgeBuckets log2 buckets: blocks hit at that age
 };
 
 }  // namespace vamp

@@ -142,7 +142,31 @@ void Scheduler::CancelRestore() {
 void Scheduler::StepBoundary() {
   KvBlockPool& pool = kv_.pool();
   if (restore_pending_groups_ > 0) {
-    if (pool.shrink_outstanding() > 0) return;
+    if (pool.shrink_outstanding() > 0) {
+      // Requests still hold blocks of the withdrawn tail: the arbiter may preempt them rather
+      // than keep paying the offload tax until they finish.
+      const ArbiterContext context(pool, running_, counters_, config_, step_, clock_->NowMicros(),
+                                   Expansion());
+      ArbiterRecord record;
+      record.step = step_;
+      record.plan = arbiter_->PreemptForRestore(context);
+      for (RequestId id : record.plan.preempt) {
+        auto it = requests_.find(id);
+        if (it == requests_.end() || it->second->status() != RequestStatus::kRunning) {
+          VAMP_LOG(WARNING) << arbiter_->name() << " arbiter chose request " << id
+                            << " to preempt for a restore, which is not running";
+          continue;
+        }
+        Preempt(it->second.get());
+        ++record.requests_preempted;
+      }
+      if (record.requests_preempted > 0) {
+        record.requester = record.plan.preempt.front();
+        record.requester_running = true;
+        step_decisions_.push_back(std::move(record));
+      }
+      if (pool.shrink_outstanding() > 0) return;
+    }
     const int32_t before = pool.num_blocks();
     absl::Status s = pool.CommitShrink();
     VAMP_CHECK(s.ok()) << s;
@@ -378,7 +402,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     ReuseTracker* tracker = arbiter_->reuse_tracker();
     const bool track = tracker != nullptr && r->status() != RequestStatus::kPreempted;
     const ReuseTracker::HitNeeds needs =
-        track ? tracker->MeasureHit(kv_.pool(), hit) : ReuseTracker::HitNeeds{};
+        track ? tracker->MeasureHit(kv_.pool(), hit, step_) : ReuseTracker::HitNeeds{};
     int32_t n = r->num_tokens() - hit.num_tokens;
     if (threshold > 0) n = std::min(n, threshold);
     if (!config_.enable_chunked_prefill && n > token_budget_) break;

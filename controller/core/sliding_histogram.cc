@@ -32,6 +32,14 @@ void SlidingHistogram::Add(int64_t now_micros, int32_t bucket, double amount) {
   slot.buckets[std::clamp(bucket, 0, num_buckets_ - 1)] += amount;
 }
 
+void SlidingHistogram::Clear(int32_t lo, int32_t hi) {
+  lo = std::max(lo, 0);
+  hi = std::min(hi, num_buckets_ - 1);
+  for (Slot& s : slots_) {
+    for (int32_t b = lo; b <= hi; ++b) s.buckets[b] = 0;
+  }
+}
+
 double SlidingHistogram::Sum(int64_t now_micros, int32_t lo, int32_t hi) const {
   lo = std::max(lo, 0);
   hi = std::min(hi, num_buckets_ - 1);

@@ -29,6 +29,8 @@ class SlidingHistogram {
   void Add(int64_t now_micros, int32_t bucket, double amount);
   // Sum of buckets [lo, hi] (clamped) over the window ending at `now_micros`; 0 when lo > hi.
   double Sum(int64_t now_micros, int32_t lo, int32_t hi) const;
+  // Zeroes buckets [lo, hi] (clamped) in every slot: what they held is forgotten.
+  void Clear(int32_t lo, int32_t hi);
 
  private:
   struct Slot {

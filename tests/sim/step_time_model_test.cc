@@ -1,6 +1,8 @@
 #include "sim/step_time_model.h"
 
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,6 +30,22 @@ TEST(StepTimeModelTest, GeometryMatchesDesign) {
   EXPECT_EQ(next->model.ExpertBytes(), 3 * 1024 * 1024);                      // 3 MiB shard at TP2
   EXPECT_EQ(next->model.KvBytesPerToken() * next->model.tp_size, 24 * 1024);  // 24 KiB/token
   EXPECT_FALSE(CalibrationPreset("gpt-5").ok());
+}
+
+// sim/calibrations/h200-vamp-engine.json is VAMP's own engine on one H200 (the step benchmark,
+// dummy Qwen3-30B-A3B, bf16, commit 456ad95): decode at batch 1 and 2,048 tokens of context
+// 6.6 ms, at batch 64 22.0 ms, and 64 decodes plus one 2,048-token prompt chunk 80 ms. The
+// calibration must reproduce its source within 10 %.
+TEST(StepTimeModelTest, EngineCalibrationReproducesTheStepBenchmark) {
+  absl::StatusOr<Calibration> c = LoadCalibration(
+      std::string(VAMP_SOURCE_DIR) + "/sim/calibrations/h200-vamp-engine.json", Calibration{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  StepTimeModel model(*c);
+  EXPECT_NEAR(model.Estimate({{1, 2048}}, 0).total_us, 6600, 0.1 * 6600);
+  std::vector<SequenceWork> batch(64, {1, 2048});
+  EXPECT_NEAR(model.Estimate(batch, 0).total_us, 22000, 0.1 * 22000);
+  batch.push_back({2048, 0});
+  EXPECT_NEAR(model.Estimate(batch, 0).total_us, 80000, 0.1 * 80000);
 }
 
 TEST(StepTimeModelTest, DecodeGrowsWithContextAndBatch) {

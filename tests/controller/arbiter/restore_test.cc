@@ -62,8 +62,25 @@ class ScriptedArbiter : public MemoryArbiter {
     restore = 0;
     return r;
   }
+  // Names every running request holding a block of the withdrawn tail (when preempt_holders).
+  ArbiterPlan PreemptForRestore(const ArbiterContext& context) override {
+    ArbiterPlan plan;
+    if (!preempt_holders) return plan;
+    for (int32_t i = 0; i < context.num_running(); ++i) {
+      const Request& q = context.running(i);
+      for (BlockId b : q.block_ids()) {
+        if (b >= context.pool().shrink_begin()) {
+          plan.preempt.push_back(q.id());
+          plan.choice = "restore-preempt";
+          break;
+        }
+      }
+    }
+    return plan;
+  }
   int32_t restore = 0;
   int32_t last_offloaded = -1;
+  bool preempt_holders = false;
 };
 
 SchedulerConfig SmallConfig() {
@@ -140,6 +157,39 @@ TEST(RestoreTest, GapCancelsAPendingRestore) {
   EXPECT_EQ(expander.restores, 0);
   h.RunToCompletion();
   EXPECT_EQ(h.scheduler().counters().num_finished, 4);
+}
+
+TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
+  RestorableExpander expander(4, 4);
+  auto owned = std::make_unique<ScriptedArbiter>();
+  ScriptedArbiter* arbiter = owned.get();
+  SchedulerConfig config = SmallConfig();
+  config.max_model_len = 32;
+  Harness h(config, std::move(owned), &expander);
+  // As in GapCancelsAPendingRestore: the third request holds block 8, in the tail.
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(9), 3)).ok());
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(9, 100), 3)).ok());
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(3, Iota(9, 200), 3)).ok());
+  h.Step();
+  ASSERT_EQ(h.scheduler().pool().num_blocks(), 12);
+  arbiter->restore = 1;
+  h.Step();  // begins and waits for the holder
+  ASSERT_EQ(h.scheduler().restore_pending_groups(), 1);
+  ASSERT_GT(h.scheduler().pool().shrink_outstanding(), 0);
+  arbiter->preempt_holders = true;
+  auto s = h.Step();  // the holder is preempted at the step boundary; the restore commits there
+  ASSERT_GE(h.scheduler().step_decisions().size(), 1u);
+  EXPECT_EQ(h.scheduler().step_decisions()[0].plan.choice, "restore-preempt");
+  EXPECT_EQ(h.scheduler().step_decisions()[0].requests_preempted, 1);
+  EXPECT_EQ(s.plan.preempted_ids.size(), 1u);
+  EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
+  EXPECT_EQ(h.scheduler().pool().num_blocks(), 8);
+  EXPECT_EQ(expander.restores, 1);
+  EXPECT_EQ(h.scheduler().counters().num_preemptions, 1);
+  EXPECT_TRUE(h.scheduler().CheckInvariants().ok());
+  arbiter->preempt_holders = false;
+  h.RunToCompletion();  // the preempted request resumes and finishes in the smaller pool
+  EXPECT_EQ(h.scheduler().counters().num_finished, 3);
 }
 
 TEST(RestoreTest, VampArbiterRestoresAfterPressureAndLogsIt) {

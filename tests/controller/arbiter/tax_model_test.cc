@@ -191,6 +191,7 @@ TEST_F(TaxModelTest, RestoresOnlyTheGroupsThatServeLessThanTheirTax) {
   arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
   arbiter_.reuse_tracker()->RecordPreemption(150, 50, 4000);
   arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 2, 4);
+  AddCachedFree(4096, 195);  // every block recently used: the working set rule keeps all
   EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 1);
   EXPECT_EQ(arbiter_.LastRestoreComparison().groups, -1);
 }
@@ -202,7 +203,41 @@ TEST_F(TaxModelTest, KeepsTheGroupsWhileTheyServeEnough) {
   arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
   arbiter_.reuse_tracker()->RecordPreemption(150, 150, 10000);
   arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 2, 4);
+  AddCachedFree(4096, 195);  // every block recently used
   EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 0);
+}
+
+// The working-set rule: with no hits measured the reuse age is working_set_min_age_steps (64).
+// Blocks last used at step 10 are idle at step 200; blocks used at step 195 are not.
+TEST_F(TaxModelTest, GivesBackMemoryNobodyUsedWhateverTheWindowValuedIt) {
+  Warm(2);
+  // The same evidence that keeps both groups by value (KeepsTheGroupsWhileTheyServeEnough)...
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
+  arbiter_.reuse_tracker()->RecordPreemption(150, 150, 10000);
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 2, 4);
+  // ...but the pool holds only idle blocks: the working set is empty.
+  AddCachedFree(1000, 10);
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 2);
+  const TaxComparison c = arbiter_.LastRestoreComparison();
+  EXPECT_EQ(c.working_set_blocks, 0);
+  EXPECT_EQ(c.reuse_age_steps, 64);
+  // The demand that needed the groups is forgotten, so it cannot grow the pool again.
+  EXPECT_DOUBLE_EQ(arbiter_.reuse_tracker()->TokensBetween(200, 0, 4), 0);
+}
+
+TEST_F(TaxModelTest, GivesBackOnlyWhatTheWorkingSetLeavesWithHeadroom) {
+  Warm(2);
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
+  arbiter_.reuse_tracker()->RecordPreemption(150, 150, 10000);  // keeps both groups by value
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 2, 4);
+  // 946 idle blocks, then a working set of 3,150: 1.25 × 3,150 = 3,937.5 fits 4,096 − 100 blocks
+  // but not 4,096 − 200, so one group goes back.
+  AddCachedFree(946, 10);
+  AddCachedFree(3150, 195);
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 1);
+  EXPECT_EQ(arbiter_.LastRestoreComparison().working_set_blocks, 3150);
+  // Evidence for the pool with one group offloaded stays; only what needed two is forgotten.
+  EXPECT_DOUBLE_EQ(arbiter_.reuse_tracker()->TokensBetween(200, 1, 2), 0);
 }
 
 TEST_F(TaxModelTest, NoRestoreRightAfterAnExpansion) {
@@ -212,6 +247,62 @@ TEST_F(TaxModelTest, NoRestoreRightAfterAnExpansion) {
   arbiter_.reuse_tracker()->RecordPreemption(50, 50, 5000);
   ASSERT_EQ(arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true)).expand_groups, 1);
   EXPECT_EQ(arbiter_.OnStepBoundary(Context(150, Geometry(1))), 0);  // within min_hold_steps
+}
+
+// A restore of both groups is pending and waits for blocks of the withdrawn tail. The tax those
+// groups cost is 150,000 µs over the window's 100 steps: 1,500 µs a step.
+class RestoreHolderTest : public TaxModelTest {
+ protected:
+  // A decoding request of 40 full blocks (prompt 641 tokens, all computed) that may still produce
+  // `budget` tokens, and a restore whose tail starts at its 21st block.
+  Request* DecodingHolder(int32_t budget) {
+    Request* r = AddRunning(1, 40, 0, budget);
+    r->set_num_computed_tokens(r->num_prompt_tokens());
+    EXPECT_TRUE(pool().BeginShrink(pool().num_blocks() - r->block_ids()[20]).ok());
+    return r;
+  }
+  ExpansionInfo Pending() const {
+    ExpansionInfo e = Geometry(2);
+    e.available = false;
+    e.restore_pending = true;
+    e.restore_pending_groups = 2;
+    return e;
+  }
+};
+
+TEST_F(RestoreHolderTest, PreemptsAHolderWhoseRecomputeCostsLessThanTheWait) {
+  Warm(2);
+  Request* r = DecodingHolder(/*budget=*/100);
+  const ArbiterPlan plan = arbiter_.PreemptForRestore(Context(200, Pending()));
+  ASSERT_EQ(plan.preempt.size(), 1u);
+  EXPECT_EQ(plan.preempt[0], r->id());
+  EXPECT_EQ(plan.choice, "restore-preempt");
+  // Saving 1,500 µs × 100 steps; recompute from the first withdrawn block: 641 − 20 × 16 = 321
+  // tokens × 15 µs.
+  EXPECT_DOUBLE_EQ(plan.tax.tax_micros, 150000);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 321 * 15);
+}
+
+TEST_F(RestoreHolderTest, WaitsForAHolderAboutToFinish) {
+  Warm(2);
+  DecodingHolder(/*budget=*/3);  // 4,500 µs of tax left < 1.25 × 4,815 µs of recompute
+  EXPECT_TRUE(arbiter_.PreemptForRestore(Context(200, Pending())).preempt.empty());
+}
+
+TEST_F(RestoreHolderTest, NeverPreemptsARequestStillInPrefill) {
+  Warm(2);
+  Request* r = DecodingHolder(/*budget=*/100);
+  r->set_num_computed_tokens(r->num_prompt_tokens() - 1);  // its first token is still ahead
+  EXPECT_TRUE(arbiter_.PreemptForRestore(Context(200, Pending())).preempt.empty());
+}
+
+TEST_F(RestoreHolderTest, OffWhenConfiguredOff) {
+  VampArbiterConfig c = Config();
+  c.restore.preempt_holders = false;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  Warm(2);
+  DecodingHolder(/*budget=*/100);
+  EXPECT_TRUE(arbiter_.PreemptForRestore(Context(200, Pending())).preempt.empty());
 }
 
 TEST(TaxModelConfigTest, DefaultsAreTheTaxModelWithRestoreAndCalibration) {

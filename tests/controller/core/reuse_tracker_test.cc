@@ -124,13 +124,46 @@ TEST_F(ReuseTrackerTest, HitsOnFreeBlocksNeedTheOffloadedGroupsTheirDepthRequire
   PrefixHit hit;
   hit.blocks = {ids[3], ids[1]};  // depths 3 and 1
   hit.num_tokens = 2 * kBlockSize;
-  const ReuseTracker::HitNeeds needs = tracker_.MeasureHit(pool_, hit);
+  const ReuseTracker::HitNeeds needs = tracker_.MeasureHit(pool_, hit, /*step=*/0);
   // Depth 3 survives a shrink of 1 group (2 blocks) but not 2: needs 3 − floor(3/2) = 2 groups;
   // depth 1 needs 3 − 0 = 3, and the running maximum keeps it there.
   ASSERT_EQ(needs.runs.size(), 2u);
   EXPECT_EQ(needs.runs[0], std::make_pair(2, 1));
   EXPECT_EQ(needs.runs[1], std::make_pair(3, 1));
   EXPECT_EQ(needs.max_need, 3);
+}
+
+TEST_F(ReuseTrackerTest, ReuseAgesOfHitBlocksGiveTheWorkingSetsAgeQuantile) {
+  EXPECT_EQ(tracker_.ReuseAgeSteps(10, 0.99), 0);  // no hits yet
+  tracker_.SetGeometry(kBlocksPerGroup, /*offloaded_groups=*/1, /*max_groups=*/4);
+  std::vector<BlockId> ids;
+  pool_.AllocateUncached(4, &ids);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool_.Cache(ids[i], H(i + 1)));
+  pool_.SetStep(100);
+  for (int i = 0; i < 3; ++i) pool_.Release(ids[i]);  // freed at step 100
+  pool_.SetStep(190);
+  pool_.Release(ids[3]);  // freed at step 190
+  PrefixHit hit;
+  hit.blocks = {ids[0], ids[1], ids[2], ids[3]};
+  hit.num_tokens = 4 * kBlockSize;
+  // At step 200: three blocks 100 steps old (log2 bucket 7: 64..127), one 10 steps (bucket 4).
+  const ReuseTracker::HitNeeds needs = tracker_.MeasureHit(pool_, hit, /*step=*/200);
+  ASSERT_EQ(needs.ages.size(), 2u);
+  EXPECT_EQ(needs.ages[0], std::make_pair(7, 3));
+  EXPECT_EQ(needs.ages[1], std::make_pair(4, 1));
+  Request r = MakeRequest(1, 5);
+  tracker_.RecordAdmission(10, needs, r, kBlockSize, hasher_);
+  EXPECT_EQ(tracker_.ReuseAgeSteps(10, 0.25), 15);   // the young block's bucket
+  EXPECT_EQ(tracker_.ReuseAgeSteps(10, 0.99), 127);  // the old ones'
+}
+
+TEST_F(ReuseTrackerTest, ForgetAboveDropsTheDemandForLargerPools) {
+  tracker_.RecordPreemption(10, /*gap_blocks=*/2, /*recompute_tokens=*/100);  // needs 1 group
+  tracker_.RecordPreemption(10, /*gap_blocks=*/6, /*recompute_tokens=*/300);  // needs 3 groups
+  EXPECT_DOUBLE_EQ(tracker_.TokensBetween(10, 0, 4), 400);
+  tracker_.ForgetAbove(1);
+  EXPECT_DOUBLE_EQ(tracker_.TokensBetween(10, 0, 4), 100);
+  EXPECT_DOUBLE_EQ(tracker_.TokensBetween(10, 1, 4), 0);
 }
 
 TEST_F(ReuseTrackerTest, PreemptionsCountAtTheGroupsThatCoverTheGap) {
