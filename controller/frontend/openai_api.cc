@@ -91,7 +91,29 @@ absl::StatusOr<int32_t> TokenIdFromJson(const Json& id, const ServedModel& model
 }
 
 // Fields shared by both endpoints: model, sampling, stop conditions, streaming, extensions.
-absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequest* out) {
+// stop: a string or an array of strings (null and [] mean none).
+absl::Status ParseStop(const Json& body, std::vector<std::string>* out) {
+  if (!body.contains("stop") || body["stop"].is_null()) return absl::OkStatus();
+  const Json& stop = body["stop"];
+  const Json list = stop.is_string() ? Json::array({stop}) : stop;
+  if (!list.is_array()) return FieldError("stop", "must be a string or an array of strings");
+  if (list.size() > static_cast<size_t>(kMaxStopStrings)) {
+    return FieldError("stop", absl::StrCat("at most ", kMaxStopStrings, " stop strings, got ",
+                                           list.size()));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_string() || list[i].get<std::string>().empty() ||
+        list[i].get<std::string>().size() > static_cast<size_t>(kMaxStopStringBytes)) {
+      return FieldError("stop", absl::StrCat("element ", i, " must be a non-empty string of at most ",
+                                             kMaxStopStringBytes, " bytes"));
+    }
+    out->push_back(list[i].get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseCommon(const Json& body, const ServedModel& model, const RequestLimits& limits,
+                         ServingRequest* out) {
   if (body.contains("model") && !body["model"].is_null()) {
     if (!body["model"].is_string()) return FieldError("model", "must be a string");
     out->model = body["model"].get<std::string>();
@@ -106,10 +128,11 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequ
     out->model = model.id;
   }
   SamplingParams& sp = out->sampling;
-  int32_t n = 1;
-  absl::Status s;
-  s.Update(OptionalNumber(body, "n", 1, 1, &n));
-  if (!s.ok()) return FieldError("n", "only n = 1 is supported");
+  absl::Status s = OptionalNumber(body, "n", 1, limits.max_n, &out->response.n);
+  if (!s.ok()) {
+    return FieldError("n", absl::StrCat("must be an integer in [1, ", limits.max_n,
+                                        "] (the server's --max_n)"));
+  }
   int32_t max_tokens = 0;
   const char* max_field = body.contains("max_completion_tokens") ? "max_completion_tokens"
                                                                  : "max_tokens";
@@ -156,10 +179,8 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequ
       sp.stop_token_ids.push_back(*id);
     }
   }
-  if (body.contains("stop") && !body["stop"].is_null() &&
-      !(body["stop"].is_array() && body["stop"].empty())) {
-    return FieldError("stop", "stop strings are not supported yet; use stop_token_ids");
-  }
+  s = ParseStop(body, &out->response.stop);
+  if (!s.ok()) return s;
   if (body.contains("logprobs") && !body["logprobs"].is_null() &&
       !(body["logprobs"].is_boolean() && !body["logprobs"].get<bool>())) {
     return FieldError("logprobs", "log probabilities are not supported");
@@ -378,12 +399,13 @@ absl::Status ParseTools(const Json& body, const Tokenizer& tokenizer, ChatTempla
 
 absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
                                                       const ServedModel& model,
-                                                      const Tokenizer& tokenizer) {
+                                                      const Tokenizer& tokenizer,
+                                                      const RequestLimits& limits) {
   absl::StatusOr<Json> body = ParseBody(text);
   if (!body.ok()) return body.status();
   ServingRequest out;
   out.sampling.max_tokens = kDefaultCompletionMaxTokens;
-  absl::Status s = ParseCommon(*body, model, &out);
+  absl::Status s = ParseCommon(*body, model, limits, &out);
   if (!s.ok()) return s;
   if (!body->contains("prompt")) return FieldError("prompt", "is required");
   const Json& prompt = (*body)["prompt"];
@@ -409,9 +431,12 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
   // Text is encoded by the tokenizer; its ids are checked too.
   s = CheckTokenIds(out.prompt_token_ids, model, "prompt");
   if (!s.ok()) return s;
-  if (body->contains("echo") && (*body)["echo"].is_boolean() && (*body)["echo"].get<bool>()) {
-    return FieldError("echo", "echo is not supported");
-  }
+  bool echo = false;
+  s = OptionalBool(*body, "echo", &echo);
+  if (!s.ok()) return s;
+  // The prompt as text: a text prompt as given, token ids decoded.
+  if (echo) out.response.echo = p->is_string() ? p->get<std::string>()
+                                               : tokenizer.Decode(out.prompt_token_ids);
   s = CheckLength(&out, model, "prompt");
   if (!s.ok()) return s;
   out.response.include_usage = out.include_usage;
@@ -420,12 +445,13 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
 
 absl::StatusOr<ServingRequest> ParseChatCompletionRequest(absl::string_view text,
                                                           const ServedModel& model,
-                                                          const Tokenizer& tokenizer) {
+                                                          const Tokenizer& tokenizer,
+                                                          const RequestLimits& limits) {
   absl::StatusOr<Json> body = ParseBody(text);
   if (!body.ok()) return body.status();
   ServingRequest out;
   out.chat = true;
-  absl::Status s = ParseCommon(*body, model, &out);
+  absl::Status s = ParseCommon(*body, model, limits, &out);
   if (!s.ok()) return s;
   if (!body->contains("messages") || !(*body)["messages"].is_array() ||
       (*body)["messages"].empty()) {

@@ -45,6 +45,31 @@ TEST_F(OpenAiApiTest, CompletionWithTextAndSampling) {
   EXPECT_EQ(r->cache_salt, "s1");
 }
 
+TEST_F(OpenAiApiTest, StopStringsChoicesAndEcho) {
+  absl::StatusOr<ServingRequest> r = ParseCompletionRequest(
+      R"({"prompt": "Hi", "stop": "\n", "n": 3, "echo": true})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->response.stop, (std::vector<std::string>{"\n"}));
+  EXPECT_EQ(r->response.n, 3);
+  EXPECT_EQ(r->response.echo, "Hi");
+  r = ParseCompletionRequest(R"({"prompt": [72, 105], "stop": ["a", "bc"], "echo": true})",
+                             model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->response.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(r->response.echo, "Hi");  // token ids echo as their text
+  r = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "x"}], "stop": null, "n": 2})", model_,
+      *tokenizer_, RequestLimits{.max_n = 2});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.stop.empty());
+  EXPECT_EQ(r->response.n, 2);
+  absl::StatusOr<ServingRequest> over = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", model_, *tokenizer_,
+      RequestLimits{.max_n = 2});
+  EXPECT_EQ(Param(over.status()), "n");
+  EXPECT_THAT(over.status().message(), HasSubstr("--max_n"));
+}
+
 TEST_F(OpenAiApiTest, CompletionDefaultsAndTokenPrompt) {
   absl::StatusOr<ServingRequest> r =
       ParseCompletionRequest(R"({"prompt": [[1, 2, 3]]})", model_, *tokenizer_);
@@ -72,8 +97,12 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
       {R"({"prompt": "x", "temperature": "hot"})", "temperature", "must be a number"},
       {R"({"prompt": "x", "top_p": 0})", "top_p", "must be in"},
       {R"({"prompt": "x", "max_tokens": 0})", "max_tokens", "must be in [1, 64]"},
-      {R"({"prompt": "x", "n": 2})", "n", "only n = 1"},
-      {R"({"prompt": "x", "stop": ["\n"]})", "stop", "use stop_token_ids"},
+      {R"({"prompt": "x", "n": 17})", "n", "must be an integer in [1, 16]"},
+      {R"({"prompt": "x", "n": 0})", "n", "must be an integer in [1, 16]"},
+      {R"({"prompt": "x", "stop": [""]})", "stop", "element 0 must be a non-empty string"},
+      {R"({"prompt": "x", "stop": 5})", "stop", "must be a string or an array of strings"},
+      {R"({"prompt": "x", "stop": ["a", 1]})", "stop", "element 1"},
+      {R"({"prompt": "x", "echo": 1})", "echo", "must be true or false"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options",
        "only allowed with stream = true"},
       {R"({"prompt": "x", "stop_token_ids": [300]})", "stop_token_ids", "outside the vocabulary"},
