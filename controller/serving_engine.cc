@@ -428,6 +428,8 @@ void ServingEngine::RunStep() {
     ToProto(n.sampling_params, r->mutable_sampling());
     r->set_eos_token_id(n.eos_token_id.value_or(-1));
     r->set_min_tokens(n.sampling_params.min_tokens);
+    r->mutable_stop_token_ids()->Add(n.sampling_params.stop_token_ids.begin(),
+                                     n.sampling_params.stop_token_ids.end());
   }
   for (const CachedRequestPlan& c : plan->cached_requests) {
     vamp::v1::CachedRequest* r = request.add_cached_requests();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 
 namespace vamp {
@@ -156,13 +157,6 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, const Reque
   s.Update(OptionalBool(body, "stream", &out->stream));
   s.Update(OptionalNumber(body, "priority", -1000000, 1000000, &out->priority));
   if (!s.ok()) return s;
-  // Accepted by the API but not by the agents' samplers yet: refuse them here, per request,
-  // rather than fail a whole batch on the agents.
-  if (sp.min_tokens != 0) return FieldError("min_tokens", "is not supported yet");
-  if (sp.min_p != 0) return FieldError("min_p", "is not supported yet");
-  if (sp.presence_penalty != 0) return FieldError("presence_penalty", "is not supported yet");
-  if (sp.frequency_penalty != 0) return FieldError("frequency_penalty", "is not supported yet");
-  if (sp.repetition_penalty != 1) return FieldError("repetition_penalty", "is not supported yet");
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const Json& so = body["stream_options"];
     if (!so.is_object()) return FieldError("stream_options", "must be an object");
@@ -225,8 +219,15 @@ absl::Status CheckLength(ServingRequest* out, const ServedModel& model, absl::st
                                    prompt, "-token prompt leaves ", room, " of ",
                                    model.max_model_len));
   }
+  // Validate names the field as "sampling_params.<field>: ..."; the client knows it as <field>.
   absl::Status v = out->sampling.Validate();
-  if (!v.ok()) return FieldError("sampling", v.message());
+  if (!v.ok()) {
+    absl::string_view message = v.message();
+    absl::ConsumePrefix(&message, "sampling_params.");
+    const size_t colon = message.find(':');
+    return FieldError(message.substr(0, colon),
+                      colon == absl::string_view::npos ? message : message.substr(colon + 2));
+  }
   return absl::OkStatus();
 }
 

@@ -228,6 +228,40 @@ test('n: a client that goes away aborts every choice', async () => {
                             aborted + 2, 'both choices to be aborted');
 });
 
+test('min_p: min_p 1 keeps only the most likely token, so sampling equals greedy', async () => {
+  const body = {model: MODEL, prompt: 'Once upon a time', max_tokens: 12, ignore_eos: true};
+  const greedyText = (await client.completions.create({...body, temperature: 0})).choices[0].text;
+  const r = await client.completions.create({...body, temperature: 1.5, seed: 3, min_p: 1});
+  assert.equal(r.choices[0].text, greedyText);
+});
+
+test('min_tokens: stop tokens cannot end the output before min_tokens', async () => {
+  const body = {model: MODEL, prompt: 'Once upon a time', max_tokens: 8, temperature: 0};
+  const first = (await client.completions.create({...body, ignore_eos: true}))
+                    .choices[0].token_ids[0];
+  const stopped = await client.completions.create({...body, stop_token_ids: [first]});
+  assert.equal(stopped.usage.completion_tokens, 1);
+  const held = await client.completions.create({...body, stop_token_ids: [first], min_tokens: 4});
+  assert.ok(held.usage.completion_tokens >= 4, JSON.stringify(held.choices[0]));
+  assert.notEqual(held.choices[0].token_ids[0], first);
+});
+
+test('penalties: presence, frequency and repetition run and are deterministic', async () => {
+  const body = {model: MODEL, messages, max_tokens: 16, temperature: 0, ignore_eos: true,
+                presence_penalty: 1.5, frequency_penalty: 0.5, repetition_penalty: 1.3,
+                ...noThinking};
+  const [a, b] = await Promise.all([client.chat.completions.create(body),
+                                    client.chat.completions.create(body)]);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  assert.equal(a.usage.completion_tokens, 16);
+  const got = byIndex(await collect(await client.chat.completions.create({...body, stream: true})),
+                      true)[0];
+  assert.equal(got.text, a.choices[0].message.content ?? '');
+  await expect400(client.chat.completions.create({...body, presence_penalty: 3}),
+                  'presence_penalty');
+  await expect400(client.completions.create({model: MODEL, prompt: 'x', min_p: 2}), 'min_p');
+});
+
 test('echo: completions send the prompt first', async () => {
   const r = await client.completions.create({model: MODEL, prompt: 'Echo this:', max_tokens: 4,
                                              temperature: 0, echo: true, ignore_eos: true});

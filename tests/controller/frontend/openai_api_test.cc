@@ -70,6 +70,19 @@ TEST_F(OpenAiApiTest, StopStringsChoicesAndEcho) {
   EXPECT_THAT(over.status().message(), HasSubstr("--max_n"));
 }
 
+TEST_F(OpenAiApiTest, PenaltiesMinPAndMinTokensReachTheSamplingParams) {
+  absl::StatusOr<ServingRequest> r = ParseCompletionRequest(
+      R"({"prompt": "Hi", "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+          "repetition_penalty": 1.2, "min_tokens": 3, "max_tokens": 8})",
+      model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FLOAT_EQ(r->sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(r->sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r->sampling.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r->sampling.repetition_penalty, 1.2f);
+  EXPECT_EQ(r->sampling.min_tokens, 3);
+}
+
 TEST_F(OpenAiApiTest, CompletionDefaultsAndTokenPrompt) {
   absl::StatusOr<ServingRequest> r =
       ParseCompletionRequest(R"({"prompt": [[1, 2, 3]]})", model_, *tokenizer_);
@@ -107,8 +120,11 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
        "only allowed with stream = true"},
       {R"({"prompt": "x", "stop_token_ids": [300]})", "stop_token_ids", "outside the vocabulary"},
       {R"({"prompt": "x", "logprobs": 3})", "logprobs", "not supported"},
-      {R"({"prompt": "x", "min_tokens": 2})", "min_tokens", "not supported yet"},
-      {R"({"prompt": "x", "presence_penalty": 0.5})", "presence_penalty", "not supported yet"},
+      {R"({"prompt": "x", "min_tokens": 5, "max_tokens": 4})", "min_tokens",
+       "must be <= max_tokens (4), got 5"},
+      {R"({"prompt": "x", "min_p": 1.5})", "min_p", "must be in [0, 1]"},
+      {R"({"prompt": "x", "repetition_penalty": 0})", "repetition_penalty", "must be in"},
+      {R"({"prompt": "x", "frequency_penalty": -3})", "frequency_penalty", "must be in [-2, 2]"},
       {R"({"prompt": "x", "presence_penalty": 3})", "presence_penalty", "must be in [-2, 2]"},
       {R"({"prompt": "x", "logit_bias": {"5": 10}})", "logit_bias", "not supported"},
       {R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format",
