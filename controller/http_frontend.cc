@@ -174,19 +174,21 @@ class Handler {
     // The sinks run on the engine thread: queue the event, wake the connection's loop once.
     auto drain = [exchange, pending, writer, ids, stream, engine = ctx->engine]() {
       for (const PendingEvents::Item& item : pending->Take()) {
-        if (!exchange->open()) return;
+        // No writer: a later choice's Submit failed and the request was answered with its error.
+        if (!exchange->open() || !writer->has_value()) return;
         OpenAiResponseWriter& w = **writer;
-        const bool was_done = w.choice_done(item.index);
+        // Late events of a choice that a stop string ended (sent before its abort was seen).
+        if (w.choice_done(item.index)) continue;
         if (stream) {
           exchange->Write(w.StreamChunk(item.index, item.event));
         } else {
           w.Append(item.index, item.event);
         }
         // A stop string ended the choice before the engine did: finish it there too.
-        if (!was_done && w.choice_done(item.index) && !item.event.finished) {
+        if (w.choice_done(item.index) && !item.event.finished) {
           engine->Abort((*ids)[item.index], FinishReason::kStop);
         }
-        if (was_done || !w.done()) continue;
+        if (!w.done()) continue;
         if (stream) {
           exchange->End();
           continue;
