@@ -1163,6 +1163,7 @@ absl::Status AgentEngine::RunStep(Instance& in, const vamp::v1::StepRequest& req
     vamp::v1::SampledTokens* sampled = response->add_sampled();
     sampled->set_request_id(s.id);
     sampled->add_token_ids(s.token);
+    sampled->add_logprobs(s.logprob);
   }
   response->mutable_timings()->set_forward_us(
       static_cast<int64_t>(out->forward_us + out->sample_us));

@@ -80,6 +80,11 @@ OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext>
 
 std::string OpenAiResponseWriter::Consume(Choice& c, const EngineEvent& e) {
   c.tokens.insert(c.tokens.end(), e.token_ids.begin(), e.token_ids.end());
+  if (e.logprobs.size() == e.token_ids.size()) {
+    c.logprobs.insert(c.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+  } else {
+    c.logprobs_complete = false;
+  }
   c.completion_tokens = e.completion_tokens;
   prompt_tokens_ = e.prompt_tokens;
   cached_prompt_tokens_ = std::max(cached_prompt_tokens_, e.cached_prompt_tokens);
@@ -107,6 +112,38 @@ Json OpenAiResponseWriter::Usage() const {
           {"completion_tokens", completion},
           {"total_tokens", prompt_tokens_ + completion},
           {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens_}}}};
+}
+
+Json OpenAiResponseWriter::LogprobsJson(const std::vector<int32_t>& tokens,
+                                        const std::vector<float>& logprobs) const {
+  if (logprobs.size() != tokens.size()) return nullptr;
+  Json content = Json::array();
+  Json strings = Json::array(), values = Json::array(), tops = Json::array(),
+       offsets = Json::array();
+  int64_t offset = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    std::string text;
+    context_->tokenizer->AppendTokenBytes(tokens[i], /*skip_special_tokens=*/false, &text);
+    if (chat_) {
+      Json bytes = Json::array();
+      for (unsigned char b : text) bytes.push_back(b);
+      content.push_back({{"token", text},
+                         {"logprob", logprobs[i]},
+                         {"bytes", std::move(bytes)},
+                         {"top_logprobs", Json::array()}});
+      continue;
+    }
+    strings.push_back(text);
+    values.push_back(logprobs[i]);
+    tops.push_back({{text, logprobs[i]}});
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(text.size());
+  }
+  if (chat_) return {{"content", std::move(content)}};
+  return {{"tokens", std::move(strings)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
 }
 
 std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
@@ -150,6 +187,11 @@ std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
     choice["text"] = first_chunk ? options_.echo + text : text;
     choice["finish_reason"] = FinishReasonJson(c.finish_reason);
   }
+  if (options_.logprobs) {
+    choice["logprobs"] = e.logprobs.size() == e.token_ids.size()
+                             ? LogprobsJson(e.token_ids, e.logprobs)
+                             : Json(nullptr);
+  }
   if (!e.error.empty()) choice["error"] = e.error;
   chunk["choices"] = Json::array({choice});
   std::string out = absl::StrCat("data: ", Dump(chunk), "\n\n");
@@ -182,7 +224,9 @@ absl::StatusOr<std::string> OpenAiResponseWriter::Finish() const {
     Json choice = {{"index", i},
                    {"finish_reason", FinishReasonJson(c.finish_reason)},
                    {"token_ids", c.tokens},
-                   {"logprobs", nullptr}};
+                   {"logprobs", options_.logprobs && c.logprobs_complete
+                                    ? LogprobsJson(c.tokens, c.logprobs)
+                                    : Json(nullptr)}};
     if (chat_) {
       const ChatOutput parsed = ParseChatOutput(c.text, options_);
       Json message = {{"role", "assistant"}};

@@ -7,7 +7,8 @@
 // (finish_reason "tool_calls") as the request's ResponseOptions say (controller/frontend/
 // chat_output.h). Stop strings end a choice's text before them, with hold-back while streaming
 // (controller/frontend/stop_strings.h); n > 1 choices are indexed 0..n-1 in one response;
-// completions with echo send the prompt's text first.
+// completions with echo send the prompt's text first; with logprobs asked for, each choice
+// carries its tokens' log-probabilities (token strings are the tokens' own bytes).
 // Not thread-safe: one writer per request, used by one thread at a time.
 #ifndef VAMP_CONTROLLER_OPENAI_RESPONSE_H_
 #define VAMP_CONTROLLER_OPENAI_RESPONSE_H_
@@ -67,6 +68,8 @@ class OpenAiResponseWriter {
     StopStringMatcher stop;
     ChatStreamParser parser;   // streaming chat
     std::vector<int32_t> tokens;  // every generated token so far
+    std::vector<float> logprobs;  // per token of `tokens`, when the agents sent them all
+    bool logprobs_complete = true;
     std::string text;          // unary: the output text so far (stop strings applied)
     bool streamed = false;     // a chunk has been sent (the first carries the role / echo)
     bool done = false;
@@ -79,6 +82,10 @@ class OpenAiResponseWriter {
   std::string Consume(Choice& c, const EngineEvent& event);
   // The usage object: prompt tokens once, completion tokens over every choice.
   nlohmann::json Usage() const;
+  // OpenAI's logprobs object for `tokens` with `logprobs` (chat: {"content": [...]}; completions:
+  // {"tokens", "token_logprobs", "top_logprobs", "text_offset"}), or null when they are missing.
+  nlohmann::json LogprobsJson(const std::vector<int32_t>& tokens,
+                              const std::vector<float>& logprobs) const;
 
   const std::shared_ptr<const ServingContext> context_;
   const ResponseOptions options_;

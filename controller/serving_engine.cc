@@ -452,11 +452,15 @@ void ServingEngine::RunStep() {
   if (plan->empty()) return;
   StepOutput output;
   output.step = plan->step;
+  absl::flat_hash_map<RequestId, std::vector<float>> logprobs;
   for (const vamp::v1::SampledTokens& s : (*responses)[0].sampled()) {
     SampledTokens tokens;
     tokens.request_id = s.request_id();
     tokens.token_ids.assign(s.token_ids().begin(), s.token_ids().end());
     output.sampled.push_back(std::move(tokens));
+    if (s.logprobs_size() == s.token_ids_size()) {
+      logprobs[s.request_id()].assign(s.logprobs().begin(), s.logprobs().end());
+    }
   }
   absl::StatusOr<std::vector<RequestOutput>> outputs = scheduler_->UpdateFromOutput(output);
   if (!outputs.ok()) {
@@ -490,10 +494,11 @@ void ServingEngine::RunStep() {
   for (const QueueTimeSample& q : scheduler_->Stats().step_queue_times) {
     series_->queue.Observe(static_cast<double>(q.queue_micros) * 1e-6);
   }
-  Deliver(*outputs);
+  Deliver(*outputs, logprobs);
 }
 
-void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs) {
+void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs,
+                            const absl::flat_hash_map<RequestId, std::vector<float>>& logprobs) {
   ServingSeries& metrics = *series_;
   const int64_t now = SteadyClock::Get().NowMicros();
   for (const RequestOutput& o : outputs) {
@@ -503,6 +508,12 @@ void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs) {
     const Request* request = scheduler_->FindRequest(o.request_id);
     EngineEvent event;
     event.token_ids.assign(o.new_token_ids.begin(), o.new_token_ids.end());
+    // The accepted tokens are a prefix of the sampled ones (the scheduler drops what follows a
+    // stop token).
+    if (auto lp = logprobs.find(o.request_id);
+        lp != logprobs.end() && lp->second.size() >= event.token_ids.size()) {
+      event.logprobs.assign(lp->second.begin(), lp->second.begin() + event.token_ids.size());
+    }
     const double since_arrival_s = static_cast<double>(now - live.arrival_micros) * 1e-6;
     if (!event.token_ids.empty()) {
       if (live.completion_tokens == 0) {

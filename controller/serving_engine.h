@@ -41,6 +41,9 @@ struct ServingSeries;  // serving_engine.cc: the engine's labelled Prometheus se
 // What a request's sink receives: new tokens, and at the end the finish reason and usage.
 struct EngineEvent {
   std::vector<int32_t> token_ids;
+  // Per token of token_ids: its log-probability as the agents sampled it (SampledTokens.logprobs;
+  // empty when the agents sent none).
+  std::vector<float> logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;  // set when the request failed (finish_reason kAbort)
@@ -137,7 +140,9 @@ class ServingEngine {
   std::optional<absl::Status> Remap(int32_t groups);
   void RunStep();
   void FailAll(const absl::Status& status);
-  void Deliver(const std::vector<RequestOutput>& outputs);
+  // `logprobs`: the step's sampled log-probabilities by request (rank 0's answer).
+  void Deliver(const std::vector<RequestOutput>& outputs,
+               const absl::flat_hash_map<RequestId, std::vector<float>>& logprobs);
   void PublishSnapshot();
   int64_t NextStepId() { return next_step_id_++; }
 

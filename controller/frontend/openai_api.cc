@@ -92,6 +92,34 @@ absl::StatusOr<int32_t> TokenIdFromJson(const Json& id, const ServedModel& model
 }
 
 // Fields shared by both endpoints: model, sampling, stop conditions, streaming, extensions.
+// Chat: logprobs (bool) and top_logprobs (0..20, needs logprobs); completions: logprobs (an
+// integer 0..5, the number of alternatives). Alternatives are not reported yet: only 0.
+absl::Status ParseLogprobs(const Json& body, bool chat, bool* out) {
+  const bool has_logprobs = body.contains("logprobs") && !body["logprobs"].is_null();
+  const bool has_top = body.contains("top_logprobs") && !body["top_logprobs"].is_null();
+  int32_t alternatives = 0;
+  if (chat) {
+    absl::Status s = OptionalBool(body, "logprobs", out);
+    if (!s.ok()) return s;
+    s = OptionalNumber(body, "top_logprobs", 0, 20, &alternatives);
+    if (!s.ok()) return s;
+    if (has_top && !*out) return FieldError("top_logprobs", "needs logprobs = true");
+    if (alternatives > 0) {
+      return FieldError("top_logprobs",
+                        "only 0 is supported yet (each chosen token's log-probability)");
+    }
+    return absl::OkStatus();
+  }
+  if (has_top) return FieldError("top_logprobs", "is a chat field; completions use logprobs");
+  absl::Status s = OptionalNumber(body, "logprobs", 0, 5, &alternatives);
+  if (!s.ok()) return s;
+  if (alternatives > 0) {
+    return FieldError("logprobs", "only 0 is supported yet (each chosen token's log-probability)");
+  }
+  *out = has_logprobs;
+  return absl::OkStatus();
+}
+
 // stop: a string or an array of strings (null and [] mean none).
 absl::Status ParseStop(const Json& body, std::vector<std::string>* out) {
   if (!body.contains("stop") || body["stop"].is_null()) return absl::OkStatus();
@@ -175,9 +203,14 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, const Reque
   }
   s = ParseStop(body, &out->response.stop);
   if (!s.ok()) return s;
-  if (body.contains("logprobs") && !body["logprobs"].is_null() &&
-      !(body["logprobs"].is_boolean() && !body["logprobs"].get<bool>())) {
-    return FieldError("logprobs", "log probabilities are not supported");
+  s = ParseLogprobs(body, out->chat, &out->response.logprobs);
+  if (!s.ok()) return s;
+  if (out->response.logprobs &&
+      (sp.min_p != 0 || sp.presence_penalty != 0 || sp.frequency_penalty != 0 ||
+       sp.repetition_penalty != 1 || sp.min_tokens != 0)) {
+    return FieldError("logprobs",
+                      "cannot be combined with min_p, min_tokens or penalties yet (the agents "
+                      "report log-probabilities after them, not the model's raw ones)");
   }
   if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
       !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
@@ -435,6 +468,10 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
   bool echo = false;
   s = OptionalBool(*body, "echo", &echo);
   if (!s.ok()) return s;
+  if (echo && out.response.logprobs) {
+    return FieldError("echo", "echo with logprobs is not supported (it needs the prompt's "
+                              "log-probabilities, which are not computed)");
+  }
   // The prompt as text: a text prompt as given, token ids decoded.
   if (echo) out.response.echo = p->is_string() ? p->get<std::string>()
                                                : tokenizer.Decode(out.prompt_token_ids);

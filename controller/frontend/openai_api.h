@@ -49,6 +49,9 @@ struct ResponseOptions {
   std::vector<std::string> stop;
   // Completions with echo: the prompt's text, sent before each choice's generated text.
   std::string echo;
+  // Return each output token's log-probability (chat: logprobs true with top_logprobs 0;
+  // completions: logprobs 0), in OpenAI's response shapes.
+  bool logprobs = false;
 };
 
 struct ServingRequest {

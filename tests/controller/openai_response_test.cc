@@ -277,5 +277,45 @@ TEST(OpenAiResponseWriterTest, ChoicesAreIndexedAndUsageCountsThePromptOnce) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 6);
 }
 
+TEST(OpenAiResponseWriterTest, LogprobsInOpenAisShapes) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  auto with_logprobs = [](std::vector<EngineEvent> events) {
+    for (EngineEvent& e : events) {
+      for (int32_t t : e.token_ids) e.logprobs.push_back(-0.5f * static_cast<float>(t % 3));
+    }
+    return events;
+  };
+  const std::vector<EngineEvent> events = with_logprobs(Events(*ctx->tokenizer, "ab\xC3\xA9", 2));
+  // Completions, unary: tokens, token_logprobs, top_logprobs (the token itself), text_offset.
+  ResponseOptions options;
+  options.logprobs = true;
+  OpenAiResponseWriter unary(ctx, options, 15, 100);
+  for (const EngineEvent& e : events) unary.Append(0, e);
+  const Json j = Json::parse(*unary.Finish());
+  const Json& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), 4u);
+  EXPECT_EQ(lp["tokens"][0], "a");
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][0].get<float>(), -0.5f * ('a' % 3));
+  EXPECT_EQ(lp["text_offset"], Json({0, 1, 2, 3}));
+  EXPECT_FLOAT_EQ(lp["top_logprobs"][1]["b"].get<float>(), -0.5f * ('b' % 3));
+  // Chat, streamed: per chunk, content entries with the token's bytes.
+  options.chat = true;
+  OpenAiResponseWriter streamed(ctx, options, 16, 100);
+  std::vector<Json> entries;
+  for (const EngineEvent& e : events) {
+    for (const Json& chunk : Chunks(streamed.StreamChunk(0, e))) {
+      for (const Json& entry : chunk["choices"][0]["logprobs"]["content"]) entries.push_back(entry);
+    }
+  }
+  ASSERT_EQ(entries.size(), 4u);
+  EXPECT_EQ(entries[0]["token"], "a");
+  EXPECT_EQ(entries[2]["bytes"], Json({0xC3}));  // half of a character: its own byte
+  EXPECT_TRUE(entries[3]["top_logprobs"].empty());
+  // Not asked for: null, as before.
+  OpenAiResponseWriter plain(ctx, ResponseOptions{}, 17, 100);
+  for (const EngineEvent& e : events) plain.Append(0, e);
+  EXPECT_TRUE(Json::parse(*plain.Finish())["choices"][0]["logprobs"].is_null());
+}
+
 }  // namespace
 }  // namespace vamp

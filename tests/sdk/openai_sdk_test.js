@@ -262,6 +262,37 @@ test('penalties: presence, frequency and repetition run and are deterministic', 
   await expect400(client.completions.create({model: MODEL, prompt: 'x', min_p: 2}), 'min_p');
 });
 
+test('logprobs: each chosen token, chat and completions, unary and streaming', async () => {
+  const chat = await client.chat.completions.create({
+    model: MODEL, messages, max_tokens: 6, temperature: 0, ignore_eos: true, logprobs: true,
+    top_logprobs: 0, ...noThinking});
+  const content = chat.choices[0].logprobs.content;
+  assert.equal(content.length, 6);
+  for (const c of content) {
+    assert.ok(c.logprob <= 0 && Number.isFinite(c.logprob), JSON.stringify(c));
+    assert.equal(Buffer.from(c.bytes).length, c.bytes.length);
+  }
+  const joined = Buffer.concat(content.map(c => Buffer.from(c.bytes))).toString('utf8');
+  assert.equal(joined, chat.choices[0].message.content);
+  const streamed = await collect(await client.chat.completions.create({
+    model: MODEL, messages, max_tokens: 6, temperature: 0, ignore_eos: true, logprobs: true,
+    stream: true, ...noThinking}));
+  const streamedLogprobs = streamed.flatMap(c => c.choices[0]?.logprobs?.content ?? []);
+  assert.deepEqual(streamedLogprobs.map(c => c.logprob), content.map(c => c.logprob));
+  const r = await client.completions.create({model: MODEL, prompt: 'Once upon a time',
+                                             max_tokens: 5, temperature: 0, ignore_eos: true,
+                                             logprobs: 0});
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.join(''), r.choices[0].text);
+  assert.equal(lp.token_logprobs.length, 5);
+  assert.deepEqual(lp.text_offset, lp.tokens.map((_, i) =>
+      Buffer.from(lp.tokens.slice(0, i).join('')).length));
+  await expect400(client.chat.completions.create({model: MODEL, messages, logprobs: true,
+                                                  top_logprobs: 5}), 'top_logprobs');
+  await expect400(client.completions.create({model: MODEL, prompt: 'x', logprobs: 0, echo: true}),
+                  'echo');
+});
+
 test('echo: completions send the prompt first', async () => {
   const r = await client.completions.create({model: MODEL, prompt: 'Echo this:', max_tokens: 4,
                                              temperature: 0, echo: true, ignore_eos: true});

@@ -83,6 +83,31 @@ TEST_F(OpenAiApiTest, PenaltiesMinPAndMinTokensReachTheSamplingParams) {
   EXPECT_EQ(r->sampling.min_tokens, 3);
 }
 
+TEST_F(OpenAiApiTest, LogprobsOfTheChosenTokens) {
+  absl::StatusOr<ServingRequest> r =
+      ParseCompletionRequest(R"({"prompt": "Hi", "logprobs": 0})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.logprobs);
+  const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
+  r = ParseChatCompletionRequest("{" + messages + R"(, "logprobs": true, "top_logprobs": 0})",
+                                 model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.logprobs);
+  r = ParseChatCompletionRequest("{" + messages + R"(, "logprobs": false})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->response.logprobs);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"(, "logprobs": true, "top_logprobs": 3})", "top_logprobs"},  // alternatives: not yet
+      {R"(, "top_logprobs": 0})", "top_logprobs"},                    // without logprobs
+      {R"(, "logprobs": 1})", "logprobs"}};                           // chat's is a bool
+  for (const auto& [fields, param] : bad) {
+    absl::StatusOr<ServingRequest> e =
+        ParseChatCompletionRequest("{" + messages + fields, model_, *tokenizer_);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << fields;
+    EXPECT_EQ(Param(e.status()), param) << fields;
+  }
+}
+
 TEST_F(OpenAiApiTest, CompletionDefaultsAndTokenPrompt) {
   absl::StatusOr<ServingRequest> r =
       ParseCompletionRequest(R"({"prompt": [[1, 2, 3]]})", model_, *tokenizer_);
@@ -119,7 +144,12 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options",
        "only allowed with stream = true"},
       {R"({"prompt": "x", "stop_token_ids": [300]})", "stop_token_ids", "outside the vocabulary"},
-      {R"({"prompt": "x", "logprobs": 3})", "logprobs", "not supported"},
+      {R"({"prompt": "x", "logprobs": 3})", "logprobs", "only 0 is supported yet"},
+      {R"({"prompt": "x", "logprobs": 6})", "logprobs", "must be in [0, 5]"},
+      {R"({"prompt": "x", "logprobs": 0, "echo": true})", "echo", "echo with logprobs"},
+      {R"({"prompt": "x", "logprobs": 0, "presence_penalty": 1})", "logprobs",
+       "cannot be combined"},
+      {R"({"prompt": "x", "top_logprobs": 2})", "top_logprobs", "chat field"},
       {R"({"prompt": "x", "min_tokens": 5, "max_tokens": 4})", "min_tokens",
        "must be <= max_tokens (4), got 5"},
       {R"({"prompt": "x", "min_p": 1.5})", "min_p", "must be in [0, 1]"},
