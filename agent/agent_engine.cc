@@ -43,8 +43,9 @@ namespace vamp {
 // One request the agent holds between steps. The runner has the live copy of its state; this is
 // what survives a preemption (which removes it from the runner).
 struct AgentEngine::RequestState {
-  // Prompt plus every token sampled so far.
+  // Prompt plus every token sampled so far; the first num_prompt_tokens are the prompt.
   std::vector<int32_t> tokens;
+  int32_t num_prompt_tokens = 0;
   RunnerSamplingParams sampling;
   // In the runner's batch (false while preempted).
   bool in_runner = false;
@@ -196,20 +197,21 @@ absl::StatusOr<RunnerSamplingParams> ToRunnerSampling(const vamp::v1::SamplingPa
     p.top_p = s.top_p();
   }
   if (s.has_seed()) p.seed = s.seed();
-  auto unsupported = [&](absl::string_view name, float value) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".", name, " = ", value,
-                     " is not supported by this agent's sampler (only "
-                     "temperature, top_k, top_p and seed are)"));
-  };
-  if (s.min_p() != 0.0f) return unsupported("min_p", s.min_p());
-  if (s.presence_penalty() != 0.0f) return unsupported("presence_penalty", s.presence_penalty());
-  if (s.frequency_penalty() != 0.0f) {
-    return unsupported("frequency_penalty", s.frequency_penalty());
+  if (!(s.min_p() >= 0.0f && s.min_p() <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".min_p must be in [0, 1], got ",
+                                                   s.min_p()));
   }
-  if (s.repetition_penalty() != 0.0f && s.repetition_penalty() != 1.0f) {
-    return unsupported("repetition_penalty", s.repetition_penalty());
+  p.min_p = s.min_p();
+  if (!std::isfinite(s.presence_penalty()) || !std::isfinite(s.frequency_penalty()) ||
+      !std::isfinite(s.repetition_penalty()) || s.repetition_penalty() < 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": presence_penalty and frequency_penalty must be finite and repetition_penalty "
+        ">= 0 (0 = disabled), got ", s.presence_penalty(), ", ", s.frequency_penalty(), ", ",
+        s.repetition_penalty()));
   }
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  p.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
   return p;
 }
 
@@ -1054,17 +1056,20 @@ absl::Status AgentEngine::RunStep(Instance& in, const vamp::v1::StepRequest& req
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".min_tokens must be >= 0, got ", r.min_tokens()));
     }
-    if (r.min_tokens() > 0 && r.eos_token_id() >= 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          field, ".min_tokens = ", r.min_tokens(), " with eos_token_id ", r.eos_token_id(),
-          ": this agent's sampler cannot suppress EOS; the controller must not stop on EOS "
-          "before min_tokens instead"));
-    }
     VAMP_ASSIGN_OR_RETURN(RunnerSamplingParams sampling,
                           ToRunnerSampling(r.sampling(), field + ".sampling"));
+    sampling.min_tokens = r.min_tokens();
+    if (r.min_tokens() > 0) {
+      std::vector<int32_t>& banned = sampling.min_tokens_banned_ids;
+      banned.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
+      if (r.eos_token_id() >= 0) banned.push_back(r.eos_token_id());
+      std::sort(banned.begin(), banned.end());
+      banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
+    }
     NewRequestData data;
     data.id = r.request_id();
     data.prompt_token_ids.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+    data.num_prompt_tokens = r.prompt_token_ids_size();
     data.block_ids.assign(r.block_ids().begin(), r.block_ids().end());
     data.num_computed_tokens = r.num_computed_tokens();
     data.sampling = sampling;
@@ -1100,6 +1105,7 @@ absl::Status AgentEngine::RunStep(Instance& in, const vamp::v1::StepRequest& req
       NewRequestData data;
       data.id = r.request_id();
       data.prompt_token_ids = state.tokens;
+      data.num_prompt_tokens = state.num_prompt_tokens;
       data.block_ids.assign(r.new_block_ids().begin(), r.new_block_ids().end());
       data.num_computed_tokens = r.num_computed_tokens();
       data.sampling = state.sampling;
@@ -1145,6 +1151,7 @@ absl::Status AgentEngine::RunStep(Instance& in, const vamp::v1::StepRequest& req
       RequestState& state = in.requests[d.id];
       if (fresh.contains(d.id)) {
         state.tokens = d.prompt_token_ids;
+        state.num_prompt_tokens = d.num_prompt_tokens;
         state.sampling = d.sampling;
       }
       state.in_runner = true;
@@ -1156,6 +1163,7 @@ absl::Status AgentEngine::RunStep(Instance& in, const vamp::v1::StepRequest& req
     vamp::v1::SampledTokens* sampled = response->add_sampled();
     sampled->set_request_id(s.id);
     sampled->add_token_ids(s.token);
+    sampled->add_logprobs(s.logprob);
   }
   response->mutable_timings()->set_forward_us(
       static_cast<int64_t>(out->forward_us + out->sample_us));

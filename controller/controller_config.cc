@@ -40,6 +40,8 @@ const ConfigSchema& ControllerConfigSchema() {
                 "is closed (and its request aborted)")
         .Double("request_timeout_s", 600, 0.01, 86400,
                 "a non-streaming request not finished after this long is aborted with 504")
+        .Int("max_n", 16, 1, 128,
+             "most choices (\"n\") one completion or chat request may ask for; more gets 400")
         .String("metrics_address", "127.0.0.1:9400",
                 "host:port for a dedicated Prometheus /metrics listener; empty = only on HTTP")
         .String("served_model_name", "",

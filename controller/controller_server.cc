@@ -174,6 +174,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   http.server.write_timeout_s = config.GetDouble("http_write_timeout_s");
   http.server.max_connections = config.GetInt("http_max_connections");
   http.request_timeout_s = config.GetDouble("request_timeout_s");
+  http.limits.max_n = static_cast<int32_t>(config.GetInt("max_n"));
   http.metrics_targets = [self](int http_port) { return self->MetricsTargetsJson(http_port); };
   http.last_error = [self] { return self->last_error(); };
   std::shared_ptr<grpc::ServerCredentials> credentials;
@@ -460,6 +461,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   engine_options.experts_per_group = std::max(1, first.experts_per_group());
   engine_options.experts_per_layer = first.num_experts();
   engine_options.report_limits = std::move(limits);
+  engine_options.model_name = ServedModelName();
   VAMP_ASSIGN_OR_RETURN(engine_options.vamp, VampArbiterConfigFromConfig(config_));
   auto context = std::make_shared<ServingContext>();
   context->model =

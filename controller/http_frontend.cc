@@ -31,19 +31,24 @@ void SendError(HttpExchange& exchange, const absl::Status& status) {
   exchange.Respond(HttpStatusFor(status), kJson, ErrorBody(status));
 }
 
-// The engine's events for one request on their way to its connection's loop. The engine thread
-// pushes (never blocks); the loop drains. One Post per burst: `posted` stays true until drained.
+// The engine's events for one request's choices on their way to its connection's loop. The
+// engine thread pushes (never blocks); the loop drains. One Post per burst: `posted` stays true
+// until drained.
 class PendingEvents {
  public:
+  struct Item {
+    int index;  // the choice
+    EngineEvent event;
+  };
   // True when the caller must schedule a drain.
-  bool Push(const EngineEvent& event) {
+  bool Push(int index, const EngineEvent& event) {
     absl::MutexLock lock(&mu_);
-    events_.push_back(event);
+    events_.push_back({index, event});
     const bool schedule = !posted_;
     posted_ = true;
     return schedule;
   }
-  std::deque<EngineEvent> Take() {
+  std::deque<Item> Take() {
     absl::MutexLock lock(&mu_);
     posted_ = false;
     return std::exchange(events_, {});
@@ -51,7 +56,7 @@ class PendingEvents {
 
  private:
   absl::Mutex mu_;
-  std::deque<EngineEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::deque<Item> events_ ABSL_GUARDED_BY(mu_);
   bool posted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -141,6 +146,10 @@ class Handler {
     exchange.Respond(serving ? 200 : 503, kJson, Dump(body));
   }
 
+  // One request of n choices: n engine requests sharing the prompt (the prefix cache shares its
+  // blocks), choice i seeded seed + i when a seed is given. A choice that a stop string ended
+  // is finished in the engine at once (its KV freed); a client that goes away or a unary request
+  // past its deadline aborts them all.
   void Generate(const std::shared_ptr<HttpExchange>& exchange, bool chat) {
     std::shared_ptr<const ServingContext> ctx = context_();
     if (ctx == nullptr) {
@@ -152,52 +161,77 @@ class Handler {
     }
     const std::string body = exchange->TakeBody();
     absl::StatusOr<ServingRequest> parsed =
-        chat ? ParseChatCompletionRequest(body, ctx->model, *ctx->tokenizer)
-             : ParseCompletionRequest(body, ctx->model, *ctx->tokenizer);
+        chat ? ParseChatCompletionRequest(body, ctx->model, *ctx->tokenizer, options_.limits)
+             : ParseCompletionRequest(body, ctx->model, *ctx->tokenizer, options_.limits);
     if (!parsed.ok()) return SendError(*exchange, parsed.status());
     const bool stream = parsed->stream;
     const ResponseOptions response = parsed->response;
+    const int n = response.n;
     auto pending = std::make_shared<PendingEvents>();
-    // Set right after Submit, on this loop thread; drains run on it too, later.
+    // Set after the Submits, on this loop thread; drains run on it too, later.
     auto writer = std::make_shared<std::optional<OpenAiResponseWriter>>();
-    // The sink runs on the engine thread: queue the event, wake the connection's loop once.
-    auto drain = [exchange, pending, writer, stream]() {
-      for (const EngineEvent& e : pending->Take()) {
-        if (!exchange->open()) return;
+    auto ids = std::make_shared<std::vector<RequestId>>();
+    // The sinks run on the engine thread: queue the event, wake the connection's loop once.
+    auto drain = [exchange, pending, writer, ids, stream, engine = ctx->engine]() {
+      for (const PendingEvents::Item& item : pending->Take()) {
+        // No writer: a later choice's Submit failed and the request was answered with its error.
+        if (!exchange->open() || !writer->has_value()) return;
+        OpenAiResponseWriter& w = **writer;
+        // Late events of a choice that a stop string ended (sent before its abort was seen).
+        if (w.choice_done(item.index)) continue;
         if (stream) {
-          exchange->Write((*writer)->StreamChunk(e));
-          if (e.finished) exchange->End();
+          exchange->Write(w.StreamChunk(item.index, item.event));
+        } else {
+          w.Append(item.index, item.event);
+        }
+        // A stop string ended the choice before the engine did: finish it there too.
+        if (w.choice_done(item.index) && !item.event.finished) {
+          engine->Abort((*ids)[item.index], FinishReason::kStop);
+        }
+        if (!w.done()) continue;
+        if (stream) {
+          exchange->End();
           continue;
         }
-        (*writer)->Append(e);
-        if (!e.finished) continue;
-        absl::StatusOr<std::string> body = (*writer)->Finish(e);
-        if (body.ok()) {
-          exchange->Respond(200, kJson, *body);
+        absl::StatusOr<std::string> out = w.Finish();
+        if (out.ok()) {
+          exchange->Respond(200, kJson, *out);
         } else {
-          SendError(*exchange, body.status());
+          SendError(*exchange, out.status());
         }
       }
     };
-    absl::StatusOr<RequestId> id = ctx->engine->Submit(
-        *std::move(parsed), [exchange, pending, drain](const EngineEvent& e) {
-          if (pending->Push(e)) exchange->Post(drain);
-        });
-    if (!id.ok()) return SendError(*exchange, id.status());
-    writer->emplace(ctx, response, *id, UnixSeconds());
+    const std::optional<uint64_t> seed = parsed->sampling.seed;
+    for (int i = 0; i < n; ++i) {
+      ServingRequest copy = *parsed;
+      if (seed.has_value()) copy.sampling.seed = *seed + static_cast<uint64_t>(i);
+      absl::StatusOr<RequestId> id = ctx->engine->Submit(
+          std::move(copy), [exchange, pending, drain, i](const EngineEvent& e) {
+            if (pending->Push(i, e)) exchange->Post(drain);
+          });
+      if (!id.ok()) {
+        for (RequestId submitted : *ids) ctx->engine->Abort(submitted);
+        return SendError(*exchange, id.status());
+      }
+      ids->push_back(*id);
+    }
+    writer->emplace(ctx, response, ids->front(), UnixSeconds());
     // A client that goes away (either kind of request) or a unary request past its deadline
-    // frees its sequence in the scheduler.
-    exchange->SetOnClose([engine = ctx->engine, id = *id] { engine->Abort(id); });
+    // frees its sequences in the scheduler (choices already finished are no longer there).
+    auto abort_all = [engine = ctx->engine, ids] {
+      for (RequestId id : *ids) engine->Abort(id);
+    };
+    exchange->SetOnClose(abort_all);
     if (stream) {
       exchange->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
       return;
     }
-    exchange->SetTimer(options_.request_timeout_s, [ex = exchange.get(), engine = ctx->engine,
-                                                    id = *id, limit = options_.request_timeout_s] {
-      engine->Abort(id);
-      SendError(*ex, absl::DeadlineExceededError(
-                         absl::StrCat("the request did not finish within ", limit, " s")));
-    });
+    exchange->SetTimer(options_.request_timeout_s,
+                       [ex = exchange.get(), abort_all, limit = options_.request_timeout_s] {
+                         abort_all();
+                         SendError(*ex, absl::DeadlineExceededError(absl::StrCat(
+                                            "the request did not finish within ", limit, " s")));
+                       });
   }
 
   const HttpFrontendOptions options_;

@@ -1,5 +1,6 @@
 #include "controller/openai_response.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -20,13 +21,6 @@ std::string Dump(const Json& j) {
 Json FinishReasonJson(FinishReason r) {
   if (r == FinishReason::kNone) return nullptr;
   return std::string(FinishReasonName(r));
-}
-
-Json Usage(const EngineEvent& e) {
-  return {{"prompt_tokens", e.prompt_tokens},
-          {"completion_tokens", e.completion_tokens},
-          {"total_tokens", e.prompt_tokens + e.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", e.cached_prompt_tokens}}}};
 }
 
 }  // namespace
@@ -61,6 +55,10 @@ Json ToolCallJson(const ToolCall& c) {
 
 }  // namespace
 
+OpenAiResponseWriter::Choice::Choice(const ServingContext& context,
+                                     const ResponseOptions& options)
+    : decoder(context.tokenizer.get()), stop(options.stop), parser(options) {}
+
 OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext> context,
                                            const ResponseOptions& options, RequestId request_id,
                                            int64_t created)
@@ -69,9 +67,10 @@ OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext>
       chat_(options.chat),
       include_usage_(options.include_usage),
       response_id_(absl::StrCat(options.chat ? "chatcmpl-" : "cmpl-", request_id)),
-      created_(created),
-      decoder_(context_->tokenizer.get()),
-      parser_(options) {}
+      created_(created) {
+  choices_.reserve(std::max(options.n, 1));
+  for (int i = 0; i < std::max(options.n, 1); ++i) choices_.emplace_back(*context_, options_);
+}
 
 OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext> context,
                                            bool chat, bool include_usage, RequestId request_id,
@@ -79,25 +78,95 @@ OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext>
     : OpenAiResponseWriter(context, DefaultOptions(*context, chat, include_usage), request_id,
                            created) {}
 
-std::string OpenAiResponseWriter::StreamChunk(const EngineEvent& e) {
+std::string OpenAiResponseWriter::Consume(Choice& c, const EngineEvent& e) {
+  c.tokens.insert(c.tokens.end(), e.token_ids.begin(), e.token_ids.end());
+  if (e.logprobs.size() == e.token_ids.size()) {
+    c.logprobs.insert(c.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+  } else {
+    c.logprobs_complete = false;
+  }
+  c.completion_tokens = e.completion_tokens;
+  prompt_tokens_ = e.prompt_tokens;
+  cached_prompt_tokens_ = std::max(cached_prompt_tokens_, e.cached_prompt_tokens);
+  std::string decoded = c.decoder.Next(e.token_ids);
+  if (e.finished) decoded += c.decoder.Finish();
+  std::string text = c.stop.Next(decoded);
+  if (c.stop.matched()) {
+    c.finish_reason = FinishReason::kStop;
+  } else if (e.finished) {
+    text += c.stop.Finish();
+    c.finish_reason = e.finish_reason;
+    c.error = e.error;
+  }
+  if (c.stop.matched() || e.finished) {
+    c.done = true;
+    ++num_done_;
+  }
+  return text;
+}
+
+Json OpenAiResponseWriter::Usage() const {
+  int32_t completion = 0;
+  for (const Choice& c : choices_) completion += c.completion_tokens;
+  return {{"prompt_tokens", prompt_tokens_},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt_tokens_ + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens_}}}};
+}
+
+Json OpenAiResponseWriter::LogprobsJson(const std::vector<int32_t>& tokens,
+                                        const std::vector<float>& logprobs) const {
+  if (logprobs.size() != tokens.size()) return nullptr;
+  Json content = Json::array();
+  Json strings = Json::array(), values = Json::array(), tops = Json::array(),
+       offsets = Json::array();
+  int64_t offset = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    std::string text;
+    context_->tokenizer->AppendTokenBytes(tokens[i], /*skip_special_tokens=*/false, &text);
+    if (chat_) {
+      Json bytes = Json::array();
+      for (unsigned char b : text) bytes.push_back(b);
+      content.push_back({{"token", text},
+                         {"logprob", logprobs[i]},
+                         {"bytes", std::move(bytes)},
+                         {"top_logprobs", Json::array()}});
+      continue;
+    }
+    strings.push_back(text);
+    values.push_back(logprobs[i]);
+    tops.push_back({{text, logprobs[i]}});
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(text.size());
+  }
+  if (chat_) return {{"content", std::move(content)}};
+  return {{"tokens", std::move(strings)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
+  Choice& c = choices_[index];
+  if (c.done) return "";
+  const bool first_chunk = !std::exchange(c.streamed, true);
+  std::string text = Consume(c, e);
   const char* object = chat_ ? "chat.completion.chunk" : "text_completion";
   Json chunk = {{"id", response_id_},
                 {"created", created_},
                 {"model", context_->model.id},
                 {"object", object}};
-  std::string text = decoder_.Next(e.token_ids);
-  if (e.finished) text += decoder_.Finish();
-  Json choice = {{"index", 0}, {"finish_reason", nullptr}, {"token_ids", e.token_ids}};
+  Json choice = {{"index", index}, {"finish_reason", nullptr}, {"token_ids", e.token_ids}};
   if (chat_) {
-    ChatDelta d = parser_.Next(text);
-    if (e.finished) {
-      ChatDelta rest = parser_.Finish();
+    ChatDelta d = c.parser.Next(text);
+    if (c.done) {
+      ChatDelta rest = c.parser.Finish();
       d.reasoning_content += rest.reasoning_content;
       d.content += rest.content;
-      for (auto& c : rest.tool_calls) d.tool_calls.push_back(std::move(c));
+      for (auto& call : rest.tool_calls) d.tool_calls.push_back(std::move(call));
     }
     Json delta = Json::object();
-    if (first_chunk_) delta["role"] = "assistant";
+    if (first_chunk) delta["role"] = "assistant";
     if (!d.reasoning_content.empty()) delta["reasoning_content"] = d.reasoning_content;
     // Plain chat keeps a content field in every chunk, as before (possibly "").
     if (!d.content.empty() || (d.reasoning_content.empty() && d.tool_calls.empty())) {
@@ -105,76 +174,88 @@ std::string OpenAiResponseWriter::StreamChunk(const EngineEvent& e) {
     }
     if (!d.tool_calls.empty()) {
       Json calls = Json::array();
-      for (const ChatDelta::Call& c : d.tool_calls) {
-        Json j = ToolCallJson(c.call);
-        j["index"] = c.index;
+      for (const ChatDelta::Call& call : d.tool_calls) {
+        Json j = ToolCallJson(call.call);
+        j["index"] = call.index;
         calls.push_back(std::move(j));
       }
       delta["tool_calls"] = std::move(calls);
     }
     choice["delta"] = std::move(delta);
-    choice["finish_reason"] = FinishReasonFor(e.finish_reason, parser_.called_tools());
+    choice["finish_reason"] = FinishReasonFor(c.finish_reason, c.parser.called_tools());
   } else {
-    choice["text"] = text;
-    choice["finish_reason"] = FinishReasonJson(e.finish_reason);
+    choice["text"] = first_chunk ? options_.echo + text : text;
+    choice["finish_reason"] = FinishReasonJson(c.finish_reason);
   }
-  first_chunk_ = false;
+  if (options_.logprobs) {
+    choice["logprobs"] = e.logprobs.size() == e.token_ids.size()
+                             ? LogprobsJson(e.token_ids, e.logprobs)
+                             : Json(nullptr);
+  }
   if (!e.error.empty()) choice["error"] = e.error;
   chunk["choices"] = Json::array({choice});
   std::string out = absl::StrCat("data: ", Dump(chunk), "\n\n");
-  if (e.finished && include_usage_) {
+  if (!done()) return out;
+  if (include_usage_) {
     Json usage = {{"id", response_id_},
                   {"created", created_},
                   {"model", context_->model.id},
                   {"object", object},
                   {"choices", Json::array()},
-                  {"usage", Usage(e)}};
+                  {"usage", Usage()}};
     absl::StrAppend(&out, "data: ", Dump(usage), "\n\n");
   }
-  if (e.finished) absl::StrAppend(&out, "data: [DONE]\n\n");
+  absl::StrAppend(&out, "data: [DONE]\n\n");
   return out;
 }
 
-void OpenAiResponseWriter::Append(const EngineEvent& e) {
-  tokens_.insert(tokens_.end(), e.token_ids.begin(), e.token_ids.end());
+void OpenAiResponseWriter::Append(int index, const EngineEvent& e) {
+  Choice& c = choices_[index];
+  if (!c.done) c.text += Consume(c, e);
 }
 
-absl::StatusOr<std::string> OpenAiResponseWriter::Finish(const EngineEvent& e) const {
-  if (!e.error.empty()) {
-    return absl::UnavailableError(absl::StrCat("request failed: ", e.error));
-  }
-  const std::string text = context_->tokenizer->Decode(tokens_);
-  Json choice = {{"index", 0},
-                 {"finish_reason", FinishReasonJson(e.finish_reason)},
-                 {"token_ids", tokens_},
-                 {"logprobs", nullptr}};
-  if (chat_) {
-    const ChatOutput parsed = ParseChatOutput(text, options_);
-    Json message = {{"role", "assistant"}};
-    message["content"] = parsed.content.has_value() ? Json(*parsed.content) : Json(nullptr);
-    if (parsed.reasoning_content.has_value()) {
-      message["reasoning_content"] = *parsed.reasoning_content;
+absl::StatusOr<std::string> OpenAiResponseWriter::Finish() const {
+  Json choices = Json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    if (!c.error.empty()) {
+      return absl::UnavailableError(absl::StrCat("request failed: ", c.error));
     }
-    if (!parsed.tool_calls.empty()) {
-      Json calls = Json::array();
-      for (const ToolCall& c : parsed.tool_calls) calls.push_back(ToolCallJson(c));
-      message["tool_calls"] = std::move(calls);
+    Json choice = {{"index", i},
+                   {"finish_reason", FinishReasonJson(c.finish_reason)},
+                   {"token_ids", c.tokens},
+                   {"logprobs", options_.logprobs && c.logprobs_complete
+                                    ? LogprobsJson(c.tokens, c.logprobs)
+                                    : Json(nullptr)}};
+    if (chat_) {
+      const ChatOutput parsed = ParseChatOutput(c.text, options_);
+      Json message = {{"role", "assistant"}};
+      message["content"] = parsed.content.has_value() ? Json(*parsed.content) : Json(nullptr);
+      if (parsed.reasoning_content.has_value()) {
+        message["reasoning_content"] = *parsed.reasoning_content;
+      }
+      if (!parsed.tool_calls.empty()) {
+        Json calls = Json::array();
+        for (const ToolCall& call : parsed.tool_calls) calls.push_back(ToolCallJson(call));
+        message["tool_calls"] = std::move(calls);
+      }
+      // Plain chat (no parsing asked for) keeps "content": "" for an empty reply, as before.
+      if (!options_.parse_reasoning && !options_.parse_tool_calls && !parsed.content.has_value()) {
+        message["content"] = "";
+      }
+      choice["message"] = std::move(message);
+      choice["finish_reason"] = FinishReasonFor(c.finish_reason, !parsed.tool_calls.empty());
+    } else {
+      choice["text"] = options_.echo + c.text;
     }
-    // Plain chat (no parsing asked for) keeps "content": "" for an empty reply, as before.
-    if (!options_.parse_reasoning && !options_.parse_tool_calls && !parsed.content.has_value()) {
-      message["content"] = "";
-    }
-    choice["message"] = std::move(message);
-    choice["finish_reason"] = FinishReasonFor(e.finish_reason, !parsed.tool_calls.empty());
-  } else {
-    choice["text"] = text;
+    choices.push_back(std::move(choice));
   }
   Json body = {{"id", response_id_},
                {"object", chat_ ? "chat.completion" : "text_completion"},
                {"created", created_},
                {"model", context_->model.id},
-               {"choices", Json::array({choice})},
-               {"usage", Usage(e)}};
+               {"choices", std::move(choices)},
+               {"usage", Usage()}};
   return Dump(body);
 }
 

@@ -27,19 +27,20 @@ struct EngineMetrics {
   prometheus::Counter& preemptions;
   prometheus::Counter& steps;
   prometheus::Family<prometheus::Counter>& decisions;
+  // Labelled model_name (ServingSeries); finished also by reason.
   prometheus::Family<prometheus::Counter>& finished;
-  prometheus::Histogram& ttft;
-  prometheus::Histogram& itl;
-  prometheus::Histogram& e2e;
-  prometheus::Histogram& queue;
+  prometheus::Family<prometheus::Histogram>& ttft;
+  prometheus::Family<prometheus::Histogram>& itl;
+  prometheus::Family<prometheus::Histogram>& e2e;
+  prometheus::Family<prometheus::Histogram>& queue;
   // The tax model's latest comparison (decision_log.h): both sides, over the arbiter's window.
   prometheus::Gauge& tax_seconds;
   prometheus::Gauge& value_seconds;
   prometheus::Gauge& ghost_tokens;
   prometheus::Gauge& preempt_tokens;
   prometheus::Gauge& h2d_bytes_per_second;
-  prometheus::Counter& prompt_tokens;
-  prometheus::Counter& generation_tokens;
+  prometheus::Family<prometheus::Counter>& prompt_tokens;
+  prometheus::Family<prometheus::Counter>& generation_tokens;
 
   static EngineMetrics& Get() {
     static EngineMetrics* m = [] {
@@ -50,9 +51,13 @@ struct EngineMetrics {
       auto counter = [&](const char* name, const char* help) -> prometheus::Counter& {
         return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
       };
-      auto histogram = [&](const char* name, const char* help) -> prometheus::Histogram& {
-        return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
-            {}, LatencyBucketsSeconds());
+      auto histograms = [&](const char* name,
+                            const char* help) -> prometheus::Family<prometheus::Histogram>& {
+        return prometheus::BuildHistogram().Name(name).Help(help).Register(r);
+      };
+      auto counters = [&](const char* name,
+                          const char* help) -> prometheus::Family<prometheus::Counter>& {
+        return prometheus::BuildCounter().Name(name).Help(help).Register(r);
       };
       return new EngineMetrics{
           gauge("vamp_scheduler_requests_running", "Requests in the running batch"),
@@ -69,14 +74,11 @@ struct EngineMetrics {
               .Name("vamp_arbiter_decisions_total")
               .Help("Memory arbiter decisions by chosen action")
               .Register(r),
-          prometheus::BuildCounter()
-              .Name("vamp_requests_finished_total")
-              .Help("Finished requests by reason")
-              .Register(r),
-          histogram("vamp_request_time_to_first_token_seconds", "Arrival to first token"),
-          histogram("vamp_request_inter_token_latency_seconds", "Between consecutive tokens"),
-          histogram("vamp_request_e2e_latency_seconds", "Arrival to the last token"),
-          histogram("vamp_request_queue_time_seconds", "Arrival to first scheduling"),
+          counters("vamp_requests_finished_total", "Finished requests by reason"),
+          histograms("vamp_request_time_to_first_token_seconds", "Arrival to first token"),
+          histograms("vamp_request_inter_token_latency_seconds", "Between consecutive tokens"),
+          histograms("vamp_request_e2e_latency_seconds", "Arrival to the last token"),
+          histograms("vamp_request_queue_time_seconds", "Arrival to first scheduling"),
           gauge("vamp_arbiter_offload_tax_seconds",
                 "Tax model, latest priced boundary move: staging stall it costs (offload) or "
                 "saves (restore) over the arbiter window"),
@@ -90,12 +92,49 @@ struct EngineMetrics {
                 "Tax model: tokens recomputed after preemptions over the arbiter window"),
           gauge("vamp_arbiter_h2d_bytes_per_second",
                 "Tax model: host-to-device bandwidth the offload tax is priced at (learned)"),
-          counter("vamp_prompt_tokens_total", "Prompt tokens of admitted requests"),
-          counter("vamp_generation_tokens_total", "Tokens generated and sent to clients")};
+          counters("vamp_prompt_tokens_total", "Prompt tokens of admitted requests"),
+          counters("vamp_generation_tokens_total", "Tokens generated and sent to clients")};
     }();
     return *m;
   }
 };
+
+}  // namespace
+
+// The serving series of one served model, labelled model_name as vLLM's are (dashboards and
+// alerts chart them per model): token counters, latency histograms, finished requests by reason.
+struct ServingSeries {
+  explicit ServingSeries(const std::string& model_name)
+      : model_name(model_name),
+        prompt_tokens(EngineMetrics::Get().prompt_tokens.Add({{"model_name", model_name}})),
+        generation_tokens(
+            EngineMetrics::Get().generation_tokens.Add({{"model_name", model_name}})),
+        ttft(LabelledHistogram(EngineMetrics::Get().ttft)),
+        itl(LabelledHistogram(EngineMetrics::Get().itl)),
+        e2e(LabelledHistogram(EngineMetrics::Get().e2e)),
+        queue(LabelledHistogram(EngineMetrics::Get().queue)) {}
+
+  prometheus::Counter& Finished(FinishReason reason) {
+    return EngineMetrics::Get().finished.Add(
+        {{"model_name", model_name}, {"reason", std::string(FinishReasonName(reason))}});
+  }
+
+  const std::string model_name;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& generation_tokens;
+  prometheus::Histogram& ttft;
+  prometheus::Histogram& itl;
+  prometheus::Histogram& e2e;
+  prometheus::Histogram& queue;
+
+ private:
+  prometheus::Histogram& LabelledHistogram(
+      prometheus::Family<prometheus::Histogram>& family) const {
+    return family.Add({{"model_name", model_name}}, LatencyBucketsSeconds());
+  }
+};
+
+namespace {
 
 void ToProto(const SamplingParams& sp, vamp::v1::SamplingParams* out) {
   out->set_temperature(sp.temperature);
@@ -114,7 +153,9 @@ void ToProto(const SamplingParams& sp, vamp::v1::SamplingParams* out) {
 }  // namespace
 
 ServingEngine::ServingEngine(AgentGroup* group, ServingEngineOptions options)
-    : group_(group), options_(std::move(options)) {}
+    : group_(group),
+      options_(std::move(options)),
+      series_(std::make_unique<ServingSeries>(options_.model_name)) {}
 
 absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* group,
                                                                    ServingEngineOptions options) {
@@ -170,9 +211,9 @@ absl::StatusOr<RequestId> ServingEngine::Submit(ServingRequest request, EngineSi
   return id;
 }
 
-void ServingEngine::Abort(RequestId id) {
+void ServingEngine::Abort(RequestId id, FinishReason reason) {
   absl::MutexLock lock(&mu_);
-  aborts_.push_back(id);
+  aborts_.emplace_back(id, reason);
   work_ = true;
 }
 
@@ -263,7 +304,7 @@ void ServingEngine::Loop() {
 
 void ServingEngine::AdmitPending() {
   std::deque<Pending> pending;
-  std::vector<RequestId> aborts;
+  std::vector<std::pair<RequestId, FinishReason>> aborts;
   {
     absl::MutexLock lock(&mu_);
     pending.swap(pending_);
@@ -290,14 +331,12 @@ void ServingEngine::AdmitPending() {
       continue;
     }
     live_[p.id] = Live{std::move(p.sink), p.arrival_micros, prompt_tokens};
-    EngineMetrics::Get().prompt_tokens.Increment(prompt_tokens);
+    series_->prompt_tokens.Increment(prompt_tokens);
   }
-  for (RequestId id : aborts) {
+  for (const auto& [id, reason] : aborts) {
     if (live_.erase(id) > 0 && scheduler_->AbortRequest(id).ok()) {
-      // Clients that went away (or timed out) end their requests too: count them as finished.
-      EngineMetrics::Get()
-          .finished.Add({{"reason", std::string(FinishReasonName(FinishReason::kAbort))}})
-          .Increment();
+      // Clients that went away (or timed out) and stop strings end requests too: count them.
+      series_->Finished(reason).Increment();
     }
   }
 }
@@ -389,6 +428,8 @@ void ServingEngine::RunStep() {
     ToProto(n.sampling_params, r->mutable_sampling());
     r->set_eos_token_id(n.eos_token_id.value_or(-1));
     r->set_min_tokens(n.sampling_params.min_tokens);
+    r->mutable_stop_token_ids()->Add(n.sampling_params.stop_token_ids.begin(),
+                                     n.sampling_params.stop_token_ids.end());
   }
   for (const CachedRequestPlan& c : plan->cached_requests) {
     vamp::v1::CachedRequest* r = request.add_cached_requests();
@@ -411,11 +452,15 @@ void ServingEngine::RunStep() {
   if (plan->empty()) return;
   StepOutput output;
   output.step = plan->step;
+  absl::flat_hash_map<RequestId, std::vector<float>> logprobs;
   for (const vamp::v1::SampledTokens& s : (*responses)[0].sampled()) {
     SampledTokens tokens;
     tokens.request_id = s.request_id();
     tokens.token_ids.assign(s.token_ids().begin(), s.token_ids().end());
     output.sampled.push_back(std::move(tokens));
+    if (s.logprobs_size() == s.token_ids_size()) {
+      logprobs[s.request_id()].assign(s.logprobs().begin(), s.logprobs().end());
+    }
   }
   absl::StatusOr<std::vector<RequestOutput>> outputs = scheduler_->UpdateFromOutput(output);
   if (!outputs.ok()) {
@@ -447,13 +492,14 @@ void ServingEngine::RunStep() {
     vamp_arbiter_->ObserveStep(timing);
   }
   for (const QueueTimeSample& q : scheduler_->Stats().step_queue_times) {
-    metrics.queue.Observe(static_cast<double>(q.queue_micros) * 1e-6);
+    series_->queue.Observe(static_cast<double>(q.queue_micros) * 1e-6);
   }
-  Deliver(*outputs);
+  Deliver(*outputs, logprobs);
 }
 
-void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs) {
-  EngineMetrics& metrics = EngineMetrics::Get();
+void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs,
+                            const absl::flat_hash_map<RequestId, std::vector<float>>& logprobs) {
+  ServingSeries& metrics = *series_;
   const int64_t now = SteadyClock::Get().NowMicros();
   for (const RequestOutput& o : outputs) {
     auto it = live_.find(o.request_id);
@@ -462,6 +508,12 @@ void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs) {
     const Request* request = scheduler_->FindRequest(o.request_id);
     EngineEvent event;
     event.token_ids.assign(o.new_token_ids.begin(), o.new_token_ids.end());
+    // The accepted tokens are a prefix of the sampled ones (the scheduler drops what follows a
+    // stop token).
+    if (auto lp = logprobs.find(o.request_id);
+        lp != logprobs.end() && lp->second.size() >= event.token_ids.size()) {
+      event.logprobs.assign(lp->second.begin(), lp->second.begin() + event.token_ids.size());
+    }
     const double since_arrival_s = static_cast<double>(now - live.arrival_micros) * 1e-6;
     if (!event.token_ids.empty()) {
       if (live.completion_tokens == 0) {
@@ -484,8 +536,7 @@ void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs) {
       event.finished = true;
       event.finish_reason = o.finish_reason;
       metrics.e2e.Observe(since_arrival_s);
-      metrics.finished.Add({{"reason", std::string(FinishReasonName(o.finish_reason))}})
-          .Increment();
+      metrics.Finished(o.finish_reason).Increment();
       // One line per request for operators; counts and times only, never prompt or output text.
       VAMP_LOG(INFO) << "request " << o.request_id << " finished: reason "
                      << FinishReasonName(o.finish_reason) << ", prompt_tokens "

@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -35,9 +36,14 @@
 
 namespace vamp {
 
+struct ServingSeries;  // serving_engine.cc: the engine's labelled Prometheus series
+
 // What a request's sink receives: new tokens, and at the end the finish reason and usage.
 struct EngineEvent {
   std::vector<int32_t> token_ids;
+  // Per token of token_ids: its log-probability as the agents sampled it (SampledTokens.logprobs;
+  // empty when the agents sent none).
+  std::vector<float> logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;  // set when the request failed (finish_reason kAbort)
@@ -61,6 +67,9 @@ struct ServingEngineOptions {
   AgentReportLimits report_limits;
   // Idle wait of the loop when nothing is runnable (µs).
   int64_t idle_wait_micros = 2000;
+  // The served model's id: the model_name label of the serving metrics (tokens, latencies,
+  // finished requests), as vLLM labels them.
+  std::string model_name;
 
 };
 
@@ -73,8 +82,10 @@ class ServingEngine {
 
   // Queues a request; its events go to `sink`. UNAVAILABLE while unhealthy or draining.
   absl::StatusOr<RequestId> Submit(ServingRequest request, EngineSink sink);
-  // Ends a request (client went away); its sink gets no further events.
-  void Abort(RequestId id);
+  // Ends a request early and frees its KV blocks; its sink gets no further events. `reason` is
+  // what vamp_requests_finished_total counts it as: kAbort (the client went away or timed out)
+  // or kStop (the front end matched a stop string in its text).
+  void Abort(RequestId id, FinishReason reason = FinishReason::kAbort);
   // Offloads (groups > 0) or restores (groups < 0) expert groups on every rank, between steps.
   // Blocks until done. Restore waits until the KV tail it takes back is free.
   absl::Status ForceRemap(int32_t groups);
@@ -129,12 +140,15 @@ class ServingEngine {
   std::optional<absl::Status> Remap(int32_t groups);
   void RunStep();
   void FailAll(const absl::Status& status);
-  void Deliver(const std::vector<RequestOutput>& outputs);
+  // `logprobs`: the step's sampled log-probabilities by request (rank 0's answer).
+  void Deliver(const std::vector<RequestOutput>& outputs,
+               const absl::flat_hash_map<RequestId, std::vector<float>>& logprobs);
   void PublishSnapshot();
   int64_t NextStepId() { return next_step_id_++; }
 
   AgentGroup* group_;
   ServingEngineOptions options_;
+  std::unique_ptr<ServingSeries> series_;
   std::unique_ptr<RemoteExpander> expander_;
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
   VampArbiter* vamp_arbiter_ = nullptr;    // the scheduler's arbiter when it is the cost model
@@ -148,7 +162,7 @@ class ServingEngine {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   RequestId next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<RequestId> aborts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<RequestId, FinishReason>> aborts_ ABSL_GUARDED_BY(mu_);
   std::deque<Command*> commands_ ABSL_GUARDED_BY(mu_);
   std::string arbiter_name_ ABSL_GUARDED_BY(mu_);
   VampArbiterConfig vamp_config_ ABSL_GUARDED_BY(mu_);

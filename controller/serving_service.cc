@@ -167,13 +167,10 @@ absl::StatusOr<ServingRequest> FromGenerateRequest(const vamp::v1::GenerateReque
   out.sampling.temperature = sp.temperature();
   out.sampling.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
   out.sampling.top_k = sp.top_k();
-  // Not supported by the agents' samplers yet: refuse per request rather than fail a batch.
-  if (sp.min_p() != 0) return FieldError("sampling.min_p", "is not supported yet");
-  if (sp.presence_penalty() != 0 || sp.frequency_penalty() != 0 ||
-      (sp.repetition_penalty() != 0 && sp.repetition_penalty() != 1)) {
-    return FieldError("sampling", "presence, frequency and repetition penalties are not "
-                                  "supported yet");
-  }
+  out.sampling.min_p = sp.min_p();
+  out.sampling.presence_penalty = sp.presence_penalty();
+  out.sampling.frequency_penalty = sp.frequency_penalty();
+  out.sampling.repetition_penalty = sp.repetition_penalty() == 0 ? 1.0f : sp.repetition_penalty();
   if (sp.has_seed()) out.sampling.seed = sp.seed();
   const auto& stop = request.stop();
   if (stop.max_tokens() < 0) return FieldError("stop.max_tokens", "must be >= 0 (0 = default)");
@@ -187,8 +184,7 @@ absl::StatusOr<ServingRequest> FromGenerateRequest(const vamp::v1::GenerateReque
   }
   out.sampling.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());
   out.sampling.ignore_eos = stop.ignore_eos();
-  // The agents' samplers cannot suppress EOS yet, which min_tokens needs.
-  if (stop.min_tokens() != 0) return FieldError("stop.min_tokens", "is not supported yet");
+  out.sampling.min_tokens = stop.min_tokens();
   out.cache_salt = request.cache_salt();
   out.priority = request.priority();
   if (absl::Status s = out.sampling.Validate(); !s.ok()) return s;

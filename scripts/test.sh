@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 preset=${VAMP_BUILD_PRESET:-release}
 bash scripts/install-deps.sh
 bash scripts/fetch-tokenizers.sh  # Qwen3's tokenizer for the goldens (cached; offline after once)
+bash scripts/fetch-openai-sdk.sh  # the openai npm SDK for tests/sdk (cached; offline after once)
 echo "==> building ($preset)"
 bash scripts/build.sh --preset "$preset"
 echo "==> testing"

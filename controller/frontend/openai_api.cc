@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 
 namespace vamp {
@@ -91,7 +92,57 @@ absl::StatusOr<int32_t> TokenIdFromJson(const Json& id, const ServedModel& model
 }
 
 // Fields shared by both endpoints: model, sampling, stop conditions, streaming, extensions.
-absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequest* out) {
+// Chat: logprobs (bool) and top_logprobs (0..20, needs logprobs); completions: logprobs (an
+// integer 0..5, the number of alternatives). Alternatives are not reported yet: only 0.
+absl::Status ParseLogprobs(const Json& body, bool chat, bool* out) {
+  const bool has_logprobs = body.contains("logprobs") && !body["logprobs"].is_null();
+  const bool has_top = body.contains("top_logprobs") && !body["top_logprobs"].is_null();
+  int32_t alternatives = 0;
+  if (chat) {
+    absl::Status s = OptionalBool(body, "logprobs", out);
+    if (!s.ok()) return s;
+    s = OptionalNumber(body, "top_logprobs", 0, 20, &alternatives);
+    if (!s.ok()) return s;
+    if (has_top && !*out) return FieldError("top_logprobs", "needs logprobs = true");
+    if (alternatives > 0) {
+      return FieldError("top_logprobs",
+                        "only 0 is supported yet (each chosen token's log-probability)");
+    }
+    return absl::OkStatus();
+  }
+  if (has_top) return FieldError("top_logprobs", "is a chat field; completions use logprobs");
+  absl::Status s = OptionalNumber(body, "logprobs", 0, 5, &alternatives);
+  if (!s.ok()) return s;
+  if (alternatives > 0) {
+    return FieldError("logprobs", "only 0 is supported yet (each chosen token's log-probability)");
+  }
+  *out = has_logprobs;
+  return absl::OkStatus();
+}
+
+// stop: a string or an array of strings (null and [] mean none).
+absl::Status ParseStop(const Json& body, std::vector<std::string>* out) {
+  if (!body.contains("stop") || body["stop"].is_null()) return absl::OkStatus();
+  const Json& stop = body["stop"];
+  const Json list = stop.is_string() ? Json::array({stop}) : stop;
+  if (!list.is_array()) return FieldError("stop", "must be a string or an array of strings");
+  if (list.size() > static_cast<size_t>(kMaxStopStrings)) {
+    return FieldError("stop", absl::StrCat("at most ", kMaxStopStrings, " stop strings, got ",
+                                           list.size()));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_string() || list[i].get<std::string>().empty() ||
+        list[i].get<std::string>().size() > static_cast<size_t>(kMaxStopStringBytes)) {
+      return FieldError("stop", absl::StrCat("element ", i, " must be a non-empty string of at most ",
+                                             kMaxStopStringBytes, " bytes"));
+    }
+    out->push_back(list[i].get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseCommon(const Json& body, const ServedModel& model, const RequestLimits& limits,
+                         ServingRequest* out) {
   if (body.contains("model") && !body["model"].is_null()) {
     if (!body["model"].is_string()) return FieldError("model", "must be a string");
     out->model = body["model"].get<std::string>();
@@ -106,10 +157,11 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequ
     out->model = model.id;
   }
   SamplingParams& sp = out->sampling;
-  int32_t n = 1;
-  absl::Status s;
-  s.Update(OptionalNumber(body, "n", 1, 1, &n));
-  if (!s.ok()) return FieldError("n", "only n = 1 is supported");
+  absl::Status s = OptionalNumber(body, "n", 1, limits.max_n, &out->response.n);
+  if (!s.ok()) {
+    return FieldError("n", absl::StrCat("must be an integer in [1, ", limits.max_n,
+                                        "] (the server's --max_n)"));
+  }
   int32_t max_tokens = 0;
   const char* max_field = body.contains("max_completion_tokens") ? "max_completion_tokens"
                                                                  : "max_tokens";
@@ -133,13 +185,6 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequ
   s.Update(OptionalBool(body, "stream", &out->stream));
   s.Update(OptionalNumber(body, "priority", -1000000, 1000000, &out->priority));
   if (!s.ok()) return s;
-  // Accepted by the API but not by the agents' samplers yet: refuse them here, per request,
-  // rather than fail a whole batch on the agents.
-  if (sp.min_tokens != 0) return FieldError("min_tokens", "is not supported yet");
-  if (sp.min_p != 0) return FieldError("min_p", "is not supported yet");
-  if (sp.presence_penalty != 0) return FieldError("presence_penalty", "is not supported yet");
-  if (sp.frequency_penalty != 0) return FieldError("frequency_penalty", "is not supported yet");
-  if (sp.repetition_penalty != 1) return FieldError("repetition_penalty", "is not supported yet");
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const Json& so = body["stream_options"];
     if (!so.is_object()) return FieldError("stream_options", "must be an object");
@@ -156,13 +201,16 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, ServingRequ
       sp.stop_token_ids.push_back(*id);
     }
   }
-  if (body.contains("stop") && !body["stop"].is_null() &&
-      !(body["stop"].is_array() && body["stop"].empty())) {
-    return FieldError("stop", "stop strings are not supported yet; use stop_token_ids");
-  }
-  if (body.contains("logprobs") && !body["logprobs"].is_null() &&
-      !(body["logprobs"].is_boolean() && !body["logprobs"].get<bool>())) {
-    return FieldError("logprobs", "log probabilities are not supported");
+  s = ParseStop(body, &out->response.stop);
+  if (!s.ok()) return s;
+  s = ParseLogprobs(body, out->chat, &out->response.logprobs);
+  if (!s.ok()) return s;
+  if (out->response.logprobs &&
+      (sp.min_p != 0 || sp.presence_penalty != 0 || sp.frequency_penalty != 0 ||
+       sp.repetition_penalty != 1 || sp.min_tokens != 0)) {
+    return FieldError("logprobs",
+                      "cannot be combined with min_p, min_tokens or penalties yet (the agents "
+                      "report log-probabilities after them, not the model's raw ones)");
   }
   if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
       !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
@@ -204,8 +252,15 @@ absl::Status CheckLength(ServingRequest* out, const ServedModel& model, absl::st
                                    prompt, "-token prompt leaves ", room, " of ",
                                    model.max_model_len));
   }
+  // Validate names the field as "sampling_params.<field>: ..."; the client knows it as <field>.
   absl::Status v = out->sampling.Validate();
-  if (!v.ok()) return FieldError("sampling", v.message());
+  if (!v.ok()) {
+    absl::string_view message = v.message();
+    absl::ConsumePrefix(&message, "sampling_params.");
+    const size_t colon = message.find(':');
+    return FieldError(message.substr(0, colon),
+                      colon == absl::string_view::npos ? message : message.substr(colon + 2));
+  }
   return absl::OkStatus();
 }
 
@@ -378,12 +433,13 @@ absl::Status ParseTools(const Json& body, const Tokenizer& tokenizer, ChatTempla
 
 absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
                                                       const ServedModel& model,
-                                                      const Tokenizer& tokenizer) {
+                                                      const Tokenizer& tokenizer,
+                                                      const RequestLimits& limits) {
   absl::StatusOr<Json> body = ParseBody(text);
   if (!body.ok()) return body.status();
   ServingRequest out;
   out.sampling.max_tokens = kDefaultCompletionMaxTokens;
-  absl::Status s = ParseCommon(*body, model, &out);
+  absl::Status s = ParseCommon(*body, model, limits, &out);
   if (!s.ok()) return s;
   if (!body->contains("prompt")) return FieldError("prompt", "is required");
   const Json& prompt = (*body)["prompt"];
@@ -409,9 +465,16 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
   // Text is encoded by the tokenizer; its ids are checked too.
   s = CheckTokenIds(out.prompt_token_ids, model, "prompt");
   if (!s.ok()) return s;
-  if (body->contains("echo") && (*body)["echo"].is_boolean() && (*body)["echo"].get<bool>()) {
-    return FieldError("echo", "echo is not supported");
+  bool echo = false;
+  s = OptionalBool(*body, "echo", &echo);
+  if (!s.ok()) return s;
+  if (echo && out.response.logprobs) {
+    return FieldError("echo", "echo with logprobs is not supported (it needs the prompt's "
+                              "log-probabilities, which are not computed)");
   }
+  // The prompt as text: a text prompt as given, token ids decoded.
+  if (echo) out.response.echo = p->is_string() ? p->get<std::string>()
+                                               : tokenizer.Decode(out.prompt_token_ids);
   s = CheckLength(&out, model, "prompt");
   if (!s.ok()) return s;
   out.response.include_usage = out.include_usage;
@@ -420,12 +483,13 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
 
 absl::StatusOr<ServingRequest> ParseChatCompletionRequest(absl::string_view text,
                                                           const ServedModel& model,
-                                                          const Tokenizer& tokenizer) {
+                                                          const Tokenizer& tokenizer,
+                                                          const RequestLimits& limits) {
   absl::StatusOr<Json> body = ParseBody(text);
   if (!body.ok()) return body.status();
   ServingRequest out;
   out.chat = true;
-  absl::Status s = ParseCommon(*body, model, &out);
+  absl::Status s = ParseCommon(*body, model, limits, &out);
   if (!s.ok()) return s;
   if (!body->contains("messages") || !(*body)["messages"].is_array() ||
       (*body)["messages"].empty()) {

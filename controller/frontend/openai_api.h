@@ -42,6 +42,16 @@ struct ResponseOptions {
   // Text the prompt already opened the assistant's reply with (tool_choice "required" or a named
   // function prefill "<tool_call>\n…"); the parsers read it before the generated text.
   std::string assistant_prefix;
+  // Choices per request (n): the front end runs n engine requests, choice i with seed + i.
+  int32_t n = 1;
+  // Stop strings: each choice's text ends before the first of them (not included), finish_reason
+  // "stop" (controller/frontend/stop_strings.h).
+  std::vector<std::string> stop;
+  // Completions with echo: the prompt's text, sent before each choice's generated text.
+  std::string echo;
+  // Return each output token's log-probability (chat: logprobs true with top_logprobs 0;
+  // completions: logprobs 0), in OpenAI's response shapes.
+  bool logprobs = false;
 };
 
 struct ServingRequest {
@@ -58,10 +68,21 @@ struct ServingRequest {
 
 // Default max_tokens when a completion request gives none (OpenAI's default for completions).
 inline constexpr int32_t kDefaultCompletionMaxTokens = 16;
+// Most stop strings a request may give, and the longest one (bytes).
+inline constexpr int32_t kMaxStopStrings = 16;
+inline constexpr int32_t kMaxStopStringBytes = 1024;
 
+// Limits the server applies to requests (flags of vamp-controller).
+struct RequestLimits {
+  int32_t max_n = 16;  // most choices (n) per request
+};
+
+// Completion requests: prompt (text, or one array of token ids), echo (the prompt's text before
+// the output; echo with logprobs is refused), stop, n and the sampling fields.
 absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view body,
                                                       const ServedModel& model,
-                                                      const Tokenizer& tokenizer);
+                                                      const Tokenizer& tokenizer,
+                                                      const RequestLimits& limits = {});
 // Chat requests: messages (with tool_calls, tool_call_id, name, reasoning_content), tools,
 // tool_choice ("none" | "auto" | "required" | {"type": "function", "function": {"name"}}),
 // parallel_tool_calls, chat_template_kwargs and add_generation_prompt go through the tokenizer's
@@ -71,7 +92,8 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view body,
 // non-empty logit_bias are refused with a 400 naming the field.
 absl::StatusOr<ServingRequest> ParseChatCompletionRequest(absl::string_view body,
                                                           const ServedModel& model,
-                                                          const Tokenizer& tokenizer);
+                                                          const Tokenizer& tokenizer,
+                                                          const RequestLimits& limits = {});
 
 // HTTP status for a Status from the parsers or the engine (400, 404, 429, 500, 503).
 int HttpStatusFor(const absl::Status& status);

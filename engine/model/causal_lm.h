@@ -130,6 +130,20 @@ class ExpertWeightSink {
   virtual absl::Status StoreExpertShard(int layer, int expert, absl::Span<const float> shard) = 0;
 };
 
+// Penalties, min_tokens bans and min_p of one step's logits rows, applied to the logits before
+// sampling as kernels::cpu::ProcessLogits does (its LogitsProcessing, as host spans): per-row
+// arrays of the rows' count, entry_offsets of rows + 1, entry arrays of entry_offsets.back().
+struct StepLogitsProcessing {
+  absl::Span<const int32_t> entry_offsets;
+  absl::Span<const int32_t> entry_tokens;
+  absl::Span<const int32_t> entry_counts;
+  absl::Span<const uint8_t> entry_flags;
+  absl::Span<const float> repetition_penalties;
+  absl::Span<const float> frequency_penalties;
+  absl::Span<const float> presence_penalties;
+  absl::Span<const float> min_ps;
+};
+
 // The sampling parameters of one step's logits rows (one entry per row, in
 // ForwardBatch::logits_indices order), as kernels::cpu::SampleTokens takes them.
 struct StepSampling {
@@ -138,6 +152,8 @@ struct StepSampling {
   absl::Span<const float> top_ps;
   absl::Span<const uint64_t> seeds;
   absl::Span<const int64_t> draw_indices;
+  // Applied before sampling; null when no row needs it.
+  const StepLogitsProcessing* processing = nullptr;
 };
 
 class CausalLm {
@@ -163,7 +179,8 @@ class CausalLm {
   // Whether ForwardAndSample is available: a model whose logits live on an accelerator samples
   // there, so the runner never copies [rows, vocab] logits to the host. Default: no.
   virtual bool SamplesOnDevice() const { return false; }
-  // Forward, then every logits row sampled with kernels::cpu::SampleTokens' semantics (same
+  // Forward, then every logits row processed with kernels::cpu::ProcessLogits (when
+  // sampling.processing is set) and sampled with kernels::cpu::SampleTokens' semantics (same
   // tokens, same counter-based draws) on the model's device; `tokens` and `logprobs` are host
   // arrays of batch.logits_indices.size() entries. Only called when SamplesOnDevice().
   virtual absl::Status ForwardAndSample(const ForwardBatch& batch, const KvCacheView& kv,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -161,6 +162,21 @@ absl::Status ModelRunner::Validate(const StepInput& input) const {
     if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "new request ", r.id, ": sampling.top_p must be in (0, 1], got ", r.sampling.top_p));
+    }
+    const RunnerSamplingParams& sp = r.sampling;
+    if (!(sp.repetition_penalty > 0.0f) || !std::isfinite(sp.repetition_penalty) ||
+        !std::isfinite(sp.frequency_penalty) || !std::isfinite(sp.presence_penalty) ||
+        !(sp.min_p >= 0.0f && sp.min_p <= 1.0f) || sp.min_tokens < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "new request ", r.id, ": repetition_penalty must be > 0, the other penalties finite, "
+          "min_p in [0, 1] and min_tokens >= 0; got ", sp.repetition_penalty, ", ",
+          sp.frequency_penalty, ", ", sp.presence_penalty, ", ", sp.min_p, ", ", sp.min_tokens));
+    }
+    for (int32_t id : sp.min_tokens_banned_ids) {
+      if (id < 0 || id >= vocab) {
+        return absl::OutOfRangeError(absl::StrCat("new request ", r.id, ": banned token ", id,
+                                                  " is outside the vocabulary of ", vocab));
+      }
     }
     s = {true, static_cast<int64_t>(r.prompt_token_ids.size()), r.num_computed_tokens,
          static_cast<int64_t>(r.block_ids.size())};
@@ -343,13 +359,40 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   const int64_t m = static_cast<int64_t>(sampling_seqs.size());
   sampled_.resize(m);
   logprobs_.resize(m);
+  // Penalties, min_tokens bans and min_p, for every sampling row once any row needs them.
+  bool process = false;
+  for (size_t i : sampling_seqs) process |= batch_.sampling(slots[i]).needs_processing();
+  entry_offsets_.assign(1, 0);
+  entry_tokens_.clear();
+  entry_counts_.clear();
+  entry_flags_.clear();
+  repetition_penalties_.clear();
+  frequency_penalties_.clear();
+  presence_penalties_.clear();
+  min_ps_.clear();
+  if (process) {
+    for (size_t i : sampling_seqs) {
+      const RunnerSamplingParams& p = batch_.sampling(slots[i]);
+      batch_.AppendProcessingEntries(slots[i], &entry_tokens_, &entry_counts_, &entry_flags_);
+      entry_offsets_.push_back(static_cast<int32_t>(entry_tokens_.size()));
+      repetition_penalties_.push_back(p.repetition_penalty);
+      frequency_penalties_.push_back(p.frequency_penalty);
+      presence_penalties_.push_back(p.presence_penalty);
+      min_ps_.push_back(p.min_p);
+    }
+  }
+  const StepLogitsProcessing processing{entry_offsets_,       entry_tokens_,
+                                        entry_counts_,        entry_flags_,
+                                        repetition_penalties_, frequency_penalties_,
+                                        presence_penalties_,  min_ps_};
 
   // Without return_all_logits the logits rows are exactly the sampling rows, in order: a model
   // that samples on its device does so and returns only tokens.
   const bool device_sampling = !input.return_all_logits && model_->SamplesOnDevice();
   auto start = std::chrono::steady_clock::now();
   if (device_sampling) {
-    const StepSampling sampling{temperatures_, top_ks_, top_ps_, seeds_, draw_indices_};
+    const StepSampling sampling{temperatures_, top_ks_,      top_ps_,
+                                seeds_,        draw_indices_, process ? &processing : nullptr};
     VAMP_RETURN_IF_ERROR(model_->ForwardAndSample(fb, kv_, experts_, comm_, sampling,
                                                   sampled_.data(), logprobs_.data()));
   } else {
@@ -371,6 +414,13 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
     for (size_t i : sampling_seqs) {
       rows.insert(rows.end(), logits_.begin() + sample_row[i] * vocab,
                   logits_.begin() + (sample_row[i] + 1) * vocab);
+    }
+    if (process) {
+      kernels::cpu::ProcessLogits(
+          rows.data(), vocab, m, vocab,
+          {entry_offsets_.data(), entry_tokens_.data(), entry_counts_.data(), entry_flags_.data(),
+           repetition_penalties_.data(), frequency_penalties_.data(), presence_penalties_.data(),
+           min_ps_.data(), temperatures_.data()});
     }
     sample_indices_.resize(m * vocab);
     sample_values_.resize(m * vocab);

@@ -83,6 +83,10 @@ class ModelRunner {
   std::vector<int32_t> top_ks_, sample_indices_, sampled_;
   std::vector<uint64_t> seeds_;
   std::vector<int64_t> draw_indices_;
+  // The step's ProcessLogits arrays (StepLogitsProcessing), empty when no row needs them.
+  std::vector<int32_t> entry_offsets_, entry_tokens_, entry_counts_;
+  std::vector<uint8_t> entry_flags_;
+  std::vector<float> repetition_penalties_, frequency_penalties_, presence_penalties_, min_ps_;
 };
 
 // The KvCacheView of `region`'s currently mapped blocks, for the `engine` ("CPU", "GPU") that

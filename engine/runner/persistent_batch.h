@@ -1,5 +1,6 @@
 // The runner's state of every live request, kept across steps so that each step carries only
-// deltas: token ids (prompt and sampled outputs), progress, sampling parameters, and the block
+// deltas: token ids (prompt and sampled outputs), progress, sampling parameters (and, for requests
+// with penalties, each token's output count), and the block
 // table, a dense [max_num_seqs, max_blocks_per_seq] array of KV block ids indexed by slot (the
 // layout a GPU kernel reads directly). Slots of finished requests are reused.
 //
@@ -41,7 +42,18 @@ class PersistentBatch {
   const std::vector<int32_t>& tokens(int slot) const { return slots_[slot].tokens; }
   int32_t num_computed(int slot) const { return slots_[slot].num_computed; }
   void set_num_computed(int slot, int32_t n) { slots_[slot].num_computed = n; }
-  void AppendToken(int slot, int32_t token) { slots_[slot].tokens.push_back(token); }
+  // Appends a sampled token (an output: counted for the penalties and min_tokens).
+  void AppendToken(int slot, int32_t token);
+  // Outputs generated so far (tokens past the prompt).
+  int32_t num_outputs(int slot) const {
+    return static_cast<int32_t>(slots_[slot].tokens.size()) - slots_[slot].num_prompt_tokens;
+  }
+  // The request's ProcessLogits entries for its next token, appended to the arrays: every token
+  // of its prompt or outputs when it has penalties (flags kLogitInPrompt, count = outputs), and
+  // its min_tokens_banned_ids (kLogitBanned) while it has fewer than min_tokens outputs. Each
+  // token once. Appends nothing for requests without processing.
+  void AppendProcessingEntries(int slot, std::vector<int32_t>* tokens,
+                               std::vector<int32_t>* counts, std::vector<uint8_t>* flags) const;
   const RunnerSamplingParams& sampling(int slot) const { return slots_[slot].sampling; }
   uint64_t seed(int slot) const { return slots_[slot].seed; }
   int32_t num_blocks(int slot) const { return slots_[slot].num_blocks; }
@@ -58,6 +70,14 @@ class PersistentBatch {
     int32_t num_blocks = 0;
     RunnerSamplingParams sampling;
     uint64_t seed = 0;
+    int32_t num_prompt_tokens = 0;
+    // With penalties: every prompt or output token, its output count and whether the prompt
+    // has it (kernels::cpu::kLogitInPrompt).
+    struct Seen {
+      int32_t count = 0;
+      uint8_t flags = 0;
+    };
+    absl::flat_hash_map<int32_t, Seen> seen;
   };
 
   const int64_t max_num_seqs_;

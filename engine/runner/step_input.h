@@ -23,6 +23,24 @@ struct RunnerSamplingParams {
   // Per-request seed: the same seed gives the same tokens however the request is batched. Unset:
   // derived from the runner's seed and the request id (identical on every tensor-parallel rank).
   std::optional<uint64_t> seed;
+  // vLLM's semantics (kernels::cpu::ProcessLogits): repetition over prompt and output tokens
+  // (1 = off, > 0), frequency and presence over output tokens (0 = off), min_p relative to the
+  // most likely token after temperature (0 = off, [0, 1]).
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  float min_p = 0.0f;
+  // Until min_tokens outputs exist, these tokens (EOS and stop_token_ids) cannot be sampled.
+  int32_t min_tokens = 0;
+  std::vector<int32_t> min_tokens_banned_ids;  // distinct, in [0, vocab)
+
+  // Whether the logits need ProcessLogits before sampling (at some step).
+  bool has_penalties() const {
+    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
+  }
+  bool needs_processing() const {
+    return has_penalties() || min_p > 0.0f || (min_tokens > 0 && !min_tokens_banned_ids.empty());
+  }
 };
 
 // A request the runner has not seen (or has forgotten, e.g. after an agent restart).
@@ -35,6 +53,9 @@ struct NewRequestData {
   // Tokens whose KV is already cached (a prefix-cache hit): computation starts after them.
   int32_t num_computed_tokens = 0;
   RunnerSamplingParams sampling;
+  // How many of prompt_token_ids are the request's prompt (the rest are outputs, which the
+  // penalties and min_tokens count); 0 means all of them.
+  int32_t num_prompt_tokens = 0;
 };
 
 // Changes to a request the runner already holds.
@@ -68,7 +89,9 @@ struct StepInput {
 struct SampledToken {
   RunnerRequestId id = 0;
   int32_t token = 0;
-  float logprob = 0.0f;  // log-probability under the raw logits
+  // Log-probability under the model's logits, after the request's penalties and min_tokens bans
+  // when it has them (before temperature, min_p, top-k and top-p).
+  float logprob = 0.0f;
 };
 
 struct StepOutput {

@@ -93,4 +93,34 @@ void SampleTokens(const float* logits, int64_t logits_stride, int64_t num_rows, 
   }
 }
 
+void ProcessLogits(float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
+                   const LogitsProcessing& p) {
+  for (int64_t r = 0; r < num_rows; ++r) {
+    float* row = logits + r * logits_stride;
+    const float repetition = p.repetition_penalties[r];
+    const float frequency = p.frequency_penalties[r];
+    const float presence = p.presence_penalties[r];
+    for (int32_t e = p.entry_offsets[r]; e < p.entry_offsets[r + 1]; ++e) {
+      float& l = row[p.entry_tokens[e]];
+      const int32_t count = p.entry_counts[e];
+      if (p.entry_flags[e] & kLogitBanned) {
+        l = -INFINITY;
+        continue;
+      }
+      if ((p.entry_flags[e] & kLogitInPrompt) || count > 0) {
+        l = l > 0.0f ? l / repetition : l * repetition;
+      }
+      l -= frequency * static_cast<float>(count) + presence * (count > 0 ? 1.0f : 0.0f);
+    }
+    const float min_p = p.min_ps[r];
+    if (!(min_p > 0.0f && p.temperatures[r] > 0.0f)) continue;
+    const float inv_t = 1.0f / p.temperatures[r];
+    float max_value = row[0];
+    for (int64_t i = 1; i < vocab; ++i) max_value = std::fmax(max_value, row[i]);
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (std::exp((row[i] - max_value) * inv_t) < min_p) row[i] = -INFINITY;
+    }
+  }
+}
+
 }  // namespace vamp::kernels::cpu

@@ -31,6 +31,40 @@ void SampleTokens(const float* logits, int64_t logits_stride, int64_t num_rows, 
                   const uint64_t* seeds, const int64_t* draw_indices, int32_t* index_workspace,
                   float* value_workspace, int32_t* out_tokens, float* out_logprobs);
 
+// Per-request logits processing that runs before SampleTokens (vLLM's order: penalties and
+// min_tokens bans on the logits, then temperature, then min_p, then top-k / top-p). Arrays are
+// host memory here and device memory for the CUDA twin (cuda::ProcessLogits).
+//
+// Row r's entries e in [entry_offsets[r], entry_offsets[r + 1]) name distinct token ids
+// entry_tokens[e] in [0, vocab), each with entry_counts[e] >= 0 (times the request has generated
+// it) and entry_flags[e] (kLogitInPrompt: the token occurs in the prompt; kLogitBanned: the
+// request may not sample it yet, min_tokens). Tokens without an entry are neither.
+inline constexpr uint8_t kLogitInPrompt = 1;
+inline constexpr uint8_t kLogitBanned = 2;
+struct LogitsProcessing {
+  const int32_t* entry_offsets = nullptr;  // [num_rows + 1], entry_offsets[0] = 0
+  const int32_t* entry_tokens = nullptr;
+  const int32_t* entry_counts = nullptr;
+  const uint8_t* entry_flags = nullptr;
+  const float* repetition_penalties = nullptr;  // [num_rows]; 1 = off
+  const float* frequency_penalties = nullptr;   // [num_rows]; 0 = off
+  const float* presence_penalties = nullptr;    // [num_rows]; 0 = off
+  const float* min_ps = nullptr;                // [num_rows]; 0 = off
+  const float* temperatures = nullptr;          // [num_rows], as SampleTokens takes them
+};
+
+// Rewrites logits rows r < num_rows ([num_rows, vocab], row stride logits_stride) in place:
+// 1. each entry's logit l: -inf when banned; otherwise, when the token is in the prompt or was
+//    generated, l = l > 0 ? l / repetition : l * repetition, then
+//    l -= frequency * count + presence * (count > 0 ? 1 : 0)   (all in float32);
+// 2. rows with min_p > 0 and temperature > 0: every logit whose probability relative to the
+//    row's largest, expf((l - max) * (1 / temperature)) in float32 as SampleTokens computes it,
+//    is below min_p becomes -inf (greedy rows are left alone: the argmax cannot change).
+// The CUDA twin computes the same bits except where CUDA's expf (2 ulp) and glibc's differ at
+// the min_p boundary.
+void ProcessLogits(float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
+                   const LogitsProcessing& p);
+
 }  // namespace vamp::kernels::cpu
 
 #endif  // VAMP_KERNELS_CPU_SAMPLING_H_

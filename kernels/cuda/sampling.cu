@@ -684,7 +684,69 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
 }
 
+// cpu::ProcessLogits, one block of kProcessThreads per row: the row's entries in parallel (distinct
+// tokens, so no two threads write one logit), then the min_p mask over the whole row. Products and
+// sums are explicitly rounded (no fused multiply-add) so the penalties match the CPU bit for bit.
+constexpr int kProcessThreads = 256;
+
+__global__ void ProcessLogitsKernel(float* logits, int64_t logits_stride, int64_t vocab,
+                                    cpu::LogitsProcessing p) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  float* row = logits + r * logits_stride;
+  const float repetition = p.repetition_penalties[r];
+  const float frequency = p.frequency_penalties[r];
+  const float presence = p.presence_penalties[r];
+  for (int32_t e = p.entry_offsets[r] + threadIdx.x; e < p.entry_offsets[r + 1];
+       e += blockDim.x) {
+    float* l = row + p.entry_tokens[e];
+    const int32_t count = p.entry_counts[e];
+    if (p.entry_flags[e] & cpu::kLogitBanned) {
+      *l = -INFINITY;
+      continue;
+    }
+    float v = *l;
+    if ((p.entry_flags[e] & cpu::kLogitInPrompt) || count > 0) {
+      v = v > 0.0f ? v / repetition : __fmul_rn(v, repetition);
+    }
+    const float penalty = __fadd_rn(__fmul_rn(frequency, static_cast<float>(count)),
+                                    __fmul_rn(presence, count > 0 ? 1.0f : 0.0f));
+    *l = __fsub_rn(v, penalty);
+  }
+  const float min_p = p.min_ps[r];
+  const float temperature = p.temperatures[r];
+  // Uniform per block: every thread of the row returns together or none does.
+  if (!(min_p > 0.0f && temperature > 0.0f)) return;
+  __syncthreads();  // the entries are written before the row is read
+  const float inv_t = 1.0f / temperature;
+  float local = -INFINITY;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local = fmaxf(local, row[i]);
+  const float max_value = internal::BlockMax(local, scratch);
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    if (expf(__fmul_rn(row[i] - max_value, inv_t)) < min_p) row[i] = -INFINITY;
+  }
+}
+
 }  // namespace
+
+absl::Status ProcessLogits(float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
+                           const cpu::LogitsProcessing& p, cudaStream_t stream) {
+  if (num_rows < 0 || num_rows > INT32_MAX || vocab <= 0 || logits_stride < vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("ProcessLogits: num_rows ", num_rows,
+                                                   ", vocab ", vocab, ", logits_stride ",
+                                                   logits_stride, " are not a valid shape"));
+  }
+  if (num_rows == 0) return absl::OkStatus();
+  if (logits == nullptr || p.entry_offsets == nullptr || p.repetition_penalties == nullptr ||
+      p.frequency_penalties == nullptr || p.presence_penalties == nullptr ||
+      p.min_ps == nullptr || p.temperatures == nullptr) {
+    return absl::InvalidArgumentError(
+        "ProcessLogits: logits, entry_offsets and the per-row arrays must not be null");
+  }
+  ProcessLogitsKernel<<<static_cast<unsigned>(num_rows), kProcessThreads, 0, stream>>>(
+      logits, logits_stride, vocab, p);
+  return internal::LaunchStatus("ProcessLogitsKernel");
+}
 
 absl::Status GreedySample(const float* logits, int64_t logits_stride, int64_t num_rows,
                           int64_t vocab, int32_t* out_tokens, float* out_logprobs,

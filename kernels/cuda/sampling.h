@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cpu/sampling.h"
 
 namespace vamp::kernels::cuda {
 
@@ -59,6 +60,13 @@ absl::Status SampleTokens(const float* logits, int64_t logits_stride, int64_t nu
                           const float* top_ps, const uint64_t* seeds, const int64_t* draw_indices,
                           void* workspace, int64_t workspace_bytes, int32_t* out_tokens,
                           float* out_logprobs, cudaStream_t stream);
+
+// cpu::ProcessLogits on device memory (logits and every array of `p`), enqueued on `stream`:
+// penalties and min_tokens bans on each row's entries, then the min_p mask. Identical results
+// except where CUDA's expf and glibc's differ at the min_p boundary (kernels/cpu/sampling.h).
+// InvalidArgument (nothing enqueued) for bad sizes or null pointers. One 256-thread block per row.
+absl::Status ProcessLogits(float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
+                           const cpu::LogitsProcessing& p, cudaStream_t stream);
 
 }  // namespace vamp::kernels::cuda
 

@@ -548,21 +548,18 @@ TEST(AgentTest, BadStepNamesFieldAndStreamKeepsServing) {
        "new_requests[0].block_ids[0] = 100000 is outside the KV pool"},
       {"token range", [](auto* s) { s->mutable_new_requests(0)->set_prompt_token_ids(2, 999); },
        "new_requests[0].prompt_token_ids[2] = 999"},
-      {"min_p", [](auto* s) { s->mutable_new_requests(0)->mutable_sampling()->set_min_p(0.1f); },
-       "new_requests[0].sampling.min_p"},
+      {"min_p", [](auto* s) { s->mutable_new_requests(0)->mutable_sampling()->set_min_p(1.5f); },
+       "new_requests[0].sampling.min_p must be in [0, 1]"},
       {"penalty",
        [](auto* s) {
-         s->mutable_new_requests(0)->mutable_sampling()->set_repetition_penalty(1.2f);
+         s->mutable_new_requests(0)->mutable_sampling()->set_repetition_penalty(-1.0f);
        },
-       "new_requests[0].sampling.repetition_penalty"},
+       "repetition_penalty >= 0"},
       {"top_p", [](auto* s) { s->mutable_new_requests(0)->mutable_sampling()->set_top_p(3); },
        "new_requests[0].sampling.top_p"},
       {"min_tokens",
-       [](auto* s) {
-         s->mutable_new_requests(0)->set_min_tokens(4);
-         s->mutable_new_requests(0)->set_eos_token_id(2);
-       },
-       "new_requests[0].min_tokens"},
+       [](auto* s) { s->mutable_new_requests(0)->set_min_tokens(-4); },
+       "new_requests[0].min_tokens must be >= 0"},
       {"unknown preempted", [](auto* s) { s->add_preempted_request_ids(5); },
        "preempted_request_ids[0]: request 5 is unknown"},
       {"pool", [&](auto* s) { s->set_num_blocks(pool + 1); }, "num_blocks"},

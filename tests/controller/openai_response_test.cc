@@ -1,5 +1,9 @@
 #include "controller/openai_response.h"
 
+#include <map>
+#include <optional>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "controller/frontend/utf8.h"
 #include "gmock/gmock.h"
@@ -84,7 +88,7 @@ TEST(OpenAiResponseWriterTest, StreamedChatSplitsReasoningAndToolCalls) {
     Json last;
     bool saw_usage = false;
     for (const EngineEvent& e : Events(*ctx->tokenizer, kAgentOutput, step)) {
-      for (const Json& chunk : Chunks(writer.StreamChunk(e))) {
+      for (const Json& chunk : Chunks(writer.StreamChunk(0, e))) {
         if (chunk["choices"].empty()) {
           saw_usage = chunk.contains("usage");
           continue;
@@ -118,8 +122,8 @@ TEST(OpenAiResponseWriterTest, UnaryChatHasReasoningAndToolCalls) {
   options.parse_tool_calls = true;
   OpenAiResponseWriter writer(ctx, options, 8, 100);
   std::vector<EngineEvent> events = Events(*ctx->tokenizer, kAgentOutput, 3);
-  for (const EngineEvent& e : events) writer.Append(e);
-  absl::StatusOr<std::string> body = writer.Finish(events.back());
+  for (const EngineEvent& e : events) writer.Append(0, e);
+  absl::StatusOr<std::string> body = writer.Finish();
   ASSERT_TRUE(body.ok());
   const Json j = Json::parse(*body);
   const Json& choice = j["choices"][0];
@@ -138,7 +142,7 @@ TEST(OpenAiResponseWriterTest, StreamedTextNeverSplitsACharacter) {
     OpenAiResponseWriter writer(ctx, chat, /*include_usage=*/false, 9, 100);
     std::string all;
     for (const EngineEvent& e : Events(*ctx->tokenizer, text, 1)) {
-      for (const Json& chunk : Chunks(writer.StreamChunk(e))) {
+      for (const Json& chunk : Chunks(writer.StreamChunk(0, e))) {
         const Json& choice = chunk["choices"][0];
         const std::string piece = chat ? choice["delta"]["content"].get<std::string>()
                                        : choice["text"].get<std::string>();
@@ -155,12 +159,162 @@ TEST(OpenAiResponseWriterTest, ToolCallsNotAskedForStayContent) {
   // The old constructor: reasoning parsed (model-wide), tool calls not (no request options).
   OpenAiResponseWriter writer(ctx, /*chat=*/true, /*include_usage=*/false, 10, 100);
   std::vector<EngineEvent> events = Events(*ctx->tokenizer, kAgentOutput, 4);
-  for (const EngineEvent& e : events) writer.Append(e);
-  const Json j = Json::parse(*writer.Finish(events.back()));
+  for (const EngineEvent& e : events) writer.Append(0, e);
+  const Json j = Json::parse(*writer.Finish());
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_THAT(j["choices"][0]["message"]["content"].get<std::string>(),
               ::testing::HasSubstr("<tool_call>"));
   EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+}
+
+// A completion's SSE output: the concatenated text per choice index, and the parsed chunks.
+struct Streamed {
+  std::map<int, std::string> text;
+  std::map<int, Json> finish_reason;
+  std::optional<Json> usage;
+  bool done = false;
+};
+void Collect(const std::string& sse, Streamed* out) {
+  if (absl::StrContains(sse, "data: [DONE]")) out->done = true;
+  for (const Json& chunk : Chunks(sse)) {
+    if (chunk["choices"].empty()) {
+      out->usage = chunk["usage"];
+      continue;
+    }
+    const Json& c = chunk["choices"][0];
+    out->text[c["index"].get<int>()] += c["text"].get<std::string>();
+    if (!c["finish_reason"].is_null()) out->finish_reason[c["index"].get<int>()] = c["finish_reason"];
+  }
+}
+
+TEST(OpenAiResponseWriterTest, StopStringEndsTheTextAndIsNeverPartlyStreamed) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  ResponseOptions options;
+  options.include_usage = true;
+  options.stop = {"STOP", "\n\n"};
+  for (size_t step : {1, 2, 3, 100}) {
+    OpenAiResponseWriter writer(ctx, options, 11, 100);
+    Streamed s;
+    std::vector<EngineEvent> events = Events(*ctx->tokenizer, "one ST two STOP three", step);
+    int completion = 0;
+    for (EngineEvent& e : events) {
+      completion += static_cast<int>(e.token_ids.size());
+      e.completion_tokens = completion;
+      e.prompt_tokens = 3;
+      const std::string sse = writer.StreamChunk(0, e);
+      EXPECT_FALSE(absl::StrContains(sse, "STO")) << step;
+      Collect(sse, &s);
+      if (writer.done()) {
+        // The choice ended at the event that completed the stop string, before the engine did.
+        // "one ST two STOP" are 15 byte tokens: usage counts the events' tokens up to there.
+        EXPECT_EQ(completion, std::min<int>(21, (15 + step - 1) / step * step)) << step;
+        EXPECT_EQ(e.finished, step > 15) << step;
+        break;
+      }
+    }
+    EXPECT_TRUE(writer.choice_done(0));
+    EXPECT_EQ(s.text[0], "one ST two ") << step;
+    EXPECT_EQ(s.finish_reason[0], "stop");
+    ASSERT_TRUE(s.usage.has_value());
+    EXPECT_EQ((*s.usage)["completion_tokens"], std::min<int>(21, (15 + step - 1) / step * step));
+    EXPECT_TRUE(s.done);
+  }
+}
+
+TEST(OpenAiResponseWriterTest, UnaryStopStringAndEcho) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  ResponseOptions options;
+  options.stop = {"\n"};
+  options.echo = "Q: ";
+  OpenAiResponseWriter writer(ctx, options, 12, 100);
+  for (const EngineEvent& e : Events(*ctx->tokenizer, "answer\nmore", 4)) {
+    writer.Append(0, e);
+    if (writer.done()) break;
+  }
+  ASSERT_TRUE(writer.done());
+  const Json j = Json::parse(*writer.Finish());
+  EXPECT_EQ(j["choices"][0]["text"], "Q: answer");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(OpenAiResponseWriterTest, ChoicesAreIndexedAndUsageCountsThePromptOnce) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  ResponseOptions options;
+  options.n = 3;
+  options.include_usage = true;
+  options.echo = ">";
+  OpenAiResponseWriter streamed(ctx, options, 13, 100);
+  OpenAiResponseWriter unary(ctx, options, 14, 100);
+  const std::vector<std::string> texts = {"a", "bb", "ccc"};
+  std::vector<std::vector<EngineEvent>> events;
+  for (const std::string& t : texts) events.push_back(Events(*ctx->tokenizer, t, 1));
+  Streamed s;
+  // Interleaved by index, as the engine's events arrive.
+  for (size_t k = 0; k < 3; ++k) {
+    for (int i = 0; i < 3; ++i) {
+      if (k >= events[i].size()) continue;
+      EXPECT_FALSE(s.done);
+      Collect(streamed.StreamChunk(i, events[i][k]), &s);
+      unary.Append(i, events[i][k]);
+    }
+  }
+  EXPECT_TRUE(s.done);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s.text[i], ">" + texts[i]);
+    EXPECT_EQ(s.finish_reason[i], "stop");
+  }
+  ASSERT_TRUE(s.usage.has_value());
+  EXPECT_EQ((*s.usage)["prompt_tokens"], 3);
+  EXPECT_EQ((*s.usage)["completion_tokens"], 6);
+  EXPECT_EQ((*s.usage)["total_tokens"], 9);
+  ASSERT_TRUE(unary.done());
+  const Json j = Json::parse(*unary.Finish());
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], ">" + texts[i]);
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 6);
+}
+
+TEST(OpenAiResponseWriterTest, LogprobsInOpenAisShapes) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  auto with_logprobs = [](std::vector<EngineEvent> events) {
+    for (EngineEvent& e : events) {
+      for (int32_t t : e.token_ids) e.logprobs.push_back(-0.5f * static_cast<float>(t % 3));
+    }
+    return events;
+  };
+  const std::vector<EngineEvent> events = with_logprobs(Events(*ctx->tokenizer, "ab\xC3\xA9", 2));
+  // Completions, unary: tokens, token_logprobs, top_logprobs (the token itself), text_offset.
+  ResponseOptions options;
+  options.logprobs = true;
+  OpenAiResponseWriter unary(ctx, options, 15, 100);
+  for (const EngineEvent& e : events) unary.Append(0, e);
+  const Json j = Json::parse(*unary.Finish());
+  const Json& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), 4u);
+  EXPECT_EQ(lp["tokens"][0], "a");
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][0].get<float>(), -0.5f * ('a' % 3));
+  EXPECT_EQ(lp["text_offset"], Json({0, 1, 2, 3}));
+  EXPECT_FLOAT_EQ(lp["top_logprobs"][1]["b"].get<float>(), -0.5f * ('b' % 3));
+  // Chat, streamed: per chunk, content entries with the token's bytes.
+  options.chat = true;
+  OpenAiResponseWriter streamed(ctx, options, 16, 100);
+  std::vector<Json> entries;
+  for (const EngineEvent& e : events) {
+    for (const Json& chunk : Chunks(streamed.StreamChunk(0, e))) {
+      for (const Json& entry : chunk["choices"][0]["logprobs"]["content"]) entries.push_back(entry);
+    }
+  }
+  ASSERT_EQ(entries.size(), 4u);
+  EXPECT_EQ(entries[0]["token"], "a");
+  EXPECT_EQ(entries[2]["bytes"], Json({0xC3}));  // half of a character: its own byte
+  EXPECT_TRUE(entries[3]["top_logprobs"].empty());
+  // Not asked for: null, as before.
+  OpenAiResponseWriter plain(ctx, ResponseOptions{}, 17, 100);
+  for (const EngineEvent& e : events) plain.Append(0, e);
+  EXPECT_TRUE(Json::parse(*plain.Finish())["choices"][0]["logprobs"].is_null());
 }
 
 }  // namespace

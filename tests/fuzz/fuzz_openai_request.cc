@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "controller/frontend/openai_api.h"
 
@@ -19,6 +20,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (r->prompt_token_ids.empty() ||
           static_cast<int64_t>(r->prompt_token_ids.size()) >= model.max_model_len) {
         std::abort();  // accepted a prompt the parser promised to reject
+      }
+      if (r->response.n < 1 || r->response.n > vamp::RequestLimits{}.max_n ||
+          r->response.stop.size() > static_cast<size_t>(vamp::kMaxStopStrings)) {
+        std::abort();  // n or stop outside the limits the parser enforces
+      }
+      for (const std::string& stop : r->response.stop) {
+        if (stop.empty()) std::abort();  // an empty stop string would end every output at once
       }
     } else {
       const int http = vamp::HttpStatusFor(r.status());

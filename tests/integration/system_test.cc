@@ -281,8 +281,9 @@ TEST(SystemTest, MalformedRequestsGet4xxAndOthersKeepServing) {
   absl::StatusOr<std::string> metrics = testing::ScrapeMetrics(server->http_port());
   ASSERT_TRUE(metrics.ok());
   EXPECT_THAT(*metrics, HasSubstr("vamp_request_time_to_first_token_seconds_count"));
-  EXPECT_GT(MetricValue(*metrics, "vamp_prompt_tokens_total"), 0);
-  EXPECT_GE(MetricValue(*metrics, "vamp_generation_tokens_total"), 16 + 16);
+  EXPECT_GT(MetricValue(*metrics, "vamp_prompt_tokens_total{model_name=\"tiny-qwen3-moe\"}"), 0);
+  EXPECT_GE(MetricValue(*metrics,
+                        "vamp_generation_tokens_total{model_name=\"tiny-qwen3-moe\"}"), 16 + 16);
   absl::Status check = testing::PromtoolCheckMetrics(*metrics);
   if (!absl::IsUnavailable(check)) {
     EXPECT_TRUE(check.ok()) << check;
@@ -298,7 +299,8 @@ TEST(SystemTest, HundredsOfClientsReachTheSchedulerAndDisconnectsAbortThem) {
   std::unique_ptr<ControllerServer> server = StartSystem(1, {"--max_num_seqs=64"});
   ASSERT_NE(server, nullptr);
   const int port = server->http_port();
-  const std::string kAborted = "vamp_requests_finished_total{reason=\"abort\"}";
+  const std::string kAborted =
+      "vamp_requests_finished_total{model_name=\"tiny-qwen3-moe\",reason=\"abort\"}";
   absl::StatusOr<std::string> before = testing::ScrapeMetrics(port);
   ASSERT_TRUE(before.ok());
   const double aborted_before = std::max(0.0, MetricValue(*before, kAborted));

@@ -107,5 +107,44 @@ TEST(SamplingTest, SeededDrawsAreReproducibleAndBatchIndependent) {
   }
 }
 
+TEST(ProcessLogitsTest, PenaltiesBansAndMinPByHand) {
+  // Row 0: vocab 6, entries for tokens 1 (prompt only), 2 (generated twice), 3 (banned),
+  // 4 (prompt and generated once). Row 1: min_p 0.5 at temperature 1.
+  std::vector<float> logits = {1.0f, 2.0f, -2.0f, 5.0f, 4.0f, 0.5f,
+                               0.0f, std::log(0.6f), std::log(0.4f), std::log(0.2f), -9.0f, 0.0f};
+  const std::vector<int32_t> offsets = {0, 4, 4}, tokens = {1, 2, 3, 4}, counts = {0, 2, 0, 1};
+  const std::vector<uint8_t> flags = {kLogitInPrompt, 0, kLogitBanned, kLogitInPrompt};
+  const std::vector<float> repetition = {2.0f, 1.0f}, frequency = {0.5f, 0.0f},
+                           presence = {0.25f, 0.0f}, min_p = {0.0f, 0.5f}, temps = {1.0f, 1.0f};
+  const LogitsProcessing p{offsets.data(),   tokens.data(),   counts.data(),
+                           flags.data(),     repetition.data(), frequency.data(),
+                           presence.data(),  min_p.data(),    temps.data()};
+  ProcessLogits(logits.data(), 6, 2, 6, p);
+  EXPECT_EQ(logits[0], 1.0f);                     // no entry
+  EXPECT_EQ(logits[1], 1.0f);                     // 2 / 2 (in the prompt, never generated)
+  EXPECT_EQ(logits[2], -4.0f - 1.0f - 0.25f);     // -2 * 2, then 0.5 * 2 + 0.25
+  EXPECT_EQ(logits[3], -INFINITY);                // banned
+  EXPECT_EQ(logits[4], 2.0f - 0.5f - 0.25f);      // 4 / 2, then 0.5 * 1 + 0.25
+  EXPECT_EQ(logits[5], 0.5f);
+  // Row 1: probabilities relative to the largest (tokens 0 and 5, logit 0) of 0.6 stay; 0.4,
+  // 0.2 and e^-9 are below min_p 0.5.
+  EXPECT_EQ(logits[6], 0.0f);
+  EXPECT_EQ(logits[7], std::log(0.6f));
+  EXPECT_EQ(logits[8], -INFINITY);
+  EXPECT_EQ(logits[9], -INFINITY);
+  EXPECT_EQ(logits[10], -INFINITY);
+  EXPECT_EQ(logits[11], 0.0f);
+}
+
+TEST(ProcessLogitsTest, GreedyRowsIgnoreMinP) {
+  std::vector<float> logits = {3.0f, 0.0f, -1.0f};
+  const std::vector<int32_t> offsets = {0, 0};
+  const std::vector<float> one = {1.0f}, zero = {0.0f}, min_p = {0.9f}, greedy = {0.0f};
+  const LogitsProcessing p{offsets.data(), nullptr,    nullptr,       nullptr,      one.data(),
+                           zero.data(),    zero.data(), min_p.data(), greedy.data()};
+  ProcessLogits(logits.data(), 3, 1, 3, p);
+  EXPECT_EQ(logits, (std::vector<float>{3.0f, 0.0f, -1.0f}));
+}
+
 }  // namespace
 }  // namespace vamp::kernels::cpu

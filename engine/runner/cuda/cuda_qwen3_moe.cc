@@ -421,8 +421,10 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
     }
     if (status.ok()) {
       const bool sample = sampling != nullptr;
-      status = options_.dtype == DType::kBFloat16 ? Logits<BFloat16>(m, host_logits, sample)
-                                                  : Logits<float>(m, host_logits, sample);
+      const StepLogitsProcessing* processing = sample ? sampling->processing : nullptr;
+      status = options_.dtype == DType::kBFloat16
+                   ? Logits<BFloat16>(m, host_logits, sample, processing)
+                   : Logits<float>(m, host_logits, sample, processing);
     }
   }
   if (experts != nullptr) {
@@ -459,7 +461,9 @@ void CudaQwen3MoeModel::ClearGraphs() {
 
 bool CudaQwen3MoeModel::GraphEligible(const ForwardBatch& batch, const StepSampling* sampling,
                                       ExpertWeights* experts) const {
+  // Logits processing uploads arrays of a size that changes every step: run it eagerly.
   if (!options_.cuda_graphs || graphs_failed_ || sampling == nullptr ||
+      sampling->processing != nullptr ||
       options_.dtype != DType::kBFloat16 || parallel().tp_size != 1) {
     return false;
   }
@@ -512,7 +516,7 @@ absl::Status CudaQwen3MoeModel::RunGraph(const ForwardBatch& batch, const StepSa
     if (static_cast<int64_t>(graphs_.size()) >= options_.max_cuda_graphs) ClearGraphs();
     VAMP_CUDART_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     absl::Status captured = RunLayers<BFloat16>(gb, kv, experts);
-    if (captured.ok()) captured = Logits<BFloat16>(n, nullptr, /*sample=*/true);
+    if (captured.ok()) captured = Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr);
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     cudaGraphExec_t exec = nullptr;
@@ -529,7 +533,7 @@ absl::Status CudaQwen3MoeModel::RunGraph(const ForwardBatch& batch, const StepSa
       VAMP_LOG(WARNING) << "CUDA graph capture failed, running eagerly from now on: " << captured;
       ++graph_stats_.eager_steps;
       VAMP_RETURN_IF_ERROR(RunLayers<BFloat16>(gb, kv, experts));
-      return Logits<BFloat16>(n, nullptr, /*sample=*/true);
+      return Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr);
     }
     it = graphs_.emplace(key, exec).first;
     ++graph_stats_.captures;
@@ -716,8 +720,65 @@ absl::Status CudaQwen3MoeModel::DenseMlp(int layer, int64_t n) {
   return AllReduceHidden(n);
 }
 
+absl::Status CudaQwen3MoeModel::ProcessLogitsOnDevice(int64_t rows,
+                                                      const StepLogitsProcessing& p) {
+  const int64_t num_entries = p.entry_offsets.empty() ? 0 : p.entry_offsets.back();
+  if (static_cast<int64_t>(p.entry_offsets.size()) != rows + 1 ||
+      static_cast<int64_t>(p.entry_tokens.size()) != num_entries ||
+      static_cast<int64_t>(p.entry_counts.size()) != num_entries ||
+      static_cast<int64_t>(p.entry_flags.size()) != num_entries ||
+      static_cast<int64_t>(p.repetition_penalties.size()) != rows ||
+      static_cast<int64_t>(p.frequency_penalties.size()) != rows ||
+      static_cast<int64_t>(p.presence_penalties.size()) != rows ||
+      static_cast<int64_t>(p.min_ps.size()) != rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logits processing arrays do not match ", rows, " rows and ", num_entries, " entries"));
+  }
+  // Layout: offsets, tokens, counts, the four per-row float arrays, then the flags (bytes last,
+  // so every 4-byte array stays aligned).
+  const uint64_t ints = static_cast<uint64_t>(rows + 1 + 2 * num_entries);
+  const uint64_t floats = static_cast<uint64_t>(4 * rows);
+  const uint64_t bytes = (ints + floats) * 4 + static_cast<uint64_t>(num_entries);
+  if (processing_dev_.bytes() < bytes) {
+    VAMP_ASSIGN_OR_RETURN(processing_dev_, DeviceBuffer::Allocate(bytes * 2));
+  }
+  uint8_t* d = processing_dev_.data();
+  uint64_t offset = 0;
+  auto put = [&](const auto& span) -> absl::StatusOr<const void*> {
+    uint8_t* at = d + offset;
+    const uint64_t n = span.size() * sizeof(span[0]);
+    offset += n;
+    if (n > 0) {
+      VAMP_CUDART_RETURN_IF_ERROR(
+          cudaMemcpyAsync(at, span.data(), n, cudaMemcpyHostToDevice, stream_));
+    }
+    return at;
+  };
+  kernels::cpu::LogitsProcessing dev;
+  VAMP_ASSIGN_OR_RETURN(const void* offsets, put(p.entry_offsets));
+  VAMP_ASSIGN_OR_RETURN(const void* tokens, put(p.entry_tokens));
+  VAMP_ASSIGN_OR_RETURN(const void* counts, put(p.entry_counts));
+  VAMP_ASSIGN_OR_RETURN(const void* repetition, put(p.repetition_penalties));
+  VAMP_ASSIGN_OR_RETURN(const void* frequency, put(p.frequency_penalties));
+  VAMP_ASSIGN_OR_RETURN(const void* presence, put(p.presence_penalties));
+  VAMP_ASSIGN_OR_RETURN(const void* min_ps, put(p.min_ps));
+  VAMP_ASSIGN_OR_RETURN(const void* flags, put(p.entry_flags));
+  dev.entry_offsets = static_cast<const int32_t*>(offsets);
+  dev.entry_tokens = static_cast<const int32_t*>(tokens);
+  dev.entry_counts = static_cast<const int32_t*>(counts);
+  dev.entry_flags = static_cast<const uint8_t*>(flags);
+  dev.repetition_penalties = static_cast<const float*>(repetition);
+  dev.frequency_penalties = static_cast<const float*>(frequency);
+  dev.presence_penalties = static_cast<const float*>(presence);
+  dev.min_ps = static_cast<const float*>(min_ps);
+  dev.temperatures = reinterpret_cast<const float*>(meta_dev_ + meta_.temperatures);
+  const int64_t V = config().vocab_size;
+  return kc::ProcessLogits(logits_dev_, V, rows, V, dev, stream_);
+}
+
 template <typename T>
-absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sample) {
+absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sample,
+                                       const StepLogitsProcessing* processing) {
   const ModelConfig& c = config();
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -734,6 +795,7 @@ absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sampl
         kc::Gemm(sel_x, H, As<T>(lm_head_), H, logits_dev_, V, rows, V, H, stream_));
     if (sample) {
       // ForwardAndSample bounds m by max_logits_rows_: one chunk, sampled where it is.
+      if (processing != nullptr) VAMP_RETURN_IF_ERROR(ProcessLogitsOnDevice(rows, *processing));
       VAMP_RETURN_IF_ERROR(kc::SampleTokens(
           logits_dev_, V, rows, V, reinterpret_cast<const float*>(meta_dev_ + meta_.temperatures),
           reinterpret_cast<const int32_t*>(meta_dev_ + meta_.top_ks),

@@ -189,8 +189,14 @@ class CudaQwen3MoeModel final : public CausalLm {
   absl::Status Moe(int layer, int64_t num_tokens, ExpertWeights* experts);
   template <typename T>
   absl::Status DenseMlp(int layer, int64_t num_tokens);
+  // Final norm and LM head of the logits rows; copied to `host_logits`, or, when `sample`, the
+  // rows processed (`processing`, may be null) and sampled with the uploaded parameters.
   template <typename T>
-  absl::Status Logits(int64_t num_rows, float* host_logits, bool sample);
+  absl::Status Logits(int64_t num_rows, float* host_logits, bool sample,
+                      const StepLogitsProcessing* processing);
+  // Copies `processing` to processing_dev_ (grown as needed) and runs ProcessLogits on
+  // logits_dev_'s `rows` rows.
+  absl::Status ProcessLogitsOnDevice(int64_t rows, const StepLogitsProcessing& processing);
   // Sums x_ ([num_tokens, hidden]) over the tensor-parallel ranks; nothing at tp_size 1.
   absl::Status AllReduceHidden(int64_t num_tokens);
   // Whether a bfloat16 MoE layer of `rows` (token, expert) rows runs the device-side grouped GEMM.
@@ -231,6 +237,7 @@ class CudaQwen3MoeModel final : public CausalLm {
   float* logits_dev_ = nullptr;
   float* attn_ws_ = nullptr;   // PagedAttention scratch (bfloat16 kernels)
   void* sample_ws_ = nullptr;  // SampleTokens scratch for max_logits_rows_ rows
+  DeviceBuffer processing_dev_;  // ProcessLogits' arrays of the current step (grows)
   int64_t sample_ws_bytes_ = 0;
   int32_t* sampled_tokens_ = nullptr;  // [max_logits_rows_]
   float* sampled_logprobs_ = nullptr;  // [max_logits_rows_]

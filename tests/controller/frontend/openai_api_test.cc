@@ -45,6 +45,69 @@ TEST_F(OpenAiApiTest, CompletionWithTextAndSampling) {
   EXPECT_EQ(r->cache_salt, "s1");
 }
 
+TEST_F(OpenAiApiTest, StopStringsChoicesAndEcho) {
+  absl::StatusOr<ServingRequest> r = ParseCompletionRequest(
+      R"({"prompt": "Hi", "stop": "\n", "n": 3, "echo": true})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->response.stop, (std::vector<std::string>{"\n"}));
+  EXPECT_EQ(r->response.n, 3);
+  EXPECT_EQ(r->response.echo, "Hi");
+  r = ParseCompletionRequest(R"({"prompt": [72, 105], "stop": ["a", "bc"], "echo": true})",
+                             model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->response.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(r->response.echo, "Hi");  // token ids echo as their text
+  r = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "x"}], "stop": null, "n": 2})", model_,
+      *tokenizer_, RequestLimits{.max_n = 2});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.stop.empty());
+  EXPECT_EQ(r->response.n, 2);
+  absl::StatusOr<ServingRequest> over = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", model_, *tokenizer_,
+      RequestLimits{.max_n = 2});
+  EXPECT_EQ(Param(over.status()), "n");
+  EXPECT_THAT(over.status().message(), HasSubstr("--max_n"));
+}
+
+TEST_F(OpenAiApiTest, PenaltiesMinPAndMinTokensReachTheSamplingParams) {
+  absl::StatusOr<ServingRequest> r = ParseCompletionRequest(
+      R"({"prompt": "Hi", "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+          "repetition_penalty": 1.2, "min_tokens": 3, "max_tokens": 8})",
+      model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FLOAT_EQ(r->sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(r->sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r->sampling.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r->sampling.repetition_penalty, 1.2f);
+  EXPECT_EQ(r->sampling.min_tokens, 3);
+}
+
+TEST_F(OpenAiApiTest, LogprobsOfTheChosenTokens) {
+  absl::StatusOr<ServingRequest> r =
+      ParseCompletionRequest(R"({"prompt": "Hi", "logprobs": 0})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.logprobs);
+  const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
+  r = ParseChatCompletionRequest("{" + messages + R"(, "logprobs": true, "top_logprobs": 0})",
+                                 model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.logprobs);
+  r = ParseChatCompletionRequest("{" + messages + R"(, "logprobs": false})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->response.logprobs);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"(, "logprobs": true, "top_logprobs": 3})", "top_logprobs"},  // alternatives: not yet
+      {R"(, "top_logprobs": 0})", "top_logprobs"},                    // without logprobs
+      {R"(, "logprobs": 1})", "logprobs"}};                           // chat's is a bool
+  for (const auto& [fields, param] : bad) {
+    absl::StatusOr<ServingRequest> e =
+        ParseChatCompletionRequest("{" + messages + fields, model_, *tokenizer_);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << fields;
+    EXPECT_EQ(Param(e.status()), param) << fields;
+  }
+}
+
 TEST_F(OpenAiApiTest, CompletionDefaultsAndTokenPrompt) {
   absl::StatusOr<ServingRequest> r =
       ParseCompletionRequest(R"({"prompt": [[1, 2, 3]]})", model_, *tokenizer_);
@@ -72,14 +135,26 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
       {R"({"prompt": "x", "temperature": "hot"})", "temperature", "must be a number"},
       {R"({"prompt": "x", "top_p": 0})", "top_p", "must be in"},
       {R"({"prompt": "x", "max_tokens": 0})", "max_tokens", "must be in [1, 64]"},
-      {R"({"prompt": "x", "n": 2})", "n", "only n = 1"},
-      {R"({"prompt": "x", "stop": ["\n"]})", "stop", "use stop_token_ids"},
+      {R"({"prompt": "x", "n": 17})", "n", "must be an integer in [1, 16]"},
+      {R"({"prompt": "x", "n": 0})", "n", "must be an integer in [1, 16]"},
+      {R"({"prompt": "x", "stop": [""]})", "stop", "element 0 must be a non-empty string"},
+      {R"({"prompt": "x", "stop": 5})", "stop", "must be a string or an array of strings"},
+      {R"({"prompt": "x", "stop": ["a", 1]})", "stop", "element 1"},
+      {R"({"prompt": "x", "echo": 1})", "echo", "must be true or false"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options",
        "only allowed with stream = true"},
       {R"({"prompt": "x", "stop_token_ids": [300]})", "stop_token_ids", "outside the vocabulary"},
-      {R"({"prompt": "x", "logprobs": 3})", "logprobs", "not supported"},
-      {R"({"prompt": "x", "min_tokens": 2})", "min_tokens", "not supported yet"},
-      {R"({"prompt": "x", "presence_penalty": 0.5})", "presence_penalty", "not supported yet"},
+      {R"({"prompt": "x", "logprobs": 3})", "logprobs", "only 0 is supported yet"},
+      {R"({"prompt": "x", "logprobs": 6})", "logprobs", "must be in [0, 5]"},
+      {R"({"prompt": "x", "logprobs": 0, "echo": true})", "echo", "echo with logprobs"},
+      {R"({"prompt": "x", "logprobs": 0, "presence_penalty": 1})", "logprobs",
+       "cannot be combined"},
+      {R"({"prompt": "x", "top_logprobs": 2})", "top_logprobs", "chat field"},
+      {R"({"prompt": "x", "min_tokens": 5, "max_tokens": 4})", "min_tokens",
+       "must be <= max_tokens (4), got 5"},
+      {R"({"prompt": "x", "min_p": 1.5})", "min_p", "must be in [0, 1]"},
+      {R"({"prompt": "x", "repetition_penalty": 0})", "repetition_penalty", "must be in"},
+      {R"({"prompt": "x", "frequency_penalty": -3})", "frequency_penalty", "must be in [-2, 2]"},
       {R"({"prompt": "x", "presence_penalty": 3})", "presence_penalty", "must be in [-2, 2]"},
       {R"({"prompt": "x", "logit_bias": {"5": 10}})", "logit_bias", "not supported"},
       {R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format",

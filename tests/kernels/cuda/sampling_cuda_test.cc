@@ -1,6 +1,7 @@
 // CUDA token sampling (kernels/cuda/sampling.h) against the CPU twin (kernels/cpu/sampling.h):
 // GreedySample, and SampleTokens over many rows and parameter mixes, uniform draws, frequencies,
-// argument checks (these run without a GPU) and a timing print.
+// argument checks (these run without a GPU) and a timing print; ProcessLogits (penalties,
+// min_tokens bans, min_p) against cpu::ProcessLogits.
 //
 // Tokens must equal the CPU's. Both sides compute every probability as a float32 expf of the same
 // float argument and accumulate in double, but CUDA's expf may differ from glibc's by an ulp and
@@ -524,6 +525,131 @@ TEST(SampleTokensArgsTest, RejectsBadArgumentsWithoutLaunching) {
             invalid);
   // No rows: nothing to do, whatever the pointers.
   EXPECT_TRUE(call(0, vocab, vocab, nullptr, nullptr, 0, nullptr).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// ProcessLogits: penalties, min_tokens bans and min_p against cpu::ProcessLogits.
+
+// Host arrays of a LogitsProcessing: per row, `entries` random distinct tokens with counts and
+// flags, and the row's parameters.
+struct Processing {
+  std::vector<int32_t> offsets{0}, tokens, counts;
+  std::vector<uint8_t> flags;
+  std::vector<float> repetition, frequency, presence, min_p, temperature;
+  cpu::LogitsProcessing View() const {
+    return {offsets.data(),  tokens.data(),    counts.data(),    flags.data(),     repetition.data(),
+            frequency.data(), presence.data(), min_p.data(), temperature.data()};
+  }
+};
+
+struct RowProcessing {
+  int entries;
+  float repetition, frequency, presence, min_p, temperature;
+};
+
+Processing MakeProcessing(const std::vector<RowProcessing>& rows, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Processing p;
+  for (const RowProcessing& r : rows) {
+    std::vector<int32_t> ids(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int e = 0; e < r.entries; ++e) {
+      p.tokens.push_back(ids[e]);
+      p.counts.push_back(static_cast<int32_t>(rng() % 4));  // 0: a prompt-only token
+      p.flags.push_back(static_cast<uint8_t>(rng() % 4));   // in prompt and/or banned
+    }
+    p.offsets.push_back(static_cast<int32_t>(p.tokens.size()));
+    p.repetition.push_back(r.repetition);
+    p.frequency.push_back(r.frequency);
+    p.presence.push_back(r.presence);
+    p.min_p.push_back(r.min_p);
+    p.temperature.push_back(r.temperature);
+  }
+  return p;
+}
+
+using ProcessLogitsTest = CudaTest;
+
+TEST_F(ProcessLogitsTest, MatchesCpuAndSamplingAfterwardsAgrees) {
+  const std::vector<RowProcessing> rows = {
+      {0, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f},        // nothing to do
+      {300, 1.3f, 0.0f, 0.0f, 0.0f, 0.8f},      // repetition only
+      {300, 1.0f, 0.7f, 0.4f, 0.0f, 1.0f},      // frequency and presence
+      {2000, 0.7f, -0.5f, -1.5f, 0.0f, 1.0f},   // rewarding repetition (penalties < 1 / < 0)
+      {50, 1.2f, 0.2f, 0.2f, 0.05f, 0.7f},      // all of them and min_p
+      {10, 1.0f, 0.0f, 0.0f, 0.3f, 1.5f},       // min_p, a high temperature
+      {10, 1.1f, 0.0f, 0.0f, 0.5f, 0.0f},       // min_p on a greedy row: no mask
+  };
+  for (const int64_t vocab : {kQwenVocab, int64_t{1000}}) {
+    const int64_t n = static_cast<int64_t>(rows.size()), stride = vocab + 3;
+    std::vector<float> logits = RandomFloats(n * stride, 77, 3.0f);
+    const Processing p = MakeProcessing(rows, vocab, 5);
+    std::vector<float> want = logits;
+    cpu::ProcessLogits(want.data(), stride, n, vocab, p.View());
+
+    float* d_logits = Upload(logits);
+    const cpu::LogitsProcessing d{Upload(p.offsets),    Upload(p.tokens),   Upload(p.counts),
+                                  Upload(p.flags),      Upload(p.repetition),
+                                  Upload(p.frequency),  Upload(p.presence), Upload(p.min_p),
+                                  Upload(p.temperature)};
+    VAMP_ASSERT_OK(ProcessLogits(d_logits, stride, n, vocab, d, stream_));
+    const std::vector<float> got = Download(d_logits, n * stride);
+    int boundary = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < vocab; ++i) {
+        const float a = want[r * stride + i], b = got[r * stride + i];
+        if (a == b || (std::isinf(a) && std::isinf(b) && a < 0 && b < 0)) continue;
+        // Only the min_p mask may differ, and only for a token at the boundary (expf ulps).
+        ++boundary;
+        EXPECT_TRUE(std::isinf(a) != std::isinf(b))
+            << "vocab " << vocab << " row " << r << " token " << i << ": " << a << " vs " << b;
+      }
+    }
+    EXPECT_LE(boundary, kMaxBoundaryMismatches) << "vocab " << vocab;
+    // The processed rows sample the same tokens on both sides.
+    std::vector<int32_t> top_ks(n, 0), index_ws(n * vocab), want_tokens(n);
+    std::vector<float> top_ps(n, 1.0f), value_ws(n * vocab);
+    std::vector<uint64_t> seeds(n, 9);
+    std::vector<int64_t> draws(n);
+    std::iota(draws.begin(), draws.end(), 0);
+    cpu::SampleTokens(want.data(), stride, n, vocab, p.temperature.data(), top_ks.data(),
+                      top_ps.data(), seeds.data(), draws.data(), index_ws.data(), value_ws.data(),
+                      want_tokens.data(), nullptr);
+    void* ws = Alloc<uint8_t>(SampleTokensWorkspaceBytes(n, vocab));
+    int32_t* d_tokens = Alloc<int32_t>(n);
+    VAMP_ASSERT_OK(SampleTokens(d_logits, stride, n, vocab, Upload(p.temperature), Upload(top_ks),
+                                Upload(top_ps), Upload(seeds), Upload(draws), ws,
+                                SampleTokensWorkspaceBytes(n, vocab), d_tokens, nullptr, stream_));
+    const std::vector<int32_t> got_tokens = Download(d_tokens, n);
+    if (boundary == 0) {
+      EXPECT_EQ(got_tokens, want_tokens) << "vocab " << vocab;
+    }
+    // Banned tokens are never sampled.
+    for (int64_t r = 0; r < n; ++r) {
+      for (int32_t e = p.offsets[r]; e < p.offsets[r + 1]; ++e) {
+        if (p.flags[e] & cpu::kLogitBanned) {
+          EXPECT_NE(got_tokens[r], p.tokens[e]);
+        }
+      }
+    }
+  }
+}
+
+TEST(ProcessLogitsArgsTest, RejectsBadArgumentsWithoutLaunching) {
+  std::vector<float> logits(32), row(2);
+  std::vector<int32_t> offsets(3);
+  const cpu::LogitsProcessing p{offsets.data(), nullptr,    nullptr,    nullptr,   row.data(),
+                                row.data(),     row.data(), row.data(), row.data()};
+  const auto invalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(ProcessLogits(logits.data(), 16, -1, 16, p, nullptr).code(), invalid);
+  EXPECT_EQ(ProcessLogits(logits.data(), 15, 2, 16, p, nullptr).code(), invalid);
+  EXPECT_EQ(ProcessLogits(logits.data(), 16, 2, 0, p, nullptr).code(), invalid);
+  EXPECT_EQ(ProcessLogits(nullptr, 16, 2, 16, p, nullptr).code(), invalid);
+  cpu::LogitsProcessing no_rows = p;
+  no_rows.min_ps = nullptr;
+  EXPECT_EQ(ProcessLogits(logits.data(), 16, 2, 16, no_rows, nullptr).code(), invalid);
+  EXPECT_TRUE(ProcessLogits(nullptr, 16, 0, 16, p, nullptr).ok());
 }
 
 }  // namespace

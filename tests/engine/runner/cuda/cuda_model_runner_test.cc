@@ -212,14 +212,24 @@ TEST_F(CudaModelRunnerTest, DeviceSamplingPicksTheHostSamplersTokens) {
   random.top_p = 0.9f;
   RunnerSamplingParams hot;
   hot.temperature = 1.3f;
-  for (const RunnerSamplingParams& sampling : {MiniScheduler::Greedy(), random, hot}) {
+  // Penalties, min_tokens bans and min_p: kernels::cuda::ProcessLogits on the device against
+  // the CPU twin on the host; odd requests have none, so batches mix both kinds of rows.
+  RunnerSamplingParams penalised;
+  penalised.temperature = 0.9f;
+  penalised.min_p = 0.05f;
+  penalised.presence_penalty = 0.5f;
+  penalised.frequency_penalty = 0.3f;
+  penalised.repetition_penalty = 1.2f;
+  penalised.min_tokens = 3;
+  penalised.min_tokens_banned_ids = {0, 1, 2};
+  for (const RunnerSamplingParams& sampling : {MiniScheduler::Greedy(), random, hot, penalised}) {
     std::vector<std::vector<int32_t>> outputs[2];
     for (bool all_logits : {true, false}) {  // host sampling, then device sampling
       auto engine = MakeTinyGpuEngine();
       ASSERT_TRUE(engine.ok()) << engine.status();
       MiniScheduler sched(16, Range(0, 256), 5);
       for (size_t i = 0; i < g.prompts.size(); ++i) {
-        RunnerSamplingParams p = sampling;
+        RunnerSamplingParams p = sampling.needs_processing() && i % 2 == 1 ? hot : sampling;
         p.seed = 1000 + i;
         sched.Submit(i, g.prompts[i], 16, p);
       }
@@ -228,7 +238,8 @@ TEST_F(CudaModelRunnerTest, DeviceSamplingPicksTheHostSamplersTokens) {
         outputs[all_logits ? 0 : 1].push_back(sched.request(i).outputs);
       }
     }
-    EXPECT_EQ(outputs[1], outputs[0]) << "temperature " << sampling.temperature;
+    EXPECT_EQ(outputs[1], outputs[0]) << "temperature " << sampling.temperature
+                                      << (sampling.needs_processing() ? ", penalised" : "");
   }
 }
 

@@ -1,0 +1,318 @@
+// VAMP's OpenAI API through the official `openai` npm SDK, against a live vamp-controller with a
+// CPU agent serving tests/data/tiny-qwen3-vocab (Qwen3's tokenizer and chat template, dummy
+// weights: real text, meaningless content). run_openai_sdk_test.sh starts the controller and runs
+// this file with node's test runner; VAMP_BASE_URL is the controller's HTTP address.
+'use strict';
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const OpenAI = require('openai');
+
+const baseURL = process.env.VAMP_BASE_URL;
+const client = new OpenAI({baseURL: `${baseURL}/v1`, apiKey: 'unused', maxRetries: 0});
+const MODEL = 'tiny-qwen3-vocab';
+const messages = [{role: 'user', content: 'Tell me a story about a robot 🤖'}];
+const noThinking = {chat_template_kwargs: {enable_thinking: false}};
+
+async function collect(stream) {
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  return chunks;
+}
+
+// Per choice index: the streamed text (completions) or content (chat), and its finish_reason.
+function byIndex(chunks, chat) {
+  const out = {};
+  for (const chunk of chunks) {
+    for (const c of chunk.choices) {
+      const o = (out[c.index] ??= {text: '', finish_reason: null});
+      o.text += chat ? (c.delta.reasoning_content ?? '') + (c.delta.content ?? '') : c.text;
+      if (c.finish_reason) o.finish_reason = c.finish_reason;
+    }
+  }
+  return out;
+}
+
+// A counter or gauge from /metrics, summed over the series whose labels include `labels`.
+async function metric(name, labels = {}) {
+  const text = await (await fetch(`${baseURL}/metrics`)).text();
+  let sum = 0;
+  for (const line of text.split('\n')) {
+    const m = line.match(/^([a-z_]+)(\{[^}]*\})? (\S+)$/);
+    if (!m || m[1] !== name) continue;
+    const got = Object.fromEntries([...(m[2] ?? '').matchAll(/(\w+)="([^"]*)"/g)].map(x => [x[1], x[2]]));
+    if (Object.entries(labels).every(([k, v]) => got[k] === v)) sum += Number(m[3]);
+  }
+  return sum;
+}
+
+async function waitFor(predicate, what, timeoutMs = 10000) {
+  const end = Date.now() + timeoutMs;
+  while (!(await predicate())) {
+    if (Date.now() > end) assert.fail(`timed out waiting for ${what}`);
+    await new Promise(r => setTimeout(r, 50));
+  }
+}
+
+async function expect400(promise, param) {
+  await assert.rejects(promise, err => {
+    assert.ok(err instanceof OpenAI.BadRequestError, `${err}`);
+    assert.equal(err.status, 400);
+    assert.equal(err.param, param, JSON.stringify(err.error));
+    return true;
+  });
+}
+
+// 32 greedy tokens of the prompt (EOS ignored): the reference text the stop tests cut.
+async function greedy(chat) {
+  if (chat) {
+    const r = await client.chat.completions.create({
+      model: MODEL, messages, max_tokens: 32, temperature: 0, ignore_eos: true, ...noThinking});
+    return r.choices[0].message.content;
+  }
+  const r = await client.completions.create({
+    model: MODEL, prompt: 'Once upon a time', max_tokens: 32, temperature: 0, ignore_eos: true});
+  return r.choices[0].text;
+}
+
+// A stop string from the middle of `text` (whole characters) and the text before its first match.
+function stopFrom(text) {
+  const chars = Array.from(text);
+  assert.ok(chars.length >= 12, `greedy text too short: ${JSON.stringify(text)}`);
+  const stop = chars.slice(8, 11).join('');
+  return {stop, before: text.slice(0, text.indexOf(stop))};
+}
+
+test('models list and retrieve', async () => {
+  const list = await client.models.list();
+  assert.deepEqual(list.data.map(m => m.id), [MODEL]);
+  const model = await client.models.retrieve(MODEL);
+  assert.equal(model.id, MODEL);
+  assert.equal(model.object, 'model');
+  await assert.rejects(client.models.retrieve('no-such-model'), err => err.status === 404);
+});
+
+test('completions: unary, streaming with include_usage', async () => {
+  const r = await client.completions.create({model: MODEL, prompt: 'Hello', max_tokens: 8,
+                                             temperature: 0, ignore_eos: true});
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 8);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 8);
+  const chunks = await collect(await client.completions.create({
+    model: MODEL, prompt: 'Hello', max_tokens: 8, temperature: 0, ignore_eos: true, stream: true,
+    stream_options: {include_usage: true}}));
+  assert.equal(byIndex(chunks, false)[0].text, r.choices[0].text);
+  assert.deepEqual(chunks.at(-1).usage, r.usage);
+});
+
+test('chat: unary and streaming agree', async () => {
+  const r = await client.chat.completions.create({model: MODEL, messages, max_tokens: 16,
+                                                  temperature: 0, ignore_eos: true, ...noThinking});
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices[0].message.role, 'assistant');
+  const chunks = await collect(await client.chat.completions.create({
+    model: MODEL, messages, max_tokens: 16, temperature: 0, ignore_eos: true, stream: true,
+    ...noThinking}));
+  assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+  assert.equal(byIndex(chunks, true)[0].text, r.choices[0].message.content ?? '');
+});
+
+test('seed: the same seed samples the same text', async () => {
+  const ask = seed => client.completions.create({model: MODEL, prompt: 'Seeded', max_tokens: 12,
+                                                 temperature: 1, seed, ignore_eos: true});
+  const [a, b] = await Promise.all([ask(7), ask(7)]);
+  assert.equal(a.choices[0].text, b.choices[0].text);
+});
+
+test('reasoning: thinking on gives an assistant message', async () => {
+  const r = await client.chat.completions.create({model: MODEL, messages, max_tokens: 8,
+                                                  temperature: 0});
+  const m = r.choices[0].message;
+  assert.equal(m.role, 'assistant');
+  if ('reasoning_content' in m) assert.equal(typeof m.reasoning_content, 'string');
+});
+
+test('tools: accepted with every tool_choice, unknown names refused', async () => {
+  const tools = [{type: 'function', function: {name: 'get_weather', description: 'Weather',
+                  parameters: {type: 'object', properties: {city: {type: 'string'}}}}}];
+  for (const tool_choice of ['none', 'auto', 'required',
+                             {type: 'function', function: {name: 'get_weather'}}]) {
+    const r = await client.chat.completions.create({model: MODEL, messages, tools, tool_choice,
+                                                    max_tokens: 8, temperature: 0});
+    assert.ok(['stop', 'length', 'tool_calls'].includes(r.choices[0].finish_reason));
+  }
+  await expect400(client.chat.completions.create({
+    model: MODEL, messages, tools, tool_choice: {type: 'function', function: {name: 'nope'}}}),
+    'tool_choice.function.name');
+});
+
+test('stop strings: completions unary and streaming end before the stop string', async () => {
+  const {stop, before} = stopFrom(await greedy(false));
+  const body = {model: MODEL, prompt: 'Once upon a time', max_tokens: 32, temperature: 0,
+                ignore_eos: true, stop: [stop, 'never-generated-\u2603']};
+  const r = await client.completions.create(body);
+  assert.equal(r.choices[0].text, before);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.ok(r.usage.completion_tokens < 32);
+  const chunks = await collect(await client.completions.create({...body, stream: true}));
+  const got = byIndex(chunks, false)[0];
+  assert.equal(got.text, before);
+  assert.equal(got.finish_reason, 'stop');
+  for (const c of chunks) assert.ok(!c.choices[0].text.includes(stop));
+});
+
+test('stop strings: chat unary and streaming, a single string', async () => {
+  const {stop, before} = stopFrom(await greedy(true));
+  const body = {model: MODEL, messages, max_tokens: 32, temperature: 0, ignore_eos: true, stop,
+                ...noThinking};
+  const r = await client.chat.completions.create(body);
+  assert.equal(r.choices[0].message.content ?? '', before);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  const got = byIndex(await collect(await client.chat.completions.create({...body, stream: true})),
+                      true)[0];
+  assert.equal(got.text, before);
+  assert.equal(got.finish_reason, 'stop');
+});
+
+test('stop strings end the request in the scheduler (its KV is freed)', async () => {
+  const {stop, before} = stopFrom(await greedy(false));
+  const stopped = await metric('vamp_requests_finished_total', {reason: 'stop'});
+  const r = await client.completions.create({model: MODEL, prompt: 'Once upon a time',
+                                             max_tokens: 1900, temperature: 0, ignore_eos: true,
+                                             stop});
+  assert.equal(r.choices[0].text, before);
+  await waitFor(async () => (await metric('vamp_scheduler_requests_running')) === 0,
+                'the scheduler to drop the stopped request', 2000);
+  assert.equal(await metric('vamp_requests_finished_total', {reason: 'stop'}), stopped + 1);
+});
+
+test('n: choices indexed 0..n-1, choice i seeded seed + i, prompt counted once', async () => {
+  const body = {model: MODEL, prompt: 'Many ways', max_tokens: 6, temperature: 1, seed: 100,
+                ignore_eos: true};
+  const r = await client.completions.create({...body, n: 3});
+  assert.deepEqual(r.choices.map(c => c.index), [0, 1, 2]);
+  const single = await Promise.all([0, 1, 2].map(i => client.completions.create({...body,
+                                                                                  seed: 100 + i})));
+  single.forEach((s, i) => assert.equal(r.choices[i].text, s.choices[0].text));
+  assert.equal(r.usage.prompt_tokens, single[0].usage.prompt_tokens);
+  assert.equal(r.usage.completion_tokens, 18);
+  const chunks = await collect(await client.chat.completions.create({
+    model: MODEL, messages, max_tokens: 5, temperature: 1, seed: 5, ignore_eos: true, n: 2,
+    stream: true, stream_options: {include_usage: true}, ...noThinking}));
+  const got = byIndex(chunks, true);
+  assert.deepEqual(Object.keys(got), ['0', '1']);
+  assert.equal(got[0].finish_reason, 'length');
+  assert.equal(got[1].finish_reason, 'length');
+  assert.equal(chunks.at(-1).usage.completion_tokens, 10);
+  await expect400(client.completions.create({...body, n: 17}), 'n');
+});
+
+test('n: a client that goes away aborts every choice', async () => {
+  const aborted = await metric('vamp_requests_finished_total', {reason: 'abort'});
+  const controller = new AbortController();
+  const stream = await client.completions.create(
+      {model: MODEL, prompt: 'Long', max_tokens: 1900, ignore_eos: true, n: 2, stream: true},
+      {signal: controller.signal});
+  let received = 0;
+  try {
+    for await (const chunk of stream) {
+      received += chunk.choices.length;
+      controller.abort();  // the SDK ends the stream (or throws, by version)
+    }
+  } catch (err) {
+    assert.ok(err instanceof OpenAI.APIUserAbortError || err.name === 'AbortError', `${err}`);
+  }
+  assert.ok(received >= 1);
+  await waitFor(async () => (await metric('vamp_requests_finished_total', {reason: 'abort'})) ===
+                            aborted + 2, 'both choices to be aborted');
+});
+
+test('min_p: min_p 1 keeps only the most likely token, so sampling equals greedy', async () => {
+  const body = {model: MODEL, prompt: 'Once upon a time', max_tokens: 12, ignore_eos: true};
+  const greedyText = (await client.completions.create({...body, temperature: 0})).choices[0].text;
+  const r = await client.completions.create({...body, temperature: 1.5, seed: 3, min_p: 1});
+  assert.equal(r.choices[0].text, greedyText);
+});
+
+test('min_tokens: stop tokens cannot end the output before min_tokens', async () => {
+  const body = {model: MODEL, prompt: 'Once upon a time', max_tokens: 8, temperature: 0};
+  const first = (await client.completions.create({...body, ignore_eos: true}))
+                    .choices[0].token_ids[0];
+  const stopped = await client.completions.create({...body, stop_token_ids: [first]});
+  assert.equal(stopped.usage.completion_tokens, 1);
+  const held = await client.completions.create({...body, stop_token_ids: [first], min_tokens: 4});
+  assert.ok(held.usage.completion_tokens >= 4, JSON.stringify(held.choices[0]));
+  assert.notEqual(held.choices[0].token_ids[0], first);
+});
+
+test('penalties: presence, frequency and repetition run and are deterministic', async () => {
+  const body = {model: MODEL, messages, max_tokens: 16, temperature: 0, ignore_eos: true,
+                presence_penalty: 1.5, frequency_penalty: 0.5, repetition_penalty: 1.3,
+                ...noThinking};
+  const [a, b] = await Promise.all([client.chat.completions.create(body),
+                                    client.chat.completions.create(body)]);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  assert.equal(a.usage.completion_tokens, 16);
+  const got = byIndex(await collect(await client.chat.completions.create({...body, stream: true})),
+                      true)[0];
+  assert.equal(got.text, a.choices[0].message.content ?? '');
+  await expect400(client.chat.completions.create({...body, presence_penalty: 3}),
+                  'presence_penalty');
+  await expect400(client.completions.create({model: MODEL, prompt: 'x', min_p: 2}), 'min_p');
+});
+
+test('logprobs: each chosen token, chat and completions, unary and streaming', async () => {
+  const chat = await client.chat.completions.create({
+    model: MODEL, messages, max_tokens: 6, temperature: 0, ignore_eos: true, logprobs: true,
+    top_logprobs: 0, ...noThinking});
+  const content = chat.choices[0].logprobs.content;
+  assert.equal(content.length, 6);
+  for (const c of content) {
+    assert.ok(c.logprob <= 0 && Number.isFinite(c.logprob), JSON.stringify(c));
+    assert.equal(Buffer.from(c.bytes).length, c.bytes.length);
+  }
+  const joined = Buffer.concat(content.map(c => Buffer.from(c.bytes))).toString('utf8');
+  assert.equal(joined, chat.choices[0].message.content);
+  const streamed = await collect(await client.chat.completions.create({
+    model: MODEL, messages, max_tokens: 6, temperature: 0, ignore_eos: true, logprobs: true,
+    stream: true, ...noThinking}));
+  const streamedLogprobs = streamed.flatMap(c => c.choices[0]?.logprobs?.content ?? []);
+  assert.deepEqual(streamedLogprobs.map(c => c.logprob), content.map(c => c.logprob));
+  const r = await client.completions.create({model: MODEL, prompt: 'Once upon a time',
+                                             max_tokens: 5, temperature: 0, ignore_eos: true,
+                                             logprobs: 0});
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.join(''), r.choices[0].text);
+  assert.equal(lp.token_logprobs.length, 5);
+  assert.deepEqual(lp.text_offset, lp.tokens.map((_, i) =>
+      Buffer.from(lp.tokens.slice(0, i).join('')).length));
+  await expect400(client.chat.completions.create({model: MODEL, messages, logprobs: true,
+                                                  top_logprobs: 5}), 'top_logprobs');
+  await expect400(client.completions.create({model: MODEL, prompt: 'x', logprobs: 0, echo: true}),
+                  'echo');
+});
+
+test('echo: completions send the prompt first', async () => {
+  const r = await client.completions.create({model: MODEL, prompt: 'Echo this:', max_tokens: 4,
+                                             temperature: 0, echo: true, ignore_eos: true});
+  const plain = await client.completions.create({model: MODEL, prompt: 'Echo this:',
+                                                 max_tokens: 4, temperature: 0, ignore_eos: true});
+  assert.equal(r.choices[0].text, 'Echo this:' + plain.choices[0].text);
+  const chunks = await collect(await client.completions.create({
+    model: MODEL, prompt: 'Echo this:', max_tokens: 4, temperature: 0, echo: true,
+    ignore_eos: true, stream: true}));
+  assert.equal(byIndex(chunks, false)[0].text, r.choices[0].text);
+});
+
+test('bad input is a 400 naming the field', async () => {
+  await expect400(client.completions.create({model: MODEL, prompt: 'x', temperature: 5}),
+                  'temperature');
+  await expect400(client.completions.create({model: MODEL, prompt: 'x', stop: ['']}), 'stop');
+  await expect400(client.chat.completions.create({model: MODEL, messages: []}), 'messages');
+  await expect400(client.chat.completions.create({model: MODEL, messages,
+                                                  response_format: {type: 'json_object'}}),
+                  'response_format');
+  await expect400(client.chat.completions.create({model: MODEL, messages, max_tokens: 0}),
+                  'max_tokens');
+});
