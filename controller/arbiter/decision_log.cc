@@ -72,23 +72,27 @@ std::string DecisionLog::Format(const DecisionLogEntry& e) {
   // The tax model's comparison, when it priced this decision.
   const TaxComparison& t = p.tax;
   const std::string tax =
-      t.evaluated
-          ? absl::StrFormat(
-                " tax[%+d groups]=%sms value=%sms ghost_tokens=%.0f preempt_tokens=%.0f "
-                "window=%.0fs (%d steps) h2d=%.1fGB/s",
-                t.groups, Millis(t.tax_micros), Millis(t.value_micros), t.ghost_tokens,
-                t.preempt_tokens, t.window_micros * 1e-6, t.observed_steps,
-                t.h2d_bytes_per_s * 1e-9)
-          : "";
+      t.evaluated ? absl::StrFormat(
+                        " tax[%+d groups]=%sms value=%sms ghost_tokens=%.0f preempt_tokens=%.0f "
+                        "window=%.0fs (%d steps) h2d=%.1fGB/s",
+                        t.groups, Millis(t.tax_micros), Millis(t.value_micros), t.ghost_tokens,
+                        t.preempt_tokens, t.window_micros * 1e-6, t.observed_steps,
+                        t.h2d_bytes_per_s * 1e-9)
+                  : "";
   if (r.restore_groups > 0) {
     const std::string working_set =
-        t.working_set_blocks >= 0
-            ? absl::StrFormat(" working_set=%d blocks reuse_age=%d steps", t.working_set_blocks,
-                              t.reuse_age_steps)
-            : "";
+        t.working_set_blocks >= 0 ? absl::StrFormat(" working_set=%d blocks reuse_age=%d steps",
+                                                    t.working_set_blocks, t.reuse_age_steps)
+                                  : "";
     return absl::StrCat(absl::StrFormat("t=%.6fs step=%d restore groups=%d", e.time_micros * 1e-6,
                                         r.step, r.restore_groups),
                         tax, working_set);
+  }
+  if (r.for_restore) {
+    return absl::StrCat(
+        absl::StrFormat("t=%.6fs step=%d %s preempted=%d first=%d", e.time_micros * 1e-6, r.step,
+                        p.choice, r.requests_preempted, r.requester),
+        tax);
   }
   const ArbiterInputs& in = p.inputs;
   return absl::StrCat(
@@ -100,8 +104,8 @@ std::string DecisionLog::Format(const DecisionLogEntry& e) {
       absl::StrFormat(" t_prefill=%.2fus c_eff=%.2fus t_queue=%.0fus", in.t_prefill_micros,
                       in.c_eff_micros, in.t_queue_micros),
       " C_c=", Millis(p.costs.evict_micros), "ms C_e=", Millis(p.costs.expand_micros),
-      "ms C_p=", Millis(p.costs.preempt_micros), "ms C_b=", Millis(p.costs.combined_micros),
-      "ms", tax, " choice=", p.choice.empty() ? "-" : p.choice,
+      "ms C_p=", Millis(p.costs.preempt_micros), "ms C_b=", Millis(p.costs.combined_micros), "ms",
+      tax, " choice=", p.choice.empty() ? "-" : p.choice,
       absl::StrFormat(" expand=%d evict=%d preempt=%d -> added=%d evicted=%d preempted=%d",
                       p.expand_groups, p.evict_blocks, p.preempt.size(), r.blocks_added,
                       r.blocks_evicted, r.requests_preempted));

@@ -195,8 +195,8 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
 
 absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& config) {
   VampArbiterConfig v;
-  v.cost_model = config.GetString("vamp_cost_model") == "paper" ? VampCostModel::kPaper
-                                                                 : VampCostModel::kTax;
+  v.cost_model =
+      config.GetString("vamp_cost_model") == "paper" ? VampCostModel::kPaper : VampCostModel::kTax;
   v.tax.window_micros = static_cast<int64_t>(config.GetDouble("vamp_window_s") * 1e6);
   v.tax.window_slots = static_cast<int32_t>(config.GetInt("vamp_window_slots"));
   v.tax.h2d_bytes_per_s = config.GetDouble("vamp_h2d_gbps") * 1e9;
@@ -450,7 +450,7 @@ ArbiterPlan StaticFallback(const ArbiterContext& context, const MemoryGap& gap, 
 ArbiterPlan VampArbiter::Decide(const ArbiterContext& context, const MemoryGap& gap) {
   Observe(context.counters());
   return config_.cost_model == VampCostModel::kTax ? DecideTax(context, gap)
-                                                    : DecidePaper(context, gap);
+                                                   : DecidePaper(context, gap);
 }
 
 ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const MemoryGap& gap) {
@@ -576,14 +576,12 @@ double VampArbiter::TtftWeight(int64_t now) const {
   // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
   // compute, every µs of stall delays them all; with short queues, TTFT is not what hurts: GPU
   // time is the measure then (weight 1).
-  const bool ttft_hurts =
-      reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros &&
-      reuse_->ComputeBoundShare(now) <= config_.tax.compute_bound_share;
+  const bool ttft_hurts = reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros &&
+                          reuse_->ComputeBoundShare(now) <= config_.tax.compute_bound_share;
   return ttft_hurts ? config_.tax.ttft_weight : 1.0;
 }
 
-TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to,
-                                   double t_prefill) const {
+TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double t_prefill) const {
   TaxComparison cmp;
   cmp.evaluated = true;
   cmp.groups = to - from;
@@ -658,8 +656,8 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
     const int32_t unit = pending > 0 ? pending : config_.expansion_step_groups;
     const int32_t limit = pending > 0 ? pending : remaining;
     for (int32_t g = std::min(unit, limit);; g = std::min(g + unit, limit)) {
-      const TaxComparison cmp = Compare(now, offloaded - pending, offloaded - pending + g,
-                                        c.t_prefill_micros);
+      const TaxComparison cmp =
+          Compare(now, offloaded - pending, offloaded - pending + g, c.t_prefill_micros);
       if (!first.evaluated) first = cmp;
       if (evidence && net(cmp) > best_net) {
         best_net = net(cmp);
@@ -697,9 +695,8 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
   double preempt_price = victims.cost_micros;
   if (victims.ids.empty() && gap.requester_running) {
     if (const Request* v = NewestRunningRequest(context, context.config().policy)) {
-      preempt_price =
-          PreemptionCost(gpu, PreemptionYieldOf(*v, context.pool(), context.config().block_size)
-                                  .partial_tokens);
+      preempt_price = PreemptionCost(
+          gpu, PreemptionYieldOf(*v, context.pool(), context.config().block_size).partial_tokens);
     }
   }
   if (gap.requester_running && can_grow && preempt_price >= 0 && (evidence || pending > 0)) {
@@ -711,8 +708,8 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
           std::min<int64_t>(CeilDiv(CeilDiv(short_blocks, bpg), unit) * unit, remaining));
     }
     if (cover * bpg >= short_blocks) {
-      TaxComparison cmp = Compare(now, offloaded - pending, offloaded - pending + cover,
-                                  c.t_prefill_micros);
+      TaxComparison cmp =
+          Compare(now, offloaded - pending, offloaded - pending + cover, c.t_prefill_micros);
       // A one-off preemption against a tax paid on every step for as long as the groups stay:
       // at least restore.min_hold_steps (restores wait that long), the whole window without
       // restore. Per-step rates come from the window (no offload before it holds
@@ -750,11 +747,13 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   // The restore saving the most tax net of the value it loses, in whole restore steps: when the
   // offload serves nothing any more, all of it goes back at once (a restore waits for its tail
   // blocks to be released, so restoring step by step would keep most of the tax for many turns).
-  const int32_t unit = std::max(1, r.step_groups > 0 ? r.step_groups : config_.expansion_step_groups);
+  const int32_t unit =
+      std::max(1, r.step_groups > 0 ? r.step_groups : config_.expansion_step_groups);
   const double t_prefill = Current().t_prefill_micros;
   int32_t best_groups = 0;
   double best_net = 0;
-  for (int32_t g = std::min(unit, e.offloaded_groups);; g = std::min(g + unit, e.offloaded_groups)) {
+  for (int32_t g = std::min(unit, e.offloaded_groups);;
+       g = std::min(g + unit, e.offloaded_groups)) {
     const TaxComparison cmp = Compare(now, e.offloaded_groups, e.offloaded_groups - g, t_prefill);
     const double net = cmp.tax_micros - (1 + config_.tax.margin) * cmp.value_micros;
     if (net > best_net) {
@@ -779,9 +778,11 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   });
   const int64_t working = int64_t{pool.num_blocks()} - pool.num_free_uncached() - idle_cached;
   int32_t idle_groups = 0;
-  for (int32_t g = std::min(unit, e.offloaded_groups);; g = std::min(g + unit, e.offloaded_groups)) {
+  for (int32_t g = std::min(unit, e.offloaded_groups);;
+       g = std::min(g + unit, e.offloaded_groups)) {
     const int64_t left = int64_t{pool.num_blocks()} - int64_t{g} * e.blocks_per_group;
-    if (static_cast<double>(working) * (1 + r.working_set_headroom) > static_cast<double>(left)) break;
+    if (static_cast<double>(working) * (1 + r.working_set_headroom) > static_cast<double>(left))
+      break;
     idle_groups = g;
     if (g >= e.offloaded_groups) break;
   }
@@ -805,8 +806,8 @@ ArbiterPlan VampArbiter::PreemptForRestore(const ArbiterContext& context) {
   const int64_t step = context.step();
   const int64_t now = context.now_micros();
   if (config_.cost_model != VampCostModel::kTax || !r.enabled || !r.preempt_holders ||
-      !e.restore_pending ||
-      e.restore_pending_groups <= 0 || !pool.shrink_pending() || step < next_evacuation_check_step_) {
+      !e.restore_pending || e.restore_pending_groups <= 0 || !pool.shrink_pending() ||
+      step < next_evacuation_check_step_) {
     return plan;
   }
   next_evacuation_check_step_ = step + r.check_interval_steps;
@@ -836,12 +837,13 @@ ArbiterPlan VampArbiter::PreemptForRestore(const ArbiterContext& context) {
     for (size_t k = 0; k < table.size(); ++k) {
       if (table[k] < pool.shrink_begin()) continue;
       // Its blocks before the first withdrawn one stay cached and are hit again on resume.
-      const int64_t recompute = std::max<int64_t>(
-          0, q.num_computed_tokens() - static_cast<int64_t>(k) * block_size);
+      const int64_t recompute =
+          std::max<int64_t>(0, q.num_computed_tokens() - static_cast<int64_t>(k) * block_size);
       const int64_t remaining = std::min<int64_t>(
           q.RemainingOutputBudget(context.config().max_model_len), r.benefit_horizon_steps);
       // The recompute is prefill on the first-token path of whoever queues behind it.
-      holders.push_back({q.id(), remaining, static_cast<double>(recompute) * t_prefill * ttft_weight});
+      holders.push_back(
+          {q.id(), remaining, static_cast<double>(recompute) * t_prefill * ttft_weight});
       break;
     }
   }
@@ -862,7 +864,8 @@ ArbiterPlan VampArbiter::PreemptForRestore(const ArbiterContext& context) {
     if (net > best_net) {
       best_net = net;
       best_n = n;
-      best = Compare(now, e.offloaded_groups, e.offloaded_groups - e.restore_pending_groups, t_prefill);
+      best = Compare(now, e.offloaded_groups, e.offloaded_groups - e.restore_pending_groups,
+                     t_prefill);
       best.tax_micros = saving;
       best.value_micros = recompute;
     }

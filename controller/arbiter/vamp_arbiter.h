@@ -60,10 +60,10 @@
 //            estimates from ObserveStep: t_prefill from prefill-heavy steps' time per token,
 //            c_eff from decode steps' exposed staging time per offloaded shard.
 //
-// Paper-model restore (restore.enabled, beyond the paper, which never gives experts back). Cold blocks —
-// cached free blocks idle for at least restore.cold_age_steps — count as idle capacity. A gap that
-// the cold blocks at the LRU end cover is evicted from them (not expanded) and is no sign of
-// pressure; any other gap is. A restore of restore.step_groups groups is considered when there
+// Paper-model restore (restore.enabled, beyond the paper, which never gives experts back). Cold
+// blocks — cached free blocks idle for at least restore.cold_age_steps — count as idle capacity. A
+// gap that the cold blocks at the LRU end cover is evicted from them (not expanded) and is no sign
+// of pressure; any other gap is. A restore of restore.step_groups groups is considered when there
 // has been no pressure for restore.quiet_steps steps (and no restore for
 // restore.check_interval_steps), and the idle capacity (uncached free + cold blocks) exceeds
 // (1 + restore.headroom) times what it takes out of the pool. The two thresholds form the

@@ -115,6 +115,9 @@ struct ArbiterRecord {
   bool requester_running = false;
   int32_t gap_blocks = 0;
   int32_t restore_groups = 0;
+  // Preemptions that let a pending restore complete (MemoryArbiter::PreemptForRestore): no gap;
+  // plan.tax holds the tax the wait would have kept (tax) against the recompute (value).
+  bool for_restore = false;
   ArbiterPlan plan;  // for a restore: choice "restore" and the comparison that started it
   // What applying the plan achieved.
   int32_t blocks_added = 0;
@@ -161,12 +164,12 @@ struct ExpansionInfo {
   bool available = false;  // an expander exists and the pool is not shrinking
   int32_t remaining_groups = 0;
   int32_t blocks_per_group = 0;
-  int32_t experts_per_group = 1;  // g
-  int32_t experts_per_layer = 0;  // E (0 = unknown)
-  int32_t offloaded_groups = 0;   // groups in the pool now (what a restore could give back)
-  int32_t max_groups = 0;         // the cap: offloaded + remaining when nothing is pending
+  int32_t experts_per_group = 1;       // g
+  int32_t experts_per_layer = 0;       // E (0 = unknown)
+  int32_t offloaded_groups = 0;        // groups in the pool now (what a restore could give back)
+  int32_t max_groups = 0;              // the cap: offloaded + remaining when nothing is pending
   int64_t staged_bytes_per_group = 0;  // PoolExpander::StagedBytesPerGroup
-  bool restore_pending = false;   // a restore is waiting for its blocks to be released
+  bool restore_pending = false;        // a restore is waiting for its blocks to be released
   int32_t restore_pending_groups = 0;  // ... and the groups it gives back
 };
 

@@ -104,10 +104,12 @@ void ReuseTracker::RecordAdmission(int64_t now_micros, const HitNeeds& needs, Re
   if (ghost > 0) ghost_tokens_.Add(now_micros, 0, ghost);
 }
 
-void ReuseTracker::RecordPreemption(int64_t now_micros, int32_t gap_blocks, int32_t recompute_tokens) {
+void ReuseTracker::RecordPreemption(int64_t now_micros, int32_t gap_blocks,
+                                    int32_t recompute_tokens) {
   if (bpg_ <= 0 || recompute_tokens <= 0) return;
   const int64_t need = offloaded_ + CeilDiv(std::max(1, gap_blocks), bpg_);
-  Record(now_micros, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)), recompute_tokens);
+  Record(now_micros, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)),
+         recompute_tokens);
   preemption_tokens_.Add(now_micros, 0, recompute_tokens);
 }
 
@@ -120,7 +122,8 @@ double ReuseTracker::TokensBetween(int64_t now_micros, int32_t from, int32_t to)
 void ReuseTracker::RecordMemoryWait(int64_t now_micros, int32_t gap_blocks, int32_t waiting) {
   if (bpg_ <= 0 || waiting <= 0) return;
   const int64_t need = offloaded_ + CeilDiv(std::max(1, gap_blocks), bpg_);
-  wait_steps_.Add(now_micros, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)), waiting);
+  wait_steps_.Add(now_micros, static_cast<int32_t>(std::min<int64_t>(need, max_groups_ + 1)),
+                  waiting);
 }
 
 double ReuseTracker::WaitStepsBetween(int64_t now_micros, int32_t from, int32_t to) const {
@@ -149,7 +152,9 @@ double ReuseTracker::MeanQueueMicros(int64_t now_micros) const {
   return n > 0 ? queue_time_.Sum(now_micros, 1, 1) / n : 0;
 }
 
-double ReuseTracker::GhostTokens(int64_t now_micros) const { return ghost_tokens_.Sum(now_micros, 0, 0); }
+double ReuseTracker::GhostTokens(int64_t now_micros) const {
+  return ghost_tokens_.Sum(now_micros, 0, 0);
+}
 
 int64_t ReuseTracker::ReuseAgeSteps(int64_t now_micros, double quantile) const {
   const double total = hit_ages_.Sum(now_micros, 0, kAgeBuckets - 1);

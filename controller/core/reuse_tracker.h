@@ -49,7 +49,7 @@ namespace vamp {
 
 struct ReuseTrackerOptions {
   int64_t window_micros = 60'000'000;  // how long recorded tokens are kept (µs)
-  int32_t window_slots = 16;    // granularity of the window
+  int32_t window_slots = 16;           // granularity of the window
 };
 
 class ReuseTracker {
@@ -79,8 +79,8 @@ class ReuseTracker {
   HitNeeds MeasureHit(const KvBlockPool& pool, const PrefixHit& hit, int64_t step) const;
   // Records an admitted request's prefix: the hit runs, then the blocks past the hit found in the
   // ghost list (hashing them as far as the walk goes; those hashes are needed later anyway).
-  void RecordAdmission(int64_t now_micros, const HitNeeds& needs, Request& request, int32_t block_size,
-                       const BlockHasher& hasher);
+  void RecordAdmission(int64_t now_micros, const HitNeeds& needs, Request& request,
+                       int32_t block_size, const BlockHasher& hasher);
   // A running request was preempted to cover a gap of `gap_blocks`; `recompute_tokens` tokens
   // will be computed again.
   void RecordPreemption(int64_t now_micros, int32_t gap_blocks, int32_t recompute_tokens);
@@ -126,7 +126,7 @@ class ReuseTracker {
   // Bucket g: tokens first served at g offloaded groups (0..max_groups; max_groups + 1 = out of
   // reach, kept for the totals).
   SlidingHistogram tokens_;
-  SlidingHistogram wait_steps_;  // same buckets: request-steps waiting for memory
+  SlidingHistogram wait_steps_;         // same buckets: request-steps waiting for memory
   SlidingHistogram ghost_tokens_;       // one bucket
   SlidingHistogram queue_state_;        // bucket 0: steps, bucket 1: steps waiting for compute
   SlidingHistogram queue_time_;         // bucket 0: admissions, bucket 1: their µs queued

@@ -161,6 +161,7 @@ void Scheduler::StepBoundary() {
         ++record.requests_preempted;
       }
       if (record.requests_preempted > 0) {
+        record.for_restore = true;
         record.requester = record.plan.preempt.front();
         record.requester_running = true;
         step_decisions_.push_back(std::move(record));
@@ -304,7 +305,8 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
         // ghost list counts them).
         const Request& v = *it->second;
         tracker->RecordPreemption(
-            clock_->NowMicros(), gap, v.num_computed_tokens() - v.num_cached_blocks() * config_.block_size);
+            clock_->NowMicros(), gap,
+            v.num_computed_tokens() - v.num_cached_blocks() * config_.block_size);
       }
       Preempt(it->second.get());
       ++record.requests_preempted;
@@ -413,7 +415,8 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     if (EnsureBlocks(r, hit.num_tokens + n, /*running=*/false) != Room::kOk) {
       if (tracker != nullptr) {
         // Everybody in the queue waits this step because the head found no memory.
-        tracker->RecordMemoryWait(clock_->NowMicros(), kv_.Gap(*r, hit.num_tokens + n), waiting_.size());
+        tracker->RecordMemoryWait(clock_->NowMicros(), kv_.Gap(*r, hit.num_tokens + n),
+                                  waiting_.size());
       }
       // Releasing the hit blocks makes them the most recently used cached blocks: a request at
       // the head of the queue is about to reuse them, so LRU should keep them longest.
@@ -422,7 +425,8 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       memory_blocked = true;
       break;
     }
-    if (track) tracker->RecordAdmission(clock_->NowMicros(), needs, *r, config_.block_size, kv_.hasher());
+    if (track)
+      tracker->RecordAdmission(clock_->NowMicros(), needs, *r, config_.block_size, kv_.hasher());
     VAMP_CHECK(waiting_.Remove(r));
     if (r->status() == RequestStatus::kPreempted) --num_waiting_preempted_;
     r->set_status(RequestStatus::kRunning);
@@ -434,8 +438,9 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   if (ReuseTracker* tracker = arbiter_->reuse_tracker()) {
     // Requests left waiting for compute (the token budget or max_num_seqs, not memory): while
     // they queue, every µs a step stalls delays them all, so extra KV is worth less.
-    tracker->RecordQueueState(clock_->NowMicros(), !waiting_.empty() && !memory_blocked && !running_stalled &&
-                                         step_num_preempted_ == 0);
+    tracker->RecordQueueState(clock_->NowMicros(), !waiting_.empty() && !memory_blocked &&
+                                                       !running_stalled &&
+                                                       step_num_preempted_ == 0);
   }
 
   // 3. The plan.

@@ -62,6 +62,36 @@ TEST(DecisionLogTest, FormatShowsInputsCostsAndChoice) {
   EXPECT_THAT(line, HasSubstr("added=400"));
 }
 
+TEST(DecisionLogTest, FormatShowsBothSidesOfRestoresAndTheirPreemptions) {
+  ArbiterRecord restore;
+  restore.step = 7;
+  restore.restore_groups = 8;
+  restore.plan.choice = "restore";
+  restore.plan.tax.evaluated = true;
+  restore.plan.tax.groups = -8;
+  restore.plan.tax.tax_micros = 21834;
+  restore.plan.tax.working_set_blocks = 98519;
+  restore.plan.tax.reuse_age_steps = 64;
+  const std::string line = DecisionLog::Format({1'000'000, restore});
+  EXPECT_THAT(line, HasSubstr("step=7 restore groups=8 tax[-8 groups]=21.834ms"));
+  EXPECT_THAT(line, HasSubstr("working_set=98519 blocks reuse_age=64 steps"));
+
+  ArbiterRecord preempt;
+  preempt.step = 8;
+  preempt.for_restore = true;
+  preempt.requester = 11;
+  preempt.requests_preempted = 2;
+  preempt.plan.choice = "restore-preempt";
+  preempt.plan.tax.evaluated = true;
+  preempt.plan.tax.groups = -8;
+  preempt.plan.tax.tax_micros = 7023;
+  preempt.plan.tax.value_micros = 795;
+  const std::string p = DecisionLog::Format({1'000'000, preempt});
+  EXPECT_THAT(p, HasSubstr("step=8 restore-preempt preempted=2 first=11 tax[-8 groups]=7.023ms "
+                           "value=0.795ms"));
+  EXPECT_THAT(p, ::testing::Not(HasSubstr("gap=")));
+}
+
 TEST(DecisionLogTest, ConcurrentReadersSeeConsistentCounts) {
   DecisionLog log(64);
   std::thread writer([&] {
