@@ -55,15 +55,11 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "engine/kv/memory_repartitioner.h"
-#include "engine/memory/cuda_backend.h"
 #include "engine/memory/cuda_status.h"
-#include "engine/memory/memory_plan.h"
 #include "engine/model/model_loader.h"
 #include "engine/model/weight_source.h"
-#include "engine/runner/cuda/cuda_expert_weights.h"
-#include "engine/runner/cuda/cuda_qwen3_moe.h"
-#include "engine/runner/cuda/cuda_runner_support.h"
+#include "engine/rank/cuda_device.h"
+#include "engine/rank/rank.h"
 #include "engine/runner/model_runner.h"
 #include "nlohmann/json.hpp"
 
@@ -352,96 +348,69 @@ class ProgressSink final : public ExpertWeightSink {
   std::atomic<int64_t> stored_{0};
 };
 
-// Everything one GPU rank holds, torn down in reverse order of declaration (runner and models
-// first, the memory regions before the backend).
+// The rank the bench drives (BuildRank on the CUDA device), with its CUDA parts typed.
 struct GpuEngine {
-  ModelConfig config;
-  MemoryPlan plan;
-  std::unique_ptr<MemoryBackend> backend;
-  std::unique_ptr<InFlightFence> fence;
-  AgentMemory memory;
-  CudaStream stream;
-  std::unique_ptr<CudaExpertStoreWeights> experts;
-  std::unique_ptr<CausalLm> host_model;
-  std::unique_ptr<CudaQwen3MoeModel> model;
-  std::unique_ptr<ModelRunner> runner;
-  RunnerConfig runner_config;
+  std::unique_ptr<Rank> rank;
+  CudaQwen3MoeModel* model = nullptr;         // the rank's device model
+  CudaExpertStoreWeights* experts = nullptr;  // the rank's expert weights
   double load_seconds = 0;
-
-  // After a remap: the KV pool's new size.
-  absl::Status RefreshKv() {
-    VAMP_ASSIGN_OR_RETURN(KvCacheView view,
-                          CudaKvRegionView(*memory.kv, static_cast<int>(config.num_hidden_layers)));
-    return runner->SetKvCache(view);
-  }
 };
 
 absl::StatusOr<std::unique_ptr<GpuEngine>> MakeEngine(const Flags& f, const ModelConfig& config) {
   auto e = std::make_unique<GpuEngine>();
-  e->config = config;
-  VAMP_ASSIGN_OR_RETURN(e->backend, CreateCudaMemoryBackend(f.cuda_device));
+  RankSpec spec;
+  CudaDeviceOptions device;
+  device.ordinal = f.cuda_device;
+  device.forward.device_gemm_max_rows_per_expert = f.device_gemm_max_rows_per_expert;
+  spec.device = CreateCudaDevice(device);
+  spec.config = config;
+  spec.dtype = DType::kBFloat16;
 
-  e->runner_config.block_size = f.block_size;
-  e->runner_config.max_num_seqs = f.batch + 1;  // the decode batch and the mixed steps' prompt
-  e->runner_config.max_num_batched_tokens = f.max_num_batched_tokens;
-  e->runner_config.max_model_len = 0;
-  e->runner_config.seed = f.seed;
+  spec.runner.block_size = f.block_size;
+  spec.runner.max_num_seqs = f.batch + 1;  // the decode batch and the mixed steps' prompt
+  spec.runner.max_num_batched_tokens = f.max_num_batched_tokens;
+  spec.runner.max_model_len = 0;
+  spec.runner.seed = f.seed;
 
-  MemoryPlanConfig pc;
-  pc.device_memory_bytes = e->backend->device_memory_bytes();
+  MemoryPlanConfig& pc = spec.plan;
   pc.gpu_memory_utilization = f.gpu_memory_utilization;
-  pc.page_bytes = e->backend->page_bytes();
   pc.kv_block_size = f.block_size;
   pc.offload.max_offload_ratio = f.ratios.back();
   pc.max_num_batched_tokens = f.max_num_batched_tokens;
-  pc.max_num_seqs = e->runner_config.max_num_seqs;
+  pc.max_num_seqs = spec.runner.max_num_seqs;
   // As the agent on CUDA: the utilisation fraction leaves room for the context and cuBLAS.
   pc.runtime_overhead_bytes = 0;
-  const ModelShape shape = config.ToModelShape(DTypeBytes(DType::kBFloat16));
-  absl::StatusOr<MemoryPlan> plan = PlanMemory(shape, pc);
-  if (!plan.ok()) {
+
+  spec.load = [&f, &e](const ModelConfig& config, const MemoryPlan& plan,
+                       ExpertWeightSink& sink) -> absl::StatusOr<std::unique_ptr<CausalLm>> {
+    VAMP_LOG(INFO) << "memory plan:\n" << plan.Summary();
+    const auto start = std::chrono::steady_clock::now();
+    ProgressSink progress(&sink, config.num_experts,
+                          static_cast<int64_t>(plan.experts.moe_layers.size()),
+                          plan.experts.expert_bytes);
+    std::unique_ptr<WeightSource> source = CreateDummyWeightSource(f.seed);
+    VAMP_LOG(INFO) << "loading dummy weights of " << f.model_dir << " ("
+                   << FormatBytes(plan.expert_weight_bytes) << " of experts in bfloat16)";
+    absl::StatusOr<std::unique_ptr<CausalLm>> model =
+        LoadModelFromSource(config, {}, *source, progress);
+    e->load_seconds = Seconds(start);
+    return model;
+  };
+  absl::StatusOr<std::unique_ptr<Rank>> rank = BuildRank(std::move(spec));
+  if (!rank.ok()) {
     return absl::Status(
-        plan.status().code(),
-        absl::StrCat("memory plan (--gpu_memory_utilization ", f.gpu_memory_utilization, " of ",
-                     FormatBytes(pc.device_memory_bytes),
-                     ", VAMP-r = ", pc.offload.max_offload_ratio, "): ", plan.status().message()));
+        rank.status().code(),
+        absl::StrCat("GPU rank (--gpu_memory_utilization ", f.gpu_memory_utilization,
+                     ", VAMP-r = ", f.ratios.back(), "): ", rank.status().message()));
   }
-  e->plan = *std::move(plan);
-  VAMP_LOG(INFO) << "memory plan:\n" << e->plan.Summary();
-
-  e->fence = CreateCudaStreamFence(f.cuda_device, {});  // the whole device
-  VAMP_ASSIGN_OR_RETURN(e->memory, CreateAgentMemory(e->backend.get(), e->plan, e->fence.get()));
-  VAMP_ASSIGN_OR_RETURN(e->stream, CudaStream::Create());
-  VAMP_ASSIGN_OR_RETURN(ExpertShardLayout layout, ExpertLayoutFor(config, {}));
-  layout.dtype = DType::kBFloat16;
-  VAMP_ASSIGN_OR_RETURN(
-      e->experts, CudaExpertStoreWeights::Create(e->memory.experts.get(), layout, e->stream.get()));
-
-  const auto start = std::chrono::steady_clock::now();
-  ProgressSink progress(e->experts.get(), config.num_experts,
-                        static_cast<int64_t>(e->plan.experts.moe_layers.size()),
-                        static_cast<uint64_t>(layout.Bytes()));
-  std::unique_ptr<WeightSource> source = CreateDummyWeightSource(f.seed);
-  VAMP_LOG(INFO) << "loading dummy weights of " << f.model_dir << " ("
-                 << FormatBytes(e->plan.expert_weight_bytes) << " of experts in bfloat16)";
-  VAMP_ASSIGN_OR_RETURN(e->host_model, LoadModelFromSource(config, {}, *source, progress));
-  VAMP_RETURN_IF_ERROR(e->memory.experts->FinalizeLoad());
-  e->load_seconds = Seconds(start);
-
-  CudaForwardOptions forward;
-  forward.dtype = DType::kBFloat16;
-  forward.device_gemm_max_rows_per_expert = f.device_gemm_max_rows_per_expert;
-  VAMP_ASSIGN_OR_RETURN(e->model, CudaQwen3MoeModel::Create(e->host_model.get(), e->runner_config,
-                                                            e->stream.get(), forward));
-  VAMP_ASSIGN_OR_RETURN(
-      KvCacheView kv, CudaKvRegionView(*e->memory.kv, static_cast<int>(config.num_hidden_layers)));
-  VAMP_ASSIGN_OR_RETURN(e->runner, ModelRunner::Create(e->runner_config, e->model.get(),
-                                                       e->experts.get(), nullptr, kv));
+  e->rank = *std::move(rank);
+  e->model = static_cast<CudaQwen3MoeModel*>(e->rank->device_model.get());
+  e->experts = &static_cast<CudaRankExperts&>(*e->rank->experts).store_weights();
   VAMP_LOG(INFO) << absl::StrFormat(
       "engine ready in %.0f s: %s of non-expert weights and %s of workspace on the device, %d KV "
       "blocks",
       e->load_seconds, FormatBytes(e->model->weight_bytes()),
-      FormatBytes(e->model->workspace_bytes()), kv.num_blocks);
+      FormatBytes(e->model->workspace_bytes()), e->rank->runner->kv_cache().num_blocks);
   return e;
 }
 
@@ -492,19 +461,19 @@ class Workload {
   // Lays out prompts and blocks, checks they fit the KV pool, and prefills the batch.
   absl::Status Fill() {
     const int64_t bs = f_.block_size;
-    const int64_t vocab = e_->config.vocab_size;
+    const int64_t vocab = e_->rank->config.vocab_size;
     // A decoding sequence grows by warmup + steps tokens per point from context + 1 known tokens.
     const int64_t blocks_per_seq = (f_.context + 1 + f_.warmup + f_.steps + bs - 1) / bs;
     const int64_t prefill_blocks = (f_.prefill_tokens + bs - 1) / bs;
     const int64_t needed = f_.batch * blocks_per_seq + prefill_blocks;
-    const int64_t have = e_->runner->kv_cache().num_blocks;
+    const int64_t have = e_->rank->runner->kv_cache().num_blocks;
     if (needed > have) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the workload needs ", needed, " KV blocks (", f_.batch, " sequences x ", blocks_per_seq,
           " + ", prefill_blocks, " for the mixed steps' prompt); the pool has ", have,
           ": lower --batch or --context, or raise --gpu_memory_utilization"));
     }
-    const int64_t max_len = e_->runner->config().max_model_len;
+    const int64_t max_len = e_->rank->runner->config().max_model_len;
     if (f_.context + 1 + f_.warmup + f_.steps > max_len) {
       return absl::InvalidArgumentError(
           absl::StrCat("--context ", f_.context, " + ", f_.warmup + f_.steps + 1,
@@ -550,7 +519,7 @@ class Workload {
         in.scheduled.push_back({ids[i], static_cast<int32_t>(n)});
         budget -= n;
       }
-      absl::StatusOr<StepOutput> out = e_->runner->ExecuteStep(in);
+      absl::StatusOr<StepOutput> out = e_->rank->runner->ExecuteStep(in);
       if (!out.ok()) {
         return absl::Status(out.status().code(),
                             absl::StrCat("prefill step ", steps, ": ", out.status().message()));
@@ -613,7 +582,7 @@ class Workload {
       }
       const CudaStagingStats before = e_->experts->stats();
       const auto start = std::chrono::steady_clock::now();
-      absl::StatusOr<StepOutput> out = e_->runner->ExecuteStep(in);
+      absl::StatusOr<StepOutput> out = e_->rank->runner->ExecuteStep(in);
       const double step_ms = Seconds(start) * 1e3;
       if (!out.ok()) {
         return absl::Status(out.status().code(), absl::StrCat(mixed ? "mixed" : "decode", " step ",
@@ -700,7 +669,7 @@ struct DecodeFloor {
 };
 
 DecodeFloor ComputeDecodeFloor(const Flags& f, const GpuEngine& e, double hbm_gbps) {
-  const ModelConfig& c = e.config;
+  const ModelConfig& c = e.rank->config;
   const double dtype = 2.0;  // bfloat16
   DecodeFloor d;
   d.tokens = f.batch;
@@ -713,13 +682,14 @@ DecodeFloor ComputeDecodeFloor(const Flags& f, const GpuEngine& e, double hbm_gb
   if (!c.tie_word_embeddings) {
     d.non_expert_bytes += static_cast<double>(d.tokens * c.hidden_size) * dtype - embed;
   }
-  d.expert_bytes = d.expected_experts_per_layer * static_cast<double>(e.plan.experts.expert_bytes) *
-                   static_cast<double>(e.plan.experts.moe_layers.size());
+  d.expert_bytes = d.expected_experts_per_layer *
+                   static_cast<double>(e.rank->plan.experts.expert_bytes) *
+                   static_cast<double>(e.rank->plan.experts.moe_layers.size());
   // K and V of every attention layer over the mean context of the timed steps.
   const double mean_context =
       static_cast<double>(f.context + f.warmup) + static_cast<double>(f.steps + 1) / 2.0;
   d.kv_bytes = static_cast<double>(f.batch) * mean_context *
-               static_cast<double>(e.plan.kv.attention_layers.size()) * 2.0 *
+               static_cast<double>(e.rank->plan.kv.attention_layers.size()) * 2.0 *
                static_cast<double>(e.model->kv_heads_per_rank() * c.head_dim) * dtype;
   d.total_bytes = d.non_expert_bytes + d.expert_bytes + d.kv_bytes;
   d.ms = d.total_bytes / (hbm_gbps * 1e6);
@@ -782,7 +752,7 @@ absl::Status Main(int argc, char** argv) {
 
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<GpuEngine> engine, MakeEngine(f, *config));
   GpuEngine& e = *engine;
-  const ExpertGeometry& g = e.plan.experts;
+  const ExpertGeometry& g = e.rank->plan.experts;
   Workload workload(f, &e);
   VAMP_RETURN_IF_ERROR(workload.Fill());
 
@@ -797,26 +767,26 @@ absl::Status Main(int argc, char** argv) {
   std::vector<PointResult> points;
   for (double ratio : f.ratios) {
     const int64_t groups = GroupsFor(ratio, g);
-    const int64_t more = groups - e.memory.repartitioner->offloaded_groups();
+    const int64_t more = groups - e.rank->memory.repartitioner->offloaded_groups();
     if (more < 0) return absl::InternalError("ratios must ascend");
     if (more > 0) {
-      absl::StatusOr<RemapResult> r = e.memory.repartitioner->Offload(more);
+      absl::StatusOr<RemapResult> r = e.rank->memory.repartitioner->Offload(more);
       if (!r.ok()) {
         return absl::Status(r.status().code(),
                             absl::StrCat("offloading ", more, " groups for VAMP-r ", ratio, ": ",
                                          r.status().message()));
       }
-      VAMP_RETURN_IF_ERROR(e.RefreshKv());
+      VAMP_RETURN_IF_ERROR(e.rank->RefreshKv());
       VAMP_LOG(INFO) << absl::StrFormat(
           "VAMP-r %.2f: offloaded %d more groups in %.1f ms; boundary %d/%d, KV %d -> %d blocks",
           ratio, more, r->total_us / 1e3, r->boundary, g.num_experts, r->kv_blocks_before,
           r->kv_blocks_after);
     }
-    const int64_t offloaded = g.num_experts - e.memory.experts->boundary();
+    const int64_t offloaded = g.num_experts - e.rank->memory.experts->boundary();
     double replay_ms = 0;
     if (offloaded > 0) {
       VAMP_ASSIGN_OR_RETURN(
-          replay_ms, ReplayStagingCopies(*e.memory.experts, scratch, replay_stream.get(), 3));
+          replay_ms, ReplayStagingCopies(*e.rank->memory.experts, scratch, replay_stream.get(), 3));
     }
     // Decode points run as CUDA graphs when nothing is staged; the resident point is measured
     // launch by launch as well, to show what the graphs save.
@@ -941,11 +911,11 @@ absl::Status Main(int argc, char** argv) {
     for (const auto& [bytes, gbps] : bw.h2d_gbps) h2d.push_back({{"bytes", bytes}, {"gbps", gbps}});
     j["device"]["h2d_pinned"] = h2d;
     j["model"] = {{"dir", f.model_dir},
-                  {"layers", e.config.num_hidden_layers},
-                  {"hidden", e.config.hidden_size},
-                  {"experts", e.config.num_experts},
-                  {"top_k", e.config.num_experts_per_tok},
-                  {"vocab", e.config.vocab_size},
+                  {"layers", e.rank->config.num_hidden_layers},
+                  {"hidden", e.rank->config.hidden_size},
+                  {"experts", e.rank->config.num_experts},
+                  {"top_k", e.rank->config.num_experts_per_tok},
+                  {"vocab", e.rank->config.vocab_size},
                   {"dtype", "bfloat16"},
                   {"non_expert_weight_bytes", e.model->weight_bytes()},
                   {"workspace_bytes", e.model->workspace_bytes()},
@@ -957,8 +927,8 @@ absl::Status Main(int argc, char** argv) {
     j["plan"] = {{"gpu_memory_utilization", f.gpu_memory_utilization},
                  {"max_offload_ratio", f.ratios.back()},
                  {"max_groups", g.max_groups},
-                 {"kv_baseline_blocks", e.plan.kv_baseline_blocks},
-                 {"kv_max_blocks", e.plan.kv_max_blocks},
+                 {"kv_baseline_blocks", e.rank->plan.kv_baseline_blocks},
+                 {"kv_max_blocks", e.rank->plan.kv_max_blocks},
                  {"page_bytes", g.page_bytes}};
     j["workload"] = {{"batch", f.batch},
                      {"context", f.context},
