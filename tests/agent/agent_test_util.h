@@ -324,6 +324,26 @@ class MiniController {
   std::vector<std::pair<uint64_t, int32_t>> scheduled_;
 };
 
+// An in-process agent (null, with a test failure, when it does not start).
+inline std::unique_ptr<AgentService> StartAgent(AgentOptions options = TinyAgentOptions()) {
+  absl::StatusOr<std::unique_ptr<AgentService>> agent = AgentService::Start(std::move(options));
+  EXPECT_TRUE(agent.ok()) << agent.status();
+  return agent.ok() ? std::move(*agent) : nullptr;
+}
+
+// A step that carries one remap command and nothing else.
+inline vamp::v1::StepRequest RemapOnly(int64_t step_id, vamp::v1::RemapCommand::Action action,
+                                       int32_t groups, int64_t expected, const std::string& id) {
+  vamp::v1::StepRequest step;
+  step.set_step_id(step_id);
+  vamp::v1::RemapCommand* c = step.add_remaps();
+  c->set_action(action);
+  c->set_num_groups(groups);
+  c->set_expected_kv_blocks(expected);
+  c->set_remap_id(id);
+  return step;
+}
+
 }  // namespace vamp::testing
 
 #endif  // VAMP_TESTS_AGENT_AGENT_TEST_UTIL_H_
