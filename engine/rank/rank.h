@@ -18,7 +18,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "engine/kv/memory_repartitioner.h"
+#include "engine/kv/agent_memory.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/model/dtype.h"
 #include "engine/model/model_loader.h"

@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "engine/kv/agent_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/memory/test_backends.h"
