@@ -12,7 +12,7 @@
 #include "engine/memory/cuda_status.h"
 #include "engine/rank/cuda_device.h"
 #include "engine/runner/cuda/cuda_runner_support.h"
-#include "engine/runner/cuda/nccl_communicator.h"
+#include "engine/runner/comm/nccl_communicator.h"
 
 namespace vamp {
 namespace {

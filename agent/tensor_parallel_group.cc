@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/cuda_support.h"
-#include "agent/tcp_communicator.h"
+#include "engine/runner/comm/tcp_communicator.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
