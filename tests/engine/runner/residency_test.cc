@@ -7,6 +7,7 @@
 
 #include "engine/rank/rank.h"
 #include "gtest/gtest.h"
+#include "tests/engine/rank/tiny_rank.h"
 #include "tests/engine/runner/runner_test_util.h"
 
 namespace vamp {
@@ -57,22 +58,9 @@ TEST(ResidencyTest, EveryBoundaryGivesBitIdenticalLogits) {
 
   // The tiny model (float32) in 4 KiB pages: a baseline KV pool of exactly kKvPages pages and a
   // cap of 12 of 16 experts (6 groups) in layers 1 and 2.
-  auto config = LoadModelConfig(TinyModelDir());
-  ASSERT_TRUE(config.ok());
-  HostDeviceOptions device;
-  device.page_bytes = kPage;
-  device.staging.record_events = true;
-  RankSpec spec;
-  spec.device = CreateHostDevice(device);
-  spec.config = *config;
-  spec.plan.runtime_overhead_bytes = 0;
-  spec.plan.activation_bytes = kPage;
-  spec.plan.offload.max_offload_ratio = 0.75;
-  spec.kv_pages = kKvPages;
-  LoadOptions options;
-  options.model_path = TinyModelDir();
-  spec.load = LoadWith(options);
-  auto rank = BuildRank(std::move(spec));
+  StagingOptions staging;
+  staging.record_events = true;
+  auto rank = testing::BuildHostRank(TinyModelDir(), kPage, kKvPages, /*ratio=*/0.75, staging);
   ASSERT_TRUE(rank.ok()) << rank.status();
   const MemoryPlan& plan = (*rank)->plan;
   ASSERT_EQ(plan.experts.group_experts, 2);
