@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "engine/memory/cuda_buffers.h"
 #include "engine/memory/cuda_status.h"
 #include "engine/rank/cuda_device.h"
-#include "engine/runner/cuda/cuda_runner_support.h"
 #include "engine/runner/comm/nccl_communicator.h"
 
 namespace vamp {

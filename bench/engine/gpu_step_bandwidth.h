@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "bench/engine/gpu_step_flags.h"
 #include "engine/experts/expert_store.h"
-#include "engine/runner/cuda/cuda_runner_support.h"
+#include "engine/memory/cuda_buffers.h"
 
 namespace vamp::gpu_step_bench {
 

@@ -9,7 +9,7 @@
 #include "bench/engine/gpu_step_bandwidth.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "engine/runner/cuda/cuda_runner_support.h"
+#include "engine/memory/cuda_buffers.h"
 
 namespace vamp::gpu_step_bench {
 

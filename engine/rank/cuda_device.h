@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "engine/rank/device.h"
-#include "engine/runner/cuda/cuda_expert_weights.h"
 #include "engine/runner/cuda/cuda_qwen3_moe.h"
 #include "engine/runner/cuda/cuda_runner_support.h"
+#include "engine/staging/cuda_expert_store_weights.h"
 
 namespace vamp {
 
