@@ -44,6 +44,11 @@
 // remap of the same step. Sampled tokens are returned by every rank. A broken NCCL group (a peer
 // failed, or Abort()) fails every later step with a message saying so, until the next Init.
 //
+// The jobs are in files of their own: Init validation (init_request.h), rank building
+// (agent_rank.h over engine/rank/rank.h), the tensor-parallel group (tensor_parallel_group.h),
+// remaps with rollback (rank_remapper.h) and step execution (step_executor.h); this engine
+// orders them and holds what one Init built.
+//
 // Thread-safe: calls are serialised (a Capacity or GetStats waits for a step in progress). Abort()
 // and CreateCollectiveId() may be called from any thread at any time.
 #ifndef VAMP_AGENT_AGENT_ENGINE_H_
@@ -59,13 +64,12 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/agent_metrics.h"
 #include "agent/agent_options.h"
-#include "agent/tcp_communicator.h"
 #include "engine/model/dtype.h"
 #include "vamp/v1/agent.pb.h"
 
 namespace vamp {
 
-class NcclCommunicator;  // engine/runner/cuda/nccl_communicator.h (CUDA builds)
+class TensorParallelGroup;  // agent/tensor_parallel_group.h
 
 // The element type an agent on `device` computes and stores in, from InitRequest.dtype: CUDA
 // agents: "", "auto", "bfloat16" -> bfloat16, "float32" -> float32; CPU agents: float32 for "",
@@ -142,19 +146,10 @@ class AgentEngine {
 
  private:
   struct Instance;
-  struct RequestState;
 
-  absl::Status ApplyRemap(Instance& in, int index, const vamp::v1::RemapCommand& command)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Rollback(Instance& in, const std::string& remap_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RunStep(Instance& in, const vamp::v1::StepRequest& request,
-                       vamp::v1::StepResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Joins in.request's tensor-parallel group (none for tp_size 1), replacing in.group.
   absl::Status ConnectGroup(Instance& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CUDA builds: joins the NCCL group of in.request's unique id and checks it (ConnectGroup's
-  // CUDA half); `cancel` is the connect cancel flag Abort() sets.
-  absl::Status ConnectNcclGroup(Instance& in, const std::atomic<bool>& cancel)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fresh runner over the usable KV blocks; every request is forgotten.
   absl::Status ResetRunner(Instance& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   vamp::v1::RankMemory MemoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -168,8 +163,7 @@ class AgentEngine {
 
   // What Abort() reaches without waiting for mu_ (held by a step stuck in a collective).
   absl::Mutex abort_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::shared_ptr<TcpCommunicator> live_comm_ ABSL_GUARDED_BY(abort_mu_);
-  std::shared_ptr<NcclCommunicator> live_nccl_ ABSL_GUARDED_BY(abort_mu_);  // CUDA builds only
+  std::shared_ptr<TensorParallelGroup> live_group_ ABSL_GUARDED_BY(abort_mu_);
   std::shared_ptr<std::atomic<bool>> connect_cancel_ ABSL_GUARDED_BY(abort_mu_);
 };
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "agent/tcp_communicator.h"
+#include "engine/runner/comm/tcp_communicator.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/secret.h"

@@ -5,6 +5,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define VAMP_STATUS_CONCAT_INNER_(a, b) a##b
 #define VAMP_STATUS_CONCAT_(a, b) VAMP_STATUS_CONCAT_INNER_(a, b)
@@ -23,5 +25,22 @@
   auto statusor = (rexpr);                                \
   if (!statusor.ok()) return statusor.status();           \
   lhs = std::move(statusor).value()
+
+namespace vamp {
+
+// `s` with `prefix` before its message (OK stays OK).
+inline absl::Status WithPrefix(const absl::Status& s, absl::string_view prefix) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+// `s` with code `code` and `prefix` before its message (OK stays OK).
+inline absl::Status WithCode(const absl::Status& s, absl::StatusCode code,
+                             absl::string_view prefix) {
+  if (s.ok()) return s;
+  return absl::Status(code, absl::StrCat(prefix, s.message()));
+}
+
+}  // namespace vamp
 
 #endif  // VAMP_COMMON_STATUS_MACROS_H_

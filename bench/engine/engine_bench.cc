@@ -23,12 +23,9 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "engine/kv/memory_repartitioner.h"
-#include "engine/memory/host_backend.h"
-#include "engine/memory/memory_plan.h"
 #include "engine/model/model_loader.h"
+#include "engine/rank/rank.h"
 #include "engine/runner/model_runner.h"
-#include "engine/staging/expert_store_weights.h"
 
 namespace vamp {
 namespace {
@@ -53,14 +50,14 @@ double Now() {
 // One engine: a model, its experts (resident buffers or an ExpertStore at its cap) and a runner.
 struct Engine {
   std::string label;
+  // Resident: the experts in host buffers, the model and a plain KV buffer.
   std::unique_ptr<HostExpertBuffers> buffers;
-  std::unique_ptr<HostMemoryBackend> backend;
-  std::unique_ptr<CallbackFence> fence;
-  AgentMemory memory;
-  std::unique_ptr<ExpertStoreWeights> store_weights;
   std::unique_ptr<CausalLm> model;
   std::vector<float> kv_storage;
-  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<ModelRunner> resident_runner;
+  // Offloaded: a host rank.
+  std::unique_ptr<Rank> rank;
+  ModelRunner* runner = nullptr;  // the one of the two in use
   int64_t num_blocks = 0;
 };
 
@@ -79,10 +76,11 @@ absl::StatusOr<std::unique_ptr<Engine>> ResidentEngine(const ModelConfig& config
   e->num_blocks = kv_blocks;
   RunnerConfig rc;
   VAMP_ASSIGN_OR_RETURN(
-      e->runner,
+      e->resident_runner,
       ModelRunner::Create(rc, e->model.get(), e->buffers.get(), nullptr,
                           kv.View(e->kv_storage.data(), kv_blocks, e->model->attention_layers(),
                                   config.num_hidden_layers)));
+  e->runner = e->resident_runner.get();
   return e;
 }
 
@@ -93,39 +91,30 @@ absl::StatusOr<std::unique_ptr<Engine>> OffloadedEngine(const ModelConfig& confi
                                                         uint64_t page) {
   auto e = std::make_unique<Engine>();
   const ModelShape shape = config.ToModelShape(sizeof(float));
-  MemoryPlanConfig c;
-  c.page_bytes = page;
-  c.gpu_memory_utilization = 1.0;
-  c.runtime_overhead_bytes = 0;
-  c.activation_bytes = page;
-  c.offload.max_offload_ratio = ratio;
-  c.device_memory_bytes = uint64_t{1} << 40;
-  VAMP_ASSIGN_OR_RETURN(MemoryPlan big, PlanMemory(shape, c));
   VAMP_ASSIGN_OR_RETURN(KvBlockGeometry kv_geometry, ComputeKvBlockGeometry(shape, 1, 16));
-  const int64_t kv_pages = (kv_blocks * static_cast<int64_t>(kv_geometry.block_bytes) + page - 1) /
-                           static_cast<int64_t>(page);
-  c.device_memory_bytes =
-      big.budget_bytes - big.kv_baseline_pages * page - big.slack_bytes() + kv_pages * page;
-  VAMP_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(shape, c));
+  HostDeviceOptions device;
+  device.page_bytes = page;
+  RankSpec spec;
+  spec.device = CreateHostDevice(device);
+  spec.config = config;
+  spec.parallel = options.parallel;
+  spec.plan.runtime_overhead_bytes = 0;
+  spec.plan.activation_bytes = page;
+  spec.plan.offload.max_offload_ratio = ratio;
+  spec.kv_pages = (kv_blocks * static_cast<int64_t>(kv_geometry.block_bytes) + page - 1) /
+                  static_cast<int64_t>(page);
+  spec.load = LoadWith(options);
+  VAMP_ASSIGN_OR_RETURN(e->rank, BuildRank(std::move(spec)));
+  const MemoryPlan& plan = e->rank->plan;
   if (plan.experts.max_groups == 0) {
     return absl::FailedPreconditionError("nothing can be offloaded with these settings");
   }
-  VAMP_ASSIGN_OR_RETURN(e->backend, HostMemoryBackend::Create(page));
-  e->fence = std::make_unique<CallbackFence>([] { return absl::OkStatus(); });
-  VAMP_ASSIGN_OR_RETURN(e->memory, CreateAgentMemory(e->backend.get(), plan, e->fence.get()));
-  VAMP_ASSIGN_OR_RETURN(ExpertShardLayout layout, ExpertLayoutFor(config, options.parallel));
-  VAMP_ASSIGN_OR_RETURN(e->store_weights,
-                        ExpertStoreWeights::Create(e->memory.experts.get(), layout));
-  VAMP_ASSIGN_OR_RETURN(e->model, LoadModel(config, options, *e->store_weights));
-  VAMP_RETURN_IF_ERROR(e->memory.experts->FinalizeLoad());
-  VAMP_RETURN_IF_ERROR(e->memory.repartitioner->Offload(plan.experts.max_groups).status());
-  e->label = absl::StrFormat("b=%d/%d", e->memory.experts->boundary(), config.num_experts);
-  VAMP_ASSIGN_OR_RETURN(KvCacheView view,
-                        HostKvRegionView(*e->memory.kv, config.num_hidden_layers));
-  e->num_blocks = view.num_blocks;
-  RunnerConfig rc;
-  VAMP_ASSIGN_OR_RETURN(
-      e->runner, ModelRunner::Create(rc, e->model.get(), e->store_weights.get(), nullptr, view));
+  AgentMemory& memory = e->rank->memory;
+  VAMP_RETURN_IF_ERROR(memory.repartitioner->Offload(plan.experts.max_groups).status());
+  e->label = absl::StrFormat("b=%d/%d", memory.experts->boundary(), config.num_experts);
+  VAMP_RETURN_IF_ERROR(e->rank->RefreshKv());
+  e->runner = e->rank->runner.get();
+  e->num_blocks = e->runner->kv_cache().num_blocks;
   return e;
 }
 
@@ -268,8 +257,8 @@ absl::Status Main(int argc, char** argv) {
                           r.tokens, r.seconds * 1e3, r.tokens / r.seconds, step_ms);
   }
   for (auto& e : engines) {
-    if (e->store_weights == nullptr) continue;
-    const StagingStats s = e->store_weights->engine().stats();
+    if (e->rank == nullptr) continue;
+    const StagingStats s = e->rank->experts->stats();
     absl::StrAppendFormat(&table,
                           "\nstaging (%s): %d passes, %d copies, %.1f MiB copied, copy %.1f ms, "
                           "forward pass waited %.1f ms for copies\n",

@@ -209,10 +209,29 @@ class Bench {
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
     const int64_t width = q_heads_ * head_dim_;
     auto call = [&]() {
-      return kc::PagedAttention(q_, width, cache_, cache_ + per_layer_, strides_, block_size_,
-                                tables_, blocks_per_seq, seq_lens_, qsl_, c.batch, c.q_len, ctx,
-                                q_heads_, kv_heads_, head_dim_, scale, out_, width, ws_, ws_floats_,
-                                stream_);
+      return kc::PagedAttention(
+          kc::PagedAttentionArgs<BFloat16>{.q = q_,
+                                           .q_stride = width,
+                                           .k_cache = cache_,
+                                           .v_cache = cache_ + per_layer_,
+                                           .strides = strides_,
+                                           .block_size = block_size_,
+                                           .block_tables = tables_,
+                                           .block_table_stride = blocks_per_seq,
+                                           .seq_lens = seq_lens_,
+                                           .query_start_loc = qsl_,
+                                           .num_seqs = c.batch,
+                                           .max_query_len = c.q_len,
+                                           .max_seq_len = ctx,
+                                           .num_q_heads = q_heads_,
+                                           .num_kv_heads = kv_heads_,
+                                           .head_dim = head_dim_,
+                                           .scale = scale,
+                                           .out = out_,
+                                           .out_stride = width,
+                                           .workspace = ws_,
+                                           .workspace_floats = ws_floats_},
+          stream_);
     };
     VAMP_ASSIGN_OR_RETURN(const double us, MedianUs(call, config_.GetInt("warmup"),
                                                     config_.GetInt("iters"), stream_));

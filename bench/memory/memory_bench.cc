@@ -23,7 +23,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "engine/kv/memory_repartitioner.h"
+#include "engine/kv/agent_memory.h"
 #include "engine/memory/memory_backend.h"
 #include "engine/memory/memory_plan.h"
 #if VAMP_HAVE_CUDA

@@ -74,28 +74,6 @@ class MemoryRepartitioner {
   absl::Mutex mu_;  // serialises remaps
 };
 
-// Everything one agent's memory layer owns, built from its plan. Teardown (destruction, Reset, and
-// move-assignment over a live value) goes repartitioner, KV, experts, then the pool, since regions
-// hand their pages back to the pool.
-struct AgentMemory {
-  AgentMemory() = default;
-  AgentMemory(AgentMemory&&) noexcept = default;
-  AgentMemory& operator=(AgentMemory&& other) noexcept;
-  ~AgentMemory() { Reset(); }
-  void Reset();
-
-  std::unique_ptr<PagePool> pool;
-  std::unique_ptr<ExpertStore> experts;
-  std::unique_ptr<KvRegion> kv;
-  std::unique_ptr<MemoryRepartitioner> repartitioner;
-};
-
-// Creates the pool (plan.pool_pages() pages), the expert regions, the KV region (baseline mapped,
-// room for every offloadable page) and the repartitioner. `backend`'s page must equal the plan's;
-// `backend` and `fence` must outlive the result.
-absl::StatusOr<AgentMemory> CreateAgentMemory(MemoryBackend* backend, const MemoryPlan& plan,
-                                              InFlightFence* fence);
-
 }  // namespace vamp
 
 #endif  // VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_

@@ -197,4 +197,15 @@ std::string MemoryPlan::Summary() const {
   return out;
 }
 
+absl::StatusOr<MemoryPlan> PlanWithKvPages(const ModelShape& shape, MemoryPlanConfig config,
+                                           int64_t kv_pages) {
+  config.gpu_memory_utilization = 1.0;
+  config.device_memory_bytes = uint64_t{1} << 40;
+  VAMP_ASSIGN_OR_RETURN(const MemoryPlan big, PlanMemory(shape, config));
+  const uint64_t fixed =
+      big.budget_bytes - big.kv_baseline_pages * config.page_bytes - big.slack_bytes();
+  config.device_memory_bytes = fixed + static_cast<uint64_t>(kv_pages) * config.page_bytes;
+  return PlanMemory(shape, config);
+}
+
 }  // namespace vamp

@@ -80,6 +80,13 @@ uint64_t EstimateActivationBytes(const ModelShape& shape, int tp_size,
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelShape& shape, const MemoryPlanConfig& config);
 
+// A plan whose baseline KV pool is exactly `kv_pages` pages (tests and benches): plans once with
+// plenty of memory to learn the fixed costs, then gives the device exactly those plus the pool.
+// `config.device_memory_bytes` is ignored and `config.gpu_memory_utilization` taken as 1 (the
+// device is sized to the plan).
+absl::StatusOr<MemoryPlan> PlanWithKvPages(const ModelShape& shape, MemoryPlanConfig config,
+                                           int64_t kv_pages);
+
 // "1.50 GiB", "6.0 MiB", "512 KiB", "100 B".
 std::string FormatBytes(uint64_t bytes);
 

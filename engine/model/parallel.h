@@ -1,6 +1,7 @@
 // Tensor parallelism as the model's layers see it: which shard this rank holds, and the one
-// collective the forward pass needs. Implementations: engine/runner/host_communicator.h (ranks as
-// threads of one process, for CPU runs and tests); NCCL in the agent on GPUs.
+// collective the forward pass needs. Implementations in engine/runner/comm/: host_communicator.h
+// (ranks as threads of one process, for CPU runs and tests) and tcp_communicator.h (CPU agents);
+// CUDA agents all-reduce on the device (nccl_communicator.h).
 #ifndef VAMP_ENGINE_MODEL_PARALLEL_H_
 #define VAMP_ENGINE_MODEL_PARALLEL_H_
 

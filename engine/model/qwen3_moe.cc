@@ -329,10 +329,24 @@ absl::Status Qwen3MoeModel::Attention(int layer, const ForwardBatch& batch, cons
              v_cache, kv.strides, kv.block_size);
   float* out = Grow(attn_out_, n * q_cols);
   float* ws = Grow(attn_ws_, std::max<int64_t>(1, batch.max_seq_len));
-  k::PagedAttention(q, qkv_cols, k_cache, v_cache, kv.strides, kv.block_size,
-                    batch.block_tables.data(), batch.block_table_stride, batch.seq_lens.data(),
-                    batch.query_start_loc.data(), batch.num_seqs(), q_heads_, kv_heads_, hd,
-                    1.0f / std::sqrt(static_cast<float>(hd)), out, q_cols, ws);
+  k::PagedAttention(k::PagedAttentionArgs<float>{.q = q,
+                                                 .q_stride = qkv_cols,
+                                                 .k_cache = k_cache,
+                                                 .v_cache = v_cache,
+                                                 .strides = kv.strides,
+                                                 .block_size = kv.block_size,
+                                                 .block_tables = batch.block_tables.data(),
+                                                 .block_table_stride = batch.block_table_stride,
+                                                 .seq_lens = batch.seq_lens.data(),
+                                                 .query_start_loc = batch.query_start_loc.data(),
+                                                 .num_seqs = batch.num_seqs(),
+                                                 .num_q_heads = q_heads_,
+                                                 .num_kv_heads = kv_heads_,
+                                                 .head_dim = hd,
+                                                 .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
+                                                 .out = out,
+                                                 .out_stride = q_cols,
+                                                 .workspace = ws});
   // o_proj of this rank's heads: a partial sum over heads when tensor parallel.
   k::Gemm(out, q_cols, L.o_proj.data(), q_cols, hidden_.data(), H, n, H, q_cols);
   return absl::OkStatus();

@@ -41,33 +41,29 @@ void WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
 
 // Compiled for AVX2 and for the baseline (same results: see lanes.h).
 __attribute__((target_clones("avx2", "default"))) void PagedAttention(
-    const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-    KvCacheStrides strides, int64_t block_size, const int32_t* block_tables,
-    int64_t block_table_stride, const int32_t* seq_lens, const int32_t* query_start_loc,
-    int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-    float* out, int64_t out_stride, float* workspace) {
-  const int64_t group = num_q_heads / num_kv_heads;
-  for (int64_t s = 0; s < num_seqs; ++s) {
-    const int32_t* table = block_tables + s * block_table_stride;
-    const int64_t row_begin = query_start_loc[s];
-    const int64_t q_len = query_start_loc[s + 1] - row_begin;
-    const int64_t first_pos = seq_lens[s] - q_len;
+    const PagedAttentionArgs<float>& a) {
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int32_t* table = a.block_tables + s * a.block_table_stride;
+    const int64_t row_begin = a.query_start_loc[s];
+    const int64_t q_len = a.query_start_loc[s + 1] - row_begin;
+    const int64_t first_pos = a.seq_lens[s] - q_len;
     for (int64_t r = 0; r < q_len; ++r) {
       const int64_t num_keys = first_pos + r + 1;  // causal: positions [0, first_pos + r]
       const int64_t row = row_begin + r;
-      for (int64_t h = 0; h < num_q_heads; ++h) {
-        const float* qh = q + row * q_stride + h * head_dim;
-        const int64_t kv_head_offset = (h / group) * strides.head_stride;
-        float* scores = workspace;
+      for (int64_t h = 0; h < a.num_q_heads; ++h) {
+        const float* qh = a.q + row * a.q_stride + h * a.head_dim;
+        const int64_t kv_head_offset = (h / group) * a.strides.head_stride;
+        float* scores = a.workspace;
         // Scores, one block of keys at a time; positions in order.
         float max_score = -INFINITY;
-        for (int64_t p0 = 0; p0 < num_keys; p0 += block_size) {
+        for (int64_t p0 = 0; p0 < num_keys; p0 += a.block_size) {
           const float* kb =
-              k_cache + table[p0 / block_size] * strides.block_stride + kv_head_offset;
-          const int64_t n = num_keys - p0 < block_size ? num_keys - p0 : block_size;
+              a.k_cache + table[p0 / a.block_size] * a.strides.block_stride + kv_head_offset;
+          const int64_t n = num_keys - p0 < a.block_size ? num_keys - p0 : a.block_size;
           for (int64_t t = 0; t < n; ++t) {
             const float score =
-                internal::InlineDot(qh, kb + t * strides.token_stride, head_dim) * scale;
+                internal::InlineDot(qh, kb + t * a.strides.token_stride, a.head_dim) * a.scale;
             scores[p0 + t] = score;
             max_score = score > max_score ? score : max_score;
           }
@@ -78,16 +74,16 @@ __attribute__((target_clones("avx2", "default"))) void PagedAttention(
           denom += scores[p];
         }
         const float inv_denom = 1.0f / denom;
-        float* o = out + row * out_stride + h * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
-        for (int64_t p0 = 0; p0 < num_keys; p0 += block_size) {
+        float* o = a.out + row * a.out_stride + h * a.head_dim;
+        for (int64_t d = 0; d < a.head_dim; ++d) o[d] = 0.0f;
+        for (int64_t p0 = 0; p0 < num_keys; p0 += a.block_size) {
           const float* vb =
-              v_cache + table[p0 / block_size] * strides.block_stride + kv_head_offset;
-          const int64_t n = num_keys - p0 < block_size ? num_keys - p0 : block_size;
+              a.v_cache + table[p0 / a.block_size] * a.strides.block_stride + kv_head_offset;
+          const int64_t n = num_keys - p0 < a.block_size ? num_keys - p0 : a.block_size;
           for (int64_t t = 0; t < n; ++t) {
             const float weight = scores[p0 + t] * inv_denom;
-            const float* vp = vb + t * strides.token_stride;
-            for (int64_t d = 0; d < head_dim; ++d) o[d] += weight * vp[d];
+            const float* vp = vb + t * a.strides.token_stride;
+            for (int64_t d = 0; d < a.head_dim; ++d) o[d] += weight * vp[d];
           }
         }
       }
@@ -116,37 +112,33 @@ namespace internal {
 // same, in the same order; only the output is rounded. Arguments are validated by the caller.
 // Compiled for AVX2 and for the baseline (same results: see lanes.h).
 __attribute__((target_clones("avx2", "default"))) void PagedAttentionBf16(
-    const BFloat16* q, int64_t q_stride, const BFloat16* k_cache, const BFloat16* v_cache,
-    KvCacheStrides strides, int64_t block_size, const int32_t* block_tables,
-    int64_t block_table_stride, const int32_t* seq_lens, const int32_t* query_start_loc,
-    int64_t num_seqs, int64_t max_seq_len, int64_t num_q_heads, int64_t num_kv_heads,
-    int64_t head_dim, float scale, BFloat16* out, int64_t out_stride, float* workspace) {
-  const int64_t group = num_q_heads / num_kv_heads;
-  float* scores = workspace;
-  float* query = scores + max_seq_len;
-  float* key = query + head_dim;
-  float* acc = key + head_dim;
-  for (int64_t s = 0; s < num_seqs; ++s) {
-    const int32_t* table = block_tables + s * block_table_stride;
-    const int64_t row_begin = query_start_loc[s];
-    const int64_t q_len = query_start_loc[s + 1] - row_begin;
-    const int64_t first_pos = seq_lens[s] - q_len;
+    const PagedAttentionArgs<BFloat16>& a) {
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  float* scores = a.workspace;
+  float* query = scores + a.max_seq_len;
+  float* key = query + a.head_dim;
+  float* acc = key + a.head_dim;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int32_t* table = a.block_tables + s * a.block_table_stride;
+    const int64_t row_begin = a.query_start_loc[s];
+    const int64_t q_len = a.query_start_loc[s + 1] - row_begin;
+    const int64_t first_pos = a.seq_lens[s] - q_len;
     for (int64_t r = 0; r < q_len; ++r) {
       const int64_t num_keys = first_pos + r + 1;  // causal: positions [0, first_pos + r]
       const int64_t row = row_begin + r;
-      for (int64_t h = 0; h < num_q_heads; ++h) {
-        const BFloat16* qh = q + row * q_stride + h * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) query[d] = ToFloat(qh[d]);
-        const int64_t kv_head_offset = (h / group) * strides.head_stride;
+      for (int64_t h = 0; h < a.num_q_heads; ++h) {
+        const BFloat16* qh = a.q + row * a.q_stride + h * a.head_dim;
+        for (int64_t d = 0; d < a.head_dim; ++d) query[d] = ToFloat(qh[d]);
+        const int64_t kv_head_offset = (h / group) * a.strides.head_stride;
         float max_score = -INFINITY;
-        for (int64_t p0 = 0; p0 < num_keys; p0 += block_size) {
+        for (int64_t p0 = 0; p0 < num_keys; p0 += a.block_size) {
           const BFloat16* kb =
-              k_cache + table[p0 / block_size] * strides.block_stride + kv_head_offset;
-          const int64_t n = num_keys - p0 < block_size ? num_keys - p0 : block_size;
+              a.k_cache + table[p0 / a.block_size] * a.strides.block_stride + kv_head_offset;
+          const int64_t n = num_keys - p0 < a.block_size ? num_keys - p0 : a.block_size;
           for (int64_t t = 0; t < n; ++t) {
-            const BFloat16* kp = kb + t * strides.token_stride;
-            for (int64_t d = 0; d < head_dim; ++d) key[d] = ToFloat(kp[d]);
-            const float score = internal::InlineDot(query, key, head_dim) * scale;
+            const BFloat16* kp = kb + t * a.strides.token_stride;
+            for (int64_t d = 0; d < a.head_dim; ++d) key[d] = ToFloat(kp[d]);
+            const float score = internal::InlineDot(query, key, a.head_dim) * a.scale;
             scores[p0 + t] = score;
             max_score = score > max_score ? score : max_score;
           }
@@ -157,19 +149,19 @@ __attribute__((target_clones("avx2", "default"))) void PagedAttentionBf16(
           denom += scores[p];
         }
         const float inv_denom = 1.0f / denom;
-        for (int64_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
-        for (int64_t p0 = 0; p0 < num_keys; p0 += block_size) {
+        for (int64_t d = 0; d < a.head_dim; ++d) acc[d] = 0.0f;
+        for (int64_t p0 = 0; p0 < num_keys; p0 += a.block_size) {
           const BFloat16* vb =
-              v_cache + table[p0 / block_size] * strides.block_stride + kv_head_offset;
-          const int64_t n = num_keys - p0 < block_size ? num_keys - p0 : block_size;
+              a.v_cache + table[p0 / a.block_size] * a.strides.block_stride + kv_head_offset;
+          const int64_t n = num_keys - p0 < a.block_size ? num_keys - p0 : a.block_size;
           for (int64_t t = 0; t < n; ++t) {
             const float weight = scores[p0 + t] * inv_denom;
-            const BFloat16* vp = vb + t * strides.token_stride;
-            for (int64_t d = 0; d < head_dim; ++d) acc[d] += weight * ToFloat(vp[d]);
+            const BFloat16* vp = vb + t * a.strides.token_stride;
+            for (int64_t d = 0; d < a.head_dim; ++d) acc[d] += weight * ToFloat(vp[d]);
           }
         }
-        BFloat16* o = out + row * out_stride + h * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) o[d] = ToBFloat16(acc[d]);
+        BFloat16* o = a.out + row * a.out_stride + h * a.head_dim;
+        for (int64_t d = 0; d < a.head_dim; ++d) o[d] = ToBFloat16(acc[d]);
       }
     }
   }
@@ -177,51 +169,43 @@ __attribute__((target_clones("avx2", "default"))) void PagedAttentionBf16(
 
 }  // namespace internal
 
-absl::Status PagedAttention(const BFloat16* q, int64_t q_stride, const BFloat16* k_cache,
-                            const BFloat16* v_cache, KvCacheStrides strides, int64_t block_size,
-                            const int32_t* block_tables, int64_t block_table_stride,
-                            const int32_t* seq_lens, const int32_t* query_start_loc,
-                            int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
-                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                            float scale, BFloat16* out, int64_t out_stride, float* workspace,
-                            int64_t workspace_floats) {
-  if (head_dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: head_dim ", head_dim, " < 1"));
-  }
-  if (num_kv_heads < 1 || num_q_heads < 1 || num_q_heads % num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", num_q_heads,
-                                                   " query heads are not a positive multiple of ",
-                                                   num_kv_heads, " kv heads"));
-  }
-  if (block_size < 1) {
+absl::Status PagedAttention(const PagedAttentionArgs<BFloat16>& a) {
+  if (a.head_dim < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("PagedAttention: block_size ", block_size, " < 1"));
+        absl::StrCat("PagedAttention: head_dim ", a.head_dim, " < 1"));
   }
-  if (num_seqs < 0 || max_query_len < 0 || max_seq_len < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: negative num_seqs ", num_seqs,
-                                                   ", max_query_len ", max_query_len,
-                                                   " or max_seq_len ", max_seq_len));
+  if (a.num_kv_heads < 1 || a.num_q_heads < 1 || a.num_q_heads % a.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", a.num_q_heads,
+                                                   " query heads are not a positive multiple of ",
+                                                   a.num_kv_heads, " kv heads"));
+  }
+  if (a.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttention: block_size ", a.block_size, " < 1"));
+  }
+  if (a.num_seqs < 0 || a.max_query_len < 0 || a.max_seq_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: negative num_seqs ", a.num_seqs,
+                                                   ", max_query_len ", a.max_query_len,
+                                                   " or max_seq_len ", a.max_seq_len));
   }
   const int64_t needed =
-      PagedAttentionWorkspaceFloats(0, num_seqs, num_q_heads, head_dim, max_seq_len);
-  if (workspace_floats < needed) {
+      PagedAttentionWorkspaceFloats(0, a.num_seqs, a.num_q_heads, a.head_dim, a.max_seq_len);
+  if (a.workspace_floats < needed) {
     return absl::InvalidArgumentError(absl::StrCat("PagedAttention: workspace of ",
-                                                   workspace_floats, " floats; ", needed,
-                                                   " needed for max_seq_len ", max_seq_len));
+                                                   a.workspace_floats, " floats; ", needed,
+                                                   " needed for max_seq_len ", a.max_seq_len));
   }
-  for (int64_t s = 0; s < num_seqs; ++s) {
-    const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
-    if (q_len < 0 || q_len > max_query_len || q_len > seq_lens[s] || seq_lens[s] > max_seq_len) {
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int64_t q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];
+    if (q_len < 0 || q_len > a.max_query_len || q_len > a.seq_lens[s] ||
+        a.seq_lens[s] > a.max_seq_len) {
       return absl::InvalidArgumentError(
           absl::StrCat("PagedAttention: sequence ", s, " has ", q_len, " query rows and seq_len ",
-                       seq_lens[s], " (bounds: max_query_len ", max_query_len, ", max_seq_len ",
-                       max_seq_len, "; query rows may not exceed seq_len)"));
+                       a.seq_lens[s], " (bounds: max_query_len ", a.max_query_len, ", max_seq_len ",
+                       a.max_seq_len, "; query rows may not exceed seq_len)"));
     }
   }
-  internal::PagedAttentionBf16(q, q_stride, k_cache, v_cache, strides, block_size, block_tables,
-                               block_table_stride, seq_lens, query_start_loc, num_seqs, max_seq_len,
-                               num_q_heads, num_kv_heads, head_dim, scale, out, out_stride,
-                               workspace);
+  internal::PagedAttentionBf16(a);
   return absl::OkStatus();
 }
 

@@ -32,6 +32,62 @@ void WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
              int64_t head_dim, float* k_cache, float* v_cache, KvCacheStrides strides,
              int64_t block_size);
 
+// The arguments of PagedAttention (below, and the CUDA twins'), T the element type of the query,
+// the caches and the output. Pointers are not owned. max_query_len, max_seq_len and
+// workspace_floats are read by the bfloat16 functions only.
+template <typename T>
+struct PagedAttentionArgs {
+  const T* q = nullptr;
+  int64_t q_stride = 0;
+  const T* k_cache = nullptr;
+  const T* v_cache = nullptr;
+  KvCacheStrides strides;
+  int64_t block_size = 0;
+  const int32_t* block_tables = nullptr;
+  int64_t block_table_stride = 0;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* query_start_loc = nullptr;
+  int64_t num_seqs = 0;
+  int64_t max_query_len = 0;
+  int64_t max_seq_len = 0;
+  int64_t num_q_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+  T* out = nullptr;
+  int64_t out_stride = 0;
+  float* workspace = nullptr;
+  int64_t workspace_floats = 0;
+};
+
+// `a` over other buffers of element type U, every other argument kept: the same problem for a twin
+// of another precision (tests compare a bfloat16 kernel with the float32 one on converted copies).
+template <typename U, typename T>
+PagedAttentionArgs<U> WithBuffers(const PagedAttentionArgs<T>& a, const U* q, const U* k_cache,
+                                  const U* v_cache, U* out) {
+  return {.q = q,
+          .q_stride = a.q_stride,
+          .k_cache = k_cache,
+          .v_cache = v_cache,
+          .strides = a.strides,
+          .block_size = a.block_size,
+          .block_tables = a.block_tables,
+          .block_table_stride = a.block_table_stride,
+          .seq_lens = a.seq_lens,
+          .query_start_loc = a.query_start_loc,
+          .num_seqs = a.num_seqs,
+          .max_query_len = a.max_query_len,
+          .max_seq_len = a.max_seq_len,
+          .num_q_heads = a.num_q_heads,
+          .num_kv_heads = a.num_kv_heads,
+          .head_dim = a.head_dim,
+          .scale = a.scale,
+          .out = out,
+          .out_stride = a.out_stride,
+          .workspace = a.workspace,
+          .workspace_floats = a.workspace_floats};
+}
+
 // Causal attention for a batch of num_seqs sequences whose new tokens are packed back to back.
 // Sequence i owns query rows [query_start_loc[i], query_start_loc[i+1]) and has seq_lens[i] tokens
 // of context in the cache, its new tokens included (so their K/V must already be written). Its
@@ -43,12 +99,7 @@ void WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
 // num_q_heads / num_kv_heads (GQA). Scores are scaled by `scale`; softmax is in float32.
 // `workspace` holds at least max(seq_lens) floats. Each output row depends only on its own query
 // row and the cache, never on the rest of the batch.
-void PagedAttention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-                    KvCacheStrides strides, int64_t block_size, const int32_t* block_tables,
-                    int64_t block_table_stride, const int32_t* seq_lens,
-                    const int32_t* query_start_loc, int64_t num_seqs, int64_t num_q_heads,
-                    int64_t num_kv_heads, int64_t head_dim, float scale, float* out,
-                    int64_t out_stride, float* workspace);
+void PagedAttention(const PagedAttentionArgs<float>& a);
 
 // ---- bfloat16 (the engine's storage type; the float32 functions above are the reference) ----
 
@@ -75,14 +126,7 @@ int64_t PagedAttentionWorkspaceFloats(int64_t max_num_tokens, int64_t max_num_se
 // num_q_heads, block_size < 1, workspace_floats below PagedAttentionWorkspaceFloats(..,
 // max_seq_len), a sequence whose query length exceeds max_query_len or its seq_len, or whose
 // seq_len exceeds max_seq_len.
-absl::Status PagedAttention(const BFloat16* q, int64_t q_stride, const BFloat16* k_cache,
-                            const BFloat16* v_cache, KvCacheStrides strides, int64_t block_size,
-                            const int32_t* block_tables, int64_t block_table_stride,
-                            const int32_t* seq_lens, const int32_t* query_start_loc,
-                            int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
-                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                            float scale, BFloat16* out, int64_t out_stride, float* workspace,
-                            int64_t workspace_floats);
+absl::Status PagedAttention(const PagedAttentionArgs<BFloat16>& a);
 
 }  // namespace vamp::kernels::cpu
 

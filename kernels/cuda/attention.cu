@@ -15,9 +15,9 @@
 namespace vamp::kernels::cuda {
 namespace {
 
+using internal::Aligned16;
 using internal::CeilDiv;
 
-constexpr int kWriteKvThreads = 256;
 constexpr int kAttentionWarps = 4;
 constexpr int kDimsPerLane = kMaxAttentionHeadDim / 32;
 // Work items per multiprocessor of the persistent attention grid.
@@ -82,52 +82,6 @@ __device__ __forceinline__ float LoadFloat(const __nv_bfloat16* p) { return __bf
 __device__ __forceinline__ void StoreFloat(float* p, float v) { *p = v; }
 __device__ __forceinline__ void StoreFloat(__nv_bfloat16* p, float v) {
   *p = __float2bfloat16_rn(v);
-}
-
-// One block per token.
-__global__ void WriteKvKernel(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-                              const int64_t* slot_mapping, int64_t num_kv_heads, int64_t head_dim,
-                              float* k_cache, float* v_cache, KvCacheStrides strides,
-                              int64_t block_size) {
-  const int64_t t = blockIdx.x;
-  const int64_t slot = slot_mapping[t];
-  if (slot < 0) return;
-  const int64_t offset =
-      (slot / block_size) * strides.block_stride + (slot % block_size) * strides.token_stride;
-  for (int64_t i = threadIdx.x; i < num_kv_heads * head_dim; i += blockDim.x) {
-    const int64_t h = i / head_dim;
-    const int64_t d = i % head_dim;
-    const int64_t dst = offset + h * strides.head_stride + d;
-    k_cache[dst] = k[t * k_stride + i];
-    v_cache[dst] = v[t * v_stride + i];
-  }
-}
-
-// bfloat16 KV write over a flat grid of (token, kElems-element piece) pairs: 16-byte vectors
-// (kElems 8; the host checked alignment and head_dim % 8) or single elements. Bit copies.
-template <int kElems>
-__global__ void WriteKvBf16Kernel(const uint16_t* k, int64_t k_stride, const uint16_t* v,
-                                  int64_t v_stride, const int64_t* slot_mapping, int64_t num_tokens,
-                                  int64_t num_kv_heads, int64_t head_dim, uint16_t* k_cache,
-                                  uint16_t* v_cache, KvCacheStrides strides, int64_t block_size) {
-  using Piece = std::conditional_t<kElems == 8, uint4, uint16_t>;
-  static_assert(sizeof(Piece) == kElems * sizeof(uint16_t), "piece size");
-  const int64_t per_token = num_kv_heads * head_dim / kElems;
-  const int64_t total = num_tokens * per_token;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / per_token;
-    const int64_t slot = slot_mapping[t];
-    if (slot < 0) continue;
-    const int64_t e = (i % per_token) * kElems;  // element within the token's heads
-    const int64_t dst = (slot / block_size) * strides.block_stride +
-                        (slot % block_size) * strides.token_stride +
-                        (e / head_dim) * strides.head_stride + e % head_dim;
-    *reinterpret_cast<Piece*>(k_cache + dst) =
-        *reinterpret_cast<const Piece*>(k + t * k_stride + e);
-    *reinterpret_cast<Piece*>(v_cache + dst) =
-        *reinterpret_cast<const Piece*>(v + t * v_stride + e);
-  }
 }
 
 // The simple kernel (float32, and bfloat16 shapes the tensor-core kernels do not take): each
@@ -626,8 +580,6 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
 
 // ---- host side ----
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Per device: multiprocessor count and resident decode CTAs per multiprocessor (head_dim 64,
 // 128), with the kernels' dynamic shared memory limits raised on that device. Computed once per
 // device and cached lock-free (packed in one word; a race computes the same value twice).
@@ -719,74 +671,27 @@ absl::Status LaunchTc(const PagedAttentionPlan& plan, const TcParams& params, in
 
 }  // namespace
 
-absl::Status WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-                     const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
-                     int64_t head_dim, float* k_cache, float* v_cache, KvCacheStrides strides,
-                     int64_t block_size, cudaStream_t stream) {
-  if (num_tokens == 0) return absl::OkStatus();
-  WriteKvKernel<<<num_tokens, kWriteKvThreads, 0, stream>>>(k, k_stride, v, v_stride, slot_mapping,
-                                                            num_kv_heads, head_dim, k_cache,
-                                                            v_cache, strides, block_size);
-  return internal::LaunchStatus("WriteKvKernel");
-}
-
-absl::Status PagedAttention(const float* q, int64_t q_stride, const float* k_cache,
-                            const float* v_cache, KvCacheStrides strides, int64_t block_size,
-                            const int32_t* block_tables, int64_t block_table_stride,
-                            const int32_t* seq_lens, const int32_t* query_start_loc,
-                            int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
-                            int64_t head_dim, float scale, float* out, int64_t out_stride,
-                            float* workspace, cudaStream_t stream) {
-  if (head_dim < 1 || head_dim > kMaxAttentionHeadDim) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: head_dim ", head_dim,
+absl::Status PagedAttention(const PagedAttentionArgs<float>& a, cudaStream_t stream) {
+  if (a.head_dim < 1 || a.head_dim > kMaxAttentionHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: head_dim ", a.head_dim,
                                                    " outside [1, ", kMaxAttentionHeadDim, "]"));
   }
-  if (num_kv_heads < 1 || num_q_heads % num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", num_q_heads,
+  if (a.num_kv_heads < 1 || a.num_q_heads % a.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", a.num_q_heads,
                                                    " query heads are not a multiple of ",
-                                                   num_kv_heads, " kv heads"));
+                                                   a.num_kv_heads, " kv heads"));
   }
-  if (num_seqs == 0) return absl::OkStatus();
+  if (a.num_seqs == 0) return absl::OkStatus();
   int sms = 0;
   if (absl::Status s = internal::MultiProcessorCount(&sms); !s.ok()) return s;
   PagedAttentionKernel<float><<<sms * kAttentionBlocksPerSm, kAttentionWarps * 32, 0, stream>>>(
-      q, q_stride, k_cache, v_cache, strides, block_size, block_tables, block_table_stride,
-      seq_lens, query_start_loc, num_seqs, num_q_heads, num_kv_heads, head_dim, scale, out,
-      out_stride);
+      a.q, a.q_stride, a.k_cache, a.v_cache, a.strides, a.block_size, a.block_tables,
+      a.block_table_stride, a.seq_lens, a.query_start_loc, a.num_seqs, a.num_q_heads,
+      a.num_kv_heads, a.head_dim, a.scale, a.out, a.out_stride);
   return internal::LaunchStatus("PagedAttentionKernel");
 }
 
 // ---- bfloat16 ----
-
-absl::Status WriteKv(const BFloat16* k, int64_t k_stride, const BFloat16* v, int64_t v_stride,
-                     const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
-                     int64_t head_dim, BFloat16* k_cache, BFloat16* v_cache, KvCacheStrides strides,
-                     int64_t block_size, cudaStream_t stream) {
-  if (num_tokens <= 0 || num_kv_heads <= 0 || head_dim <= 0) return absl::OkStatus();
-  if (block_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("WriteKv: block_size ", block_size, " < 1"));
-  }
-  const bool vector = head_dim % 8 == 0 && Aligned16(k) && Aligned16(v) && Aligned16(k_cache) &&
-                      Aligned16(v_cache) && k_stride % 8 == 0 && v_stride % 8 == 0 &&
-                      strides.block_stride % 8 == 0 && strides.token_stride % 8 == 0 &&
-                      strides.head_stride % 8 == 0;
-  const int64_t pieces = num_tokens * num_kv_heads * head_dim / (vector ? 8 : 1);
-  const int64_t blocks = std::min<int64_t>(CeilDiv(pieces, kWriteKvThreads), int64_t{1} << 20);
-  auto* k16 = reinterpret_cast<const uint16_t*>(k);
-  auto* v16 = reinterpret_cast<const uint16_t*>(v);
-  auto* kc16 = reinterpret_cast<uint16_t*>(k_cache);
-  auto* vc16 = reinterpret_cast<uint16_t*>(v_cache);
-  if (vector) {
-    WriteKvBf16Kernel<8><<<blocks, kWriteKvThreads, 0, stream>>>(
-        k16, k_stride, v16, v_stride, slot_mapping, num_tokens, num_kv_heads, head_dim, kc16, vc16,
-        strides, block_size);
-  } else {
-    WriteKvBf16Kernel<1><<<blocks, kWriteKvThreads, 0, stream>>>(
-        k16, k_stride, v16, v_stride, slot_mapping, num_tokens, num_kv_heads, head_dim, kc16, vc16,
-        strides, block_size);
-  }
-  return internal::LaunchStatus("WriteKvBf16Kernel");
-}
 
 int64_t PagedAttentionWorkspaceFloats(int64_t /*max_num_tokens*/, int64_t max_num_seqs,
                                       int64_t num_q_heads, int64_t head_dim, int64_t max_seq_len) {
@@ -857,52 +762,48 @@ PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, i
   return plan;
 }
 
-absl::Status PagedAttention(const BFloat16* q, int64_t q_stride, const BFloat16* k_cache,
-                            const BFloat16* v_cache, KvCacheStrides strides, int64_t block_size,
-                            const int32_t* block_tables, int64_t block_table_stride,
-                            const int32_t* seq_lens, const int32_t* query_start_loc,
-                            int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
-                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                            float scale, BFloat16* out, int64_t out_stride, float* workspace,
-                            int64_t workspace_floats, cudaStream_t stream) {
-  if (head_dim < 1 || head_dim > kMaxAttentionHeadDim) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: head_dim ", head_dim,
+absl::Status PagedAttention(const PagedAttentionArgs<BFloat16>& a, cudaStream_t stream) {
+  if (a.head_dim < 1 || a.head_dim > kMaxAttentionHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: head_dim ", a.head_dim,
                                                    " outside [1, ", kMaxAttentionHeadDim, "]"));
   }
-  if (num_kv_heads < 1 || num_q_heads < 1 || num_q_heads % num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", num_q_heads,
+  if (a.num_kv_heads < 1 || a.num_q_heads < 1 || a.num_q_heads % a.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", a.num_q_heads,
                                                    " query heads are not a positive multiple of ",
-                                                   num_kv_heads, " kv heads"));
+                                                   a.num_kv_heads, " kv heads"));
   }
-  if (block_size < 1 || block_size > INT_MAX) {
+  if (a.block_size < 1 || a.block_size > INT_MAX) {
     return absl::InvalidArgumentError(
-        absl::StrCat("PagedAttention: block_size ", block_size, " outside [1, 2^31)"));
+        absl::StrCat("PagedAttention: block_size ", a.block_size, " outside [1, 2^31)"));
   }
-  if (num_seqs < 0 || max_query_len < 0 || max_seq_len < 0 || workspace_floats < 0) {
+  if (a.num_seqs < 0 || a.max_query_len < 0 || a.max_seq_len < 0 || a.workspace_floats < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "PagedAttention: negative num_seqs ", num_seqs, ", max_query_len ", max_query_len,
-        ", max_seq_len ", max_seq_len, " or workspace_floats ", workspace_floats));
+        "PagedAttention: negative num_seqs ", a.num_seqs, ", max_query_len ", a.max_query_len,
+        ", max_seq_len ", a.max_seq_len, " or workspace_floats ", a.workspace_floats));
   }
-  const int64_t group = num_q_heads / num_kv_heads;
-  if (num_seqs > INT_MAX / 2 || max_seq_len > INT_MAX / 2 || max_query_len * group > INT_MAX / 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PagedAttention: ", num_seqs, " sequences, max_seq_len ", max_seq_len, " or max_query_len ",
-        max_query_len, " x ", group, " heads per KV head exceed 32-bit indexing"));
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  if (a.num_seqs > INT_MAX / 2 || a.max_seq_len > INT_MAX / 2 ||
+      a.max_query_len * group > INT_MAX / 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttention: ", a.num_seqs, " sequences, max_seq_len ", a.max_seq_len,
+                     " or max_query_len ", a.max_query_len, " x ", group,
+                     " heads per KV head exceed 32-bit indexing"));
   }
-  if (num_seqs == 0 || max_query_len == 0) return absl::OkStatus();
+  if (a.num_seqs == 0 || a.max_query_len == 0) return absl::OkStatus();
   DeviceLaunchInfo info;
   if (absl::Status s = GetDeviceLaunchInfo(&info); !s.ok()) return s;
-  const bool aligned = Aligned16(q) && Aligned16(out) && Aligned16(k_cache) && Aligned16(v_cache) &&
-                       q_stride % 8 == 0 && out_stride % 8 == 0 && strides.block_stride % 8 == 0 &&
-                       strides.token_stride % 8 == 0 && strides.head_stride % 8 == 0;
+  const bool aligned = Aligned16(a.q) && Aligned16(a.out) && Aligned16(a.k_cache) &&
+                       Aligned16(a.v_cache) && a.q_stride % 8 == 0 && a.out_stride % 8 == 0 &&
+                       a.strides.block_stride % 8 == 0 && a.strides.token_stride % 8 == 0 &&
+                       a.strides.head_stride % 8 == 0;
   const PagedAttentionPlan plan =
-      PlanPagedAttention(num_seqs, max_query_len, max_seq_len, num_q_heads, num_kv_heads, head_dim,
-                         aligned, info.sms, info.decode_ctas_per_sm[head_dim == 128]);
-  if (plan.workspace_floats > workspace_floats ||
-      (plan.workspace_floats > 0 && workspace == nullptr)) {
+      PlanPagedAttention(a.num_seqs, a.max_query_len, a.max_seq_len, a.num_q_heads, a.num_kv_heads,
+                         a.head_dim, aligned, info.sms, info.decode_ctas_per_sm[a.head_dim == 128]);
+  if (plan.workspace_floats > a.workspace_floats ||
+      (plan.workspace_floats > 0 && a.workspace == nullptr)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("PagedAttention: workspace of ", workspace_floats, " floats",
-                     workspace == nullptr ? " (null)" : "", "; this launch (", num_seqs,
+        absl::StrCat("PagedAttention: workspace of ", a.workspace_floats, " floats",
+                     a.workspace == nullptr ? " (null)" : "", "; this launch (", a.num_seqs,
                      " sequences, ", plan.splits, " KV splits) needs ", plan.workspace_floats,
                      " (size it with PagedAttentionWorkspaceFloats)"));
   }
@@ -910,45 +811,46 @@ absl::Status PagedAttention(const BFloat16* q, int64_t q_stride, const BFloat16*
     return absl::InvalidArgumentError(
         absl::StrCat("PagedAttention: ", plan.ctas, " thread blocks exceed the grid limit"));
   }
-  auto* q16 = reinterpret_cast<const __nv_bfloat16*>(q);
-  auto* k16 = reinterpret_cast<const __nv_bfloat16*>(k_cache);
-  auto* v16 = reinterpret_cast<const __nv_bfloat16*>(v_cache);
-  auto* out16 = reinterpret_cast<__nv_bfloat16*>(out);
+  auto* q16 = reinterpret_cast<const __nv_bfloat16*>(a.q);
+  auto* k16 = reinterpret_cast<const __nv_bfloat16*>(a.k_cache);
+  auto* v16 = reinterpret_cast<const __nv_bfloat16*>(a.v_cache);
+  auto* out16 = reinterpret_cast<__nv_bfloat16*>(a.out);
   if (plan.kernel == AttentionKernel::kSimple) {
     PagedAttentionKernel<__nv_bfloat16>
         <<<static_cast<unsigned>(plan.ctas), kAttentionWarps * 32, 0, stream>>>(
-            q16, q_stride, k16, v16, strides, block_size, block_tables, block_table_stride,
-            seq_lens, query_start_loc, num_seqs, num_q_heads, num_kv_heads, head_dim, scale, out16,
-            out_stride);
+            q16, a.q_stride, k16, v16, a.strides, a.block_size, a.block_tables,
+            a.block_table_stride, a.seq_lens, a.query_start_loc, a.num_seqs, a.num_q_heads,
+            a.num_kv_heads, a.head_dim, a.scale, out16, a.out_stride);
     return internal::LaunchStatus("PagedAttentionKernel<bf16>");
   }
   TcParams params;
   params.q = q16;
-  params.q_stride = q_stride;
+  params.q_stride = a.q_stride;
   params.k_cache = k16;
   params.v_cache = v16;
-  params.strides = strides;
-  params.block_size = static_cast<int>(block_size);
+  params.strides = a.strides;
+  params.block_size = static_cast<int>(a.block_size);
   params.block_shift = -1;
-  if ((block_size & (block_size - 1)) == 0) {
+  if ((a.block_size & (a.block_size - 1)) == 0) {
     params.block_shift = 0;
-    while ((int64_t{1} << params.block_shift) < block_size) ++params.block_shift;
+    while ((int64_t{1} << params.block_shift) < a.block_size) ++params.block_shift;
   }
-  params.block_tables = block_tables;
-  params.block_table_stride = block_table_stride;
-  params.seq_lens = seq_lens;
-  params.query_start_loc = query_start_loc;
-  params.num_seqs = static_cast<int>(num_seqs);
-  params.num_kv_heads = static_cast<int>(num_kv_heads);
+  params.block_tables = a.block_tables;
+  params.block_table_stride = a.block_table_stride;
+  params.seq_lens = a.seq_lens;
+  params.query_start_loc = a.query_start_loc;
+  params.num_seqs = static_cast<int>(a.num_seqs);
+  params.num_kv_heads = static_cast<int>(a.num_kv_heads);
   params.group = static_cast<int>(group);
   params.query_tiles = static_cast<int>(plan.query_tiles);
   params.splits = static_cast<int>(plan.splits);
-  params.scale_log2 = scale * 1.4426950408889634f;  // log2(e)
+  params.scale_log2 = a.scale * 1.4426950408889634f;  // log2(e)
   params.out = out16;
-  params.out_stride = out_stride;
-  params.workspace = workspace;
-  return head_dim == 128 ? LaunchTc<128>(plan, params, params.num_seqs, params.num_kv_heads, stream)
-                         : LaunchTc<64>(plan, params, params.num_seqs, params.num_kv_heads, stream);
+  params.out_stride = a.out_stride;
+  params.workspace = a.workspace;
+  return a.head_dim == 128
+             ? LaunchTc<128>(plan, params, params.num_seqs, params.num_kv_heads, stream)
+             : LaunchTc<64>(plan, params, params.num_seqs, params.num_kv_heads, stream);
 }
 
 }  // namespace vamp::kernels::cuda

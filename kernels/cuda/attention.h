@@ -1,6 +1,6 @@
-// Paged KV cache write and paged causal attention, CUDA twins of kernels/cpu/attention.h (float32,
-// device pointers, same arguments plus a stream). KV cache addressing, block tables and causal
-// semantics are exactly the CPU twin's.
+// Paged causal attention, CUDA twins of kernels/cpu/attention.h (float32 and bfloat16, device
+// pointers, same arguments plus a stream) over the KV cache kv_cache_write.h fills. KV cache
+// addressing, block tables and causal semantics are exactly the CPU twin's.
 #ifndef VAMP_KERNELS_CUDA_ATTENTION_H_
 #define VAMP_KERNELS_CUDA_ATTENTION_H_
 
@@ -11,19 +11,14 @@
 #include "absl/status/status.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/bfloat16.h"
+#include "kernels/cuda/kv_cache_write.h"
 
 namespace vamp::kernels::cuda {
 
-using KvCacheStrides = cpu::KvCacheStrides;
+using cpu::PagedAttentionArgs;
 
 // Largest head_dim PagedAttention supports (each lane of a warp holds head_dim / 32 elements).
 inline constexpr int64_t kMaxAttentionHeadDim = 256;
-
-// As cpu::WriteKv (a negative slot skips the token). Bit-exact copy.
-absl::Status WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-                     const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
-                     int64_t head_dim, float* k_cache, float* v_cache, KvCacheStrides strides,
-                     int64_t block_size, cudaStream_t stream);
 
 // As cpu::PagedAttention, for decode and prefill alike: sequence i's query row r attends to
 // cached positions [0, seq_lens[i] - q_len + r]. Each (query row, head) is one work item of a
@@ -33,22 +28,9 @@ absl::Status WriteKv(const float* k, int64_t k_stride, const float* v, int64_t v
 // is read on the device (query_start_loc[num_seqs]), so the launch needs no host copy.
 // head_dim <= kMaxAttentionHeadDim; num_q_heads a multiple of num_kv_heads.
 // Results agree with the CPU twin to float32 rounding (exp and sums in a different order).
-absl::Status PagedAttention(const float* q, int64_t q_stride, const float* k_cache,
-                            const float* v_cache, KvCacheStrides strides, int64_t block_size,
-                            const int32_t* block_tables, int64_t block_table_stride,
-                            const int32_t* seq_lens, const int32_t* query_start_loc,
-                            int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
-                            int64_t head_dim, float scale, float* out, int64_t out_stride,
-                            float* workspace, cudaStream_t stream);
+absl::Status PagedAttention(const PagedAttentionArgs<float>& a, cudaStream_t stream);
 
 // ---- bfloat16 (the engine's storage type) ----
-
-// As cpu::WriteKv for bfloat16 (a negative slot skips the token). Bit-exact copy; 16-byte vector
-// copies when head_dim is a multiple of 8 and every pointer and stride is 16-byte aligned.
-absl::Status WriteKv(const BFloat16* k, int64_t k_stride, const BFloat16* v, int64_t v_stride,
-                     const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads,
-                     int64_t head_dim, BFloat16* k_cache, BFloat16* v_cache, KvCacheStrides strides,
-                     int64_t block_size, cudaStream_t stream);
 
 // Float32 elements of `workspace` PagedAttention(bfloat16) needs for any step of at most
 // max_num_tokens query rows, max_num_seqs sequences and max_seq_len tokens of context with these
@@ -80,14 +62,7 @@ int64_t PagedAttentionWorkspaceFloats(int64_t max_num_tokens, int64_t max_num_se
 // not a positive multiple, block_size < 1, negative counts, sizes beyond 32-bit indexing, or
 // workspace_floats below what this launch needs (never more than PagedAttentionWorkspaceFloats
 // of the same or larger bounds).
-absl::Status PagedAttention(const BFloat16* q, int64_t q_stride, const BFloat16* k_cache,
-                            const BFloat16* v_cache, KvCacheStrides strides, int64_t block_size,
-                            const int32_t* block_tables, int64_t block_table_stride,
-                            const int32_t* seq_lens, const int32_t* query_start_loc,
-                            int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
-                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                            float scale, BFloat16* out, int64_t out_stride, float* workspace,
-                            int64_t workspace_floats, cudaStream_t stream);
+absl::Status PagedAttention(const PagedAttentionArgs<BFloat16>& a, cudaStream_t stream);
 
 // The launch PagedAttention(bfloat16) makes, exposed for tests and the benchmark (host only).
 enum class AttentionKernel { kSimple, kDecode, kPrefill };

@@ -19,6 +19,9 @@ absl::Status CudaStatus(cudaError_t error, const char* what);
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Whether `p` is 16-byte aligned (vector loads and stores, tensor-core tiles).
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // Multiprocessor count of the current device (sizes persistent grids).
 absl::Status MultiProcessorCount(int* count);
 

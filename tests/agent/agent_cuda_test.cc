@@ -35,6 +35,7 @@ using testing::GroupClient;
 using ::testing::HasSubstr;
 using testing::LoadGoldens;
 using testing::MiniController;
+using testing::RemapOnly;
 using testing::TinyInitRequest;
 
 // Fraction of the device the agent plans with: enough for these models and a few hundred MiB of
@@ -77,18 +78,6 @@ vamp::v1::InitRequest SmallGpuInitRequest() {
   r.set_dummy_seed(7);
   r.mutable_memory()->set_max_offload_ratio(0.75);
   return r;
-}
-
-vamp::v1::StepRequest RemapOnly(int64_t step_id, vamp::v1::RemapCommand::Action action,
-                                int32_t groups, int64_t expected, const std::string& id) {
-  vamp::v1::StepRequest step;
-  step.set_step_id(step_id);
-  vamp::v1::RemapCommand* c = step.add_remaps();
-  c->set_action(action);
-  c->set_num_groups(groups);
-  c->set_expected_kv_blocks(expected);
-  c->set_remap_id(id);
-  return step;
 }
 
 TEST_F(AgentCudaTest, GreedyDecodingMatchesGoldens) {

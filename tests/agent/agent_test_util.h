@@ -6,10 +6,6 @@
 #ifndef VAMP_TESTS_AGENT_AGENT_TEST_UTIL_H_
 #define VAMP_TESTS_AGENT_AGENT_TEST_UTIL_H_
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -24,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/free_port.h"
 #include "vamp/v1/agent.grpc.pb.h"
 
 namespace vamp::testing {
@@ -53,20 +50,6 @@ inline Goldens LoadGoldens() {
     g.continuations.push_back(c.get<std::vector<int32_t>>());
   }
   return g;
-}
-
-// A TCP port that was free a moment ago (for parallel.host_transport_address).
-inline int PickFreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // Options of an in-process CPU agent sized for the tiny model: 4 KiB pages (groups of 2 experts),
@@ -323,6 +306,26 @@ class MiniController {
   std::vector<uint64_t> to_finish_;
   std::vector<std::pair<uint64_t, int32_t>> scheduled_;
 };
+
+// An in-process agent (null, with a test failure, when it does not start).
+inline std::unique_ptr<AgentService> StartAgent(AgentOptions options = TinyAgentOptions()) {
+  absl::StatusOr<std::unique_ptr<AgentService>> agent = AgentService::Start(std::move(options));
+  EXPECT_TRUE(agent.ok()) << agent.status();
+  return agent.ok() ? std::move(*agent) : nullptr;
+}
+
+// A step that carries one remap command and nothing else.
+inline vamp::v1::StepRequest RemapOnly(int64_t step_id, vamp::v1::RemapCommand::Action action,
+                                       int32_t groups, int64_t expected, const std::string& id) {
+  vamp::v1::StepRequest step;
+  step.set_step_id(step_id);
+  vamp::v1::RemapCommand* c = step.add_remaps();
+  c->set_action(action);
+  c->set_num_groups(groups);
+  c->set_expected_kv_blocks(expected);
+  c->set_remap_id(id);
+  return step;
+}
 
 }  // namespace vamp::testing
 

@@ -603,22 +603,33 @@ absl::Status CudaQwen3MoeModel::Attention(int layer, const ForwardBatch& batch,
   const auto* qsl = reinterpret_cast<const int32_t*>(meta_dev_ + meta_.query_start_loc);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   T* out = As<T>(attn_out_);
+  kc::PagedAttentionArgs<T> args{.q = q,
+                                 .q_stride = qkv_cols,
+                                 .k_cache = k_cache,
+                                 .v_cache = v_cache,
+                                 .strides = kv.strides,
+                                 .block_size = kv.block_size,
+                                 .block_tables = block_tables,
+                                 .block_table_stride = batch.block_table_stride,
+                                 .seq_lens = seq_lens,
+                                 .query_start_loc = qsl,
+                                 .num_seqs = batch.num_seqs(),
+                                 .num_q_heads = q_heads_,
+                                 .num_kv_heads = kv_heads_,
+                                 .head_dim = hd,
+                                 .scale = scale,
+                                 .out = out,
+                                 .out_stride = q_cols};
   if constexpr (std::is_same_v<T, BFloat16>) {
-    int64_t max_query_len = 0;
     for (int64_t s = 0; s < batch.num_seqs(); ++s) {
-      max_query_len =
-          std::max<int64_t>(max_query_len, batch.query_start_loc[s + 1] - batch.query_start_loc[s]);
+      args.max_query_len = std::max<int64_t>(
+          args.max_query_len, batch.query_start_loc[s + 1] - batch.query_start_loc[s]);
     }
-    VAMP_RETURN_IF_ERROR(kc::PagedAttention(
-        q, qkv_cols, k_cache, v_cache, kv.strides, kv.block_size, block_tables,
-        batch.block_table_stride, seq_lens, qsl, batch.num_seqs(), max_query_len, batch.max_seq_len,
-        q_heads_, kv_heads_, hd, scale, out, q_cols, attn_ws_, attn_ws_floats_, stream_));
-  } else {
-    VAMP_RETURN_IF_ERROR(
-        kc::PagedAttention(q, qkv_cols, k_cache, v_cache, kv.strides, kv.block_size, block_tables,
-                           batch.block_table_stride, seq_lens, qsl, batch.num_seqs(), q_heads_,
-                           kv_heads_, hd, scale, out, q_cols, /*workspace=*/nullptr, stream_));
+    args.max_seq_len = batch.max_seq_len;
+    args.workspace = attn_ws_;
+    args.workspace_floats = attn_ws_floats_;
   }
+  VAMP_RETURN_IF_ERROR(kc::PagedAttention(args, stream_));
   VAMP_RETURN_IF_ERROR(
       kc::Gemm(out, q_cols, As<T>(L.o_proj), q_cols, As<T>(x_), H, n, H, q_cols, stream_));
   return AllReduceHidden(n);

@@ -1,6 +1,6 @@
 // The tensor-parallel collective of the GPU forward pass: an in-place sum over the ranks of a
 // device buffer, enqueued on the compute stream (no host synchronisation). Implemented by
-// NcclCommunicator (engine/runner/cuda/nccl_communicator.h); the model only sees this interface.
+// NcclCommunicator (engine/runner/comm/nccl_communicator.h); the model only sees this interface.
 #ifndef VAMP_ENGINE_RUNNER_CUDA_DEVICE_ALL_REDUCE_H_
 #define VAMP_ENGINE_RUNNER_CUDA_DEVICE_ALL_REDUCE_H_
 

@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "engine/kv/agent_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/memory/test_backends.h"
@@ -22,22 +23,14 @@ constexpr int64_t kKvPages = 6;
 
 uint64_t Seed(int layer, int64_t expert) { return 7000 + 100 * layer + expert; }
 
-// A plan for the small test model whose baseline KV pool is exactly `kv_pages` pages: plan once
-// with plenty of memory to learn the fixed costs, then give the device exactly that plus the pool.
+// A plan for the small test model whose baseline KV pool is exactly `kv_pages` pages.
 absl::StatusOr<MemoryPlan> SmallPlan(uint64_t page, int64_t kv_pages) {
   MemoryPlanConfig c;
   c.page_bytes = page;
-  c.gpu_memory_utilization = 1.0;
   c.runtime_overhead_bytes = 0;
   c.activation_bytes = page;
   c.offload.max_offload_ratio = 0.5;  // 8 of 16 experts: 4 groups
-  c.device_memory_bytes = uint64_t{1} << 40;
-  const ModelShape shape = testing::SmallTestShape(page, kLayers, kExperts);
-  absl::StatusOr<MemoryPlan> big = PlanMemory(shape, c);
-  if (!big.ok()) return big.status();
-  const uint64_t fixed = big->budget_bytes - big->kv_baseline_pages * page - big->slack_bytes();
-  c.device_memory_bytes = fixed + static_cast<uint64_t>(kv_pages) * page;
-  return PlanMemory(shape, c);
+  return PlanWithKvPages(testing::SmallTestShape(page, kLayers, kExperts), c, kv_pages);
 }
 
 class MemoryRepartitionerTest : public BackendTest {

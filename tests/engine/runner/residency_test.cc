@@ -5,11 +5,9 @@
 // freed pages.
 #include <cstring>
 
-#include "engine/kv/memory_repartitioner.h"
-#include "engine/memory/host_backend.h"
-#include "engine/memory/memory_plan.h"
-#include "engine/staging/expert_store_weights.h"
+#include "engine/rank/rank.h"
 #include "gtest/gtest.h"
+#include "tests/engine/rank/tiny_rank.h"
 #include "tests/engine/runner/runner_test_util.h"
 
 namespace vamp {
@@ -23,24 +21,6 @@ using testing::TinyModelDir;
 
 constexpr uint64_t kPage = 4096;  // expert shard 18 KiB = 4.5 pages: groups of 2 experts
 constexpr int64_t kKvPages = 96;  // 32 blocks of 3 pages
-
-// A plan for the tiny model (float32) whose baseline KV pool is exactly kKvPages pages and whose
-// cap is 12 of 16 experts (6 groups) in layers 1 and 2.
-absl::StatusOr<MemoryPlan> TinyPlan(const ModelConfig& config) {
-  MemoryPlanConfig c;
-  c.page_bytes = kPage;
-  c.gpu_memory_utilization = 1.0;
-  c.runtime_overhead_bytes = 0;
-  c.activation_bytes = kPage;
-  c.offload.max_offload_ratio = 0.75;
-  c.device_memory_bytes = uint64_t{1} << 32;
-  const ModelShape shape = config.ToModelShape(sizeof(float));
-  absl::StatusOr<MemoryPlan> big = PlanMemory(shape, c);
-  if (!big.ok()) return big.status();
-  c.device_memory_bytes =
-      big->budget_bytes - big->kv_baseline_pages * kPage - big->slack_bytes() + kKvPages * kPage;
-  return PlanMemory(shape, c);
-}
 
 struct PromptsRun {
   std::vector<std::vector<int32_t>> outputs;
@@ -76,41 +56,25 @@ TEST(ResidencyTest, EveryBoundaryGivesBitIdenticalLogits) {
   ASSERT_NE(reference, nullptr);
   const PromptsRun want = RunPrompts(*reference->runner, 0, Range(0, 256));
 
-  auto config = LoadModelConfig(TinyModelDir());
-  ASSERT_TRUE(config.ok());
-  auto plan = TinyPlan(*config);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_EQ(plan->experts.group_experts, 2);
-  ASSERT_EQ(plan->experts.max_groups, 6);
-  ASSERT_EQ(plan->kv_baseline_pages, kKvPages);
-  auto backend = HostMemoryBackend::Create(kPage);
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  // Every step finishes (staging copies included) before ExecuteStep returns.
-  CallbackFence fence([] { return absl::OkStatus(); });
-  auto memory = CreateAgentMemory(backend->get(), *plan, &fence);
-  ASSERT_TRUE(memory.ok()) << memory.status();
-
-  auto layout = ExpertLayoutFor(*config, {});
+  // The tiny model (float32) in 4 KiB pages: a baseline KV pool of exactly kKvPages pages and a
+  // cap of 12 of 16 experts (6 groups) in layers 1 and 2.
   StagingOptions staging;
   staging.record_events = true;
-  auto experts = ExpertStoreWeights::Create(memory->experts.get(), *layout, staging);
-  ASSERT_TRUE(experts.ok()) << experts.status();
-  LoadOptions options;
-  options.model_path = TinyModelDir();
-  auto model = LoadModel(*config, options, **experts);
-  ASSERT_TRUE(model.ok()) << model.status();
-  ASSERT_TRUE(memory->experts->FinalizeLoad().ok());
-  auto kv = HostKvRegionView(*memory->kv, config->num_hidden_layers);
-  ASSERT_TRUE(kv.ok()) << kv.status();
-  const int64_t baseline_blocks = kv->num_blocks;
+  auto rank = testing::BuildHostRank(TinyModelDir(), kPage, kKvPages, /*ratio=*/0.75, staging);
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  const MemoryPlan& plan = (*rank)->plan;
+  ASSERT_EQ(plan.experts.group_experts, 2);
+  ASSERT_EQ(plan.experts.max_groups, 6);
+  ASSERT_EQ(plan.kv_baseline_pages, kKvPages);
+  AgentMemory& memory = (*rank)->memory;
+  ExpertStoreWeights& experts = static_cast<HostRankExperts&>(*(*rank)->experts).store_weights();
+  ModelRunner& runner = *(*rank)->runner;
+  const int64_t baseline_blocks = runner.kv_cache().num_blocks;
   EXPECT_EQ(baseline_blocks, kKvPages / 3);
-  auto runner = ModelRunner::Create({}, model->get(), experts->get(), nullptr, *kv);
-  ASSERT_TRUE(runner.ok()) << runner.status();
 
   RunnerRequestId next_id = 100;
   auto check = [&](const std::string& where) {
-    const PromptsRun got =
-        RunPrompts(**runner, next_id, NewestFirst((*runner)->kv_cache().num_blocks));
+    const PromptsRun got = RunPrompts(runner, next_id, NewestFirst(runner.kv_cache().num_blocks));
     next_id += 10;
     for (size_t i = 0; i < want.outputs.size(); ++i) {
       EXPECT_EQ(got.outputs[i], want.outputs[i]) << where << " prompt " << i;
@@ -120,43 +84,38 @@ TEST(ResidencyTest, EveryBoundaryGivesBitIdenticalLogits) {
           << where << " prompt " << i;
     }
   };
-  auto refresh_kv = [&] {
-    auto view = HostKvRegionView(*memory->kv, config->num_hidden_layers);
-    ASSERT_TRUE(view.ok());
-    ASSERT_TRUE((*runner)->SetKvCache(*view).ok());
-  };
+  auto refresh_kv = [&] { ASSERT_TRUE((*rank)->RefreshKv().ok()); };
 
   check("fully resident");
-  EXPECT_TRUE((*experts)->staged_layers().empty());
-  EXPECT_EQ((*experts)->engine().stats().copies, 0);
+  EXPECT_TRUE(experts.staged_layers().empty());
+  EXPECT_EQ(experts.engine().stats().copies, 0);
   for (int groups = 1; groups <= 6; ++groups) {
-    auto r = memory->repartitioner->Offload(1);
+    auto r = memory.repartitioner->Offload(1);
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(memory->experts->boundary(), 16 - 2 * groups);
+    EXPECT_EQ(memory.experts->boundary(), 16 - 2 * groups);
     refresh_kv();
-    EXPECT_GT((*runner)->kv_cache().num_blocks, baseline_blocks);
+    EXPECT_GT(runner.kv_cache().num_blocks, baseline_blocks);
     check("boundary " + std::to_string(16 - 2 * groups));
-    EXPECT_EQ((*experts)->staged_layers(), (std::vector<int>{1, 2}));
+    EXPECT_EQ(experts.staged_layers(), (std::vector<int>{1, 2}));
     // The last pass staged both eligible layers, each after nothing else held its buffer.
-    const auto events = (*experts)->engine().events();
+    const auto events = experts.engine().events();
     ASSERT_EQ(events.size(), 6u);
   }
-  EXPECT_FALSE(memory->repartitioner->Offload(1).ok()) << "past the cap";
-  const StagingStats stats = (*experts)->engine().stats();
+  EXPECT_FALSE(memory.repartitioner->Offload(1).ok()) << "past the cap";
+  const StagingStats stats = experts.engine().stats();
   EXPECT_GT(stats.copies, 0);
   EXPECT_GT(stats.bytes, 0u);
 
   // And back: restore group by group (the runner holds no request between checks).
   for (int groups = 5; groups >= 0; --groups) {
-    auto r = memory->repartitioner->Restore(1, (*runner)->kv_cache().num_blocks);
+    auto r = memory.repartitioner->Restore(1, runner.kv_cache().num_blocks);
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(memory->experts->boundary(), 16 - 2 * groups);
+    EXPECT_EQ(memory.experts->boundary(), 16 - 2 * groups);
     refresh_kv();
     check("restored to boundary " + std::to_string(16 - 2 * groups));
   }
-  EXPECT_EQ((*runner)->kv_cache().num_blocks, baseline_blocks);
-  EXPECT_TRUE(memory->repartitioner->Audit().ok());
-  runner->reset();
+  EXPECT_EQ(runner.kv_cache().num_blocks, baseline_blocks);
+  EXPECT_TRUE(memory.repartitioner->Audit().ok());
 }
 
 }  // namespace

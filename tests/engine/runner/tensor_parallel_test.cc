@@ -4,7 +4,7 @@
 #include <cstring>
 #include <thread>
 
-#include "engine/runner/host_communicator.h"
+#include "engine/runner/comm/host_communicator.h"
 #include "gtest/gtest.h"
 #include "tests/engine/runner/runner_test_util.h"
 

@@ -81,6 +81,32 @@ struct Problem {
     return (value ? v_offset : k_offset) + block * strides.block_stride +
            (pos % shape.block_size) * strides.token_stride + h * strides.head_stride + d;
   }
+
+  // PagedAttention's arguments for the whole problem over `q`, `cache`, `tables`, `seq_lens` and
+  // `qsl` (the host vectors above or device copies of them), writing `out`; no workspace.
+  PagedAttentionArgs<BFloat16> Args(const BFloat16* q_data, const BFloat16* cache_data,
+                                    const int32_t* table_data, const int32_t* seq_len_data,
+                                    const int32_t* qsl_data, BFloat16* out, float scale) const {
+    return {.q = q_data,
+            .q_stride = q_stride,
+            .k_cache = cache_data + k_offset,
+            .v_cache = cache_data + v_offset,
+            .strides = strides,
+            .block_size = shape.block_size,
+            .block_tables = table_data,
+            .block_table_stride = table_stride,
+            .seq_lens = seq_len_data,
+            .query_start_loc = qsl_data,
+            .num_seqs = num_seqs,
+            .max_query_len = max_query_len,
+            .max_seq_len = max_seq_len,
+            .num_q_heads = shape.q_heads,
+            .num_kv_heads = shape.kv_heads,
+            .head_dim = shape.head_dim,
+            .scale = scale,
+            .out = out,
+            .out_stride = out_stride};
+  }
 };
 
 // `aligned`: strides that are multiples of 8 elements (the tensor-core layout); otherwise the
@@ -149,11 +175,11 @@ std::vector<float> CpuAttention(const Problem& p, float scale) {
   std::vector<BFloat16> out(p.rows * p.out_stride, kSentinel);
   std::vector<float> ws(
       cpu::PagedAttentionWorkspaceFloats(p.rows, p.num_seqs, s.q_heads, s.head_dim, p.max_seq_len));
-  const absl::Status st = cpu::PagedAttention(
-      p.q.data(), p.q_stride, p.cache.data() + p.k_offset, p.cache.data() + p.v_offset, p.strides,
-      s.block_size, p.tables.data(), p.table_stride, p.seq_lens.data(), p.qsl.data(), p.num_seqs,
-      p.max_query_len, p.max_seq_len, s.q_heads, s.kv_heads, s.head_dim, scale, out.data(),
-      p.out_stride, ws.data(), ws.size());
+  PagedAttentionArgs<BFloat16> args = p.Args(p.q.data(), p.cache.data(), p.tables.data(),
+                                             p.seq_lens.data(), p.qsl.data(), out.data(), scale);
+  args.workspace = ws.data();
+  args.workspace_floats = static_cast<int64_t>(ws.size());
+  const absl::Status st = cpu::PagedAttention(args);
   EXPECT_TRUE(st.ok()) << st;
   return ToFloats(out);
 }
@@ -201,11 +227,13 @@ class CudaAttentionBf16Test : public CudaTest {
     float* d_ws = Alloc<float>(ws_floats);
     // NaN scratch: a partial read before it is written shows.
     VAMP_EXPECT_CUDA_OK(cudaMemsetAsync(d_ws, 0xff, std::max<int64_t>(ws_floats, 1) * 4, stream_));
-    const absl::Status st = PagedAttention(
-        Upload(p.q), p.q_stride, d_cache + p.k_offset, d_cache + p.v_offset, p.strides,
-        s.block_size, Upload(p.tables), p.table_stride, Upload(p.seq_lens), Upload(p.qsl),
-        p.num_seqs, max_query_len, max_seq_len, s.q_heads, s.kv_heads, s.head_dim, scale, d_out,
-        p.out_stride, d_ws, ws_floats, stream_);
+    PagedAttentionArgs<BFloat16> args = p.Args(Upload(p.q), d_cache, Upload(p.tables),
+                                               Upload(p.seq_lens), Upload(p.qsl), d_out, scale);
+    args.max_query_len = max_query_len;
+    args.max_seq_len = max_seq_len;
+    args.workspace = d_ws;
+    args.workspace_floats = ws_floats;
+    const absl::Status st = PagedAttention(args, stream_);
     EXPECT_TRUE(st.ok()) << st;
     return ToFloats(Download(d_out, p.rows * p.out_stride));
   }
@@ -413,9 +441,20 @@ TEST_F(CudaAttentionBf16Test, RejectsBadArguments) {
   auto call = [&](int64_t q_heads, int64_t kv_heads, int64_t head_dim, float* ws,
                   int64_t ws_floats) {
     // Pointers are never dereferenced: validation fails before any launch.
-    return PagedAttention(nullptr, 4096, nullptr, nullptr, strides, 16, nullptr, 0, nullptr,
-                          nullptr, 1, 1, 30000, q_heads, kv_heads, head_dim, 0.1f, nullptr, 4096,
-                          ws, ws_floats, stream_);
+    return PagedAttention(PagedAttentionArgs<BFloat16>{.q_stride = 4096,
+                                                       .strides = strides,
+                                                       .block_size = 16,
+                                                       .num_seqs = 1,
+                                                       .max_query_len = 1,
+                                                       .max_seq_len = 30000,
+                                                       .num_q_heads = q_heads,
+                                                       .num_kv_heads = kv_heads,
+                                                       .head_dim = head_dim,
+                                                       .scale = 0.1f,
+                                                       .out_stride = 4096,
+                                                       .workspace = ws,
+                                                       .workspace_floats = ws_floats},
+                          stream_);
   };
   float* ws = Alloc<float>(16);
   EXPECT_TRUE(absl::IsInvalidArgument(call(32, 4, 512, ws, 16)));  // head_dim too large

@@ -47,6 +47,39 @@ Layout MakeLayout(const AttnShape& s) {
   return l;
 }
 
+// PagedAttention's arguments for `num_seqs` sequences of shape `s` in layout `l` (the layer under
+// test's K and V at l's offsets in `cache`) over host or device buffers, scale 1/sqrt(head_dim),
+// no workspace.
+struct AttnBuffers {
+  const float* q;
+  const float* cache;
+  const int32_t* tables;
+  const int32_t* seq_lens;
+  const int32_t* qsl;
+  float* out;
+};
+PagedAttentionArgs<float> ArgsOf(const AttnShape& s, const Layout& l, int64_t num_seqs,
+                                 int64_t q_stride, int64_t table_stride, int64_t out_stride,
+                                 const AttnBuffers& b) {
+  return {.q = b.q,
+          .q_stride = q_stride,
+          .k_cache = b.cache + l.k_offset,
+          .v_cache = b.cache + l.v_offset,
+          .strides = l.strides,
+          .block_size = s.block_size,
+          .block_tables = b.tables,
+          .block_table_stride = table_stride,
+          .seq_lens = b.seq_lens,
+          .query_start_loc = b.qsl,
+          .num_seqs = num_seqs,
+          .num_q_heads = s.q_heads,
+          .num_kv_heads = s.kv_heads,
+          .head_dim = s.head_dim,
+          .scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
+          .out = b.out,
+          .out_stride = out_stride};
+}
+
 using KvWriteTest = CudaTest;
 
 TEST_F(KvWriteTest, WriteKvMatchesCpuExactly) {
@@ -119,20 +152,17 @@ TEST_F(PagedAttentionTest, MatchesCpuForDecodeAndPrefill) {
       const int64_t q_width = s.q_heads * s.head_dim;
       const int64_t q_stride = q_width + 7, out_stride = q_width + 3;
       const auto q = RandomFloats(std::max<int64_t>(rows, 1) * q_stride, 123);
-      const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-
       std::vector<float> want(rows * out_stride, kSentinel), workspace(max_len);
-      cpu::PagedAttention(q.data(), q_stride, cache.data() + l.k_offset, cache.data() + l.v_offset,
-                          l.strides, s.block_size, tables.data(), table_stride, b.seq_lens.data(),
-                          qsl.data(), num_seqs, s.q_heads, s.kv_heads, s.head_dim, scale,
-                          want.data(), out_stride, workspace.data());
-      const float* d_cache = Upload(cache);
+      PagedAttentionArgs<float> host = ArgsOf(
+          s, l, num_seqs, q_stride, table_stride, out_stride,
+          {q.data(), cache.data(), tables.data(), b.seq_lens.data(), qsl.data(), want.data()});
+      host.workspace = workspace.data();
+      cpu::PagedAttention(host);
       float* d_out = Upload(std::vector<float>(want.size(), kSentinel));
-      VAMP_ASSERT_OK(PagedAttention(Upload(q), q_stride, d_cache + l.k_offset, d_cache + l.v_offset,
-                                    l.strides, s.block_size, Upload(tables), table_stride,
-                                    Upload(b.seq_lens), Upload(qsl), num_seqs, s.q_heads,
-                                    s.kv_heads, s.head_dim, scale, d_out, out_stride,
-                                    /*workspace=*/nullptr, stream_));
+      VAMP_ASSERT_OK(PagedAttention(ArgsOf(s, l, num_seqs, q_stride, table_stride, out_stride,
+                                           {Upload(q), Upload(cache), Upload(tables),
+                                            Upload(b.seq_lens), Upload(qsl), d_out}),
+                                    stream_));
       ExpectClose(Download(d_out, want.size()), want, kAttentionTol,
                   std::string(b.name) + " heads " + std::to_string(s.q_heads) + "/" +
                       std::to_string(s.kv_heads) + " dim " + std::to_string(s.head_dim));
@@ -156,29 +186,31 @@ TEST_F(PagedAttentionTest, LongContextDecodeMatchesCpu) {
   const auto cache = RandomFloats(total_blocks * l.strides.block_stride, 132);
   const int64_t q_stride = s.q_heads * s.head_dim;
   const auto q = RandomFloats(num_seqs * q_stride, 133, 3.0f);  // peakier softmax
-  const float scale = 1.0f / std::sqrt(128.0f);
   std::vector<float> want(num_seqs * q_stride), workspace(5000);
-  cpu::PagedAttention(q.data(), q_stride, cache.data() + l.k_offset, cache.data() + l.v_offset,
-                      l.strides, s.block_size, tables.data(), table_stride, seq_lens.data(),
-                      qsl.data(), num_seqs, s.q_heads, s.kv_heads, s.head_dim, scale, want.data(),
-                      q_stride, workspace.data());
-  const float* d_cache = Upload(cache);
+  PagedAttentionArgs<float> host =
+      ArgsOf(s, l, num_seqs, q_stride, table_stride, q_stride,
+             {q.data(), cache.data(), tables.data(), seq_lens.data(), qsl.data(), want.data()});
+  host.workspace = workspace.data();
+  cpu::PagedAttention(host);
   float* d_out = Alloc<float>(want.size());
-  VAMP_ASSERT_OK(PagedAttention(Upload(q), q_stride, d_cache + l.k_offset, d_cache + l.v_offset,
-                                l.strides, s.block_size, Upload(tables), table_stride,
-                                Upload(seq_lens), Upload(qsl), num_seqs, s.q_heads, s.kv_heads,
-                                s.head_dim, scale, d_out, q_stride, nullptr, stream_));
+  VAMP_ASSERT_OK(PagedAttention(
+      ArgsOf(s, l, num_seqs, q_stride, table_stride, q_stride,
+             {Upload(q), Upload(cache), Upload(tables), Upload(seq_lens), Upload(qsl), d_out}),
+      stream_));
   ExpectClose(Download(d_out, want.size()), want, kAttentionTol, "long-context decode");
 }
 
 TEST_F(PagedAttentionTest, RejectsUnsupportedShapes) {
-  const KvCacheStrides strides;
-  EXPECT_TRUE(absl::IsInvalidArgument(PagedAttention(nullptr, 0, nullptr, nullptr, strides, 16,
-                                                     nullptr, 0, nullptr, nullptr, 1, 4, 2, 512,
-                                                     1.0f, nullptr, 0, nullptr, stream_)));
-  EXPECT_TRUE(absl::IsInvalidArgument(PagedAttention(nullptr, 0, nullptr, nullptr, strides, 16,
-                                                     nullptr, 0, nullptr, nullptr, 1, 5, 2, 64,
-                                                     1.0f, nullptr, 0, nullptr, stream_)));
+  PagedAttentionArgs<float> args{.strides = {},
+                                 .block_size = 16,
+                                 .num_seqs = 1,
+                                 .num_q_heads = 4,
+                                 .num_kv_heads = 2,
+                                 .head_dim = 512};
+  EXPECT_TRUE(absl::IsInvalidArgument(PagedAttention(args, stream_)));  // head_dim too large
+  args.num_q_heads = 5;
+  args.head_dim = 64;
+  EXPECT_TRUE(absl::IsInvalidArgument(PagedAttention(args, stream_)));  // 5 % 2 != 0
 }
 
 }  // namespace

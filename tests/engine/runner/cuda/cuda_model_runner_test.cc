@@ -1,6 +1,7 @@
 // The GPU execution path end to end: ModelRunner driving CudaQwen3MoeModel, with the KV cache and
-// the expert regions in the CUDA VMM backend (CreateAgentMemory) and offloaded experts staged
-// through CudaExpertStoreWeights. Checks, on a real device (each case skips without one):
+// the expert regions in the CUDA VMM backend and offloaded experts staged through
+// CudaExpertStoreWeights, on ranks BuildRank assembles on the CUDA device. Checks, on a real device
+// (each case skips without one):
 //   1. the tiny checkpoint's logits match the HF goldens and the greedy continuations are exact;
 //   2. the GPU logits match the CPU engine's on mixed prefill/decode steps;
 //   3. every residency boundary gives bit-identical logits (shared/DESIGN.md invariant 1), on a
@@ -20,14 +21,9 @@
 #include <vector>
 
 #include "common/status_macros.h"
-#include "engine/kv/memory_repartitioner.h"
-#include "engine/memory/cuda_backend.h"
-#include "engine/memory/memory_plan.h"
-#include "engine/model/model_loader.h"
 #include "engine/model/weight_source.h"
-#include "engine/runner/cuda/cuda_expert_weights.h"
-#include "engine/runner/cuda/cuda_qwen3_moe.h"
-#include "engine/runner/cuda/cuda_runner_support.h"
+#include "engine/rank/cuda_device.h"
+#include "engine/rank/rank.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
 #include "tests/engine/model/tiny_model.h"
@@ -46,46 +42,21 @@ using testing::TinyModelDir;
 
 constexpr int64_t kVocab = 256;
 
-// Everything one GPU rank holds, torn down in reverse order of declaration (runner and models
-// first, the memory regions before the backend).
-struct GpuEngine {
-  ModelConfig config;
-  MemoryPlan plan;
-  std::unique_ptr<MemoryBackend> backend;
-  std::unique_ptr<InFlightFence> fence;
-  AgentMemory memory;
-  CudaStream stream;
-  std::unique_ptr<CudaExpertStoreWeights> experts;
-  std::unique_ptr<CausalLm> host_model;
-  std::unique_ptr<CudaQwen3MoeModel> model;
-  std::unique_ptr<ModelRunner> runner;
-
-  // After a remap: the KV pool's new size.
-  absl::Status RefreshKv() {
-    absl::StatusOr<KvCacheView> view = CudaKvRegionView(*memory.kv, config.num_hidden_layers);
-    if (!view.ok()) return view.status();
-    return runner->SetKvCache(*view);
-  }
-};
-
-// A memory plan (`dtype` weights and KV) on `page`-byte pages whose baseline KV pool is exactly
-// `kv_pages` pages, with VAMP-r = `ratio`.
-absl::StatusOr<MemoryPlan> PlanWithKvPages(const ModelConfig& config, uint64_t page,
-                                           int64_t kv_pages, double ratio,
-                                           DType dtype = DType::kFloat32) {
+// The memory plan of the GPU cases on `page`-byte pages, with VAMP-r = `ratio`.
+MemoryPlanConfig TestPlanConfig(uint64_t page, double ratio) {
   MemoryPlanConfig c;
   c.page_bytes = page;
-  c.gpu_memory_utilization = 1.0;
   c.runtime_overhead_bytes = 0;
   c.activation_bytes = page;
   c.offload.max_offload_ratio = ratio;
-  c.device_memory_bytes = uint64_t{1} << 36;
-  const ModelShape shape = config.ToModelShape(DTypeBytes(dtype));
-  absl::StatusOr<MemoryPlan> big = PlanMemory(shape, c);
-  if (!big.ok()) return big.status();
-  c.device_memory_bytes =
-      big->budget_bytes - big->kv_baseline_pages * page - big->slack_bytes() + kv_pages * page;
-  return PlanMemory(shape, c);
+  return c;
+}
+
+// That plan (`dtype` weights and KV) with a baseline KV pool of exactly `kv_pages` pages.
+absl::StatusOr<MemoryPlan> TestPlan(const ModelConfig& config, uint64_t page, int64_t kv_pages,
+                                    double ratio, DType dtype = DType::kFloat32) {
+  return PlanWithKvPages(config.ToModelShape(DTypeBytes(dtype)), TestPlanConfig(page, ratio),
+                         kv_pages);
 }
 
 CudaForwardOptions F32Forward() {
@@ -100,47 +71,41 @@ CudaForwardOptions Bf16Forward() {
   return o;
 }
 
-using ModelLoad =
-    std::function<absl::StatusOr<std::unique_ptr<CausalLm>>(const ModelConfig&, ExpertWeightSink&)>;
-
-absl::StatusOr<std::unique_ptr<GpuEngine>> MakeGpuEngine(
-    const ModelConfig& config, const ModelLoad& load, int64_t kv_pages, double ratio,
-    RunnerConfig rc = {}, CudaForwardOptions forward = F32Forward()) {
-  auto e = std::make_unique<GpuEngine>();
-  e->config = config;
-  VAMP_ASSIGN_OR_RETURN(e->backend, CreateCudaMemoryBackend(0));
-  VAMP_ASSIGN_OR_RETURN(
-      e->plan, PlanWithKvPages(config, e->backend->page_bytes(), kv_pages, ratio, forward.dtype));
-  e->fence = CreateCudaStreamFence(0, {});  // the whole device
-  VAMP_ASSIGN_OR_RETURN(e->memory, CreateAgentMemory(e->backend.get(), e->plan, e->fence.get()));
-  VAMP_ASSIGN_OR_RETURN(e->stream, CudaStream::Create());
-  VAMP_ASSIGN_OR_RETURN(ExpertShardLayout layout, ExpertLayoutFor(config, {}));
-  layout.dtype = forward.dtype;
-  VAMP_ASSIGN_OR_RETURN(
-      e->experts, CudaExpertStoreWeights::Create(e->memory.experts.get(), layout, e->stream.get()));
-  VAMP_ASSIGN_OR_RETURN(e->host_model, load(config, *e->experts));
-  VAMP_RETURN_IF_ERROR(e->memory.experts->FinalizeLoad());
-  VAMP_ASSIGN_OR_RETURN(
-      e->model, CudaQwen3MoeModel::Create(e->host_model.get(), rc, e->stream.get(), forward));
-  VAMP_ASSIGN_OR_RETURN(KvCacheView kv, CudaKvRegionView(*e->memory.kv, config.num_hidden_layers));
-  VAMP_ASSIGN_OR_RETURN(e->runner,
-                        ModelRunner::Create(rc, e->model.get(), e->experts.get(), nullptr, kv));
-  return e;
+// One GPU rank on device 0: `kv_pages` pages of KV, VAMP-r = `ratio`.
+absl::StatusOr<std::unique_ptr<Rank>> MakeGpuEngine(const ModelConfig& config, RankModelLoader load,
+                                                    int64_t kv_pages, double ratio,
+                                                    RunnerConfig rc = {},
+                                                    CudaForwardOptions forward = F32Forward()) {
+  CudaDeviceOptions device;
+  device.forward = forward;
+  RankSpec spec;
+  spec.device = CreateCudaDevice(device);
+  VAMP_ASSIGN_OR_RETURN(spec.backend, spec.device->CreateMemoryBackend());
+  spec.config = config;
+  spec.dtype = forward.dtype;
+  spec.plan = TestPlanConfig(spec.backend->page_bytes(), ratio);
+  spec.kv_pages = kv_pages;
+  spec.runner = rc;
+  spec.load = std::move(load);
+  return BuildRank(std::move(spec));
 }
 
-ModelLoad TinyCheckpoint() {
-  return [](const ModelConfig& config,
-            ExpertWeightSink& sink) -> absl::StatusOr<std::unique_ptr<CausalLm>> {
-    LoadOptions options;
-    options.model_path = TinyModelDir();
-    return LoadModel(config, options, sink);
-  };
+// The CUDA device's expert weights and model of a rank MakeGpuEngine built.
+CudaExpertStoreWeights& StoreWeights(Rank& e) {
+  return static_cast<CudaRankExperts&>(*e.experts).store_weights();
+}
+CudaQwen3MoeModel& DeviceModel(Rank& e) { return static_cast<CudaQwen3MoeModel&>(*e.device_model); }
+
+RankModelLoader TinyCheckpoint() {
+  LoadOptions options;
+  options.model_path = TinyModelDir();
+  return LoadWith(options);
 }
 
 // The tiny checkpoint, fully resident (its 18 KiB experts cannot be offloaded in 2 MiB pages),
 // KV in 2 pages (341 blocks).
-absl::StatusOr<std::unique_ptr<GpuEngine>> MakeTinyGpuEngine(
-    RunnerConfig rc = {}, CudaForwardOptions forward = F32Forward()) {
+absl::StatusOr<std::unique_ptr<Rank>> MakeTinyGpuEngine(RunnerConfig rc = {},
+                                                        CudaForwardOptions forward = F32Forward()) {
   VAMP_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(TinyModelDir()));
   return MakeGpuEngine(config, TinyCheckpoint(), /*kv_pages=*/2, /*ratio=*/0.0, rc, forward);
 }
@@ -268,7 +233,7 @@ TEST_F(CudaModelRunnerTest, CudaGraphDecodeStepsMatchEagerSteps) {
     for (size_t i = 0; i < g.prompts.size(); ++i) {
       outputs[graphs].push_back(sched.request(i).outputs);
     }
-    stats[graphs] = (*engine)->model->graph_stats();
+    stats[graphs] = DeviceModel(**engine).graph_stats();
   }
   EXPECT_EQ(outputs[1], outputs[0]);
   EXPECT_EQ(stats[0].replays, 0);
@@ -340,8 +305,8 @@ std::string PageSizedExpertsConfig(DType dtype) {
   return c;
 }
 
-ModelLoad DummyWeights() {
-  return [](const ModelConfig& c,
+RankModelLoader DummyWeights() {
+  return [](const ModelConfig& c, const MemoryPlan&,
             ExpertWeightSink& sink) -> absl::StatusOr<std::unique_ptr<CausalLm>> {
     std::unique_ptr<WeightSource> source = CreateDummyWeightSource(/*seed=*/7);
     return LoadModelFromSource(c, {}, *source, sink);
@@ -381,7 +346,7 @@ void CheckEveryResidencyBoundary(CudaForwardOptions forward) {
   ASSERT_TRUE(config.ok()) << config.status();
   auto made = MakeGpuEngine(*config, DummyWeights(), /*kv_pages=*/8, /*ratio=*/0.75, {}, forward);
   ASSERT_TRUE(made.ok()) << made.status();
-  GpuEngine& e = **made;
+  Rank& e = **made;
   ASSERT_EQ(e.plan.experts.group_experts, 4);
   ASSERT_EQ(e.plan.experts.max_groups, 3);
   ASSERT_EQ(e.memory.experts->boundary(), 16);
@@ -389,8 +354,8 @@ void CheckEveryResidencyBoundary(CudaForwardOptions forward) {
   const int64_t baseline_blocks = runner.kv_cache().num_blocks;
 
   const PromptsRun want = RunPrompts(runner, 0);
-  EXPECT_TRUE(e.experts->staged_layers().empty());
-  EXPECT_EQ(e.experts->stats().copies, 0);
+  EXPECT_TRUE(StoreWeights(e).staged_layers().empty());
+  EXPECT_EQ(StoreWeights(e).stats().copies, 0);
   for (const auto& logits : want.logits) {
     ASSERT_FALSE(logits.empty());
     for (float x : logits) ASSERT_TRUE(std::isfinite(x));
@@ -416,10 +381,10 @@ void CheckEveryResidencyBoundary(CudaForwardOptions forward) {
     ASSERT_EQ(e.memory.experts->boundary(), 16 - 4 * groups);
     ASSERT_TRUE(e.RefreshKv().ok());
     EXPECT_GT(runner.kv_cache().num_blocks, baseline_blocks);
-    const int64_t copies_before = e.experts->stats().copies;
+    const int64_t copies_before = StoreWeights(e).stats().copies;
     check("boundary " + std::to_string(16 - 4 * groups));
-    EXPECT_EQ(e.experts->staged_layers(), (std::vector<int>{1, 2}));
-    EXPECT_GT(e.experts->stats().copies, copies_before);
+    EXPECT_EQ(StoreWeights(e).staged_layers(), (std::vector<int>{1, 2}));
+    EXPECT_GT(StoreWeights(e).stats().copies, copies_before);
   }
   EXPECT_FALSE(e.memory.repartitioner->Offload(1).ok()) << "past the cap";
 
@@ -560,20 +525,20 @@ TEST_F(CudaModelRunnerTest, OneStagingBufferGivesTheSameLogits) {
   ASSERT_TRUE(config.ok()) << config.status();
   auto made = MakeGpuEngine(*config, DummyWeights(), /*kv_pages=*/8, /*ratio=*/0.75);
   ASSERT_TRUE(made.ok()) << made.status();
-  GpuEngine& e = **made;
+  Rank& e = **made;
   const PromptsRun want = RunPrompts(*e.runner, 0);
   // Swap in single-buffered staging over the same store (the model keeps its stream).
-  auto single =
-      CudaExpertStoreWeights::Create(e.memory.experts.get(), e.model->expert_layout(),
-                                     e.stream.get(), CudaStagingOptions{/*num_buffers=*/1});
+  auto single = CudaExpertStoreWeights::Create(
+      e.memory.experts.get(), DeviceModel(e).expert_layout(), DeviceModel(e).stream(),
+      CudaStagingOptions{/*num_buffers=*/1});
   ASSERT_TRUE(single.ok()) << single.status();
-  auto kv = CudaKvRegionView(*e.memory.kv, config->num_hidden_layers);
+  auto kv = e.KvView();
   ASSERT_TRUE(kv.ok());
-  auto runner = ModelRunner::Create({}, e.model.get(), single->get(), nullptr, *kv);
+  auto runner = ModelRunner::Create({}, e.device_model.get(), single->get(), nullptr, *kv);
   ASSERT_TRUE(runner.ok()) << runner.status();
   auto r = e.memory.repartitioner->Offload(3);
   ASSERT_TRUE(r.ok()) << r.status();
-  auto view = CudaKvRegionView(*e.memory.kv, config->num_hidden_layers);
+  auto view = e.KvView();
   ASSERT_TRUE(view.ok());
   ASSERT_TRUE((*runner)->SetKvCache(*view).ok());
   const PromptsRun got = RunPrompts(**runner, 100);
@@ -593,7 +558,7 @@ TEST(CudaModelRunnerNoDeviceTest, PlansOnTwoMiBPagesHaveTheShapesTheGpuTestsAssu
   constexpr uint64_t kPage = uint64_t{2} << 20;
   auto dummy = ParseModelConfig(kPageSizedExpertsConfig);
   ASSERT_TRUE(dummy.ok()) << dummy.status();
-  auto plan = PlanWithKvPages(*dummy, kPage, 8, 0.75);
+  auto plan = TestPlan(*dummy, kPage, 8, 0.75);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->experts.expert_bytes, uint64_t{3} << 19);
   EXPECT_EQ(plan->experts.group_experts, 4);
@@ -603,14 +568,14 @@ TEST(CudaModelRunnerNoDeviceTest, PlansOnTwoMiBPagesHaveTheShapesTheGpuTestsAssu
   EXPECT_GE(plan->kv_baseline_blocks, 64);  // the prompts need fewer than 20 blocks
   auto tiny = LoadModelConfig(TinyModelDir());
   ASSERT_TRUE(tiny.ok()) << tiny.status();
-  auto tiny_plan = PlanWithKvPages(*tiny, kPage, 2, 0.0);
+  auto tiny_plan = TestPlan(*tiny, kPage, 2, 0.0);
   ASSERT_TRUE(tiny_plan.ok()) << tiny_plan.status();
   EXPECT_EQ(tiny_plan->kv_baseline_pages, 2);
   EXPECT_GE(tiny_plan->kv_baseline_blocks, 256);  // MiniScheduler hands out blocks [0, 256)
   EXPECT_EQ(tiny_plan->experts.max_groups, 0);
   auto bf16 = ParseModelConfig(PageSizedExpertsConfig(DType::kBFloat16));
   ASSERT_TRUE(bf16.ok()) << bf16.status();
-  auto bf16_plan = PlanWithKvPages(*bf16, kPage, 8, 0.75, DType::kBFloat16);
+  auto bf16_plan = TestPlan(*bf16, kPage, 8, 0.75, DType::kBFloat16);
   ASSERT_TRUE(bf16_plan.ok()) << bf16_plan.status();
   EXPECT_EQ(bf16_plan->experts.expert_bytes, uint64_t{3} << 19);
   EXPECT_EQ(bf16_plan->experts.group_experts, 4);
@@ -626,7 +591,7 @@ TEST(CudaModelRunnerNoDeviceTest, CudaKvRegionViewRefusesTheHostBackend) {
   options.host_page_bytes = 64 << 10;
   auto backend = CreateMemoryBackend(options);
   ASSERT_TRUE(backend.ok()) << backend.status();
-  auto plan = PlanWithKvPages(*config, (*backend)->page_bytes(), 4, 0.0);
+  auto plan = TestPlan(*config, (*backend)->page_bytes(), 4, 0.0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   CallbackFence fence([] { return absl::OkStatus(); });
   auto memory = CreateAgentMemory(backend->get(), *plan, &fence);

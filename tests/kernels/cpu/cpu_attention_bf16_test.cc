@@ -91,6 +91,33 @@ Problem MakeProblem(const Shape& s, const Batch& b, uint32_t seed) {
   return p;
 }
 
+// PagedAttention's arguments for the whole of `p` (scale 1/sqrt(head_dim)), writing `out` with
+// workspace `ws`.
+PagedAttentionArgs<BFloat16> ArgsFor(const Problem& p, BFloat16* out, std::vector<float>& ws) {
+  const Shape& s = p.shape;
+  return {.q = p.q.data(),
+          .q_stride = p.q_stride,
+          .k_cache = p.cache.data() + p.k_offset,
+          .v_cache = p.cache.data() + p.v_offset,
+          .strides = p.strides,
+          .block_size = s.block_size,
+          .block_tables = p.tables.data(),
+          .block_table_stride = p.table_stride,
+          .seq_lens = p.seq_lens.data(),
+          .query_start_loc = p.qsl.data(),
+          .num_seqs = static_cast<int64_t>(p.seq_lens.size()),
+          .max_query_len = p.max_query_len,
+          .max_seq_len = p.max_seq_len,
+          .num_q_heads = s.q_heads,
+          .num_kv_heads = s.kv_heads,
+          .head_dim = s.head_dim,
+          .scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
+          .out = out,
+          .out_stride = p.out_stride,
+          .workspace = ws.data(),
+          .workspace_floats = static_cast<int64_t>(ws.size())};
+}
+
 const std::vector<Shape> kShapes = {
     {4, 2, 16, 16}, {32, 4, 128, 16}, {8, 8, 64, 32}, {6, 2, 40, 5}, {3, 1, 7, 3}};
 
@@ -109,24 +136,19 @@ TEST(CpuAttentionBf16Test, EqualsRoundedFloatKernelBitForBit) {
       const std::string what = std::string(b.name) + " heads " + std::to_string(s.q_heads) + "/" +
                                std::to_string(s.kv_heads) + " dim " + std::to_string(s.head_dim);
       const int64_t num_seqs = b.q_lens.size();
-      const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
       // Reference: the float32 kernel on the same values.
       const std::vector<float> cache_f = ToFloats(p.cache), q_f = ToFloats(p.q);
       std::vector<float> want_f(p.rows * p.out_stride, 0.0f), ws_f(p.max_seq_len);
-      PagedAttention(q_f.data(), p.q_stride, cache_f.data() + p.k_offset,
-                     cache_f.data() + p.v_offset, p.strides, s.block_size, p.tables.data(),
-                     p.table_stride, p.seq_lens.data(), p.qsl.data(), num_seqs, s.q_heads,
-                     s.kv_heads, s.head_dim, scale, want_f.data(), p.out_stride, ws_f.data());
-
       const int64_t ws_floats =
           PagedAttentionWorkspaceFloats(p.rows, num_seqs, s.q_heads, s.head_dim, p.max_seq_len);
       std::vector<float> ws(ws_floats, NAN);
       std::vector<BFloat16> got(p.rows * p.out_stride, BFloat16{kSentinelBits});
-      const absl::Status st = PagedAttention(
-          p.q.data(), p.q_stride, p.cache.data() + p.k_offset, p.cache.data() + p.v_offset,
-          p.strides, s.block_size, p.tables.data(), p.table_stride, p.seq_lens.data(), p.qsl.data(),
-          num_seqs, p.max_query_len, p.max_seq_len, s.q_heads, s.kv_heads, s.head_dim, scale,
-          got.data(), p.out_stride, ws.data(), ws_floats);
+      const PagedAttentionArgs<BFloat16> args = ArgsFor(p, got.data(), ws);
+      PagedAttentionArgs<float> ref = WithBuffers(args, q_f.data(), cache_f.data() + p.k_offset,
+                                                  cache_f.data() + p.v_offset, want_f.data());
+      ref.workspace = ws_f.data();
+      PagedAttention(ref);
+      const absl::Status st = PagedAttention(args);
       ASSERT_TRUE(st.ok()) << what << ": " << st;
       const int64_t width = s.q_heads * s.head_dim;
       for (int64_t r = 0; r < p.rows; ++r) {
@@ -159,13 +181,14 @@ TEST(CpuAttentionBf16Test, OutputRowDependsOnlyOnItsSequence) {
     std::vector<BFloat16> out(rows * p.out_stride);
     std::vector<float> ws(
         PagedAttentionWorkspaceFloats(rows, num_seqs, s.q_heads, s.head_dim, p.max_seq_len));
-    EXPECT_TRUE(PagedAttention(p.q.data() + p.qsl[first_seq] * p.q_stride, p.q_stride,
-                               p.cache.data() + p.k_offset, p.cache.data() + p.v_offset, p.strides,
-                               s.block_size, p.tables.data() + first_seq * p.table_stride,
-                               p.table_stride, p.seq_lens.data() + first_seq, qsl.data(), num_seqs,
-                               p.max_query_len, p.max_seq_len, s.q_heads, s.kv_heads, s.head_dim,
-                               scale, out.data(), p.out_stride, ws.data(), ws.size())
-                    .ok());
+    PagedAttentionArgs<BFloat16> args = ArgsFor(p, out.data(), ws);
+    args.q += p.qsl[first_seq] * p.q_stride;
+    args.block_tables += first_seq * p.table_stride;
+    args.seq_lens += first_seq;
+    args.query_start_loc = qsl.data();
+    args.num_seqs = num_seqs;
+    args.scale = scale;
+    EXPECT_TRUE(PagedAttention(args).ok());
     return out;
   };
   const std::vector<BFloat16> all = run(0, 3);
@@ -221,10 +244,13 @@ TEST(CpuAttentionBf16Test, WorkspaceSizingIsEnforced) {
   std::vector<BFloat16> out(p.rows * p.out_stride, BFloat16{kSentinelBits});
   auto run = [&](int64_t ws_floats) {
     std::vector<float> ws(std::max<int64_t>(ws_floats, 1));
-    return PagedAttention(
-        p.q.data(), p.q_stride, p.cache.data() + p.k_offset, p.cache.data() + p.v_offset, p.strides,
-        s.block_size, p.tables.data(), p.table_stride, p.seq_lens.data(), p.qsl.data(), 2, 3, 30,
-        s.q_heads, s.kv_heads, s.head_dim, 0.25f, out.data(), p.out_stride, ws.data(), ws_floats);
+    PagedAttentionArgs<BFloat16> args = ArgsFor(p, out.data(), ws);
+    args.num_seqs = 2;
+    args.max_query_len = 3;
+    args.max_seq_len = 30;
+    args.scale = 0.25f;
+    args.workspace_floats = ws_floats;
+    return PagedAttention(args);
   };
   const absl::Status small = run(needed - 1);
   EXPECT_TRUE(absl::IsInvalidArgument(small)) << small;
@@ -242,11 +268,16 @@ TEST(CpuAttentionBf16Test, RejectsBrokenContracts) {
   std::vector<float> ws(1000);
   auto run = [&](int64_t max_query_len, int64_t max_seq_len, int64_t q_heads, int64_t kv_heads,
                  int64_t head_dim, const std::vector<int32_t>& seq_lens) {
-    return PagedAttention(p.q.data(), p.q_stride, p.cache.data() + p.k_offset,
-                          p.cache.data() + p.v_offset, p.strides, s.block_size, p.tables.data(),
-                          p.table_stride, seq_lens.data(), p.qsl.data(), 2, max_query_len,
-                          max_seq_len, q_heads, kv_heads, head_dim, 0.25f, out.data(), p.out_stride,
-                          ws.data(), ws.size());
+    PagedAttentionArgs<BFloat16> args = ArgsFor(p, out.data(), ws);
+    args.seq_lens = seq_lens.data();
+    args.num_seqs = 2;
+    args.max_query_len = max_query_len;
+    args.max_seq_len = max_seq_len;
+    args.num_q_heads = q_heads;
+    args.num_kv_heads = kv_heads;
+    args.head_dim = head_dim;
+    args.scale = 0.25f;
+    return PagedAttention(args);
   };
   EXPECT_TRUE(run(2, 10, 4, 2, 16, p.seq_lens).ok());
   for (BFloat16& x : out) x = BFloat16{kSentinelBits};
@@ -262,8 +293,28 @@ TEST(CpuAttentionBf16Test, RejectsBrokenContracts) {
 TEST(CpuAttentionBf16Test, NoSequencesIsANoOp) {
   std::vector<int32_t> qsl = {0};
   std::vector<float> ws(PagedAttentionWorkspaceFloats(0, 0, 4, 16, 0));
-  EXPECT_TRUE(PagedAttention(nullptr, 64, nullptr, nullptr, {}, 16, nullptr, 0, nullptr, qsl.data(),
-                             0, 0, 0, 4, 2, 16, 1.0f, nullptr, 64, ws.data(), ws.size())
+  EXPECT_TRUE(PagedAttention(
+                  PagedAttentionArgs<BFloat16>{.q = nullptr,
+                                               .q_stride = 64,
+                                               .k_cache = nullptr,
+                                               .v_cache = nullptr,
+                                               .strides = {},
+                                               .block_size = 16,
+                                               .block_tables = nullptr,
+                                               .block_table_stride = 0,
+                                               .seq_lens = nullptr,
+                                               .query_start_loc = qsl.data(),
+                                               .num_seqs = 0,
+                                               .max_query_len = 0,
+                                               .max_seq_len = 0,
+                                               .num_q_heads = 4,
+                                               .num_kv_heads = 2,
+                                               .head_dim = 16,
+                                               .scale = 1.0f,
+                                               .out = nullptr,
+                                               .out_stride = 64,
+                                               .workspace = ws.data(),
+                                               .workspace_floats = static_cast<int64_t>(ws.size())})
                   .ok());
 }
 

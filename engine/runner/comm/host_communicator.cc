@@ -1,4 +1,4 @@
-#include "engine/runner/host_communicator.h"
+#include "engine/runner/comm/host_communicator.h"
 
 #include <cstring>
 

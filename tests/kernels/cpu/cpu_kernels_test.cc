@@ -189,9 +189,25 @@ TEST(AttentionTest, PagedAttentionMatchesDenseReference) {
   auto q = Random(total_q * q_stride, 300);
   std::vector<float> out(total_q * q_stride, -1.0f), workspace(64);
   const float scale = 1.0f / std::sqrt(float(dim));
-  PagedAttention(q.data(), q_stride, k_cache.data(), v_cache.data(), strides, block_size,
-                 tables.data(), max_blocks, seq_lens.data(), qsl.data(), seqs.size(), nq, nkv, dim,
-                 scale, out.data(), q_stride, workspace.data());
+  const PagedAttentionArgs<float> all{.q = q.data(),
+                                      .q_stride = q_stride,
+                                      .k_cache = k_cache.data(),
+                                      .v_cache = v_cache.data(),
+                                      .strides = strides,
+                                      .block_size = block_size,
+                                      .block_tables = tables.data(),
+                                      .block_table_stride = max_blocks,
+                                      .seq_lens = seq_lens.data(),
+                                      .query_start_loc = qsl.data(),
+                                      .num_seqs = static_cast<int64_t>(seqs.size()),
+                                      .num_q_heads = nq,
+                                      .num_kv_heads = nkv,
+                                      .head_dim = dim,
+                                      .scale = scale,
+                                      .out = out.data(),
+                                      .out_stride = q_stride,
+                                      .workspace = workspace.data()};
+  PagedAttention(all);
   for (size_t s = 0; s < seqs.size(); ++s) {
     for (int r = 0; r < seqs[s].q_len; ++r) {
       const int row = qsl[s] + r;
@@ -222,12 +238,17 @@ TEST(AttentionTest, PagedAttentionMatchesDenseReference) {
   // Splitting sequence 0 (5 new tokens) into two steps gives bit-identical rows.
   std::vector<int32_t> lens_a = {3}, qsl_a = {0, 3}, lens_b = {5}, qsl_b = {0, 2};
   std::vector<float> part(5 * q_stride, 0.0f);
-  PagedAttention(q.data(), q_stride, k_cache.data(), v_cache.data(), strides, block_size,
-                 tables.data(), max_blocks, lens_a.data(), qsl_a.data(), 1, nq, nkv, dim, scale,
-                 part.data(), q_stride, workspace.data());
-  PagedAttention(q.data() + 3 * q_stride, q_stride, k_cache.data(), v_cache.data(), strides,
-                 block_size, tables.data(), max_blocks, lens_b.data(), qsl_b.data(), 1, nq, nkv,
-                 dim, scale, part.data() + 3 * q_stride, q_stride, workspace.data());
+  PagedAttentionArgs<float> step = all;
+  step.seq_lens = lens_a.data();
+  step.query_start_loc = qsl_a.data();
+  step.num_seqs = 1;
+  step.out = part.data();
+  PagedAttention(step);
+  step.q = q.data() + 3 * q_stride;
+  step.seq_lens = lens_b.data();
+  step.query_start_loc = qsl_b.data();
+  step.out = part.data() + 3 * q_stride;
+  PagedAttention(step);
   for (int row = 0; row < 5; ++row) {
     EXPECT_EQ(0, std::memcmp(&part[row * q_stride], &out[row * q_stride], nq * dim * 4)) << row;
   }

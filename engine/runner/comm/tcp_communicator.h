@@ -1,6 +1,6 @@
 // Tensor-parallel collectives between CPU agents that are separate processes: the Communicator of
 // engine/model/parallel.h over TCP (loopback in tests and local runs, any reachable host
-// otherwise). The GPU agents will use NCCL behind the same interface.
+// otherwise). CUDA agents all-reduce on the device instead (nccl_communicator.h).
 //
 // Topology: a star around rank 0. Rank 0 listens on `address` (ParallelSpec.host_transport_address)
 // and accepts one connection from every other rank; the others connect (retrying until rank 0
@@ -20,8 +20,8 @@
 // fails a collective in progress immediately. After any failure the communicator is broken: it
 // shuts its connections down (so the other ranks fail at once too) and every later call returns
 // the first error (the group must be rebuilt, which the agent does on Init).
-#ifndef VAMP_AGENT_TCP_COMMUNICATOR_H_
-#define VAMP_AGENT_TCP_COMMUNICATOR_H_
+#ifndef VAMP_ENGINE_RUNNER_COMM_TCP_COMMUNICATOR_H_
+#define VAMP_ENGINE_RUNNER_COMM_TCP_COMMUNICATOR_H_
 
 #include <atomic>
 #include <cstdint>
@@ -99,4 +99,4 @@ absl::Status SplitHostPort(const std::string& address, const std::string& field,
 
 }  // namespace vamp
 
-#endif  // VAMP_AGENT_TCP_COMMUNICATOR_H_
+#endif  // VAMP_ENGINE_RUNNER_COMM_TCP_COMMUNICATOR_H_

@@ -1,7 +1,7 @@
 // TcpCommunicator: all-reduce across ranks in threads of one process over loopback TCP (the agents
 // use it across processes): bit-identical rank-order sums, and failures (mismatched collectives,
 // dead peers, aborts, wrong tokens or groups) that end in errors, never hangs.
-#include "agent/tcp_communicator.h"
+#include "engine/runner/comm/tcp_communicator.h"
 
 #include <chrono>
 #include <cmath>
@@ -11,7 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/agent/agent_test_util.h"
+#include "tests/common/free_port.h"
 
 namespace vamp {
 namespace {

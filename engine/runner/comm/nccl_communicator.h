@@ -22,8 +22,8 @@
 //
 // A collective that a live but silent peer never joins (a peer whose kernels stopped without an
 // NCCL error) blocks the stream; the caller's step timeout notices, and Abort() releases it.
-#ifndef VAMP_ENGINE_RUNNER_CUDA_NCCL_COMMUNICATOR_H_
-#define VAMP_ENGINE_RUNNER_CUDA_NCCL_COMMUNICATOR_H_
+#ifndef VAMP_ENGINE_RUNNER_COMM_NCCL_COMMUNICATOR_H_
+#define VAMP_ENGINE_RUNNER_COMM_NCCL_COMMUNICATOR_H_
 
 #include <cuda_runtime_api.h>
 
@@ -122,4 +122,4 @@ class NcclCommunicator final : public DeviceAllReduce {
 
 }  // namespace vamp
 
-#endif  // VAMP_ENGINE_RUNNER_CUDA_NCCL_COMMUNICATOR_H_
+#endif  // VAMP_ENGINE_RUNNER_COMM_NCCL_COMMUNICATOR_H_

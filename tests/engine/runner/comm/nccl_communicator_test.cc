@@ -3,7 +3,7 @@
 // DeadlineExceeded instead of hanging; a cancelled init returns promptly; Abort() releases a rank
 // stuck in a collective its peer never joins. The summing and abort cases need 2 CUDA devices, the
 // init-failure cases 1; each skips otherwise. Argument checks run everywhere.
-#include "engine/runner/cuda/nccl_communicator.h"
+#include "engine/runner/comm/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 

@@ -1,4 +1,4 @@
-#include "engine/runner/cuda/nccl_communicator.h"
+#include "engine/runner/comm/nccl_communicator.h"
 
 #include <nccl.h>
 

@@ -1,4 +1,4 @@
-#include "agent/tcp_communicator.h"
+#include "engine/runner/comm/tcp_communicator.h"
 
 #include <fcntl.h>
 #include <netdb.h>

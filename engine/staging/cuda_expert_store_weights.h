@@ -19,8 +19,8 @@
 // and ReleaseLayer, and calls these from one thread (the forward pass). The store's boundary
 // changes only between passes, after a fence on the device (the repartitioner's InFlightFence);
 // tables are rebuilt when the store's table_version changes.
-#ifndef VAMP_ENGINE_RUNNER_CUDA_CUDA_EXPERT_WEIGHTS_H_
-#define VAMP_ENGINE_RUNNER_CUDA_CUDA_EXPERT_WEIGHTS_H_
+#ifndef VAMP_ENGINE_STAGING_CUDA_EXPERT_STORE_WEIGHTS_H_
+#define VAMP_ENGINE_STAGING_CUDA_EXPERT_STORE_WEIGHTS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -30,8 +30,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/experts/expert_store.h"
+#include "engine/memory/cuda_buffers.h"
 #include "engine/model/causal_lm.h"
-#include "engine/runner/cuda/cuda_runner_support.h"
 #include "engine/staging/staging_plan.h"
 #include "kernels/cpu/bfloat16.h"
 
@@ -114,4 +114,4 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
 
 }  // namespace vamp
 
-#endif  // VAMP_ENGINE_RUNNER_CUDA_CUDA_EXPERT_WEIGHTS_H_
+#endif  // VAMP_ENGINE_STAGING_CUDA_EXPERT_STORE_WEIGHTS_H_

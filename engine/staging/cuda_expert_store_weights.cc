@@ -1,4 +1,4 @@
-#include "engine/runner/cuda/cuda_expert_weights.h"
+#include "engine/staging/cuda_expert_store_weights.h"
 
 #include <algorithm>
 

@@ -5,8 +5,8 @@
 // the collectives on its own communicator in the same order. AllReduceSum adds the ranks'
 // contributions in rank order (0, 1, ..., n-1) on every rank, so all ranks get bit-identical sums.
 // Abort() fails every pending and future collective, so one failing rank cannot hang the others.
-#ifndef VAMP_ENGINE_RUNNER_HOST_COMMUNICATOR_H_
-#define VAMP_ENGINE_RUNNER_HOST_COMMUNICATOR_H_
+#ifndef VAMP_ENGINE_RUNNER_COMM_HOST_COMMUNICATOR_H_
+#define VAMP_ENGINE_RUNNER_COMM_HOST_COMMUNICATOR_H_
 
 #include <cstdint>
 #include <memory>
@@ -52,4 +52,4 @@ class HostCommunicatorGroup {
 
 }  // namespace vamp
 
-#endif  // VAMP_ENGINE_RUNNER_HOST_COMMUNICATOR_H_
+#endif  // VAMP_ENGINE_RUNNER_COMM_HOST_COMMUNICATOR_H_

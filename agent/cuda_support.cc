@@ -1,0 +1,131 @@
+#include "agent/cuda_support.h"
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "engine/memory/cuda_buffers.h"
+#include "engine/memory/cuda_status.h"
+#include "engine/rank/cuda_device.h"
+#include "engine/runner/comm/nccl_communicator.h"
+
+namespace vamp {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+
+static_assert(kNcclUniqueIdBytes == NcclCommunicator::kUniqueIdBytes);
+
+// Checks that every rank of a new NCCL group was initialised with the same request, and connects
+// the peers (NCCL sets connections up at the first collective), in one all-reduce: each byte b_i
+// of the request's fingerprint as the float32 pair [b_i, b_i^2] (sums exact). Equal fingerprints
+// sum to [n b_i, n b_i^2] on every rank; a rank with another byte breaks one of the two sums (for
+// a fixed sum of n values, the sum of squares is n mean^2 only when all are equal). Waits at most
+// `timeout_ms` for the peers; `cancel` (Abort) ends the wait.
+absl::Status CheckNcclGroup(NcclCommunicator& comm, uint64_t fingerprint, int64_t timeout_ms,
+                            const std::atomic<bool>& cancel) {
+  constexpr int kBytes = 8;
+  float pairs[2 * kBytes];
+  for (int i = 0; i < kBytes; ++i) {
+    const float b = static_cast<float>((fingerprint >> (8 * i)) & 0xff);
+    pairs[2 * i] = b;
+    pairs[2 * i + 1] = b * b;
+  }
+  VAMP_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
+  VAMP_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(sizeof(pairs)));
+  VAMP_RETURN_IF_ERROR(CudaRuntimeStatus(
+      cudaMemcpyAsync(buffer.data(), pairs, sizeof(pairs), cudaMemcpyHostToDevice, stream.get()),
+      "cudaMemcpyAsync (group check)"));
+  VAMP_RETURN_IF_ERROR(comm.AllReduceSum(buffer.data(), 2 * kBytes, DType::kFloat32, stream.get()));
+  // Poll rather than synchronise: a rank that never takes part must not block Init for ever.
+  const auto deadline = Steady::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    const cudaError_t err = cudaStreamQuery(stream.get());
+    if (err == cudaSuccess) break;
+    if (err != cudaErrorNotReady) return CudaRuntimeStatus(err, "group check all-reduce");
+    VAMP_RETURN_IF_ERROR(comm.Check());
+    absl::Status stop;
+    if (cancel.load()) {
+      stop = absl::CancelledError("group check cancelled (the agent is re-initialised or stops)");
+    } else if (Steady::now() >= deadline) {
+      stop = absl::DeadlineExceededError(absl::StrCat(
+          "the other ranks did not join the group check all-reduce within ", timeout_ms, " ms"));
+    }
+    if (!stop.ok()) {
+      comm.Abort(stop);  // releases the waiting kernel, so the stream can be destroyed
+      return stop;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  VAMP_RETURN_IF_ERROR(comm.Check());
+  float sums[2 * kBytes];
+  VAMP_RETURN_IF_ERROR(CudaRuntimeStatus(
+      cudaMemcpyAsync(sums, buffer.data(), sizeof(sums), cudaMemcpyDeviceToHost, stream.get()),
+      "cudaMemcpyAsync (group check)"));
+  VAMP_RETURN_IF_ERROR(CudaRuntimeStatus(cudaStreamSynchronize(stream.get()),
+                                         "cudaStreamSynchronize (group check)"));
+  const float n = static_cast<float>(comm.size());
+  for (int i = 0; i < 2 * kBytes; ++i) {
+    if (sums[i] != n * pairs[i]) {
+      return absl::FailedPreconditionError(
+          "the ranks of this NCCL group were initialised with different InitRequests (model, "
+          "load format, dtype, memory spec or tp_size differ): every rank must get the same "
+          "request");
+    }
+  }
+  return absl::OkStatus();
+}
+class NcclGroup final : public TensorParallelGroup {
+ public:
+  explicit NcclGroup(std::unique_ptr<NcclCommunicator> comm) : comm_(std::move(comm)) {}
+  DeviceAllReduce* device_all_reduce() override { return comm_.get(); }
+  // ncclCommAbort: kernels waiting in a collective return, so a step stuck on a dead peer ends.
+  void Abort(const absl::Status& reason) override { comm_->Abort(reason); }
+  absl::Status Check() override { return comm_->Check(); }
+
+ private:
+  const std::unique_ptr<NcclCommunicator> comm_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaAgentDevice(const AgentEngineOptions& options) {
+  CudaDeviceOptions device;
+  device.ordinal = options.device.ordinal;
+  device.forward.cuda_graphs = options.cuda_graphs;
+  device.forward.device_gemm_max_rows_per_expert = options.device_gemm_max_rows_per_expert;
+  return CreateCudaDevice(device);
+}
+
+absl::StatusOr<std::unique_ptr<TensorParallelGroup>> JoinNcclGroup(
+    const vamp::v1::InitRequest& request, const AgentEngineOptions& options,
+    const std::atomic<bool>& cancel) {
+  NcclCommunicatorOptions o;
+  o.rank = request.parallel().tp_rank();
+  o.size = request.parallel().tp_size();
+  o.device = options.device.ordinal;
+  o.init_timeout_ms = options.tp_connect_timeout_ms;
+  o.enqueue_timeout_ms = options.tp_io_timeout_ms;
+  o.watchdog_interval_ms = options.tp_watchdog_interval_ms;
+  VAMP_LOG(INFO) << "tensor parallelism: rank " << o.rank << " of " << o.size
+                 << " on cuda:" << o.device << " joining the NCCL group";
+  VAMP_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
+                        NcclCommunicator::Create(request.parallel().nccl_unique_id(), o, &cancel));
+  VAMP_RETURN_IF_ERROR(
+      CheckNcclGroup(*comm, GroupFingerprint(request), options.tp_io_timeout_ms, cancel));
+  return std::unique_ptr<TensorParallelGroup>(std::make_unique<NcclGroup>(std::move(comm)));
+}
+
+absl::StatusOr<std::string> CreateNcclUniqueId(const DeviceSpec&) {
+  VAMP_ASSIGN_OR_RETURN(std::string id, NcclCommunicator::CreateUniqueId());
+  VAMP_LOG(INFO) << "created an NCCL unique id for the next Init of the group (this process hosts "
+                    "its bootstrap root until every rank has joined)";
+  return id;
+}
+
+}  // namespace vamp

@@ -1,0 +1,151 @@
+// vamp-agent's remaps over gRPC on loopback, CPU, tiny qwen3_moe checkpoint: offload and restore
+// mid-decode keep the tokens, remap errors and rollback, and restores that would take blocks still
+// in use.
+#include "agent/agent_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/agent/agent_test_util.h"
+
+namespace vamp::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(AgentTest, OffloadMidDecodeThenRestoreKeepsTokens) {
+  auto agent = StartAgent();
+  ASSERT_NE(agent, nullptr);
+  AgentClient client(agent->grpc_port());
+  vamp::v1::InitResponse init;
+  ASSERT_TRUE(client.Init(TinyInitRequest(), &init).ok());
+  const int64_t baseline = init.memory().kv_blocks();
+  const auto g = LoadGoldens();
+  MiniController controller;
+  controller.set_num_blocks(baseline);
+  controller.Submit(1, g.prompts[1], 16);
+  for (int i = 0; i < 6; ++i) {
+    auto r = client.Step(controller.Next());
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->error_message(), "");
+    EXPECT_EQ(r->timings().staged_bytes(), 0u);
+    controller.Apply(*r);
+  }
+
+  // Offload 3 groups between two decode steps, as the controller's RemoteExpander does.
+  vamp::v1::CapacityResponse capacity;
+  ASSERT_TRUE(client.Capacity(3, &capacity).ok());
+  EXPECT_EQ(capacity.kv_blocks_now(), baseline);
+  EXPECT_EQ(capacity.kv_blocks_after(), baseline + 3 * 6);  // 18 pages per group step = 6 blocks
+  EXPECT_EQ(capacity.offloaded_groups(), 0);
+  EXPECT_EQ(capacity.max_offload_groups(), 6);
+  auto offload =
+      client.Step(RemapOnly(controller.NextStepId(), vamp::v1::RemapCommand::ACTION_OFFLOAD, 3,
+                            capacity.kv_blocks_after(), "remap-1"));
+  ASSERT_TRUE(offload.ok());
+  ASSERT_EQ(offload->error_message(), "");
+  EXPECT_EQ(offload->memory().kv_blocks(), baseline + 18);
+  EXPECT_EQ(offload->memory().offloaded_groups(), 3);
+  EXPECT_EQ(offload->memory().offloaded_expert_bytes(), 2u * 3 * 2 * 18432);
+  EXPECT_GT(offload->timings().remap_us(), 0);
+  EXPECT_TRUE(offload->sampled().empty());
+  controller.set_num_blocks(offload->memory().kv_blocks());
+
+  for (int i = 0; i < 5; ++i) {
+    auto r = client.Step(controller.Next());
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->error_message(), "");
+    EXPECT_GT(r->timings().staged_bytes(), 0u) << "offloaded experts are staged every step";
+    controller.Apply(*r);
+  }
+
+  ASSERT_TRUE(client.Capacity(-3, &capacity).ok());
+  EXPECT_EQ(capacity.kv_blocks_after(), baseline);
+  auto restore =
+      client.Step(RemapOnly(controller.NextStepId(), vamp::v1::RemapCommand::ACTION_RESTORE, 3,
+                            capacity.kv_blocks_after(), "remap-2"));
+  ASSERT_TRUE(restore.ok());
+  ASSERT_EQ(restore->error_message(), "");
+  EXPECT_EQ(restore->memory().kv_blocks(), baseline);
+  EXPECT_EQ(restore->memory().offloaded_groups(), 0);
+  controller.set_num_blocks(baseline);
+  controller.Run(client);
+  EXPECT_EQ(controller.request(1).outputs, g.continuations[1]);
+}
+
+TEST(AgentTest, RemapErrorsAndRollback) {
+  auto agent = StartAgent();
+  ASSERT_NE(agent, nullptr);
+  AgentClient client(agent->grpc_port());
+  vamp::v1::InitResponse init;
+  ASSERT_TRUE(client.Init(TinyInitRequest(), &init).ok());
+  const int64_t baseline = init.memory().kv_blocks();
+  int64_t step = 0;
+
+  // Past the cap: an error naming the remap; nothing changes.
+  auto r = client.Step(RemapOnly(++step, vamp::v1::RemapCommand::ACTION_OFFLOAD, 7, 0, "big"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->error_message(), HasSubstr("remaps[0] (remap_id 'big')"));
+  EXPECT_EQ(r->memory().kv_blocks(), baseline);
+  // More blocks expected than the offload gives: refused and undone.
+  r = client.Step(
+      RemapOnly(++step, vamp::v1::RemapCommand::ACTION_OFFLOAD, 1, baseline + 100, "greedy"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->error_message(), HasSubstr("expected_kv_blocks"));
+  EXPECT_EQ(r->memory().kv_blocks(), baseline);
+  EXPECT_EQ(r->memory().offloaded_groups(), 0);
+  // Restoring what is not offloaded.
+  r = client.Step(RemapOnly(++step, vamp::v1::RemapCommand::ACTION_RESTORE, 1, 0, "nothing"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->error_message(), HasSubstr("restore of 1 group"));
+
+  // A good offload, using fewer blocks than it could (another rank added fewer), then undone.
+  r = client.Step(
+      RemapOnly(++step, vamp::v1::RemapCommand::ACTION_OFFLOAD, 2, baseline + 10, "two"));
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->error_message(), "");
+  EXPECT_EQ(r->memory().kv_blocks(), baseline + 10);
+  EXPECT_EQ(r->memory().offloaded_groups(), 2);
+  vamp::v1::StepRequest rollback;
+  rollback.set_step_id(++step);
+  rollback.add_rollback_remap_ids("two");
+  rollback.add_rollback_remap_ids("never-applied");  // failed here: nothing to undo
+  r = client.Step(rollback);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->error_message(), "");
+  EXPECT_EQ(r->memory().kv_blocks(), baseline);
+  EXPECT_EQ(r->memory().offloaded_groups(), 0);
+  vamp::v1::CapacityResponse capacity;
+  ASSERT_TRUE(client.Capacity(0, &capacity).ok());
+  EXPECT_EQ(capacity.kv_blocks_now(), baseline);
+  ASSERT_TRUE(client.Capacity(7, &capacity).ok());
+  EXPECT_EQ(capacity.kv_blocks_after(), baseline) << "past the cap nothing would change";
+}
+
+TEST(AgentTest, RestoreRefusesTailBlocksStillInUse) {
+  auto agent = StartAgent();
+  ASSERT_NE(agent, nullptr);
+  AgentClient client(agent->grpc_port());
+  vamp::v1::InitResponse init;
+  ASSERT_TRUE(client.Init(TinyInitRequest(), &init).ok());
+  const int64_t baseline = init.memory().kv_blocks();
+  auto r = client.Step(RemapOnly(1, vamp::v1::RemapCommand::ACTION_OFFLOAD, 1, 0, "one"));
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->error_message(), "");
+  const int64_t grown = r->memory().kv_blocks();
+  ASSERT_GT(grown, baseline);
+  // A request lives in the last block, which the restore would take back.
+  MiniController controller(static_cast<int32_t>(grown - 1));
+  controller.set_num_blocks(grown);
+  controller.Submit(1, LoadGoldens().prompts[1], 4);
+  auto step = client.Step(controller.Next());
+  ASSERT_TRUE(step.ok());
+  ASSERT_EQ(step->error_message(), "");
+  r = client.Step(
+      RemapOnly(controller.NextStepId(), vamp::v1::RemapCommand::ACTION_RESTORE, 1, 0, "back"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->error_message(), HasSubstr("still held by a request"));
+  EXPECT_EQ(r->memory().kv_blocks(), grown);
+  EXPECT_EQ(r->memory().offloaded_groups(), 1);
+}
+
+}  // namespace
+}  // namespace vamp::testing
