@@ -554,7 +554,9 @@ Processing MakeProcessing(const std::vector<RowProcessing>& rows, int64_t vocab,
     std::vector<int32_t> ids(vocab);
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), rng);
-    for (int e = 0; e < r.entries; ++e) {
+    // A row cannot name more distinct tokens than the vocabulary holds.
+    const int64_t entries = std::min<int64_t>(r.entries, vocab);
+    for (int64_t e = 0; e < entries; ++e) {
       p.tokens.push_back(ids[e]);
       p.counts.push_back(static_cast<int32_t>(rng() % 4));  // 0: a prompt-only token
       p.flags.push_back(static_cast<uint8_t>(rng() % 4));   // in prompt and/or banned
