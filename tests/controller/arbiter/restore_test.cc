@@ -127,24 +127,34 @@ TEST(RestoreTest, RestoreCommitsOnceTheTailIsFree) {
   EXPECT_TRUE(h.scheduler().CheckInvariants().ok());
 }
 
-TEST(RestoreTest, GapCancelsAPendingRestore) {
-  RestorableExpander expander(4, 4);
-  auto owned = std::make_unique<ScriptedArbiter>();
-  ScriptedArbiter* arbiter = owned.get();
-  SchedulerConfig config = SmallConfig();
-  config.max_model_len = 32;
-  Harness h(config, std::move(owned), &expander);
-  // Three 9-token prompts decoding two more tokens each need 3 blocks apiece: the pool grows to
-  // 12 and the third request holds block 8, in the tail a restore would take.
+// Three 9-token prompts decoding two more tokens each need 3 blocks apiece: the pool grows to 12
+// and the third request holds block 8, in the tail a restore of one group takes. Then the restore
+// begins and waits for it.
+void StartRestoreWaitingForAHolder(Harness& h, ScriptedArbiter* arbiter) {
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(9), 3)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(9, 100), 3)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(3, Iota(9, 200), 3)).ok());
   h.Step();
-  EXPECT_EQ(h.scheduler().pool().num_blocks(), 12);
+  ASSERT_EQ(h.scheduler().pool().num_blocks(), 12);
   arbiter->restore = 1;
-  h.Step();  // begins; the tail is partly in use, so the restore waits
-  EXPECT_EQ(h.scheduler().restore_pending_groups(), 1);
-  EXPECT_GT(h.scheduler().pool().shrink_outstanding(), 0);
+  h.Step();
+  ASSERT_EQ(h.scheduler().restore_pending_groups(), 1);
+  ASSERT_GT(h.scheduler().pool().shrink_outstanding(), 0);
+}
+
+SchedulerConfig LongerConfig() {
+  SchedulerConfig config = SmallConfig();
+  config.max_model_len = 32;
+  return config;
+}
+
+TEST(RestoreTest, GapCancelsAPendingRestore) {
+  RestorableExpander expander(4, 4);
+  auto owned = std::make_unique<ScriptedArbiter>();
+  ScriptedArbiter* arbiter = owned.get();
+  Harness h(LongerConfig(), std::move(owned), &expander);
+  StartRestoreWaitingForAHolder(h, arbiter);
+  if (HasFatalFailure()) return;
   // A fourth request needs blocks: the gap cancels the restore and the withdrawn blocks serve it.
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(4, Iota(8, 300), 1)).ok());
   auto s = h.Step();
@@ -163,19 +173,9 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
   RestorableExpander expander(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
-  SchedulerConfig config = SmallConfig();
-  config.max_model_len = 32;
-  Harness h(config, std::move(owned), &expander);
-  // As in GapCancelsAPendingRestore: the third request holds block 8, in the tail.
-  ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(9), 3)).ok());
-  ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(9, 100), 3)).ok());
-  ASSERT_TRUE(h.scheduler().AddRequest(Spec(3, Iota(9, 200), 3)).ok());
-  h.Step();
-  ASSERT_EQ(h.scheduler().pool().num_blocks(), 12);
-  arbiter->restore = 1;
-  h.Step();  // begins and waits for the holder
-  ASSERT_EQ(h.scheduler().restore_pending_groups(), 1);
-  ASSERT_GT(h.scheduler().pool().shrink_outstanding(), 0);
+  Harness h(LongerConfig(), std::move(owned), &expander);
+  StartRestoreWaitingForAHolder(h, arbiter);
+  if (HasFatalFailure()) return;
   arbiter->preempt_holders = true;
   auto s = h.Step();  // the holder is preempted at the step boundary; the restore commits there
   ASSERT_GE(h.scheduler().step_decisions().size(), 1u);
