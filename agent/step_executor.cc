@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/sampling.h"
 
 namespace vamp {
 
@@ -49,6 +50,12 @@ absl::StatusOr<RunnerSamplingParams> ToRunnerSampling(const vamp::v1::SamplingPa
   p.presence_penalty = s.presence_penalty();
   p.frequency_penalty = s.frequency_penalty();
   p.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  if (s.num_top_logprobs() < 0 || s.num_top_logprobs() > kernels::cpu::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".num_top_logprobs must be in [0, ",
+                                                   kernels::cpu::kMaxTopLogprobs, "], got ",
+                                                   s.num_top_logprobs()));
+  }
+  p.num_top_logprobs = s.num_top_logprobs();
   return p;
 }
 
@@ -236,6 +243,8 @@ absl::Status StepExecutor::Run(const vamp::v1::StepRequest& request, int64_t poo
     sampled->set_request_id(s.id);
     sampled->add_token_ids(s.token);
     sampled->add_logprobs(s.logprob);
+    sampled->mutable_top_token_ids()->Add(s.top_token_ids.begin(), s.top_token_ids.end());
+    sampled->mutable_top_logprobs()->Add(s.top_logprobs.begin(), s.top_logprobs.end());
   }
   response->mutable_timings()->set_forward_us(
       static_cast<int64_t>(out->forward_us + out->sample_us));

@@ -80,8 +80,10 @@ OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext>
 
 std::string OpenAiResponseWriter::Consume(Choice& c, const EngineEvent& e) {
   c.tokens.insert(c.tokens.end(), e.token_ids.begin(), e.token_ids.end());
-  if (e.logprobs.size() == e.token_ids.size()) {
+  if (HasLogprobs(e)) {
     c.logprobs.insert(c.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+    c.top_token_ids.insert(c.top_token_ids.end(), e.top_token_ids.begin(), e.top_token_ids.end());
+    c.top_logprobs.insert(c.top_logprobs.end(), e.top_logprobs.begin(), e.top_logprobs.end());
   } else {
     c.logprobs_complete = false;
   }
@@ -114,28 +116,58 @@ Json OpenAiResponseWriter::Usage() const {
           {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens_}}}};
 }
 
+bool OpenAiResponseWriter::HasLogprobs(const EngineEvent& e) const {
+  const size_t k = static_cast<size_t>(options_.num_top_logprobs);
+  return e.logprobs.size() == e.token_ids.size() &&
+         e.top_token_ids.size() == e.token_ids.size() * k &&
+         e.top_logprobs.size() == e.token_ids.size() * k;
+}
+
 Json OpenAiResponseWriter::LogprobsJson(const std::vector<int32_t>& tokens,
-                                        const std::vector<float>& logprobs) const {
-  if (logprobs.size() != tokens.size()) return nullptr;
+                                        const std::vector<float>& logprobs,
+                                        const std::vector<int32_t>& top_token_ids,
+                                        const std::vector<float>& top_logprobs) const {
+  const size_t k = static_cast<size_t>(options_.num_top_logprobs);
+  if (logprobs.size() != tokens.size() || top_token_ids.size() != tokens.size() * k ||
+      top_logprobs.size() != tokens.size() * k) {
+    return nullptr;
+  }
+  auto token_text = [&](int32_t token) {
+    std::string text;
+    context_->tokenizer->AppendTokenBytes(token, /*skip_special_tokens=*/false, &text);
+    return text;
+  };
+  // Chat's {token, logprob, bytes} entry.
+  auto chat_entry = [](const std::string& text, float logprob) {
+    Json bytes = Json::array();
+    for (unsigned char b : text) bytes.push_back(b);
+    return Json{{"token", text}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+  };
   Json content = Json::array();
   Json strings = Json::array(), values = Json::array(), tops = Json::array(),
        offsets = Json::array();
   int64_t offset = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    std::string text;
-    context_->tokenizer->AppendTokenBytes(tokens[i], /*skip_special_tokens=*/false, &text);
+    const std::string text = token_text(tokens[i]);
     if (chat_) {
-      Json bytes = Json::array();
-      for (unsigned char b : text) bytes.push_back(b);
-      content.push_back({{"token", text},
-                         {"logprob", logprobs[i]},
-                         {"bytes", std::move(bytes)},
-                         {"top_logprobs", Json::array()}});
+      Json alternatives = Json::array();
+      for (size_t j = i * k; j < (i + 1) * k; ++j) {
+        alternatives.push_back(chat_entry(token_text(top_token_ids[j]), top_logprobs[j]));
+      }
+      Json entry = chat_entry(text, logprobs[i]);
+      entry["top_logprobs"] = std::move(alternatives);
+      content.push_back(std::move(entry));
       continue;
     }
     strings.push_back(text);
     values.push_back(logprobs[i]);
-    tops.push_back({{text, logprobs[i]}});
+    // The legacy map: the chosen token and the k most likely (vLLM's shape; tokens whose strings
+    // coincide keep the first entry, the chosen one's or the more likely one's).
+    Json top = {{text, logprobs[i]}};
+    for (size_t j = i * k; j < (i + 1) * k; ++j) {
+      top.emplace(token_text(top_token_ids[j]), top_logprobs[j]);
+    }
+    tops.push_back(std::move(top));
     offsets.push_back(offset);
     offset += static_cast<int64_t>(text.size());
   }
@@ -188,9 +220,7 @@ std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
     choice["finish_reason"] = FinishReasonJson(c.finish_reason);
   }
   if (options_.logprobs) {
-    choice["logprobs"] = e.logprobs.size() == e.token_ids.size()
-                             ? LogprobsJson(e.token_ids, e.logprobs)
-                             : Json(nullptr);
+    choice["logprobs"] = LogprobsJson(e.token_ids, e.logprobs, e.top_token_ids, e.top_logprobs);
   }
   if (!e.error.empty()) choice["error"] = e.error;
   chunk["choices"] = Json::array({choice});
@@ -221,12 +251,13 @@ absl::StatusOr<std::string> OpenAiResponseWriter::Finish() const {
     if (!c.error.empty()) {
       return absl::UnavailableError(absl::StrCat("request failed: ", c.error));
     }
-    Json choice = {{"index", i},
-                   {"finish_reason", FinishReasonJson(c.finish_reason)},
-                   {"token_ids", c.tokens},
-                   {"logprobs", options_.logprobs && c.logprobs_complete
-                                    ? LogprobsJson(c.tokens, c.logprobs)
-                                    : Json(nullptr)}};
+    Json choice = {
+        {"index", i},
+        {"finish_reason", FinishReasonJson(c.finish_reason)},
+        {"token_ids", c.tokens},
+        {"logprobs", options_.logprobs && c.logprobs_complete
+                         ? LogprobsJson(c.tokens, c.logprobs, c.top_token_ids, c.top_logprobs)
+                         : Json(nullptr)}};
     if (chat_) {
       const ChatOutput parsed = ParseChatOutput(c.text, options_);
       Json message = {{"role", "assistant"}};

@@ -69,6 +69,9 @@ class OpenAiResponseWriter {
     ChatStreamParser parser;   // streaming chat
     std::vector<int32_t> tokens;  // every generated token so far
     std::vector<float> logprobs;  // per token of `tokens`, when the agents sent them all
+    // options.num_top_logprobs alternatives per token of `tokens` (token-major).
+    std::vector<int32_t> top_token_ids;
+    std::vector<float> top_logprobs;
     bool logprobs_complete = true;
     std::string text;          // unary: the output text so far (stop strings applied)
     bool streamed = false;     // a chunk has been sent (the first carries the role / echo)
@@ -82,10 +85,17 @@ class OpenAiResponseWriter {
   std::string Consume(Choice& c, const EngineEvent& event);
   // The usage object: prompt tokens once, completion tokens over every choice.
   nlohmann::json Usage() const;
-  // OpenAI's logprobs object for `tokens` with `logprobs` (chat: {"content": [...]}; completions:
-  // {"tokens", "token_logprobs", "top_logprobs", "text_offset"}), or null when they are missing.
+  // Whether `event` carries a logprob per token and options.num_top_logprobs alternatives each.
+  bool HasLogprobs(const EngineEvent& event) const;
+  // OpenAI's logprobs object for `tokens` with `logprobs` and k = options.num_top_logprobs
+  // alternatives per token (token-major `top_token_ids` / `top_logprobs`; chat: {"content":
+  // [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes} x k]}]}; completions:
+  // {"tokens", "token_logprobs", "top_logprobs": [{token string: logprob}], "text_offset"}, each
+  // map holding the chosen token and the k alternatives), or null when any are missing.
   nlohmann::json LogprobsJson(const std::vector<int32_t>& tokens,
-                              const std::vector<float>& logprobs) const;
+                              const std::vector<float>& logprobs,
+                              const std::vector<int32_t>& top_token_ids,
+                              const std::vector<float>& top_logprobs) const;
 
   const std::shared_ptr<const ServingContext> context_;
   const ResponseOptions options_;

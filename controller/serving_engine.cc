@@ -144,6 +144,7 @@ void ToProto(const SamplingParams& sp, vamp::v1::SamplingParams* out) {
   out->set_presence_penalty(sp.presence_penalty);
   out->set_frequency_penalty(sp.frequency_penalty);
   out->set_repetition_penalty(sp.repetition_penalty);
+  out->set_num_top_logprobs(sp.num_top_logprobs);
   if (sp.seed.has_value()) {
     out->set_seed(*sp.seed);
     out->set_has_seed(true);
@@ -452,14 +453,20 @@ void ServingEngine::RunStep() {
   if (plan->empty()) return;
   StepOutput output;
   output.step = plan->step;
-  absl::flat_hash_map<RequestId, std::vector<float>> logprobs;
+  absl::flat_hash_map<RequestId, StepLogprobs> logprobs;
   for (const vamp::v1::SampledTokens& s : (*responses)[0].sampled()) {
     SampledTokens tokens;
     tokens.request_id = s.request_id();
     tokens.token_ids.assign(s.token_ids().begin(), s.token_ids().end());
     output.sampled.push_back(std::move(tokens));
     if (s.logprobs_size() == s.token_ids_size()) {
-      logprobs[s.request_id()].assign(s.logprobs().begin(), s.logprobs().end());
+      StepLogprobs& lp = logprobs[s.request_id()];
+      lp.logprobs.assign(s.logprobs().begin(), s.logprobs().end());
+      if (s.token_ids_size() > 0 && s.top_token_ids_size() == s.top_logprobs_size() &&
+          s.top_token_ids_size() % s.token_ids_size() == 0) {
+        lp.top_token_ids.assign(s.top_token_ids().begin(), s.top_token_ids().end());
+        lp.top_logprobs.assign(s.top_logprobs().begin(), s.top_logprobs().end());
+      }
     }
   }
   absl::StatusOr<std::vector<RequestOutput>> outputs = scheduler_->UpdateFromOutput(output);
@@ -498,7 +505,7 @@ void ServingEngine::RunStep() {
 }
 
 void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs,
-                            const absl::flat_hash_map<RequestId, std::vector<float>>& logprobs) {
+                            const absl::flat_hash_map<RequestId, StepLogprobs>& logprobs) {
   ServingSeries& metrics = *series_;
   const int64_t now = SteadyClock::Get().NowMicros();
   for (const RequestOutput& o : outputs) {
@@ -510,9 +517,14 @@ void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs,
     event.token_ids.assign(o.new_token_ids.begin(), o.new_token_ids.end());
     // The accepted tokens are a prefix of the sampled ones (the scheduler drops what follows a
     // stop token).
-    if (auto lp = logprobs.find(o.request_id);
-        lp != logprobs.end() && lp->second.size() >= event.token_ids.size()) {
-      event.logprobs.assign(lp->second.begin(), lp->second.begin() + event.token_ids.size());
+    if (auto it = logprobs.find(o.request_id);
+        it != logprobs.end() && it->second.logprobs.size() >= event.token_ids.size()) {
+      const StepLogprobs& lp = it->second;
+      const size_t n = event.token_ids.size();
+      event.logprobs.assign(lp.logprobs.begin(), lp.logprobs.begin() + n);
+      const size_t k = lp.logprobs.empty() ? 0 : lp.top_token_ids.size() / lp.logprobs.size();
+      event.top_token_ids.assign(lp.top_token_ids.begin(), lp.top_token_ids.begin() + n * k);
+      event.top_logprobs.assign(lp.top_logprobs.begin(), lp.top_logprobs.begin() + n * k);
     }
     const double since_arrival_s = static_cast<double>(now - live.arrival_micros) * 1e-6;
     if (!event.token_ids.empty()) {

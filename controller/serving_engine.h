@@ -44,6 +44,11 @@ struct EngineEvent {
   // Per token of token_ids: its log-probability as the agents sampled it (SampledTokens.logprobs;
   // empty when the agents sent none).
   std::vector<float> logprobs;
+  // With logprobs and SamplingParams::num_top_logprobs = k > 0: k alternatives per token of
+  // token_ids (token-major), most likely first, their ids and log-probabilities (empty when the
+  // agents sent none).
+  std::vector<int32_t> top_token_ids;
+  std::vector<float> top_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;  // set when the request failed (finish_reason kAbort)
@@ -140,9 +145,15 @@ class ServingEngine {
   std::optional<absl::Status> Remap(int32_t groups);
   void RunStep();
   void FailAll(const absl::Status& status);
-  // `logprobs`: the step's sampled log-probabilities by request (rank 0's answer).
+  // A request's sampled log-probabilities in one step (rank 0's SampledTokens): one per token,
+  // and k alternatives per token (token-major) when it asked for k.
+  struct StepLogprobs {
+    std::vector<float> logprobs;
+    std::vector<int32_t> top_token_ids;
+    std::vector<float> top_logprobs;
+  };
   void Deliver(const std::vector<RequestOutput>& outputs,
-               const absl::flat_hash_map<RequestId, std::vector<float>>& logprobs);
+               const absl::flat_hash_map<RequestId, StepLogprobs>& logprobs);
   void PublishSnapshot();
   int64_t NextStepId() { return next_step_id_++; }
 

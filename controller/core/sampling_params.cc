@@ -42,6 +42,9 @@ absl::Status SamplingParams::Validate() const {
   if (!(std::isfinite(repetition_penalty) && repetition_penalty > 0)) {
     return Bad("repetition_penalty", absl::StrCat("must be > 0, got ", repetition_penalty));
   }
+  if (num_top_logprobs < 0 || num_top_logprobs > 20) {
+    return Bad("num_top_logprobs", absl::StrCat("must be in [0, 20], got ", num_top_logprobs));
+  }
   return absl::OkStatus();
 }
 

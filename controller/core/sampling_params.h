@@ -32,6 +32,8 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
   std::optional<uint64_t> seed;
+  // Alternatives the agents return with each sampled token (most likely first), 0..20.
+  int32_t num_top_logprobs = 0;
 
   // InvalidArgument naming the offending field ("sampling_params.top_p: ...").
   absl::Status Validate() const;

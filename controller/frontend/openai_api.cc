@@ -93,29 +93,23 @@ absl::StatusOr<int32_t> TokenIdFromJson(const Json& id, const ServedModel& model
 
 // Fields shared by both endpoints: model, sampling, stop conditions, streaming, extensions.
 // Chat: logprobs (bool) and top_logprobs (0..20, needs logprobs); completions: logprobs (an
-// integer 0..5, the number of alternatives). Alternatives are not reported yet: only 0.
-absl::Status ParseLogprobs(const Json& body, bool chat, bool* out) {
+// integer 0..5, the number of alternatives). `out`: whether logprobs were asked for;
+// `alternatives`: how many most likely tokens to report with each one.
+absl::Status ParseLogprobs(const Json& body, bool chat, bool* out, int32_t* alternatives) {
   const bool has_logprobs = body.contains("logprobs") && !body["logprobs"].is_null();
   const bool has_top = body.contains("top_logprobs") && !body["top_logprobs"].is_null();
-  int32_t alternatives = 0;
+  *alternatives = 0;
   if (chat) {
     absl::Status s = OptionalBool(body, "logprobs", out);
     if (!s.ok()) return s;
-    s = OptionalNumber(body, "top_logprobs", 0, 20, &alternatives);
+    s = OptionalNumber(body, "top_logprobs", 0, 20, alternatives);
     if (!s.ok()) return s;
     if (has_top && !*out) return FieldError("top_logprobs", "needs logprobs = true");
-    if (alternatives > 0) {
-      return FieldError("top_logprobs",
-                        "only 0 is supported yet (each chosen token's log-probability)");
-    }
     return absl::OkStatus();
   }
   if (has_top) return FieldError("top_logprobs", "is a chat field; completions use logprobs");
-  absl::Status s = OptionalNumber(body, "logprobs", 0, 5, &alternatives);
+  absl::Status s = OptionalNumber(body, "logprobs", 0, 5, alternatives);
   if (!s.ok()) return s;
-  if (alternatives > 0) {
-    return FieldError("logprobs", "only 0 is supported yet (each chosen token's log-probability)");
-  }
   *out = has_logprobs;
   return absl::OkStatus();
 }
@@ -203,8 +197,9 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, const Reque
   }
   s = ParseStop(body, &out->response.stop);
   if (!s.ok()) return s;
-  s = ParseLogprobs(body, out->chat, &out->response.logprobs);
+  s = ParseLogprobs(body, out->chat, &out->response.logprobs, &sp.num_top_logprobs);
   if (!s.ok()) return s;
+  out->response.num_top_logprobs = sp.num_top_logprobs;
   if (out->response.logprobs &&
       (sp.min_p != 0 || sp.presence_penalty != 0 || sp.frequency_penalty != 0 ||
        sp.repetition_penalty != 1 || sp.min_tokens != 0)) {

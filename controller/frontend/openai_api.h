@@ -49,9 +49,11 @@ struct ResponseOptions {
   std::vector<std::string> stop;
   // Completions with echo: the prompt's text, sent before each choice's generated text.
   std::string echo;
-  // Return each output token's log-probability (chat: logprobs true with top_logprobs 0;
-  // completions: logprobs 0), in OpenAI's response shapes.
+  // Return each output token's log-probability (chat: logprobs true; completions: logprobs set),
+  // in OpenAI's response shapes, with num_top_logprobs alternatives each (chat: top_logprobs
+  // 0..20; completions: the logprobs value 0..5).
   bool logprobs = false;
+  int32_t num_top_logprobs = 0;
 };
 
 struct ServingRequest {

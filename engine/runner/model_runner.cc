@@ -344,6 +344,7 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   top_ps_.clear();
   seeds_.clear();
   draw_indices_.clear();
+  top_counts_.clear();
   std::vector<size_t> sampling_seqs;
   for (size_t i = 0; i < num_seqs; ++i) {
     if (sample_row[i] < 0) continue;
@@ -354,8 +355,12 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
     top_ps_.push_back(p.top_p);
     seeds_.push_back(batch_.seed(slot));
     draw_indices_.push_back(static_cast<int64_t>(batch_.tokens(slot).size()));
+    top_counts_.push_back(
+        static_cast<int32_t>(std::min<int64_t>(p.num_top_logprobs, model_->config().vocab_size)));
     sampling_seqs.push_back(i);
   }
+  const int32_t max_top =
+      top_counts_.empty() ? 0 : *std::max_element(top_counts_.begin(), top_counts_.end());
   const int64_t m = static_cast<int64_t>(sampling_seqs.size());
   sampled_.resize(m);
   logprobs_.resize(m);
@@ -387,8 +392,10 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
                                         presence_penalties_,  min_ps_};
 
   // Without return_all_logits the logits rows are exactly the sampling rows, in order: a model
-  // that samples on its device does so and returns only tokens.
-  const bool device_sampling = !input.return_all_logits && model_->SamplesOnDevice();
+  // that samples on its device does so and returns only tokens. Steps where a row asks for top
+  // logprobs sample on the host (the device path does not return alternatives yet).
+  const bool device_sampling =
+      !input.return_all_logits && model_->SamplesOnDevice() && max_top == 0;
   auto start = std::chrono::steady_clock::now();
   if (device_sampling) {
     const StepSampling sampling{temperatures_, top_ks_,      top_ps_,
@@ -428,11 +435,22 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
                                top_ps_.data(), seeds_.data(), draw_indices_.data(),
                                sample_indices_.data(), sample_values_.data(), sampled_.data(),
                                logprobs_.data());
+    if (max_top > 0) {
+      top_ids_.resize(m * max_top);
+      top_logprobs_.resize(m * max_top);
+      kernels::cpu::TopLogprobs(rows.data(), vocab, m, vocab, top_counts_.data(), max_top,
+                                top_ids_.data(), top_logprobs_.data());
+    }
   }
   for (int64_t j = 0; j < m; ++j) {
     const size_t i = sampling_seqs[j];
     batch_.AppendToken(slots[i], sampled_[j]);
-    out.sampled.push_back({input.scheduled[i].id, sampled_[j], logprobs_[j]});
+    SampledToken& s = out.sampled.emplace_back(
+        SampledToken{input.scheduled[i].id, sampled_[j], logprobs_[j], {}, {}});
+    const auto top = top_ids_.begin() + j * max_top;
+    const auto top_lp = top_logprobs_.begin() + j * max_top;
+    s.top_token_ids.assign(top, top + top_counts_[j]);
+    s.top_logprobs.assign(top_lp, top_lp + top_counts_[j]);
   }
   out.sample_us = MicrosSince(start);
 

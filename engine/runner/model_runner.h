@@ -81,6 +81,9 @@ class ModelRunner {
   // Sampling inputs and workspaces.
   std::vector<float> temperatures_, top_ps_, sample_values_, logprobs_;
   std::vector<int32_t> top_ks_, sample_indices_, sampled_;
+  // Per sampling row: alternatives asked for; then [rows, max] top ids and logprobs.
+  std::vector<int32_t> top_counts_, top_ids_;
+  std::vector<float> top_logprobs_;
   std::vector<uint64_t> seeds_;
   std::vector<int64_t> draw_indices_;
   // The step's ProcessLogits arrays (StepLogitsProcessing), empty when no row needs them.

@@ -33,6 +33,8 @@ struct RunnerSamplingParams {
   // Until min_tokens outputs exist, these tokens (EOS and stop_token_ids) cannot be sampled.
   int32_t min_tokens = 0;
   std::vector<int32_t> min_tokens_banned_ids;  // distinct, in [0, vocab)
+  // Alternatives returned with each sampled token: 0..kernels::cpu::kMaxTopLogprobs.
+  int32_t num_top_logprobs = 0;
 
   // Whether the logits need ProcessLogits before sampling (at some step).
   bool has_penalties() const {
@@ -92,6 +94,10 @@ struct SampledToken {
   // Log-probability under the model's logits, after the request's penalties and min_tokens bans
   // when it has them (before temperature, min_p, top-k and top-p).
   float logprob = 0.0f;
+  // The request's num_top_logprobs most likely tokens, descending (ties: lower id first), with
+  // their log-probabilities computed as `logprob` is; empty when it asked for none.
+  std::vector<int32_t> top_token_ids;
+  std::vector<float> top_logprobs;
 };
 
 struct StepOutput {

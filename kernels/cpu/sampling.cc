@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace vamp::kernels::cpu {
 namespace {
@@ -21,12 +22,27 @@ int32_t ArgMax(const float* x, int64_t n) {
   return static_cast<int32_t>(best);
 }
 
-float LogSoftmaxAt(const float* x, int64_t n, int64_t index) {
+// A row's largest value and log(sum_i exp(x[i] - max)) (in double): log_softmax(x)[i] is
+// (x[i] - max_value) - log_sum.
+struct RowNormaliser {
+  float max_value;
+  double log_sum;
+};
+
+RowNormaliser Normaliser(const float* x, int64_t n) {
   float max_value = x[0];
   for (int64_t i = 1; i < n; ++i) max_value = std::fmax(max_value, x[i]);
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - max_value));
-  return static_cast<float>(static_cast<double>(x[index] - max_value) - std::log(sum));
+  return {max_value, std::log(sum)};
+}
+
+float LogSoftmaxAt(const float* x, const RowNormaliser& norm, int64_t index) {
+  return static_cast<float>(static_cast<double>(x[index] - norm.max_value) - norm.log_sum);
+}
+
+float LogSoftmaxAt(const float* x, int64_t n, int64_t index) {
+  return LogSoftmaxAt(x, Normaliser(x, n), index);
 }
 
 }  // namespace
@@ -90,6 +106,35 @@ void SampleTokens(const float* logits, int64_t logits_stride, int64_t num_rows, 
     }
     out_tokens[r] = token;
     if (out_logprobs != nullptr) out_logprobs[r] = LogSoftmaxAt(row, vocab, token);
+  }
+}
+
+void TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
+                 const int32_t* top_counts, int32_t max_k, int32_t* out_ids, float* out_logprobs) {
+  std::vector<int32_t> top;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const float* row = logits + r * logits_stride;
+    int32_t* ids = out_ids + r * max_k;
+    float* lps = out_logprobs + r * max_k;
+    const int64_t k = top_counts[r];
+    std::fill(ids, ids + max_k, -1);
+    std::fill(lps, lps + max_k, 0.0f);
+    if (k <= 0) continue;
+    // Keep the k best seen so far, in (logit descending, id ascending) order: a later id enters
+    // only with a strictly larger logit than the current k-th.
+    top.clear();
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (static_cast<int64_t>(top.size()) == k && !(row[i] > row[top.back()])) continue;
+      auto at = std::upper_bound(top.begin(), top.end(), static_cast<int32_t>(i),
+                                 [row](int32_t a, int32_t b) { return row[a] > row[b]; });
+      top.insert(at, static_cast<int32_t>(i));
+      if (static_cast<int64_t>(top.size()) > k) top.pop_back();
+    }
+    const RowNormaliser norm = Normaliser(row, vocab);
+    for (int64_t j = 0; j < k; ++j) {
+      ids[j] = top[j];
+      lps[j] = LogSoftmaxAt(row, norm, top[j]);
+    }
   }
 }
 

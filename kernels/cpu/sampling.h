@@ -31,6 +31,20 @@ void SampleTokens(const float* logits, int64_t logits_stride, int64_t num_rows, 
                   const uint64_t* seeds, const int64_t* draw_indices, int32_t* index_workspace,
                   float* value_workspace, int32_t* out_tokens, float* out_logprobs);
 
+// The most alternatives TopLogprobs returns per row (OpenAI's top_logprobs limit).
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+// For each row r < num_rows of logits ([num_rows, vocab], row stride logits_stride): the
+// top_counts[r] (0..max_k) most likely tokens under log_softmax(row), the raw logits (before
+// penalties and temperature), in descending order, ties broken towards the lower token id.
+// out_ids[r * max_k + j] and out_logprobs[r * max_k + j] ([num_rows, max_k]) receive the j-th
+// token id and its log probability for j < top_counts[r]; later entries of the row are set to -1
+// and 0. 0 <= max_k <= kMaxTopLogprobs; top_counts[r] <= min(max_k, vocab). The log
+// probabilities are computed as SampleTokens computes out_logprobs (bit-identical for the same
+// token). The CUDA twin is cuda::TopLogprobs.
+void TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
+                 const int32_t* top_counts, int32_t max_k, int32_t* out_ids, float* out_logprobs);
+
 // Per-request logits processing that runs before SampleTokens (vLLM's order: penalties and
 // min_tokens bans on the logits, then temperature, then min_p, then top-k / top-p). Arrays are
 // host memory here and device memory for the CUDA twin (cuda::ProcessLogits).

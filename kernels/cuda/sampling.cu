@@ -757,6 +757,80 @@ absl::Status GreedySample(const float* logits, int64_t logits_stride, int64_t nu
   return internal::LaunchStatus("GreedySampleKernel");
 }
 
+// ---------------------------------------------------------------------------------------------
+// TopLogprobs. One block per row; pick t is the block-wide argmax over the logits that come after
+// pick t - 1 in (logit descending, id ascending) order, so k picks read the row k times (k <= 20;
+// the row stays in L2), then one more read sums exp(x - max) in double.
+constexpr int kTopThreads = 256;
+
+__global__ void TopLogprobsKernel(const float* logits, int64_t logits_stride, int64_t vocab,
+                                  const int32_t* top_counts, int32_t max_k, int32_t* out_ids,
+                                  float* out_logprobs) {
+  __shared__ float warp_v[32];
+  __shared__ int64_t warp_i[32];
+  __shared__ double warp_sum[32];
+  __shared__ float picked_v[cpu::kMaxTopLogprobs];
+  __shared__ int32_t picked_i[cpu::kMaxTopLogprobs];
+  const float* row = logits + blockIdx.x * logits_stride;
+  int32_t* ids = out_ids + static_cast<int64_t>(blockIdx.x) * max_k;
+  float* lps = out_logprobs + static_cast<int64_t>(blockIdx.x) * max_k;
+  const int k = max(0, min(top_counts[blockIdx.x], max_k));
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int num_warps = blockDim.x / 32;
+  for (int j = k + static_cast<int>(threadIdx.x); j < max_k; j += blockDim.x) {
+    ids[j] = -1;
+    lps[j] = 0.0f;
+  }
+  if (k == 0) return;  // uniform across the block
+  float prev_v = INFINITY;
+  int64_t prev_i = -1;
+  for (int t = 0; t < k; ++t) {
+    float v = 0.0f;
+    int64_t i = -1;
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      const float x = row[j];
+      const bool after_prev = x < prev_v || (x == prev_v && j > prev_i);
+      if (after_prev && (i < 0 || x > v)) {
+        v = x;
+        i = j;
+      }
+    }
+    WarpArgMax(v, i);
+    if (lane == 0) {
+      warp_v[warp] = v;
+      warp_i[warp] = i;
+    }
+    __syncthreads();
+    v = lane < num_warps ? warp_v[lane] : 0.0f;
+    i = lane < num_warps ? warp_i[lane] : -1;
+    WarpArgMax(v, i);  // every thread gets the pick
+    if (threadIdx.x == 0) {
+      picked_v[t] = v;
+      picked_i[t] = static_cast<int32_t>(i);
+    }
+    prev_v = v;
+    prev_i = i;
+    __syncthreads();  // warp_v / warp_i are read before the next pick overwrites them
+  }
+  const float max_value = picked_v[0];
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    sum += exp(static_cast<double>(row[j] - max_value));
+  }
+  sum = internal::WarpSum(sum);
+  if (lane == 0) warp_sum[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int w = 0; w < num_warps; ++w) total += warp_sum[w];
+  const double log_sum = log(total);
+  for (int t = 0; t < k; ++t) {
+    ids[t] = picked_i[t];
+    lps[t] = static_cast<float>(static_cast<double>(picked_v[t] - max_value) - log_sum);
+  }
+}
+
 int64_t SampleTokensWorkspaceBytes(int64_t max_rows, int64_t vocab) {
   if (max_rows <= 0 || vocab <= 0) return 0;
   constexpr int64_t kBytesPerLogit = 2 * sizeof(int32_t);
@@ -801,6 +875,35 @@ absl::Status SampleTokens(const float* logits, int64_t logits_stride, int64_t nu
       logits, logits_stride, vocab, temperatures, top_ks, top_ps, seeds, draw_indices,
       static_cast<int32_t*>(workspace), out_tokens, out_logprobs);
   return internal::LaunchStatus("SampleTokensKernel");
+}
+
+absl::Status TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows,
+                         int64_t vocab, const int32_t* top_counts, int32_t max_k, int32_t* out_ids,
+                         float* out_logprobs, cudaStream_t stream) {
+  if (num_rows < 0 || num_rows > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobs: num_rows ", num_rows, " outside [0, ", INT32_MAX, "]"));
+  }
+  if (vocab <= 0 || vocab > kMaxSampleVocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobs: vocab ", vocab, " outside [1, ", kMaxSampleVocab, "]"));
+  }
+  if (logits_stride < vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobs: logits_stride ", logits_stride, " is less than vocab ", vocab));
+  }
+  if (max_k < 0 || max_k > cpu::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobs: max_k ", max_k, " outside [0, ", cpu::kMaxTopLogprobs, "]"));
+  }
+  if (num_rows == 0 || max_k == 0) return absl::OkStatus();
+  if (logits == nullptr || top_counts == nullptr || out_ids == nullptr || out_logprobs == nullptr) {
+    return absl::InvalidArgumentError(
+        "TopLogprobs: logits, top_counts, out_ids and out_logprobs must not be null");
+  }
+  TopLogprobsKernel<<<static_cast<unsigned>(num_rows), kTopThreads, 0, stream>>>(
+      logits, logits_stride, vocab, top_counts, max_k, out_ids, out_logprobs);
+  return internal::LaunchStatus("TopLogprobsKernel");
 }
 
 }  // namespace vamp::kernels::cuda

@@ -1,6 +1,7 @@
 // Token sampling, CUDA twin of kernels/cpu/sampling.h (float32 logits, device pointers, plus a
-// stream): GreedySample for all-greedy batches and SampleTokens for the full sampler (greedy,
-// temperature, top-k, top-p, counter-based randomness, log-probabilities).
+// stream): GreedySample for all-greedy batches, SampleTokens for the full sampler (greedy,
+// temperature, top-k, top-p, counter-based randomness, log-probabilities), ProcessLogits and
+// TopLogprobs (the most likely alternatives and their log-probabilities).
 #ifndef VAMP_KERNELS_CUDA_SAMPLING_H_
 #define VAMP_KERNELS_CUDA_SAMPLING_H_
 
@@ -60,6 +61,17 @@ absl::Status SampleTokens(const float* logits, int64_t logits_stride, int64_t nu
                           const float* top_ps, const uint64_t* seeds, const int64_t* draw_indices,
                           void* workspace, int64_t workspace_bytes, int32_t* out_tokens,
                           float* out_logprobs, cudaStream_t stream);
+
+// cpu::TopLogprobs on device memory (logits, top_counts, out_ids and out_logprobs), enqueued on
+// `stream`: per row, the top_counts[r] most likely tokens of log_softmax(row) in descending order
+// (ties: lower token id first), the rest of the row's max_k entries -1 and 0. Token ids equal the
+// CPU's; log probabilities sum double exp terms as the CPU does, in a different order (~1e-15
+// relative apart), and are within ~1e-7 of SampleTokens' out_logprobs (float32 expf terms).
+// InvalidArgument (nothing enqueued) for bad sizes, max_k outside [0, cpu::kMaxTopLogprobs] or
+// null pointers. One 256-thread block per row; it reads the row top_counts[r] + 1 times.
+absl::Status TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows,
+                         int64_t vocab, const int32_t* top_counts, int32_t max_k, int32_t* out_ids,
+                         float* out_logprobs, cudaStream_t stream);
 
 // cpu::ProcessLogits on device memory (logits and every array of `p`), enqueued on `stream`:
 // penalties and min_tokens bans on each row's entries, then the min_p mask. Identical results

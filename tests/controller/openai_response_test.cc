@@ -317,5 +317,56 @@ TEST(OpenAiResponseWriterTest, LogprobsInOpenAisShapes) {
   EXPECT_TRUE(Json::parse(*plain.Finish())["choices"][0]["logprobs"].is_null());
 }
 
+TEST(OpenAiResponseWriterTest, TopLogprobsInOpenAisShapes) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  // k = 2 alternatives per token: the token itself (-0.25) and 'z' (-2), or 'y' then the token
+  // for 'z' (whose string repeats in the completions map: the first entry stays).
+  std::vector<EngineEvent> events = Events(*ctx->tokenizer, "abz", 2);
+  for (EngineEvent& e : events) {
+    for (int32_t t : e.token_ids) {
+      e.logprobs.push_back(t == 'z' ? -1.5f : -0.25f);
+      const std::vector<int32_t> ids =
+          t == 'z' ? std::vector<int32_t>{'y', 'z'} : std::vector<int32_t>{t, 'z'};
+      const std::vector<float> lps =
+          t == 'z' ? std::vector<float>{-0.5f, -1.5f} : std::vector<float>{-0.25f, -2.0f};
+      e.top_token_ids.insert(e.top_token_ids.end(), ids.begin(), ids.end());
+      e.top_logprobs.insert(e.top_logprobs.end(), lps.begin(), lps.end());
+    }
+  }
+  // Completions, unary: each map holds the chosen token and both alternatives.
+  ResponseOptions options;
+  options.logprobs = true;
+  options.num_top_logprobs = 2;
+  OpenAiResponseWriter unary(ctx, options, 15, 100);
+  for (const EngineEvent& e : events) unary.Append(0, e);
+  const Json lp = Json::parse(*unary.Finish())["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["top_logprobs"].size(), 3u);
+  EXPECT_EQ(lp["top_logprobs"][0], Json({{"a", -0.25}, {"z", -2.0}}));
+  EXPECT_EQ(lp["top_logprobs"][1], Json({{"b", -0.25}, {"z", -2.0}}));
+  EXPECT_EQ(lp["top_logprobs"][2], Json({{"y", -0.5}, {"z", -1.5}}));
+  EXPECT_EQ(lp["token_logprobs"], Json({-0.25, -0.25, -1.5}));
+  // Chat, streamed: each content entry lists the alternatives with their bytes, in order.
+  options.chat = true;
+  OpenAiResponseWriter streamed(ctx, options, 16, 100);
+  std::vector<Json> entries;
+  for (const EngineEvent& e : events) {
+    for (const Json& chunk : Chunks(streamed.StreamChunk(0, e))) {
+      for (const Json& entry : chunk["choices"][0]["logprobs"]["content"]) entries.push_back(entry);
+    }
+  }
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[2]["token"], "z");
+  EXPECT_EQ(entries[2]["top_logprobs"],
+            Json::parse(R"([{"token": "y", "logprob": -0.5, "bytes": [121]},
+                            {"token": "z", "logprob": -1.5, "bytes": [122]}])"));
+  EXPECT_EQ(entries[0]["top_logprobs"][0]["token"], "a");
+  // Alternatives missing for a token (an agent that sent none): logprobs null, not partial.
+  std::vector<EngineEvent> short_events = events;
+  short_events[0].top_token_ids.pop_back();
+  OpenAiResponseWriter partial(ctx, options, 17, 100);
+  for (const EngineEvent& e : short_events) partial.Append(0, e);
+  EXPECT_TRUE(Json::parse(*partial.Finish())["choices"][0]["logprobs"].is_null());
+}
+
 }  // namespace
 }  // namespace vamp

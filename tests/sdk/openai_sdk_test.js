@@ -285,12 +285,71 @@ test('logprobs: each chosen token, chat and completions, unary and streaming', a
   const lp = r.choices[0].logprobs;
   assert.equal(lp.tokens.join(''), r.choices[0].text);
   assert.equal(lp.token_logprobs.length, 5);
-  assert.deepEqual(lp.text_offset, lp.tokens.map((_, i) =>
-      Buffer.from(lp.tokens.slice(0, i).join('')).length));
-  await expect400(client.chat.completions.create({model: MODEL, messages, logprobs: true,
-                                                  top_logprobs: 5}), 'top_logprobs');
+  assert.deepEqual(
+      lp.text_offset, lp.tokens.map((_, i) => Buffer.from(lp.tokens.slice(0, i).join('')).length));
   await expect400(client.completions.create({model: MODEL, prompt: 'x', logprobs: 0, echo: true}),
                   'echo');
+});
+
+test('top_logprobs: alternatives, chat and completions, unary and streaming', async () => {
+  const body = {
+    model: MODEL,
+    messages,
+    max_tokens: 5,
+    temperature: 0,
+    ignore_eos: true,
+    logprobs: true,
+    top_logprobs: 3,
+    ...noThinking
+  };
+  const chat = await client.chat.completions.create(body);
+  const content = chat.choices[0].logprobs.content;
+  assert.equal(content.length, 5);
+  for (const c of content) {
+    assert.equal(c.top_logprobs.length, 3, JSON.stringify(c));
+    const values = c.top_logprobs.map(t => t.logprob);
+    for (let i = 1; i < values.length; ++i) assert.ok(values[i - 1] >= values[i], values);
+    // Greedy: the chosen token is the most likely one, with the same raw logprob.
+    assert.equal(c.logprob, Math.max(...values));
+    assert.equal(c.top_logprobs[0].token, c.token);
+    for (const t of c.top_logprobs) {
+      assert.ok(t.logprob <= 0 && Number.isFinite(t.logprob), JSON.stringify(t));
+      assert.ok(t.bytes.every(b => Number.isInteger(b) && b >= 0 && b < 256), JSON.stringify(t));
+    }
+  }
+  const streamed = await collect(await client.chat.completions.create({...body, stream: true}));
+  assert.deepEqual(streamed.flatMap(c => c.choices[0]?.logprobs?.content ?? []), content);
+
+  const completion = {
+    model: MODEL,
+    prompt: 'Once upon a time',
+    max_tokens: 5,
+    temperature: 0,
+    ignore_eos: true,
+    logprobs: 2
+  };
+  const r = await client.completions.create(completion);
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.top_logprobs.length, 5);
+  lp.top_logprobs.forEach((top, i) => {
+    // The chosen token and the 2 most likely (fewer keys when their strings coincide).
+    const values = Object.values(top);
+    assert.ok(values.length >= 1 && values.length <= 3, JSON.stringify(top));
+    assert.equal(top[lp.tokens[i]], lp.token_logprobs[i]);
+    assert.equal(lp.token_logprobs[i], Math.max(...values));
+  });
+  const chunks = await collect(await client.completions.create({...completion, stream: true}));
+  assert.deepEqual(
+      chunks.flatMap(c => c.choices[0]?.logprobs?.top_logprobs ?? []), lp.top_logprobs);
+
+  await expect400(
+      client.chat.completions.create({model: MODEL, messages, logprobs: true, top_logprobs: 21}),
+      'top_logprobs');
+  await expect400(client.completions.create({model: MODEL, prompt: 'x', logprobs: 6}), 'logprobs');
+  await expect400(
+      client.chat.completions.create(
+          {model: MODEL, messages, logprobs: true, top_logprobs: 2, presence_penalty: 1}),
+      'logprobs');
 });
 
 test('echo: completions send the prompt first', async () => {

@@ -88,18 +88,31 @@ TEST_F(OpenAiApiTest, LogprobsOfTheChosenTokens) {
       ParseCompletionRequest(R"({"prompt": "Hi", "logprobs": 0})", model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->response.logprobs);
+  EXPECT_EQ(r->response.num_top_logprobs, 0);
+  // Completions' logprobs count the alternatives (up to 5), asked of the agents.
+  r = ParseCompletionRequest(R"({"prompt": "Hi", "logprobs": 5})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.logprobs);
+  EXPECT_EQ(r->response.num_top_logprobs, 5);
+  EXPECT_EQ(r->sampling.num_top_logprobs, 5);
   const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
   r = ParseChatCompletionRequest("{" + messages + R"(, "logprobs": true, "top_logprobs": 0})",
                                  model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->response.logprobs);
+  r = ParseChatCompletionRequest("{" + messages + R"(, "logprobs": true, "top_logprobs": 20})",
+                                 model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->response.num_top_logprobs, 20);
+  EXPECT_EQ(r->sampling.num_top_logprobs, 20);
   r = ParseChatCompletionRequest("{" + messages + R"(, "logprobs": false})", model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->response.logprobs);
   const std::pair<const char*, const char*> bad[] = {
-      {R"(, "logprobs": true, "top_logprobs": 3})", "top_logprobs"},  // alternatives: not yet
-      {R"(, "top_logprobs": 0})", "top_logprobs"},                    // without logprobs
-      {R"(, "logprobs": 1})", "logprobs"}};                           // chat's is a bool
+      {R"(, "logprobs": true, "top_logprobs": 21})", "top_logprobs"},           // OpenAI's limit
+      {R"(, "top_logprobs": 0})", "top_logprobs"},                              // without logprobs
+      {R"(, "logprobs": true, "top_logprobs": 2, "min_p": 0.1})", "logprobs"},  // not raw
+      {R"(, "logprobs": 1})", "logprobs"}};                                     // chat's is a bool
   for (const auto& [fields, param] : bad) {
     absl::StatusOr<ServingRequest> e =
         ParseChatCompletionRequest("{" + messages + fields, model_, *tokenizer_);
@@ -144,7 +157,6 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options",
        "only allowed with stream = true"},
       {R"({"prompt": "x", "stop_token_ids": [300]})", "stop_token_ids", "outside the vocabulary"},
-      {R"({"prompt": "x", "logprobs": 3})", "logprobs", "only 0 is supported yet"},
       {R"({"prompt": "x", "logprobs": 6})", "logprobs", "must be in [0, 5]"},
       {R"({"prompt": "x", "logprobs": 0, "echo": true})", "echo", "echo with logprobs"},
       {R"({"prompt": "x", "logprobs": 0, "presence_penalty": 1})", "logprobs",

@@ -1,6 +1,6 @@
 // ModelRunner end to end on the tiny model: HF goldens, chunked prefill, batching, prefix-cache
-// hits, preemption, sampling (penalties, min_tokens, min_p included) and bad step inputs; the
-// persistent batch's penalty bookkeeping.
+// hits, preemption, sampling (penalties, min_tokens, min_p, top logprobs included) and bad step
+// inputs; the persistent batch's penalty bookkeeping.
 #include "engine/runner/model_runner.h"
 
 #include <cstring>
@@ -124,6 +124,43 @@ TEST(ModelRunnerTest, DecodingAfterAPrefixCacheHitEqualsAFreshPrefill) {
   ASSERT_EQ(hit.all_logits.size() + 32 * kVocab, ref.all_logits.size());
   EXPECT_EQ(0, std::memcmp(hit.all_logits.data(), ref.all_logits.data() + 32 * kVocab,
                            hit.all_logits.size() * sizeof(float)));
+}
+
+// Top logprobs: the rows that ask get their alternatives (kernels::cpu::TopLogprobs of the raw
+// logits), the others none.
+TEST(ModelRunnerTest, TopLogprobsOnlyForTheRowsThatAskForThem) {
+  const Goldens g = LoadGoldens();
+  const auto& prompt = g.prompts[1];
+  auto engine = MakeTinyEngine();
+  RunnerSamplingParams top = MiniScheduler::Greedy();
+  top.num_top_logprobs = 5;
+  RunnerSamplingParams plain;
+  plain.temperature = 0.7f;
+  plain.seed = 3;
+  StepInput in;
+  in.new_requests.push_back({9, prompt, {3, 4}, 0, top});
+  in.new_requests.push_back({10, prompt, {5, 6}, 0, plain});
+  in.scheduled.push_back({9, static_cast<int32_t>(prompt.size())});
+  in.scheduled.push_back({10, static_cast<int32_t>(prompt.size())});
+  in.return_all_logits = true;
+  auto out = engine->runner->ExecuteStep(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->sampled.size(), 2u);
+  const SampledToken& s = out->sampled[0];
+  ASSERT_EQ(s.top_token_ids.size(), 5u);
+  ASSERT_EQ(s.top_logprobs.size(), 5u);
+  EXPECT_EQ(s.top_token_ids[0], s.token);  // greedy
+  EXPECT_EQ(s.top_logprobs[0], s.logprob);
+  const int32_t count = 5;
+  std::vector<int32_t> want_ids(count);
+  std::vector<float> want_lps(count);
+  const float* last = out->logits[0].data() + (prompt.size() - 1) * kVocab;
+  kernels::cpu::TopLogprobs(last, kVocab, 1, kVocab, &count, count, want_ids.data(),
+                            want_lps.data());
+  EXPECT_EQ(s.top_token_ids, want_ids);
+  EXPECT_EQ(s.top_logprobs, want_lps);
+  EXPECT_TRUE(out->sampled[1].top_token_ids.empty());
+  EXPECT_TRUE(out->sampled[1].top_logprobs.empty());
 }
 
 TEST(ModelRunnerTest, PreemptedRequestResumesByRecomputation) {

@@ -107,6 +107,49 @@ TEST(SamplingTest, SeededDrawsAreReproducibleAndBatchIndependent) {
   }
 }
 
+TEST(TopLogprobsTest, ByHandWithTiesAndPadding) {
+  // Row 0: log_softmax of {1, 3, 3, 0, 2} = x - 3 - log(e^-2 + 2 + e^-3 + e^-1)
+  //   = x - 3.93726984; top 3: ids 1 and 2 tie (lower id first), then 4.
+  // Row 1: k 2 of {0.5, -1, 0.5} = x - 1.29891618: ids 0, 2; the third slot is padding.
+  // Row 2: k 0, all padding.
+  const int64_t vocab = 5;
+  const std::vector<float> logits = {1, 3, 3, 0, 2, 0.5f, -1, 0.5f, 9, 9, 7, 7, 7, 7, 7};
+  const std::vector<int32_t> counts = {3, 2, 0};
+  const int32_t max_k = 3;
+  std::vector<int32_t> ids(9, 42);
+  std::vector<float> lps(9, 42.0f);
+  // Row 1 only reads its first 3 logits (vocab 3 is emulated by -inf on ids 3 and 4).
+  std::vector<float> rows = logits;
+  rows[8] = rows[9] = -INFINITY;
+  TopLogprobs(rows.data(), vocab, 3, vocab, counts.data(), max_k, ids.data(), lps.data());
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 2, 4, 0, 2, -1, -1, -1, -1}));
+  EXPECT_NEAR(lps[0], -0.93726984, 1e-6);
+  EXPECT_NEAR(lps[1], -0.93726984, 1e-6);
+  EXPECT_NEAR(lps[2], -1.93726984, 1e-6);
+  EXPECT_NEAR(lps[3], -0.79891618, 1e-6);
+  EXPECT_NEAR(lps[4], -0.79891618, 1e-6);
+  for (int j : {5, 6, 7, 8}) EXPECT_EQ(lps[j], 0.0f) << j;
+}
+
+TEST(TopLogprobsTest, FirstEntryIsTheGreedyTokenWithTheSamplersLogprob) {
+  const int64_t vocab = 40;
+  std::vector<float> logits(vocab);
+  for (int64_t i = 0; i < vocab; ++i) logits[i] = std::sin(0.7f * i) * 4;
+  Sampler s(vocab);
+  float logprob = 0;
+  const int32_t token = s.Draw(logits, 0.0f, 0, 1.0f, 1, 0, &logprob);
+  const int32_t count = kMaxTopLogprobs;
+  std::vector<int32_t> ids(count);
+  std::vector<float> lps(count);
+  TopLogprobs(logits.data(), vocab, 1, vocab, &count, count, ids.data(), lps.data());
+  EXPECT_EQ(ids[0], token);
+  EXPECT_EQ(lps[0], logprob);  // bit-identical
+  for (int j = 1; j < count; ++j) {
+    EXPECT_GE(lps[j - 1], lps[j]) << j;
+    EXPECT_GE(logits[ids[j - 1]], logits[ids[j]]) << j;
+  }
+}
+
 TEST(ProcessLogitsTest, PenaltiesBansAndMinPByHand) {
   // Row 0: vocab 6, entries for tokens 1 (prompt only), 2 (generated twice), 3 (banned),
   // 4 (prompt and generated once). Row 1: min_p 0.5 at temperature 1.

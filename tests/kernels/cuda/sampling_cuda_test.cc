@@ -1,7 +1,7 @@
 // CUDA token sampling (kernels/cuda/sampling.h) against the CPU twin (kernels/cpu/sampling.h):
 // GreedySample, and SampleTokens over many rows and parameter mixes, uniform draws, frequencies,
 // argument checks (these run without a GPU) and a timing print; ProcessLogits (penalties,
-// min_tokens bans, min_p) against cpu::ProcessLogits.
+// min_tokens bans, min_p) against cpu::ProcessLogits; TopLogprobs against cpu::TopLogprobs.
 //
 // Tokens must equal the CPU's. Both sides compute every probability as a float32 expf of the same
 // float argument and accumulate in double, but CUDA's expf may differ from glibc's by an ulp and
@@ -652,6 +652,70 @@ TEST(ProcessLogitsArgsTest, RejectsBadArgumentsWithoutLaunching) {
   no_rows.min_ps = nullptr;
   EXPECT_EQ(ProcessLogits(logits.data(), 16, 2, 16, no_rows, nullptr).code(), invalid);
   EXPECT_TRUE(ProcessLogits(nullptr, 16, 0, 16, p, nullptr).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// TopLogprobs.
+
+using TopLogprobsTest = CudaTest;
+
+TEST_F(TopLogprobsTest, MatchesCpuIncludingTiesAndPadding) {
+  for (const int64_t vocab : {kQwenVocab, int64_t{1000}, int64_t{7}}) {
+    const int64_t rows = 6, stride = vocab + 3;
+    const int32_t max_k = cpu::kMaxTopLogprobs;
+    auto logits = RandomFloats(rows * stride, 57, 3.0f);
+    // Row 1: the maximum three times and the runner-up twice (lower ids first); row 2: constant
+    // (ids 0, 1, ... in order); row 3: asks for nothing (all padding).
+    for (int64_t i : {vocab - 1, vocab / 2, int64_t{0}}) logits[stride + i] = 40.0f;
+    for (int64_t i : {vocab - 2, vocab / 3}) logits[stride + i] = 39.0f;
+    for (int64_t i = 0; i < vocab; ++i) logits[2 * stride + i] = -1.5f;
+    std::vector<int32_t> counts = {max_k, max_k, max_k, 0, 1, 5};
+    for (auto& c : counts) c = static_cast<int32_t>(std::min<int64_t>(c, vocab));
+    std::vector<int32_t> want_ids(rows * max_k);
+    std::vector<float> want_lps(rows * max_k);
+    cpu::TopLogprobs(logits.data(), stride, rows, vocab, counts.data(), max_k, want_ids.data(),
+                     want_lps.data());
+    int32_t* d_ids = Alloc<int32_t>(rows * max_k);
+    float* d_lps = Alloc<float>(rows * max_k);
+    VAMP_ASSERT_OK(TopLogprobs(Upload(logits), stride, rows, vocab, Upload(counts), max_k, d_ids,
+                               d_lps, stream_));
+    EXPECT_EQ(Download(d_ids, rows * max_k), want_ids) << "vocab " << vocab;
+    // Both sum double exp terms; only the order of the sum differs.
+    ExpectClose(Download(d_lps, rows * max_k), want_lps, 1e-6,
+                "top logprobs vocab " + std::to_string(vocab));
+    // The first entry is the greedy token, with GreedySample's logprob (float32 sums) within
+    // this suite's logprob tolerance.
+    int32_t* d_tokens = Alloc<int32_t>(rows);
+    float* d_lp = Alloc<float>(rows);
+    VAMP_ASSERT_OK(GreedySample(Upload(logits), stride, rows, vocab, d_tokens, d_lp, stream_));
+    const auto tokens = Download(d_tokens, rows);
+    const auto lps = Download(d_lp, rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (counts[r] == 0) continue;
+      EXPECT_EQ(want_ids[r * max_k], tokens[r]) << "row " << r << " vocab " << vocab;
+      EXPECT_NEAR(want_lps[r * max_k], lps[r], kLogprobTol) << "row " << r << " vocab " << vocab;
+    }
+  }
+}
+
+TEST(TopLogprobsArgsTest, RejectsBadArgumentsWithoutLaunching) {
+  // Host pointers stand in for device ones: none is dereferenced when the arguments are bad.
+  std::vector<float> logits(32), lps(40);
+  std::vector<int32_t> counts(2), ids(40);
+  const auto invalid = absl::StatusCode::kInvalidArgument;
+  auto call = [&](int64_t rows, int64_t vocab, int64_t stride, int32_t max_k, int32_t* out) {
+    return TopLogprobs(logits.data(), stride, rows, vocab, counts.data(), max_k, out, lps.data(),
+                       nullptr)
+        .code();
+  };
+  EXPECT_EQ(call(-1, 16, 16, 4, ids.data()), invalid);
+  EXPECT_EQ(call(2, 0, 16, 4, ids.data()), invalid);
+  EXPECT_EQ(call(2, 16, 15, 4, ids.data()), invalid);
+  EXPECT_EQ(call(2, 16, 16, -1, ids.data()), invalid);
+  EXPECT_EQ(call(2, 16, 16, cpu::kMaxTopLogprobs + 1, ids.data()), invalid);
+  EXPECT_EQ(call(2, 16, 16, 4, nullptr), invalid);
+  EXPECT_EQ(call(0, 16, 16, 4, nullptr), absl::StatusCode::kOk);
+  EXPECT_EQ(call(2, 16, 16, 0, nullptr), absl::StatusCode::kOk);
 }
 
 }  // namespace
