@@ -635,6 +635,9 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
     if (pending > 0) {
       plan.cancel_restore = true;
       plan.choice = "cancel-restore";
+      // Keeping the groups is an expansion back: the same hold applies before the next restore,
+      // or a restore whose evidence was forgotten (ForgetAbove) could start again at once.
+      last_expand_step_ = step;
       return plan;
     }
     plan.expand_groups = groups;

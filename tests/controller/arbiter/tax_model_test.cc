@@ -305,6 +305,21 @@ TEST_F(RestoreHolderTest, OffWhenConfiguredOff) {
   EXPECT_TRUE(arbiter_.PreemptForRestore(Context(200, Pending())).preempt.empty());
 }
 
+TEST_F(RestoreHolderTest, ACancelledRestoreHoldsLikeAnExpansion) {
+  Warm(2);
+  Request* r = AddRunning(1, 4, 3, 200);
+  AddCachedFree(1000, 10);  // idle: the working-set rule would give both groups back
+  // 20,000 tokens needed both groups: 300,000 µs of value against 1.25 × 150,000 of tax.
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
+  arbiter_.reuse_tracker()->RecordPreemption(150, 150, 20000);
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 2, 4);
+  const ArbiterPlan plan = arbiter_.Decide(Context(200, Pending()), Gap(50, r, true));
+  EXPECT_TRUE(plan.cancel_restore);
+  EXPECT_EQ(plan.choice, "cancel-restore");
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(250, Geometry(2))), 0);  // within min_hold_steps
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(301, Geometry(2))), 2);  // then the rule applies
+}
+
 TEST(TaxModelConfigTest, DefaultsAreTheTaxModelWithRestoreAndCalibration) {
   const VampArbiterConfig c;
   EXPECT_EQ(c.cost_model, VampCostModel::kTax);
