@@ -29,8 +29,9 @@
 // share q of those hits came. Blocks older than that are, by the traffic's own measure, unlikely
 // to be reused: the working-set restore rule (vamp_arbiter.h) reads it.
 //
-// Bounded memory: the ghost list holds at most max_groups × blocks_per_group hashes; the window
-// is window_slots × (max_groups + 2) doubles. Not thread-safe; the scheduler's thread feeds it.
+// Bounded memory: the ghost list holds at most max_groups × blocks_per_group hashes; the windows
+// are window_slots × (2 · (max_groups + 2) + 48 + 6) doubles. Not thread-safe; the scheduler's
+// thread feeds it.
 #ifndef VAMP_CONTROLLER_CORE_REUSE_TRACKER_H_
 #define VAMP_CONTROLLER_CORE_REUSE_TRACKER_H_
 
