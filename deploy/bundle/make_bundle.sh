@@ -4,18 +4,22 @@
 # $ORIGIN/../lib, so the bundle runs on a machine without those packages (the GPU host). The C
 # runtime, the dynamic loader and CUDA's libraries are left out: the target provides them.
 #
-# Usage: deploy/bundle/make_bundle.sh [--build DIR] [--out DIR] [--tar FILE] [BINARY...]
+# Usage: deploy/bundle/make_bundle.sh [--build DIR] [--out DIR] [--tar FILE] [--strip] [BINARY...]
 #   BINARY paths are relative to the build folder; default: every executable in it.
+#   --strip: strip the executables' symbol tables (strip --strip-unneeded): the device tool
+#   carries at most 64 MiB, and a bundle of every CUDA test binary fits only stripped.
 set -euo pipefail
 build=build/release
 out=.bundle
 tarball=""
+strip_binaries=0
 while (($#)); do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --tar) tarball=$2; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --strip) strip_binaries=1; shift ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --*) echo "make_bundle: unknown option '$1'" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -48,6 +52,10 @@ for bin in "${binaries[@]}"; do
     [[ -e $out/lib/$name ]] || cp -L "$path" "$out/lib/$name"
   done
 done
+if ((strip_binaries)); then
+  command -v strip >/dev/null || { echo "make_bundle: strip is missing (binutils)" >&2; exit 1; }
+  strip --strip-unneeded "$out"/bin/*
+fi
 for f in "$out"/bin/* "$out"/lib/*; do
   patchelf --set-rpath '$ORIGIN/../lib' --force-rpath "$f" 2>/dev/null || true
 done
