@@ -753,19 +753,6 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   const int32_t unit =
       std::max(1, r.step_groups > 0 ? r.step_groups : config_.expansion_step_groups);
   const double t_prefill = Current().t_prefill_micros;
-  int32_t best_groups = 0;
-  double best_net = 0;
-  for (int32_t g = std::min(unit, e.offloaded_groups);;
-       g = std::min(g + unit, e.offloaded_groups)) {
-    const TaxComparison cmp = Compare(now, e.offloaded_groups, e.offloaded_groups - g, t_prefill);
-    const double net = cmp.tax_micros - (1 + config_.tax.margin) * cmp.value_micros;
-    if (net > best_net) {
-      best_net = net;
-      best_groups = g;
-      last_restore_ = cmp;
-    }
-    if (g >= e.offloaded_groups) break;
-  }
   // The working set: blocks in use plus cached free blocks used within the reuse age that covers
   // working_set_quantile of the window's hits. What lies beyond it is idle by the traffic's own
   // measure, however much the window's older evidence valued it; when the working set fits in a
@@ -780,13 +767,24 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
     return true;
   });
   const int64_t working = int64_t{pool.num_blocks()} - pool.num_free_uncached() - idle_cached;
+  // Over the whole restore steps: the one with the most net saving by the window's evidence, and
+  // the largest that leaves the working set room (the pool only shrinks as g grows).
+  int32_t best_groups = 0;
+  double best_net = 0;
   int32_t idle_groups = 0;
   for (int32_t g = std::min(unit, e.offloaded_groups);;
        g = std::min(g + unit, e.offloaded_groups)) {
+    const TaxComparison cmp = Compare(now, e.offloaded_groups, e.offloaded_groups - g, t_prefill);
+    const double net = cmp.tax_micros - (1 + config_.tax.margin) * cmp.value_micros;
+    if (net > best_net) {
+      best_net = net;
+      best_groups = g;
+      last_restore_ = cmp;
+    }
     const int64_t left = int64_t{pool.num_blocks()} - int64_t{g} * e.blocks_per_group;
-    if (static_cast<double>(working) * (1 + r.working_set_headroom) > static_cast<double>(left))
-      break;
-    idle_groups = g;
+    if (static_cast<double>(working) * (1 + r.working_set_headroom) <= static_cast<double>(left)) {
+      idle_groups = g;
+    }
     if (g >= e.offloaded_groups) break;
   }
   if (idle_groups > best_groups) {
