@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/sampling.h"
@@ -727,6 +728,26 @@ __global__ void ProcessLogitsKernel(float* logits, int64_t logits_stride, int64_
   }
 }
 
+// The logits shape SampleTokens and TopLogprobs accept: at most INT32_MAX rows (one block each),
+// a vocabulary of at most kMaxSampleVocab, rows no shorter than the vocabulary. InvalidArgument
+// naming `fn` and the offending value otherwise.
+absl::Status CheckLogitsShape(absl::string_view fn, int64_t num_rows, int64_t vocab,
+                              int64_t logits_stride) {
+  if (num_rows < 0 || num_rows > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, ": num_rows ", num_rows, " outside [0, ", INT32_MAX, "]"));
+  }
+  if (vocab <= 0 || vocab > kMaxSampleVocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, ": vocab ", vocab, " outside [1, ", kMaxSampleVocab, "]"));
+  }
+  if (logits_stride < vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, ": logits_stride ", logits_stride, " is less than vocab ", vocab));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ProcessLogits(float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
@@ -843,17 +864,8 @@ absl::Status SampleTokens(const float* logits, int64_t logits_stride, int64_t nu
                           const float* top_ps, const uint64_t* seeds, const int64_t* draw_indices,
                           void* workspace, int64_t workspace_bytes, int32_t* out_tokens,
                           float* out_logprobs, cudaStream_t stream) {
-  if (num_rows < 0 || num_rows > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SampleTokens: num_rows ", num_rows, " outside [0, ", INT32_MAX, "]"));
-  }
-  if (vocab <= 0 || vocab > kMaxSampleVocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SampleTokens: vocab ", vocab, " outside [1, ", kMaxSampleVocab, "]"));
-  }
-  if (logits_stride < vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SampleTokens: logits_stride ", logits_stride, " is less than vocab ", vocab));
+  if (absl::Status s = CheckLogitsShape("SampleTokens", num_rows, vocab, logits_stride); !s.ok()) {
+    return s;
   }
   if (num_rows == 0) return absl::OkStatus();
   if (logits == nullptr || temperatures == nullptr || top_ks == nullptr || top_ps == nullptr ||
@@ -880,17 +892,8 @@ absl::Status SampleTokens(const float* logits, int64_t logits_stride, int64_t nu
 absl::Status TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows,
                          int64_t vocab, const int32_t* top_counts, int32_t max_k, int32_t* out_ids,
                          float* out_logprobs, cudaStream_t stream) {
-  if (num_rows < 0 || num_rows > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TopLogprobs: num_rows ", num_rows, " outside [0, ", INT32_MAX, "]"));
-  }
-  if (vocab <= 0 || vocab > kMaxSampleVocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TopLogprobs: vocab ", vocab, " outside [1, ", kMaxSampleVocab, "]"));
-  }
-  if (logits_stride < vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TopLogprobs: logits_stride ", logits_stride, " is less than vocab ", vocab));
+  if (absl::Status s = CheckLogitsShape("TopLogprobs", num_rows, vocab, logits_stride); !s.ok()) {
+    return s;
   }
   if (max_k < 0 || max_k > cpu::kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
