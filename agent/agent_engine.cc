@@ -103,8 +103,7 @@ vamp::v1::RankMemory AgentEngine::MemoryLocked() {
   m.set_offloaded_expert_bytes(offloaded);
   m.set_other_weight_bytes(in->rank->other_weight_bytes);
   m.set_kv_pool_bytes(in->rank->memory.kv->mapped_bytes());
-  m.set_staging_bytes(static_cast<uint64_t>(in->rank->plan.num_staging_buffers) *
-                      in->rank->plan.staging_buffer_bytes);
+  m.set_staging_bytes(in->rank->memory.experts->staging_mapped_bytes());
   m.set_activation_bytes(in->rank->plan.activation_bytes);
   m.set_offloaded_groups(static_cast<int32_t>(in->rank->memory.repartitioner->offloaded_groups()));
   m.set_max_offload_groups(static_cast<int32_t>(in->rank->plan.experts.max_groups));

@@ -9,7 +9,7 @@
 //   vamp_agent_other_weight_bytes                attention, embeddings, norms, LM head
 //   vamp_agent_kv_pool_bytes                     mapped KV region
 //   vamp_agent_kv_pool_blocks                    KV blocks in use by the controller's pool
-//   vamp_agent_staging_buffer_bytes              staging buffers (all of them)
+//   vamp_agent_staging_buffer_bytes              staging buffers (all of them), mapped now
 //   vamp_agent_step_duration_seconds             histogram: a step, remaps included
 //   vamp_agent_staging_stall_seconds             histogram: per step, time compute waited for
 //                                                expert copies (the staging not hidden)

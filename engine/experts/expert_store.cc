@@ -18,11 +18,12 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(PagePool* pool,
         absl::StrCat("ExpertStore: geometry is for ", geometry.page_bytes,
                      "-byte pages but the pool has ", pool->page_bytes(), "-byte pages"));
   }
-  if (geometry.total_pages() > pool->num_free()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("ExpertStore: the expert regions need ", geometry.total_pages(), " pages (",
-                     geometry.moe_layers.size(), " layers x ", geometry.region_pages,
-                     "), the pool has ", pool->num_free(), " free"));
+  if (geometry.total_pages() + geometry.reserved_staging_pages() > pool->num_free()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "ExpertStore: the expert regions need ", geometry.total_pages(), " pages (",
+        geometry.moe_layers.size(), " layers x ", geometry.region_pages, ") and the reserved ",
+        "staging buffers ", geometry.reserved_staging_pages(), ", the pool has ", pool->num_free(),
+        " free"));
   }
   std::vector<std::unique_ptr<VirtualRegion>> regions;
   for (int layer : geometry.moe_layers) {
@@ -37,12 +38,33 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Create(PagePool* pool,
     }
     regions.push_back(std::move(region));
   }
-  return std::unique_ptr<ExpertStore>(new ExpertStore(pool, geometry, std::move(regions)));
+  std::vector<std::unique_ptr<VirtualRegion>> staging;
+  for (int i = 0; i < geometry.num_staging_buffers; ++i) {
+    VAMP_ASSIGN_OR_RETURN(std::unique_ptr<VirtualRegion> region,
+                          VirtualRegion::Reserve(pool, RegionKind::kStaging,
+                                                 absl::StrCat("staging.", i),
+                                                 geometry.staging_buffer_pages()));
+    if (!geometry.staging_carved) {
+      VAMP_ASSIGN_OR_RETURN(std::vector<PageId> pages,
+                            pool->Allocate(geometry.staging_buffer_pages()));
+      if (absl::Status s = region->MapPages(0, pages); !s.ok()) {
+        pool->Free(pages).IgnoreError();
+        return s;
+      }
+    }
+    staging.push_back(std::move(region));
+  }
+  return std::unique_ptr<ExpertStore>(
+      new ExpertStore(pool, geometry, std::move(regions), std::move(staging)));
 }
 
 ExpertStore::ExpertStore(PagePool* pool, ExpertGeometry geometry,
-                         std::vector<std::unique_ptr<VirtualRegion>> regions)
-    : pool_(pool), geometry_(std::move(geometry)), regions_(std::move(regions)) {
+                         std::vector<std::unique_ptr<VirtualRegion>> regions,
+                         std::vector<std::unique_ptr<VirtualRegion>> staging)
+    : pool_(pool),
+      geometry_(std::move(geometry)),
+      regions_(std::move(regions)),
+      staging_(std::move(staging)) {
   int max_layer = 0;
   for (int layer : geometry_.moe_layers) max_layer = std::max(max_layer, layer);
   moe_index_.assign(static_cast<size_t>(max_layer) + 1, -1);
@@ -153,6 +175,20 @@ absl::Status ExpertStore::FinalizeLoad() {
 bool ExpertStore::load_finalized() const {
   absl::MutexLock lock(&mu_);
   return finalized_;
+}
+
+DeviceAddress ExpertStore::StagingBufferAddress(int buffer) const {
+  VAMP_CHECK(buffer >= 0 && buffer < static_cast<int>(staging_.size()))
+      << "staging buffer " << buffer << " of " << staging_.size();
+  return staging_[static_cast<size_t>(buffer)]->base();
+}
+
+uint64_t ExpertStore::staging_mapped_bytes() const {
+  uint64_t bytes = 0;
+  for (const auto& region : staging_) {
+    bytes += static_cast<uint64_t>(region->mapped_pages()) * geometry_.page_bytes;
+  }
+  return bytes;
 }
 
 int64_t ExpertStore::boundary() const {
@@ -278,25 +314,84 @@ absl::StatusOr<std::vector<PageId>> ExpertStore::Offload(int64_t n_groups, InFli
     absl::StatusOr<std::vector<PageId>> freed = region.UnmapPages(first_slot, count);
     if (!freed.ok()) {
       // Put back what was already taken: the pages still hold the weights.
-      for (size_t k = 0; k < j; ++k) {
-        absl::Span<const PageId> back(pages.data() + k * static_cast<size_t>(count),
-                                      static_cast<size_t>(count));
-        if (absl::Status s = regions_[k + 1]->MapPages(first_slot, back); !s.ok()) {
-          VAMP_LOG(ERROR) << "ExpertStore::Offload rollback: " << s;
-        }
-      }
+      RemapIntoRegions(pages, first_slot, static_cast<size_t>(count));
       undo_boundary();
       return freed.status();
     }
     pages.insert(pages.end(), freed->begin(), freed->end());
   }
   if (timings != nullptr) timings->unmap_us += MicrosSince(start);
+
+  if (geometry_.staging_carved) {
+    start = std::chrono::steady_clock::now();
+    const int64_t before = (geometry_.num_experts - old_b) / geometry_.group_experts;
+    if (absl::Status s = GrowStaging(pages, before, n_groups); !s.ok()) {
+      RemapIntoRegions(pages, first_slot, static_cast<size_t>(count));
+      undo_boundary();
+      return s;
+    }
+    pages.erase(pages.begin(), pages.begin() + geometry_.staging_pages_per_group() * n_groups);
+    if (timings != nullptr) timings->map_us += MicrosSince(start);
+  }
   return pages;
 }
 
-absl::Status ExpertStore::Restore(absl::Span<const PageId> pages, RemapTimings* timings) {
+void ExpertStore::RemapIntoRegions(absl::Span<const PageId> pages, int64_t first_slot,
+                                   size_t per_layer) {
+  for (size_t k = 0; k + 1 < regions_.size() && (k + 1) * per_layer <= pages.size(); ++k) {
+    if (absl::Status s = regions_[k + 1]->MapPages(first_slot, pages.subspan(k * per_layer,
+                                                                             per_layer));
+        !s.ok()) {
+      VAMP_LOG(ERROR) << "ExpertStore: putting pages back into " << regions_[k + 1]->label()
+                      << ": " << s;
+    }
+  }
+}
+
+absl::Status ExpertStore::GrowStaging(absl::Span<const PageId> pages, int64_t offloaded_groups,
+                                      int64_t n_groups) {
+  const size_t run = static_cast<size_t>(n_groups * geometry_.group_pages);
+  const int64_t slot = offloaded_groups * geometry_.group_pages;
+  for (size_t i = 0; i < staging_.size(); ++i) {
+    if (absl::Status s = staging_[i]->MapPages(slot, pages.subspan(i * run, run)); !s.ok()) {
+      for (size_t k = 0; k < i; ++k) {
+        if (absl::Status u = staging_[k]->UnmapPages(slot, static_cast<int64_t>(run)).status();
+            !u.ok()) {
+          VAMP_LOG(ERROR) << "ExpertStore: unmapping " << staging_[k]->label() << ": " << u;
+        }
+      }
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<PageId>> ExpertStore::ShrinkStaging(int64_t offloaded_groups,
+                                                               int64_t n_groups) {
+  const int64_t run = n_groups * geometry_.group_pages;
+  const int64_t slot = (offloaded_groups - n_groups) * geometry_.group_pages;
+  std::vector<PageId> pages;
+  for (size_t i = 0; i < staging_.size(); ++i) {
+    absl::StatusOr<std::vector<PageId>> freed = staging_[i]->UnmapPages(slot, run);
+    if (!freed.ok()) {
+      for (size_t k = 0; k < i; ++k) {
+        absl::Span<const PageId> back(pages.data() + k * static_cast<size_t>(run),
+                                      static_cast<size_t>(run));
+        if (absl::Status s = staging_[k]->MapPages(slot, back); !s.ok()) {
+          VAMP_LOG(ERROR) << "ExpertStore: putting pages back into " << staging_[k]->label()
+                          << ": " << s;
+        }
+      }
+      return freed.status();
+    }
+    pages.insert(pages.end(), freed->begin(), freed->end());
+  }
+  return pages;
+}
+
+absl::Status ExpertStore::Restore(absl::Span<const PageId> kv_pages, RemapTimings* timings) {
   absl::MutexLock remap_lock(&remap_mu_);
-  const int64_t per_group = geometry_.pages_per_group();
+  const int64_t per_group = geometry_.kv_pages_per_group();
   int64_t old_b;
   {
     absl::MutexLock lock(&mu_);
@@ -304,22 +399,41 @@ absl::Status ExpertStore::Restore(absl::Span<const PageId> pages, RemapTimings* 
       return absl::FailedPreconditionError("ExpertStore::Restore before FinalizeLoad");
     }
     const int64_t offloaded = (geometry_.num_experts - boundary_) / geometry_.group_experts;
-    if (per_group == 0 || pages.empty() || static_cast<int64_t>(pages.size()) % per_group != 0 ||
-        static_cast<int64_t>(pages.size()) / per_group > offloaded) {
+    if (per_group == 0 || kv_pages.empty() ||
+        static_cast<int64_t>(kv_pages.size()) % per_group != 0 ||
+        static_cast<int64_t>(kv_pages.size()) / per_group > offloaded) {
       return absl::OutOfRangeError(absl::StrCat(
-          "ExpertStore::Restore: got ", pages.size(), " pages; restoring takes whole groups of ",
+          "ExpertStore::Restore: got ", kv_pages.size(), " pages; restoring takes whole groups of ",
           per_group, " pages and at most the ", offloaded, " offloaded group(s)"));
     }
     old_b = boundary_;
   }
-  const int64_t n_groups = static_cast<int64_t>(pages.size()) / per_group;
+  const int64_t n_groups = static_cast<int64_t>(kv_pages.size()) / per_group;
   const int64_t new_b = old_b + n_groups * geometry_.group_experts;
   const int64_t first_slot = SlotOfBoundary(old_b);
   const size_t count = static_cast<size_t>(SlotOfBoundary(new_b) - first_slot);
 
   auto start = std::chrono::steady_clock::now();
+  // The carved staging buffers' share first, then the caller's pages.
+  std::vector<PageId> pages;
+  const int64_t offloaded = (geometry_.num_experts - old_b) / geometry_.group_experts;
+  if (geometry_.staging_carved) {
+    VAMP_ASSIGN_OR_RETURN(pages, ShrinkStaging(offloaded, n_groups));
+  }
+  const size_t staging_pages = pages.size();
+  pages.insert(pages.end(), kv_pages.begin(), kv_pages.end());
+  // Undoes the staging shrink (the caller keeps its pages).
+  auto undo_staging = [&] {
+    if (staging_pages == 0) return;
+    if (absl::Status s = GrowStaging(absl::MakeConstSpan(pages.data(), staging_pages),
+                                     offloaded - n_groups, n_groups);
+        !s.ok()) {
+      VAMP_LOG(ERROR) << "ExpertStore::Restore rollback: " << s;
+    }
+  };
   for (size_t j = 0; j < geometry_.eligible_layers.size(); ++j) {
-    absl::Status s = regions_[j + 1]->MapPages(first_slot, pages.subspan(j * count, count));
+    absl::Status s =
+        regions_[j + 1]->MapPages(first_slot, absl::MakeConstSpan(pages).subspan(j * count, count));
     if (!s.ok()) {
       for (size_t k = 0; k < j; ++k) {
         if (absl::Status u =
@@ -328,6 +442,7 @@ absl::Status ExpertStore::Restore(absl::Span<const PageId> pages, RemapTimings* 
           VAMP_LOG(ERROR) << "ExpertStore::Restore rollback: " << u;
         }
       }
+      undo_staging();
       return s;
     }
   }
@@ -353,6 +468,7 @@ absl::Status ExpertStore::Restore(absl::Span<const PageId> pages, RemapTimings* 
           VAMP_LOG(ERROR) << "ExpertStore::Restore rollback: " << u;
         }
       }
+      undo_staging();
       return s;
     }
   }
@@ -368,6 +484,13 @@ std::vector<const VirtualRegion*> ExpertStore::regions() const {
   std::vector<const VirtualRegion*> out;
   out.reserve(regions_.size());
   for (const auto& region : regions_) out.push_back(region.get());
+  return out;
+}
+
+std::vector<const VirtualRegion*> ExpertStore::staging_regions() const {
+  std::vector<const VirtualRegion*> out;
+  out.reserve(staging_.size());
+  for (const auto& region : staging_) out.push_back(region.get());
   return out;
 }
 

@@ -9,8 +9,14 @@
 //     affected pages, unmaps them and hands them out;
 //   - Restore(pages) maps handed-back pages (any pages: contents are rewritten) at the top of the
 //     resident part, copies the weights back from the pinned host copies, and moves b up.
-// Experts below b are read from their region; experts at or above b from the staging buffer, which
+// Experts below b are read from their region; experts at or above b from a staging buffer, which
 // the staging engine fills from OffloadedHostRange(layer) before the layer's MoE runs.
+//
+// The store also owns the staging buffers: geometry().num_staging_buffers regions of
+// staging_buffer_pages() each, at fixed addresses. Where geometry().staging_carved, a buffer's
+// pages are the first pages each offload frees (buffer i takes those of the i-th eligible layer)
+// and it is exactly as long as the offloaded range [b, E) of one layer; otherwise it is mapped
+// whole at creation.
 //
 // Lifecycle: Create (pages mapped, contents undefined) -> WriteExpert/WriteExpertBytes for every
 // expert -> FinalizeLoad (pinned host copies of every offloadable expert, weights frozen) ->
@@ -59,8 +65,9 @@ struct RemapTimings {
 
 class ExpertStore {
  public:
-  // Reserves and maps one region per MoE layer with pages from `pool` (geometry.total_pages() of
-  // them must be free). The pool and its backend must outlive the store.
+  // Reserves and maps one region per MoE layer with pages from `pool`, and reserves the staging
+  // buffers (geometry.total_pages() + geometry.reserved_staging_pages() pages must be free). The
+  // pool and its backend must outlive the store.
   static absl::StatusOr<std::unique_ptr<ExpertStore>> Create(PagePool* pool,
                                                              const ExpertGeometry& geometry);
   ~ExpertStore();
@@ -88,6 +95,14 @@ class ExpertStore {
   DeviceAddress RegionBase(int layer) const;
   DeviceAddress W13Address(int layer, int64_t expert) const;
   DeviceAddress W2Address(int layer, int64_t expert) const;
+
+  // ---- Staging buffers (addresses fixed for the store's life) ----
+  int num_staging_buffers() const { return geometry_.num_staging_buffers; }
+  // Start of staging buffer `buffer` (0 <= buffer < num_staging_buffers()). Bytes past
+  // staging_mapped_bytes() / num_staging_buffers() of it are not mapped.
+  DeviceAddress StagingBufferAddress(int buffer) const;
+  // Bytes of all staging buffers that are mapped now.
+  uint64_t staging_mapped_bytes() const;
 
   // ---- Residency ----
   // b: experts [0, b) of eligible layers are resident, [b, E) offloaded. E when nothing is.
@@ -119,23 +134,40 @@ class ExpertStore {
 
   // ---- Remapping (MemoryRepartitioner drives these at step boundaries) ----
   // Moves b down by `n_groups` groups, waits on `fence`, unmaps the freed pages of every eligible
-  // layer and returns them (held; n_groups * geometry().pages_per_group(), layer by layer). Errors:
-  // FailedPrecondition before FinalizeLoad, OutOfRange past the cap (max_groups). On failure
-  // nothing changes.
+  // layer, maps what carved staging buffers take (geometry().staging_pages_per_group() a group) at
+  // their ends and returns the rest for the KV cache (held; n_groups *
+  // geometry().kv_pages_per_group()). Errors: FailedPrecondition before FinalizeLoad, OutOfRange
+  // past the cap (max_groups). On failure nothing changes.
   absl::StatusOr<std::vector<PageId>> Offload(int64_t n_groups, InFlightFence& fence,
                                               RemapTimings* timings = nullptr);
-  // Takes `pages` (held; a whole number of group steps) back: maps them at the top of the resident
-  // part, copies those experts' weights back from the pinned copies and moves b up. OutOfRange when
-  // that is more than is offloaded. On failure the pages are still the caller's and nothing
-  // changes.
+  // Takes `pages` (held; n * geometry().kv_pages_per_group() for n group steps) back, with the
+  // last n groups' pages of carved staging buffers: maps them at the top of the resident part,
+  // copies those experts' weights back from the pinned copies and moves b up. OutOfRange when that
+  // is more than is offloaded. On failure the pages are still the caller's and nothing changes.
+  // Nothing in flight may read the staging buffers (the caller has waited on its fence).
   absl::Status Restore(absl::Span<const PageId> pages, RemapTimings* timings = nullptr);
 
-  // The regions, for page audits.
+  // The expert regions, and the staging buffers' regions, for page audits.
   std::vector<const VirtualRegion*> regions() const;
+  std::vector<const VirtualRegion*> staging_regions() const;
 
  private:
   ExpertStore(PagePool* pool, ExpertGeometry geometry,
-              std::vector<std::unique_ptr<VirtualRegion>> regions);
+              std::vector<std::unique_ptr<VirtualRegion>> regions,
+              std::vector<std::unique_ptr<VirtualRegion>> staging);
+  // Maps the first staging_pages_per_group() * n_groups of `pages` (the freed pages of eligible
+  // layers 0, 1, ...) at the ends of the carved staging buffers, which hold `offloaded_groups`
+  // groups before. On failure nothing stays mapped there.
+  absl::Status GrowStaging(absl::Span<const PageId> pages, int64_t offloaded_groups,
+                           int64_t n_groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(remap_mu_);
+  // Unmaps the last `n_groups` groups' pages of the carved staging buffers, which hold
+  // `offloaded_groups` groups, and returns them (held), buffer after buffer.
+  absl::StatusOr<std::vector<PageId>> ShrinkStaging(int64_t offloaded_groups, int64_t n_groups)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(remap_mu_);
+  // Maps `pages` (layer-major, `per_layer` each) back into the eligible layers' regions at
+  // `first_slot`; logs what fails (rollback paths only).
+  void RemapIntoRegions(absl::Span<const PageId> pages, int64_t first_slot, size_t per_layer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(remap_mu_);
   // Index into moe_layers for `layer`, or -1.
   int MoeIndex(int layer) const;
   // The first page slot of expert `b` (page-aligned for every b = E - k*g).
@@ -148,6 +180,9 @@ class ExpertStore {
   const ExpertGeometry geometry_;
   // One region per MoE layer, in moe_layers order (immutable after construction).
   const std::vector<std::unique_ptr<VirtualRegion>> regions_;
+  // One region per staging buffer (the regions are immutable; their mappings change under
+  // remap_mu_).
+  const std::vector<std::unique_ptr<VirtualRegion>> staging_;
   std::vector<int> moe_index_;  // by decoder layer; immutable after construction
 
   // Serialises Offload/Restore with each other; the boundary itself is under mu_ so readers

@@ -37,7 +37,7 @@ absl::StatusOr<AgentMemory> CreateAgentMemory(MemoryBackend* backend, const Memo
   VAMP_ASSIGN_OR_RETURN(memory.experts, ExpertStore::Create(memory.pool.get(), plan.experts));
   VAMP_ASSIGN_OR_RETURN(memory.kv,
                         KvRegion::Create(memory.pool.get(), plan.kv, plan.kv_baseline_pages,
-                                         plan.experts.max_offload_pages()));
+                                         plan.experts.max_kv_offload_pages()));
   memory.repartitioner = std::make_unique<MemoryRepartitioner>(
       memory.pool.get(), memory.experts.get(), memory.kv.get(), fence);
   return memory;

@@ -23,7 +23,7 @@ absl::StatusOr<int64_t> MemoryRepartitioner::BlocksAddedByOffload(int64_t n_grou
                      " more can be offloaded (cap ", experts_->geometry().max_groups, ")"));
   }
   const int64_t pages = kv_->mapped_pages();
-  return kv_->BlocksWithPages(pages + n_groups * experts_->geometry().pages_per_group()) -
+  return kv_->BlocksWithPages(pages + n_groups * experts_->geometry().kv_pages_per_group()) -
          kv_->BlocksWithPages(pages);
 }
 
@@ -35,7 +35,7 @@ absl::StatusOr<int64_t> MemoryRepartitioner::BlocksRemovedByRestore(int64_t n_gr
   }
   const int64_t pages = kv_->mapped_pages();
   return kv_->BlocksWithPages(pages) -
-         kv_->BlocksWithPages(pages - n_groups * experts_->geometry().pages_per_group());
+         kv_->BlocksWithPages(pages - n_groups * experts_->geometry().kv_pages_per_group());
 }
 
 absl::StatusOr<RemapResult> MemoryRepartitioner::Offload(int64_t n_groups) {
@@ -90,7 +90,7 @@ absl::StatusOr<RemapResult> MemoryRepartitioner::Restore(int64_t n_groups,
   result.timings.fence_us += MicrosSince(step);
 
   step = std::chrono::steady_clock::now();
-  const int64_t n_pages = n_groups * experts_->geometry().pages_per_group();
+  const int64_t n_pages = n_groups * experts_->geometry().kv_pages_per_group();
   VAMP_ASSIGN_OR_RETURN(std::vector<PageId> pages, kv_->ShrinkTail(n_pages));
   result.timings.unmap_us += MicrosSince(step);
 
@@ -112,20 +112,24 @@ absl::StatusOr<RemapResult> MemoryRepartitioner::Restore(int64_t n_groups,
 
 absl::Status MemoryRepartitioner::Audit() const {
   std::vector<const VirtualRegion*> regions = experts_->regions();
+  for (const VirtualRegion* region : experts_->staging_regions()) regions.push_back(region);
   regions.push_back(&kv_->region());
   VAMP_RETURN_IF_ERROR(pool_->Audit(regions));
 
   const PagePool::Accounting a = pool_->Account();
   const ExpertGeometry& g = experts_->geometry();
-  const int64_t offloaded_pages = experts_->offloaded_groups() * g.pages_per_group();
-  const int64_t expected_expert = g.total_pages() - offloaded_pages;
-  const int64_t expected_kv = kv_->baseline_pages() + offloaded_pages;
+  const int64_t groups = experts_->offloaded_groups();
+  const int64_t expected_expert = g.total_pages() - groups * g.pages_per_group();
+  const int64_t expected_kv = kv_->baseline_pages() + groups * g.kv_pages_per_group();
+  const int64_t expected_staging = g.reserved_staging_pages() + groups * g.staging_pages_per_group();
   if (a.held != 0 || a.mapped_other != 0 || a.mapped_expert != expected_expert ||
-      a.mapped_kv != expected_kv || a.free + a.mapped_expert + a.mapped_kv != pool_->num_pages()) {
+      a.mapped_kv != expected_kv || a.mapped_staging != expected_staging ||
+      a.free + a.mapped_expert + a.mapped_kv + a.mapped_staging != pool_->num_pages()) {
     return absl::InternalError(absl::StrCat(
         "page accounting: pool of ", pool_->num_pages(), " pages has ", a.free, " free, ", a.held,
         " held, ", a.mapped_expert, " expert (expected ", expected_expert, "), ", a.mapped_kv,
-        " KV (expected ", expected_kv, "), ", a.mapped_other, " other"));
+        " KV (expected ", expected_kv, "), ", a.mapped_staging, " staging (expected ",
+        expected_staging, "), ", a.mapped_other, " other"));
   }
   return absl::OkStatus();
 }

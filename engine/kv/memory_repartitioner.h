@@ -5,14 +5,17 @@
 // The agent answers the controller's capacity query (BlocksAddedByOffload, for the minimum across
 // ranks), then applies the remap the controller chose at a step boundary:
 //   Offload(n): b moves down by n groups; wait until nothing in flight reads the pages; unmap them
-//               from the expert regions; map them at the end of the KV region; report the blocks.
+//               from the expert regions; carved staging buffers take their share (ExpertStore);
+//               map the rest at the end of the KV region; report the blocks.
 //   Restore(n): only tail pages whose blocks the KV manager has freed and stopped handing out
 //               (it says how many tail blocks are free); wait; unmap them from the KV region; map
-//               them back into the expert regions; copy the weights from the pinned copies; b up.
+//               them, with the staging buffers' share, back into the expert regions; copy the
+//               weights from the pinned copies; b up.
 //
 // Invariants (Audit checks them): no page is mapped twice; every page of the pool is accounted for
-// as expert, KV or free; KV pages = baseline + offloaded pages; expert pages = all regions minus
-// the offloaded pages.
+// as expert, KV, staging or free; KV pages = baseline + offloaded groups x kv_pages_per_group;
+// staging pages = reserved + offloaded groups x staging_pages_per_group; expert pages = all
+// regions minus the offloaded pages.
 //
 // Thread-safe; remaps are serialised.
 #ifndef VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_

@@ -26,6 +26,11 @@ absl::StatusOr<ExpertGeometry> ComputeExpertGeometry(const ModelShape& shape, in
     return absl::InvalidArgumentError(absl::StrCat(
         "offload.max_offload_ratio (", offload.max_offload_ratio, ") must be in [0, 1]"));
   }
+  if (offload.staging_buffers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("offload.staging_buffers (",
+                                                   offload.staging_buffers,
+                                                   ") must be at least 1"));
+  }
   if (offload.staging_buffer_experts < 0) {
     return absl::InvalidArgumentError(absl::StrCat("offload.staging_buffer_experts (",
                                                    offload.staging_buffer_experts,
@@ -61,6 +66,10 @@ absl::StatusOr<ExpertGeometry> ComputeExpertGeometry(const ModelShape& shape, in
   g.max_offload_experts = g.max_groups * g.group_experts;
   g.staging_buffer_experts =
       offload.staging_buffer_experts > 0 ? offload.staging_buffer_experts : g.max_offload_experts;
+  if (g.max_groups > 0) {
+    g.num_staging_buffers = offload.staging_buffers;
+    g.staging_carved = static_cast<int64_t>(g.eligible_layers.size()) > g.num_staging_buffers;
+  }
   return g;
 }
 

@@ -23,6 +23,9 @@ struct OffloadConfig {
   // E_buffer: experts one staging buffer holds, which also bounds the offloaded experts per layer.
   // 0 sizes the staging buffer to exactly what the cap needs.
   int64_t staging_buffer_experts = 0;
+  // Staging buffers: 2 overlaps each layer's copy with the layer before it (shared/DESIGN.md,
+  // "Staging"); 1 serialises copies and compute.
+  int staging_buffers = 2;
 };
 
 // Per-rank geometry of the expert regions.
@@ -53,6 +56,14 @@ struct ExpertGeometry {
   int64_t staging_buffer_experts = 0;  // E_buffer
   int64_t max_offload_experts = 0;  // per eligible layer: min(E_buffer, floor(r E)), whole groups
   int64_t max_groups = 0;           // max_offload_experts / g (0 when nothing is eligible)
+  int num_staging_buffers = 0;      // 0 when nothing can be offloaded
+  // Where the staging buffers' pages come from. Carved (the default wherever it works): each
+  // group step maps num_staging_buffers x group_pages of the pages it frees into the buffers and
+  // the rest into the KV cache, so nothing is set aside before the first offload and a rank that
+  // never offloads has static's KV pool. A group step frees group_pages in every eligible layer,
+  // so carving needs more eligible layers than buffers; smaller models reserve the buffers' pages
+  // at start-up instead (at the cap both give the KV cache the same pages).
+  bool staging_carved = false;
 
   uint64_t ExpertOffset(int64_t expert) const {
     return lead_bytes + static_cast<uint64_t>(expert) * expert_bytes;
@@ -67,6 +78,21 @@ struct ExpertGeometry {
   int64_t max_offload_pages() const { return max_groups * pages_per_group(); }
   uint64_t staging_buffer_bytes() const {
     return static_cast<uint64_t>(staging_buffer_experts) * expert_bytes;
+  }
+  // Address space of one staging buffer, whole pages.
+  int64_t staging_buffer_pages() const {
+    return static_cast<int64_t>((staging_buffer_bytes() + page_bytes - 1) / page_bytes);
+  }
+  // Of the pages one group step frees, those the staging buffers take and those the KV cache gets.
+  int64_t staging_pages_per_group() const {
+    return staging_carved ? num_staging_buffers * group_pages : 0;
+  }
+  int64_t kv_pages_per_group() const { return pages_per_group() - staging_pages_per_group(); }
+  // Pages the KV cache can gain: every group offloaded.
+  int64_t max_kv_offload_pages() const { return max_groups * kv_pages_per_group(); }
+  // Staging pages mapped from start-up on (reserved buffers; 0 when carved).
+  int64_t reserved_staging_pages() const {
+    return staging_carved ? 0 : num_staging_buffers * staging_buffer_pages();
   }
 };
 

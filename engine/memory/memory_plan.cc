@@ -51,8 +51,7 @@ uint64_t EstimateActivationBytes(const ModelShape& shape, int tp_size,
 
 uint64_t MemoryPlan::slack_bytes() const {
   const uint64_t used = expert_weight_bytes + other_weight_bytes + activation_bytes +
-                        runtime_overhead_bytes +
-                        static_cast<uint64_t>(num_staging_buffers) * staging_buffer_bytes +
+                        runtime_overhead_bytes + reserved_staging_bytes +
                         static_cast<uint64_t>(kv_baseline_pages) * experts.page_bytes;
   return budget_bytes - used;
 }
@@ -96,15 +95,12 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelShape& shape, const MemoryPlanC
           : EstimateActivationBytes(shape, config.tp_size, config.max_num_batched_tokens,
                                     config.max_num_seqs);
   plan.runtime_overhead_bytes = config.runtime_overhead_bytes;
-  if (plan.experts.max_groups > 0) {
-    plan.staging_buffer_bytes = plan.experts.staging_buffer_bytes();
-    plan.num_staging_buffers = 2;
-  }
+  plan.reserved_staging_bytes =
+      static_cast<uint64_t>(plan.experts.reserved_staging_pages()) * config.page_bytes;
 
-  const uint64_t fixed =
-      plan.expert_weight_bytes + plan.other_weight_bytes + plan.activation_bytes +
-      plan.runtime_overhead_bytes +
-      static_cast<uint64_t>(plan.num_staging_buffers) * plan.staging_buffer_bytes;
+  const uint64_t fixed = plan.expert_weight_bytes + plan.other_weight_bytes +
+                         plan.activation_bytes + plan.runtime_overhead_bytes +
+                         plan.reserved_staging_bytes;
   const std::string budget_text =
       absl::StrFormat("the budget of %s (gpu_memory_utilization %.2f x %s device memory)",
                       FormatBytes(plan.budget_bytes), config.gpu_memory_utilization,
@@ -117,7 +113,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelShape& shape, const MemoryPlanC
         " (experts ", FormatBytes(plan.expert_weight_bytes), ", other ",
         FormatBytes(plan.other_weight_bytes), ") + activations ",
         FormatBytes(plan.activation_bytes), " + staging buffers ",
-        FormatBytes(plan.num_staging_buffers * plan.staging_buffer_bytes), " + runtime overhead ",
+        FormatBytes(plan.reserved_staging_bytes), " + runtime overhead ",
         FormatBytes(plan.runtime_overhead_bytes), " + at least one KV page/block ",
         FormatBytes(min_kv), " = ", FormatBytes(fixed + min_kv), " do not fit in ", budget_text,
         ": short by ", FormatBytes(fixed + min_kv - plan.budget_bytes),
@@ -128,7 +124,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelShape& shape, const MemoryPlanC
   plan.kv_baseline_pages = static_cast<int64_t>(kv_bytes / config.page_bytes);
   plan.kv_baseline_blocks =
       plan.kv.BlocksIn(static_cast<uint64_t>(plan.kv_baseline_pages) * config.page_bytes);
-  plan.kv_max_pages = plan.kv_baseline_pages + plan.experts.max_offload_pages();
+  plan.kv_max_pages = plan.kv_baseline_pages + plan.experts.max_kv_offload_pages();
   plan.kv_max_blocks =
       plan.kv.BlocksIn(static_cast<uint64_t>(plan.kv_max_pages) * config.page_bytes);
 
@@ -169,9 +165,19 @@ std::string MemoryPlan::Summary() const {
                         "  activations:      %s (%d batched tokens, %d sequences) + runtime %s\n",
                         FormatBytes(activation_bytes), config.max_num_batched_tokens,
                         config.max_num_seqs, FormatBytes(runtime_overhead_bytes));
-  if (num_staging_buffers > 0) {
-    absl::StrAppendFormat(&out, "  staging buffers:  %d x %s (%d experts each)\n",
-                          num_staging_buffers, FormatBytes(staging_buffer_bytes),
+  if (e.num_staging_buffers > 0 && e.staging_carved) {
+    absl::StrAppendFormat(&out,
+                          "  staging buffers:  %d x up to %s (%d experts each), carved out of the "
+                          "offloaded expert pages: none before the first offload\n",
+                          e.num_staging_buffers, FormatBytes(e.staging_buffer_bytes()),
+                          e.staging_buffer_experts);
+  } else if (e.num_staging_buffers > 0) {
+    absl::StrAppendFormat(&out,
+                          "  staging buffers:  %d x %s (%d experts each), reserved at start-up "
+                          "(the model has too few MoE layers to carve them out of offloads)\n",
+                          e.num_staging_buffers,
+                          FormatBytes(static_cast<uint64_t>(e.staging_buffer_pages()) *
+                                      e.page_bytes),
                           e.staging_buffer_experts);
   } else {
     absl::StrAppendFormat(&out, "  staging buffers:  none (no expert can be offloaded)\n");
@@ -181,7 +187,7 @@ std::string MemoryPlan::Summary() const {
                         FormatBytes(static_cast<uint64_t>(kv_baseline_pages) * e.page_bytes),
                         kv.block_size, FormatBytes(kv.block_bytes));
   if (e.max_groups > 0) {
-    const uint64_t extra_bytes = static_cast<uint64_t>(e.max_offload_pages()) * e.page_bytes;
+    const uint64_t extra_bytes = static_cast<uint64_t>(e.max_kv_offload_pages()) * e.page_bytes;
     absl::StrAppendFormat(
         &out,
         "  VAMP-r can add %s blocks = %s tokens (%.2fx the baseline): up to %d groups = %d of %d "

@@ -52,17 +52,22 @@ struct MemoryPlan {
   uint64_t other_weight_bytes = 0;   // NonExpertWeightBytesPerRank (an estimate)
   uint64_t activation_bytes = 0;
   uint64_t runtime_overhead_bytes = 0;
-  uint64_t staging_buffer_bytes = 0;  // one buffer
-  int num_staging_buffers = 0;        // 2 (double-buffered) when offloading is possible, else 0
+  // Staging buffers reserved at start-up: experts.reserved_staging_pages(), 0 where they are carved
+  // out of the offloaded pages (ExpertGeometry::staging_carved).
+  uint64_t reserved_staging_bytes = 0;
 
   int64_t kv_baseline_pages = 0;
   int64_t kv_baseline_blocks = 0;
-  // Pages and blocks the KV region can reach when every offloadable group is offloaded.
+  // Pages and blocks the KV region can reach when every offloadable group is offloaded (less what
+  // carved staging buffers take).
   int64_t kv_max_pages = 0;
   int64_t kv_max_blocks = 0;
 
-  // Pages the page pool creates at start-up: every expert region plus the baseline KV pool.
-  int64_t pool_pages() const { return experts.total_pages() + kv_baseline_pages; }
+  // Pages the page pool creates at start-up: every expert region, reserved staging buffers and the
+  // baseline KV pool.
+  int64_t pool_pages() const {
+    return experts.total_pages() + experts.reserved_staging_pages() + kv_baseline_pages;
+  }
   int64_t kv_baseline_tokens() const { return kv_baseline_blocks * kv.block_size; }
   int64_t vamp_extra_blocks() const { return kv_max_blocks - kv_baseline_blocks; }
   // Bytes left unplanned inside the budget (less than one page).

@@ -150,6 +150,9 @@ PagePool::Accounting PagePool::Account() const {
           case RegionKind::kKv:
             ++a.mapped_kv;
             break;
+          case RegionKind::kStaging:
+            ++a.mapped_staging;
+            break;
           case RegionKind::kOther:
             ++a.mapped_other;
             break;

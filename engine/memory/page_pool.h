@@ -34,7 +34,7 @@ using PageId = int32_t;
 inline constexpr PageId kNoPage = -1;
 
 // What a region holds; page accounting is reported per kind.
-enum class RegionKind { kExpert, kKv, kOther };
+enum class RegionKind { kExpert, kKv, kStaging, kOther };
 
 class VirtualRegion;
 
@@ -66,6 +66,7 @@ class PagePool {
     int64_t held = 0;
     int64_t mapped_expert = 0;
     int64_t mapped_kv = 0;
+    int64_t mapped_staging = 0;
     int64_t mapped_other = 0;
   };
   Accounting Account() const;

@@ -51,7 +51,7 @@ class CudaDevice final : public Device {
     }
     VAMP_ASSIGN_OR_RETURN(
         std::unique_ptr<CudaExpertStoreWeights> weights,
-        CudaExpertStoreWeights::Create(store, layout, stream->get(), options_.staging));
+        CudaExpertStoreWeights::Create(store, layout, stream->get()));
     return std::unique_ptr<RankExperts>(
         std::make_unique<CudaRankExperts>(*std::move(stream), std::move(weights)));
   }

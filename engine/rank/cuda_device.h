@@ -18,7 +18,6 @@ struct CudaDeviceOptions {
   int ordinal = 0;
   // The device model's options; its dtype and all_reduce are the rank's (RankSpec), not these.
   CudaForwardOptions forward;
-  CudaStagingOptions staging;
 };
 
 std::unique_ptr<Device> CreateCudaDevice(CudaDeviceOptions options);

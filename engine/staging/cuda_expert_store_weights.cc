@@ -11,8 +11,7 @@
 namespace vamp {
 
 absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> CudaExpertStoreWeights::Create(
-    ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream,
-    CudaStagingOptions options) {
+    ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream) {
   if (store == nullptr) return absl::InvalidArgumentError("CudaExpertStoreWeights needs a store");
   const ExpertGeometry& g = store->geometry();
   if (store->backend()->name() != "cuda") {
@@ -28,29 +27,19 @@ absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> CudaExpertStoreWeights::
                      " B) does not match ", DTypeName(layout.dtype), " shards of hidden ",
                      layout.hidden, " and intermediate ", layout.inter));
   }
-  if (options.num_buffers < 1) {
-    return absl::InvalidArgumentError("staging needs at least one buffer");
-  }
   std::unique_ptr<CudaExpertStoreWeights> w(
-      new CudaExpertStoreWeights(store, layout, compute_stream, options));
+      new CudaExpertStoreWeights(store, layout, compute_stream));
   VAMP_RETURN_IF_ERROR(w->Init());
   return w;
 }
 
 CudaExpertStoreWeights::CudaExpertStoreWeights(ExpertStore* store, ExpertShardLayout layout,
-                                               cudaStream_t compute_stream,
-                                               CudaStagingOptions options)
-    : store_(store), layout_(layout), compute_stream_(compute_stream), options_(options) {}
+                                               cudaStream_t compute_stream)
+    : store_(store), layout_(layout), compute_stream_(compute_stream) {}
 
 absl::Status CudaExpertStoreWeights::Init() {
   VAMP_ASSIGN_OR_RETURN(copy_stream_, CudaStream::Create());
   const ExpertGeometry& g = store_->geometry();
-  if (g.max_groups > 0) {
-    for (int i = 0; i < options_.num_buffers; ++i) {
-      VAMP_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(g.staging_buffer_bytes()));
-      buffers_.push_back(std::move(b));
-    }
-  }
   const size_t jobs = g.eligible_layers.size();
   copied_.assign(jobs, nullptr);
   released_.assign(jobs, nullptr);
@@ -98,10 +87,7 @@ absl::Status CudaExpertStoreWeights::Rebuild() {
   // stream, whose DMA from pageable memory may still be in flight when the call returns and which
   // does not order our non-blocking streams: wait for the whole device once per table change.
   VAMP_CUDART_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  std::vector<const uint8_t*> bases;
-  for (const DeviceBuffer& b : buffers_) bases.push_back(static_cast<const uint8_t*>(b.data()));
-  VAMP_ASSIGN_OR_RETURN(ExpertPointerTables t,
-                        BuildExpertPointerTables(*store_, bases, options_.num_buffers));
+  VAMP_ASSIGN_OR_RETURN(ExpertPointerTables t, BuildExpertPointerTables(*store_));
   if (t.plan.size() > copied_.size()) {
     return absl::InternalError(absl::StrCat(t.plan.size(), " staged layers but only ",
                                             copied_.size(), " eligible layers"));
@@ -146,8 +132,10 @@ absl::Status CudaExpertStoreWeights::EnqueueCopy(int job) {
   if (copy.after_release_of >= 0) {
     VAMP_CUDART_RETURN_IF_ERROR(cudaStreamWaitEvent(s, released_[copy.after_release_of], 0));
   }
-  VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(buffers_[copy.buffer].data(), range.data, range.bytes,
-                                              cudaMemcpyHostToDevice, s));
+  void* buffer =
+      reinterpret_cast<void*>(static_cast<uintptr_t>(store_->StagingBufferAddress(copy.buffer)));
+  VAMP_CUDART_RETURN_IF_ERROR(
+      cudaMemcpyAsync(buffer, range.data, range.bytes, cudaMemcpyHostToDevice, s));
   VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(copied_[job], s));
   enqueued_[job] = true;
   ++stats_.copies;

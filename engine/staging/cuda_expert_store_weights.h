@@ -37,11 +37,6 @@
 
 namespace vamp {
 
-struct CudaStagingOptions {
-  // Staging buffers; 2 is the double buffer of the design, 1 serialises copies and compute.
-  int num_buffers = 2;
-};
-
 struct CudaStagingStats {
   int64_t passes = 0;
   int64_t copies = 0;  // host->device copies enqueued
@@ -53,12 +48,10 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   // `store` (on the "cuda" memory backend, shards of layout.dtype matching `layout`; the loader's
   // float32 shards are rounded to bfloat16 on the way in when layout.dtype is kBFloat16) must
   // outlive this object, and so must `compute_stream`, the stream the forward pass runs on.
-  // Allocates the staging buffers (staging_buffer_bytes each, none when nothing can be offloaded),
-  // the copy stream and the events.
+  // Creates the copy stream and the events; copies go to the store's staging buffers.
   static absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> Create(
-      ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream,
-      CudaStagingOptions options = {});
-  // Waits for the copy stream, then frees buffers and events.
+      ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream);
+  // Waits for the copy stream, then frees the events.
   ~CudaExpertStoreWeights() override;
 
   // ExpertWeightSink: writes [w13 | w2] of one expert into its region.
@@ -77,8 +70,8 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   cudaStream_t copy_stream() const { return copy_stream_.get(); }
 
  private:
-  CudaExpertStoreWeights(ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream,
-                         CudaStagingOptions options);
+  CudaExpertStoreWeights(ExpertStore* store, ExpertShardLayout layout,
+                         cudaStream_t compute_stream);
   absl::Status Init();
   // Rebuilds pointer tables and the staging plan for the store's current boundary.
   absl::Status Rebuild();
@@ -88,9 +81,7 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   ExpertStore* const store_;
   const ExpertShardLayout layout_;
   const cudaStream_t compute_stream_;
-  const CudaStagingOptions options_;
   CudaStream copy_stream_;
-  std::vector<DeviceBuffer> buffers_;  // staging buffers
   // Per plan job (at most one per eligible layer): copy done, and buffer released by its reader.
   std::vector<cudaEvent_t> copied_, released_;
   cudaEvent_t pass_start_ = nullptr;

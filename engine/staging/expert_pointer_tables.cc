@@ -7,8 +7,7 @@
 
 namespace vamp {
 
-absl::StatusOr<ExpertPointerTables> BuildExpertPointerTables(
-    const ExpertStore& store, absl::Span<const uint8_t* const> buffer_bases, int num_buffers) {
+absl::StatusOr<ExpertPointerTables> BuildExpertPointerTables(const ExpertStore& store) {
   const ExpertGeometry& g = store.geometry();
   const int num_layers =
       g.moe_layers.empty() ? 0 : *std::max_element(g.moe_layers.begin(), g.moe_layers.end()) + 1;
@@ -16,7 +15,10 @@ absl::StatusOr<ExpertPointerTables> BuildExpertPointerTables(
   for (int layer : g.moe_layers) {
     if (store.OffloadedHostRange(layer).bytes > 0) t.staged_layers.push_back(layer);
   }
-  VAMP_ASSIGN_OR_RETURN(t.plan, PlanStagingPass(t.staged_layers, num_buffers));
+  // Nothing staged, no plan: a store that cannot offload has no staging buffer to plan with.
+  if (!t.staged_layers.empty()) {
+    VAMP_ASSIGN_OR_RETURN(t.plan, PlanStagingPass(t.staged_layers, store.num_staging_buffers()));
+  }
   t.job_of_layer.assign(num_layers, -1);
   for (size_t i = 0; i < t.plan.size(); ++i) {
     t.job_of_layer[t.plan[i].layer] = static_cast<int>(i);
@@ -37,11 +39,12 @@ absl::StatusOr<ExpertPointerTables> BuildExpertPointerTables(
         w2[e] = reinterpret_cast<const void*>(static_cast<uintptr_t>(loc.w2));
         continue;
       }
-      if (job < 0 || buffer_bases.empty() || loc.w2 + g.w2_bytes > g.staging_buffer_bytes()) {
+      if (job < 0 || loc.w2 + g.w2_bytes > g.staging_buffer_bytes()) {
         return absl::InternalError(absl::StrCat("expert ", e, " of layer ", layer,
                                                 " is staged but has no staging buffer"));
       }
-      const uint8_t* base = buffer_bases[t.plan[job].buffer];
+      const auto* base = reinterpret_cast<const uint8_t*>(
+          static_cast<uintptr_t>(store.StagingBufferAddress(t.plan[job].buffer)));
       w13[e] = static_cast<const void*>(base + loc.w13);
       w2[e] = static_cast<const void*>(base + loc.w2);
     }

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 #include "engine/experts/expert_store.h"
 #include "engine/staging/staging_plan.h"
 
@@ -23,11 +22,9 @@ struct ExpertPointerTables {
   std::vector<std::vector<const void*>> w2;
 };
 
-// `buffer_bases[i]` is the start of staging buffer i (host or device addresses alike), each
-// store.geometry().staging_buffer_bytes() long; the plan uses `num_buffers` buffers. Internal
-// error when an offloaded expert has no buffer to be read from.
-absl::StatusOr<ExpertPointerTables> BuildExpertPointerTables(
-    const ExpertStore& store, absl::Span<const uint8_t* const> buffer_bases, int num_buffers);
+// Over the store's own staging buffers (host or device addresses alike). Internal error when an
+// offloaded expert has no buffer to be read from.
+absl::StatusOr<ExpertPointerTables> BuildExpertPointerTables(const ExpertStore& store);
 
 }  // namespace vamp
 

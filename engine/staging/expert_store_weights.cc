@@ -24,20 +24,12 @@ absl::StatusOr<std::unique_ptr<ExpertStoreWeights>> ExpertStoreWeights::Create(
                      " B) does not match float32 shards of hidden ", layout.hidden,
                      " and intermediate ", layout.inter));
   }
-  if (options.num_buffers < 1) {
-    return absl::InvalidArgumentError("staging needs at least one buffer");
-  }
   return std::unique_ptr<ExpertStoreWeights>(new ExpertStoreWeights(store, layout, options));
 }
 
 ExpertStoreWeights::ExpertStoreWeights(ExpertStore* store, ExpertShardLayout layout,
                                        StagingOptions options)
-    : store_(store), layout_(layout), options_(options), engine_(options.record_events) {
-  const uint64_t bytes = store->geometry().staging_buffer_bytes();
-  if (store->geometry().max_groups > 0) {
-    buffers_.assign(options.num_buffers, std::vector<float>(bytes / sizeof(float)));
-  }
-}
+    : store_(store), layout_(layout), options_(options), engine_(options.record_events) {}
 
 absl::Status ExpertStoreWeights::StoreExpertShard(int layer, int expert,
                                                   absl::Span<const float> shard) {
@@ -56,12 +48,7 @@ absl::Status ExpertStoreWeights::StoreExpertShard(int layer, int expert,
 }
 
 absl::Status ExpertStoreWeights::Rebuild() {
-  std::vector<const uint8_t*> bases;
-  for (const std::vector<float>& b : buffers_) {
-    bases.push_back(reinterpret_cast<const uint8_t*>(b.data()));
-  }
-  VAMP_ASSIGN_OR_RETURN(ExpertPointerTables t,
-                        BuildExpertPointerTables(*store_, bases, options_.num_buffers));
+  VAMP_ASSIGN_OR_RETURN(ExpertPointerTables t, BuildExpertPointerTables(*store_));
   staged_layers_ = std::move(t.staged_layers);
   plan_ = std::move(t.plan);
   job_of_layer_ = std::move(t.job_of_layer);
@@ -82,7 +69,10 @@ absl::Status ExpertStoreWeights::BeginPass() {
       return absl::InternalError(absl::StrCat("layer ", copy.layer, " offloads ", range.bytes,
                                               " B, more than a staging buffer holds"));
     }
-    jobs.push_back({copy, buffers_[copy.buffer].data(), range.data, range.bytes});
+    // The host backend's device addresses are host pointers.
+    auto* buffer =
+        reinterpret_cast<void*>(static_cast<uintptr_t>(store_->StagingBufferAddress(copy.buffer)));
+    jobs.push_back({copy, buffer, range.data, range.bytes});
   }
   return engine_.BeginPass(std::move(jobs));
 }

@@ -1,8 +1,8 @@
 // The model's view of the ExpertStore on the CPU engine: the loader writes expert shards into the
 // store (ExpertWeightSink), and the forward pass reads them through per-layer pointer tables
-// (ExpertWeights) that point into the resident region below the residency boundary and into a
-// staging buffer above it. Offloaded experts are staged by a HostStagingEngine following the
-// double-buffered plan (staging_plan.h), overlapped with the layers before them.
+// (ExpertWeights) that point into the resident region below the residency boundary and into one
+// of the store's staging buffers above it. Offloaded experts are staged by a HostStagingEngine
+// following the double-buffered plan (staging_plan.h), overlapped with the layers before them.
 //
 // Requires the host memory backend (device addresses are host pointers) and float32 weights
 // laid out as ExpertShardLayout. The store's boundary must not change during a pass (the runner
@@ -22,8 +22,6 @@
 namespace vamp {
 
 struct StagingOptions {
-  // Staging buffers; 2 is the double buffer of the design. 1 serialises copy and compute.
-  int num_buffers = 2;
   // Record the copy/release schedule (tests).
   bool record_events = false;
 };
@@ -57,7 +55,6 @@ class ExpertStoreWeights final : public ExpertWeightSink, public ExpertWeights {
   const ExpertShardLayout layout_;
   const StagingOptions options_;
   HostStagingEngine engine_;
-  std::vector<std::vector<float>> buffers_;  // staging buffers, staging_buffer_bytes each
 
   // Below: touched only by the thread running the forward pass.
   bool built_ = false;

@@ -198,6 +198,7 @@ TEST_P(ExpertStoreTest, RestoredExpertsAreByteIdenticalToTheOriginals) {
   }
   EXPECT_EQ(pool_->Account().mapped_expert, geometry_.total_pages());
   std::vector<const VirtualRegion*> regions = store_->regions();
+  for (const VirtualRegion* region : store_->staging_regions()) regions.push_back(region);
   EXPECT_TRUE(pool_->Audit(regions).ok());
 }
 
@@ -298,7 +299,8 @@ TEST(ExpertStorePaddingTest, OddExpertCountRoundTrips) {
   auto g = ComputeExpertGeometry(testing::SmallTestShape(page, 2, 5), 1, page, offload);
   ASSERT_TRUE(g.ok());
   ASSERT_GT(g->lead_bytes, 0u);
-  auto pool = PagePool::Create(backend->get(), g->total_pages());
+  ASSERT_FALSE(g->staging_carved);  // one eligible layer: the buffers are reserved
+  auto pool = PagePool::Create(backend->get(), g->total_pages() + g->reserved_staging_pages());
   ASSERT_TRUE(pool.ok());
   auto store = ExpertStore::Create(pool->get(), *g);
   ASSERT_TRUE(store.ok());
@@ -320,6 +322,88 @@ TEST(ExpertStorePaddingTest, OddExpertCountRoundTrips) {
     ASSERT_TRUE((*store)->ReadExpert(1, e, absl::MakeSpan(out)).ok());
     EXPECT_EQ(out, PatternBytes(Seed(1, e), g->expert_bytes)) << "expert " << e;
   }
+}
+
+// With more eligible layers than staging buffers, the buffers own no page until an offload: the
+// first pages each offload frees (one eligible layer's run per buffer) are mapped at the buffers'
+// ends, the rest go to the caller, and a restore takes the buffers' tail back with the caller's
+// pages.
+TEST(ExpertStoreCarvedStagingTest, BuffersGrowAndShrinkWithTheOffload) {
+  auto backend = testing::MakeTestBackend(testing::TestBackend::kHost);
+  ASSERT_TRUE(backend.ok());
+  const uint64_t page = (*backend)->page_bytes();
+  OffloadConfig offload;
+  offload.max_offload_ratio = 0.5;
+  offload.staging_buffers = 1;
+  auto g = ComputeExpertGeometry(testing::SmallTestShape(page, kLayers, kExperts), 1, page,
+                                 offload);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(g->staging_carved);
+  ASSERT_EQ(g->group_pages, 3);
+  ASSERT_EQ(g->kv_pages_per_group(), 3);  // 2 eligible layers x 3 pages, 3 to the buffer
+  ASSERT_EQ(g->reserved_staging_pages(), 0);
+  auto pool = PagePool::Create(backend->get(), g->total_pages());
+  ASSERT_TRUE(pool.ok());
+  auto store = ExpertStore::Create(pool->get(), *g);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ExpertStore& s = **store;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (int64_t e = 0; e < kExperts; ++e) {
+      ASSERT_TRUE(s.WriteExpertBytes(layer, e, 0, PatternBytes(Seed(layer, e), g->expert_bytes))
+                      .ok());
+    }
+  }
+  ASSERT_TRUE(s.FinalizeLoad().ok());
+  ASSERT_EQ(s.num_staging_buffers(), 1);
+  const DeviceAddress buffer = s.StagingBufferAddress(0);
+  EXPECT_EQ(s.staging_mapped_bytes(), 0u);
+
+  // Layer 1's freed pages become the buffer; layer 2's are handed out.
+  const std::vector<PageId> layer1_tail = s.regions()[1]->SlotTable();
+  const std::vector<PageId> layer2_tail = s.regions()[2]->SlotTable();
+  CallbackFence idle([] { return absl::OkStatus(); });
+  auto pages = s.Offload(2, idle);
+  ASSERT_TRUE(pages.ok()) << pages.status();
+  EXPECT_EQ(s.boundary(), 12);
+  const size_t n = 6;  // 2 groups x 3 pages
+  EXPECT_EQ(*pages, std::vector<PageId>(layer2_tail.end() - n, layer2_tail.end()));
+  EXPECT_EQ(s.staging_regions()[0]->SlotTable(),
+            [&] {
+              std::vector<PageId> want(layer1_tail.end() - n, layer1_tail.end());
+              want.resize(static_cast<size_t>(g->staging_buffer_pages()), kNoPage);
+              return want;
+            }());
+  EXPECT_EQ(s.staging_mapped_bytes(), n * page);
+  EXPECT_EQ(s.StagingBufferAddress(0), buffer);
+  EXPECT_EQ(pool->get()->Account().mapped_staging, 6);
+  // The buffer is usable memory: the staging engine writes there.
+  const std::vector<uint8_t> junk = PatternBytes(99, n * page);
+  ASSERT_TRUE((*backend)->CopyHostToDevice(buffer, junk.data(), junk.size()).ok());
+
+  // Restoring one group takes 3 pages from the caller and the buffer's last 3.
+  ASSERT_TRUE(s.Restore(absl::MakeConstSpan(*pages).first(3)).ok());
+  EXPECT_EQ(s.boundary(), 14);
+  EXPECT_EQ(s.staging_mapped_bytes(), 3 * page);
+  ASSERT_TRUE(s.Restore(absl::MakeConstSpan(*pages).subspan(3)).ok());
+  EXPECT_EQ(s.staging_mapped_bytes(), 0u);
+  const PagePool::Accounting a = pool->get()->Account();
+  EXPECT_EQ(a.mapped_expert, g->total_pages());
+  EXPECT_EQ(a.held, 0);
+  for (int layer = 1; layer < kLayers; ++layer) {
+    for (int64_t e = 0; e < kExperts; ++e) {
+      std::vector<uint8_t> out(g->expert_bytes);
+      ASSERT_TRUE(
+          (*backend)->CopyDeviceToHost(out.data(), s.W13Address(layer, e), out.size()).ok());
+      EXPECT_EQ(out, PatternBytes(Seed(layer, e), g->expert_bytes))
+          << "layer " << layer << " expert " << e;
+    }
+  }
+  // A restore of pages that are not whole KV shares of a group is refused, changing nothing.
+  auto again = s.Offload(1, idle);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(absl::IsOutOfRange(s.Restore(absl::MakeConstSpan(*again).first(2))));
+  EXPECT_EQ(s.staging_mapped_bytes(), 3 * page);
+  EXPECT_TRUE(s.Restore(*again).ok());
 }
 
 }  // namespace

@@ -20,6 +20,11 @@ using testing::PatternBytes;
 constexpr int kLayers = 4;  // 3 eligible
 constexpr int64_t kExperts = 16;
 constexpr int64_t kKvPages = 6;
+// A group step frees 3 pages in each of the 3 eligible layers: the two staging buffers take one
+// layer's worth each, the KV cache the third.
+constexpr int64_t kPagesPerGroup = 9;
+constexpr int64_t kKvPagesPerGroup = 3;
+constexpr int64_t kStagingPagesPerGroup = 6;
 
 uint64_t Seed(int layer, int64_t expert) { return 7000 + 100 * layer + expert; }
 
@@ -43,7 +48,9 @@ class MemoryRepartitionerTest : public BackendTest {
     plan_ = *plan;
     ASSERT_EQ(plan_.kv_baseline_pages, kKvPages);
     ASSERT_EQ(plan_.experts.max_groups, 4);
-    ASSERT_EQ(plan_.experts.pages_per_group(), 9);
+    ASSERT_EQ(plan_.experts.pages_per_group(), kPagesPerGroup);
+    ASSERT_TRUE(plan_.experts.staging_carved);
+    ASSERT_EQ(plan_.experts.kv_pages_per_group(), kKvPagesPerGroup);
     auto memory = CreateAgentMemory(backend_.get(), plan_, &fence_);
     ASSERT_TRUE(memory.ok()) << memory.status();
     memory_ = std::move(*memory);
@@ -99,6 +106,7 @@ class MemoryRepartitionerTest : public BackendTest {
   void ExpectEveryPageAccountedFor() {
     ASSERT_TRUE(repartitioner().Audit().ok()) << repartitioner().Audit();
     std::vector<const VirtualRegion*> regions = experts().regions();
+    for (const VirtualRegion* region : experts().staging_regions()) regions.push_back(region);
     regions.push_back(&kv().region());
     std::set<PageId> seen;
     int64_t mapped = 0;
@@ -111,11 +119,14 @@ class MemoryRepartitionerTest : public BackendTest {
     }
     const PagePool::Accounting a = memory_.pool->Account();
     EXPECT_EQ(a.held, 0);
-    EXPECT_EQ(mapped, a.mapped_expert + a.mapped_kv);
+    EXPECT_EQ(mapped, a.mapped_expert + a.mapped_kv + a.mapped_staging);
     EXPECT_EQ(a.free + mapped, memory_.pool->num_pages());
-    const int64_t offloaded_pages = experts().offloaded_groups() * 9;
-    EXPECT_EQ(kv().mapped_pages(), kKvPages + offloaded_pages);
-    EXPECT_EQ(a.mapped_expert, plan_.experts.total_pages() - offloaded_pages);
+    const int64_t groups = experts().offloaded_groups();
+    EXPECT_EQ(kv().mapped_pages(), kKvPages + groups * kKvPagesPerGroup);
+    EXPECT_EQ(a.mapped_staging, groups * kStagingPagesPerGroup);
+    EXPECT_EQ(experts().staging_mapped_bytes(),
+              static_cast<uint64_t>(groups * kStagingPagesPerGroup) * page());
+    EXPECT_EQ(a.mapped_expert, plan_.experts.total_pages() - groups * kPagesPerGroup);
     EXPECT_EQ(experts().boundary(), kExperts - 2 * experts().offloaded_groups());
   }
 
@@ -140,7 +151,7 @@ TEST_P(MemoryRepartitionerTest, CapacityQueryMatchesWhatOffloadAdds) {
     absl::StatusOr<RemapResult> result = repartitioner().Offload(1);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->kv_blocks_after - result->kv_blocks_before, *predicted);
-    EXPECT_EQ(result->pages, 9);
+    EXPECT_EQ(result->pages, kKvPagesPerGroup);
     EXPECT_EQ(result->boundary, kExperts - 2 * (step + 1));
     EXPECT_EQ(kv().num_blocks(), result->kv_blocks_after);
     ExpectEveryPageAccountedFor();

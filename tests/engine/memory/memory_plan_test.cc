@@ -27,10 +27,12 @@ void ExpectConsistent(const MemoryPlan& plan) {
   EXPECT_LT(plan.slack_bytes(), page);
   EXPECT_EQ(plan.kv_baseline_blocks,
             static_cast<int64_t>(plan.kv_baseline_pages * page / plan.kv.block_bytes));
-  EXPECT_EQ(plan.kv_max_pages, plan.kv_baseline_pages + plan.experts.max_offload_pages());
+  EXPECT_EQ(plan.kv_max_pages, plan.kv_baseline_pages + plan.experts.max_kv_offload_pages());
   EXPECT_EQ(plan.kv_max_blocks,
             static_cast<int64_t>(plan.kv_max_pages * page / plan.kv.block_bytes));
-  EXPECT_EQ(plan.pool_pages(), plan.experts.total_pages() + plan.kv_baseline_pages);
+  EXPECT_EQ(plan.pool_pages(), plan.experts.total_pages() + plan.experts.reserved_staging_pages() +
+                                   plan.kv_baseline_pages);
+  EXPECT_EQ(plan.reserved_staging_bytes, plan.experts.reserved_staging_pages() * page);
 }
 
 TEST(MemoryPlanTest, Qwen3_30B_A3B_OnOneH100) {
@@ -40,14 +42,19 @@ TEST(MemoryPlanTest, Qwen3_30B_A3B_OnOneH100) {
   EXPECT_EQ(plan->expert_weight_bytes, 54 * kGiB);
   // Embeddings, LM head, attention and routers: ~1.54B parameters in bf16.
   EXPECT_NEAR(static_cast<double>(plan->other_weight_bytes) / kGiB, 2.87, 0.05);
-  EXPECT_EQ(plan->num_staging_buffers, 2);
-  EXPECT_EQ(plan->staging_buffer_bytes, 18 * 9 * kMiB);
+  // Two staging buffers of 18 experts, carved out of the offloaded pages: none at start-up.
+  EXPECT_EQ(plan->experts.num_staging_buffers, 2);
+  EXPECT_TRUE(plan->experts.staging_carved);
+  EXPECT_EQ(plan->experts.staging_buffer_bytes(), 18 * 9 * kMiB);
+  EXPECT_EQ(plan->reserved_staging_bytes, 0u);
   EXPECT_EQ(plan->kv.block_bytes, 16 * 96 * 1024u);
   // Roughly 12 GiB of KV left: ~8k blocks.
   EXPECT_GT(plan->kv_baseline_blocks, 7000);
   EXPECT_LT(plan->kv_baseline_blocks, 9500);
-  // 9 groups x 9 pages x 47 layers = 7.4 GiB more.
+  // 9 groups x 9 pages x 47 layers = 7.4 GiB leave the experts; the staging buffers take 2 x 9
+  // pages of every group, the KV cache the rest.
   EXPECT_EQ(plan->experts.max_offload_pages(), 9 * 9 * 47);
+  EXPECT_EQ(plan->experts.max_kv_offload_pages(), 9 * 9 * 45);
 
   const std::string summary = plan->Summary();
   EXPECT_THAT(summary, HasSubstr("Qwen3-30B-A3B, TP rank 0 of 1"));
@@ -65,9 +72,12 @@ TEST(MemoryPlanTest, Qwen3Next_80B_Tp2_OnH200) {
   ExpectConsistent(*plan);
   EXPECT_EQ(plan->expert_weight_bytes, 72 * kGiB);
   EXPECT_EQ(plan->kv.block_bytes, 192 * 1024u);
-  // The 10.46 GiB VAMP-15 can reclaim adds floor(5358 pages x 2 MiB / 192 KiB) blocks (+-1 for
-  // the baseline's partial block).
-  EXPECT_NEAR(static_cast<double>(plan->vamp_extra_blocks()), 5358.0 * 2 * 1024 / 192, 1.0);
+  // VAMP-15 reclaims 5,358 pages (10.46 GiB); the two staging buffers take 2 x 114 of them, and
+  // the other 5,130 add floor(5130 x 2 MiB / 192 KiB) blocks (+-1 for the baseline's partial
+  // block).
+  EXPECT_EQ(plan->experts.max_offload_pages(), 5358);
+  EXPECT_EQ(plan->experts.max_kv_offload_pages(), 5358 - 2 * 114);
+  EXPECT_NEAR(static_cast<double>(plan->vamp_extra_blocks()), 5130.0 * 2 * 1024 / 192, 1.0);
   EXPECT_THAT(plan->Summary(), HasSubstr("TP rank 1 of 2"));
 }
 
@@ -109,9 +119,49 @@ TEST(MemoryPlanTest, NoOffloadMeansNoStagingBuffers) {
   c.offload.max_offload_ratio = 0;
   auto plan = PlanMemory(Qwen3_30B_A3B_Shape(), c);
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->num_staging_buffers, 0);
+  EXPECT_EQ(plan->experts.num_staging_buffers, 0);
+  EXPECT_EQ(plan->reserved_staging_bytes, 0u);
   EXPECT_EQ(plan->vamp_extra_blocks(), 0);
   EXPECT_THAT(plan->Summary(), HasSubstr("VAMP-r can add 0 blocks"));
+}
+
+// Carved staging buffers cost nothing before the first offload: VAMP starts with the KV pool a
+// static split has.
+TEST(MemoryPlanTest, CarvedStagingGivesVampTheStaticSplitsKvPool) {
+  MemoryPlanConfig c = Config(1, kH200Bytes);
+  c.offload.max_offload_ratio = 0;
+  auto static_plan = PlanMemory(Qwen3_30B_A3B_Shape(), c);
+  c.offload.max_offload_ratio = 0.25;
+  auto vamp_plan = PlanMemory(Qwen3_30B_A3B_Shape(), c);
+  ASSERT_TRUE(static_plan.ok() && vamp_plan.ok());
+  EXPECT_EQ(vamp_plan->kv_baseline_pages, static_plan->kv_baseline_pages);
+  EXPECT_EQ(vamp_plan->kv_baseline_blocks, static_plan->kv_baseline_blocks);
+  EXPECT_GT(vamp_plan->vamp_extra_blocks(), 0);
+  EXPECT_THAT(vamp_plan->Summary(), HasSubstr("carved out of the offloaded expert pages"));
+}
+
+// A model with no more eligible layers than staging buffers cannot carve them (a group step would
+// free no more pages than the buffers take): they are reserved at start-up.
+TEST(MemoryPlanTest, TooFewMoeLayersReserveTheStagingBuffers) {
+  ModelShape shape = Qwen3_30B_A3B_Shape();
+  shape.num_layers = 3;
+  shape.moe_layers = {0, 1, 2};
+  shape.attention_layers = {0, 1, 2};
+  MemoryPlanConfig c = Config(1, kH200Bytes);
+  c.offload.max_offload_ratio = 0.25;
+  auto plan = PlanMemory(shape, c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectConsistent(*plan);
+  EXPECT_FALSE(plan->experts.staging_carved);
+  EXPECT_EQ(plan->reserved_staging_bytes, 2 * plan->experts.staging_buffer_bytes());
+  EXPECT_EQ(plan->experts.max_kv_offload_pages(), plan->experts.max_offload_pages());
+  EXPECT_THAT(plan->Summary(), HasSubstr("reserved at start-up"));
+  c.offload.staging_buffers = 1;
+  plan = PlanMemory(shape, c);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->experts.staging_carved);
+  c.offload.staging_buffers = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(PlanMemory(shape, c).status()));
 }
 
 TEST(MemoryPlanTest, RejectsInvalidSettings) {

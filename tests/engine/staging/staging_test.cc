@@ -142,16 +142,23 @@ float Pattern(int layer, int expert, int64_t i) {
   return static_cast<float>(layer * 100000 + expert * 1000) + static_cast<float>(i % 997);
 }
 
-TEST(ExpertStoreWeightsTest, PointerTablesReachEveryExpertAtEveryBoundary) {
+// Two buffers on two eligible layers are reserved at start-up; one buffer is carved out of the
+// offloaded pages. The tables must reach every expert either way.
+class ExpertStoreWeightsTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ExpertStoreWeightsTest, PointerTablesReachEveryExpertAtEveryBoundary) {
   constexpr uint64_t kPage = 4096;
   OffloadConfig offload;
   offload.max_offload_ratio = 0.5;
+  offload.staging_buffers = GetParam();
   auto geometry = ComputeExpertGeometry(TinyShape(), 1, kPage, offload);
   ASSERT_TRUE(geometry.ok()) << geometry.status();
   ASSERT_EQ(geometry->max_groups, 4);
+  ASSERT_EQ(geometry->staging_carved, GetParam() == 1);
   auto backend = HostMemoryBackend::Create(kPage);
   ASSERT_TRUE(backend.ok());
-  auto pool = PagePool::Create(backend->get(), geometry->total_pages());
+  auto pool =
+      PagePool::Create(backend->get(), geometry->total_pages() + geometry->reserved_staging_pages());
   ASSERT_TRUE(pool.ok());
   auto store = ExpertStore::Create(pool->get(), *geometry);
   ASSERT_TRUE(store.ok()) << store.status();
@@ -197,6 +204,8 @@ TEST(ExpertStoreWeightsTest, PointerTablesReachEveryExpertAtEveryBoundary) {
   EXPECT_EQ((*weights)->engine().stats().copies, 8);
   EXPECT_FALSE((*weights)->AcquireLayer(7).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(StagingBuffers, ExpertStoreWeightsTest, ::testing::Values(2, 1));
 
 }  // namespace
 }  // namespace vamp

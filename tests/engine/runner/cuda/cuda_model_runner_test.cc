@@ -71,11 +71,13 @@ CudaForwardOptions Bf16Forward() {
   return o;
 }
 
-// One GPU rank on device 0: `kv_pages` pages of KV, VAMP-r = `ratio`.
+// One GPU rank on device 0: `kv_pages` pages of KV, VAMP-r = `ratio`, `staging_buffers` staging
+// buffers.
 absl::StatusOr<std::unique_ptr<Rank>> MakeGpuEngine(const ModelConfig& config, RankModelLoader load,
                                                     int64_t kv_pages, double ratio,
                                                     RunnerConfig rc = {},
-                                                    CudaForwardOptions forward = F32Forward()) {
+                                                    CudaForwardOptions forward = F32Forward(),
+                                                    int staging_buffers = 2) {
   CudaDeviceOptions device;
   device.forward = forward;
   RankSpec spec;
@@ -84,6 +86,7 @@ absl::StatusOr<std::unique_ptr<Rank>> MakeGpuEngine(const ModelConfig& config, R
   spec.config = config;
   spec.dtype = forward.dtype;
   spec.plan = TestPlanConfig(spec.backend->page_bytes(), ratio);
+  spec.plan.offload.staging_buffers = staging_buffers;
   spec.kv_pages = kv_pages;
   spec.runner = rc;
   spec.load = std::move(load);
@@ -519,30 +522,28 @@ TEST_F(CudaModelRunnerTest, BFloat16TinyCheckpointDeviatesNoMoreThanHfInBFloat16
   }
 }
 
-// With one staging buffer, copies and compute serialise; the logits must not change either.
+// With one staging buffer, copies and compute serialise; the logits must not change either. With
+// one buffer and two eligible layers the buffer is carved out of the offloaded pages: an offload
+// maps the first layer's freed pages into it and the second layer's into the KV cache.
 TEST_F(CudaModelRunnerTest, OneStagingBufferGivesTheSameLogits) {
   auto config = ParseModelConfig(kPageSizedExpertsConfig);
   ASSERT_TRUE(config.ok()) << config.status();
-  auto made = MakeGpuEngine(*config, DummyWeights(), /*kv_pages=*/8, /*ratio=*/0.75);
+  auto made = MakeGpuEngine(*config, DummyWeights(), /*kv_pages=*/8, /*ratio=*/0.75, {},
+                            F32Forward(), /*staging_buffers=*/1);
   ASSERT_TRUE(made.ok()) << made.status();
   Rank& e = **made;
+  ASSERT_TRUE(e.plan.experts.staging_carved);
+  EXPECT_EQ(e.memory.experts->staging_mapped_bytes(), 0u);
   const PromptsRun want = RunPrompts(*e.runner, 0);
-  // Swap in single-buffered staging over the same store (the model keeps its stream).
-  auto single = CudaExpertStoreWeights::Create(
-      e.memory.experts.get(), DeviceModel(e).expert_layout(), DeviceModel(e).stream(),
-      CudaStagingOptions{/*num_buffers=*/1});
-  ASSERT_TRUE(single.ok()) << single.status();
-  auto kv = e.KvView();
-  ASSERT_TRUE(kv.ok());
-  auto runner = ModelRunner::Create({}, e.device_model.get(), single->get(), nullptr, *kv);
-  ASSERT_TRUE(runner.ok()) << runner.status();
   auto r = e.memory.repartitioner->Offload(3);
   ASSERT_TRUE(r.ok()) << r.status();
-  auto view = e.KvView();
-  ASSERT_TRUE(view.ok());
-  ASSERT_TRUE((*runner)->SetKvCache(*view).ok());
-  const PromptsRun got = RunPrompts(**runner, 100);
-  EXPECT_EQ((*single)->staged_layers(), (std::vector<int>{1, 2}));
+  EXPECT_EQ(e.memory.experts->staging_mapped_bytes(),
+            static_cast<uint64_t>(3 * e.plan.experts.group_pages) * e.plan.experts.page_bytes);
+  EXPECT_EQ(r->pages, 3 * e.plan.experts.kv_pages_per_group());
+  ASSERT_TRUE(e.memory.repartitioner->Audit().ok());
+  ASSERT_TRUE(e.RefreshKv().ok());
+  const PromptsRun got = RunPrompts(*e.runner, 100);
+  EXPECT_EQ(StoreWeights(e).staged_layers(), (std::vector<int>{1, 2}));
   for (size_t i = 0; i < want.outputs.size(); ++i) {
     EXPECT_EQ(got.outputs[i], want.outputs[i]) << "prompt " << i;
     ASSERT_EQ(got.logits[i].size(), want.logits[i].size());
@@ -550,7 +551,6 @@ TEST_F(CudaModelRunnerTest, OneStagingBufferGivesTheSameLogits) {
                              want.logits[i].size() * sizeof(float)))
         << "prompt " << i;
   }
-  runner->reset();
 }
 
 TEST(CudaModelRunnerNoDeviceTest, PlansOnTwoMiBPagesHaveTheShapesTheGpuTestsAssume) {
