@@ -435,10 +435,10 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
     if (status.ok()) {
       const bool sample = sampling != nullptr;
       const StepLogitsProcessing* processing = sample ? sampling->processing : nullptr;
-      const int32_t max_top = sample ? sampling->max_top_logprobs : 0;
+      const bool alternatives = sample && sampling->max_top_logprobs > 0;
       status = options_.dtype == DType::kBFloat16
-                   ? Logits<BFloat16>(m, host_logits, sample, processing, max_top)
-                   : Logits<float>(m, host_logits, sample, processing, max_top);
+                   ? Logits<BFloat16>(m, host_logits, sample, processing, alternatives)
+                   : Logits<float>(m, host_logits, sample, processing, alternatives);
     }
   }
   if (experts != nullptr) {
@@ -456,9 +456,13 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
     const SampledHost h = SampledHostArrays();
     std::copy_n(h.tokens, m, out->tokens);
     std::copy_n(h.logprobs, m, out->logprobs);
-    const int64_t top = m * sampling->max_top_logprobs;
-    std::copy_n(h.top_ids, top, out->top_ids);
-    std::copy_n(h.top_logprobs, top, out->top_logprobs);
+    // The device rows hold kMaxTopLogprobs entries; the caller's hold max_top_logprobs (the rest
+    // of a device row is padding: no row asks for more).
+    const int64_t k = sampling->max_top_logprobs;
+    for (int64_t r = 0; k > 0 && r < m; ++r) {
+      std::copy_n(h.top_ids + r * kernels::cpu::kMaxTopLogprobs, k, out->top_ids + r * k);
+      std::copy_n(h.top_logprobs + r * kernels::cpu::kMaxTopLogprobs, k, out->top_logprobs + r * k);
+    }
   }
   return absl::OkStatus();
 }
@@ -477,11 +481,10 @@ void CudaQwen3MoeModel::ClearGraphs() {
 
 bool CudaQwen3MoeModel::GraphEligible(const ForwardBatch& batch, const StepSampling* sampling,
                                       ExpertWeights* experts) const {
-  // Logits processing uploads arrays of a size that changes every step, and alternatives change
-  // the kernels a step runs: run those steps eagerly.
+  // Logits processing uploads arrays of a size that changes every step: run it eagerly.
   if (!options_.cuda_graphs || graphs_failed_ || sampling == nullptr ||
-      sampling->processing != nullptr || sampling->max_top_logprobs > 0 ||
-      options_.dtype != DType::kBFloat16 || parallel().tp_size != 1) {
+      sampling->processing != nullptr || options_.dtype != DType::kBFloat16 ||
+      parallel().tp_size != 1) {
     return false;
   }
   const int64_t n = batch.num_tokens();
@@ -527,13 +530,16 @@ absl::Status CudaQwen3MoeModel::RunGraph(const ForwardBatch& batch, const StepSa
     graph_fingerprint_ = fingerprint;
   }
 
-  const std::pair<int64_t, int64_t> key(n, gb.block_table_stride);
+  const bool alternatives = sampling.max_top_logprobs > 0;
+  const GraphKey key(n, gb.block_table_stride, alternatives);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     if (static_cast<int64_t>(graphs_.size()) >= options_.max_cuda_graphs) ClearGraphs();
     VAMP_CUDART_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     absl::Status captured = RunLayers<BFloat16>(gb, kv, experts);
-    if (captured.ok()) captured = Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr, 0);
+    if (captured.ok()) {
+      captured = Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr, alternatives);
+    }
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     cudaGraphExec_t exec = nullptr;
@@ -550,7 +556,7 @@ absl::Status CudaQwen3MoeModel::RunGraph(const ForwardBatch& batch, const StepSa
       VAMP_LOG(WARNING) << "CUDA graph capture failed, running eagerly from now on: " << captured;
       ++graph_stats_.eager_steps;
       VAMP_RETURN_IF_ERROR(RunLayers<BFloat16>(gb, kv, experts));
-      return Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr, 0);
+      return Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr, alternatives);
     }
     it = graphs_.emplace(key, exec).first;
     ++graph_stats_.captures;
@@ -806,7 +812,7 @@ absl::Status CudaQwen3MoeModel::ProcessLogitsOnDevice(float* logits, int64_t row
 
 template <typename T>
 absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sample,
-                                       const StepLogitsProcessing* processing, int32_t max_top) {
+                                       const StepLogitsProcessing* processing, bool alternatives) {
   const ModelConfig& c = config();
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -842,7 +848,7 @@ absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sampl
       }
       // Without processing or alternatives SampleTokens' own logprob is the raw one; otherwise
       // TopLogprobs computes it on the raw rows with the alternatives' normaliser.
-      const bool separate_logprobs = processing != nullptr || max_top > 0;
+      const bool separate_logprobs = processing != nullptr || alternatives;
       VAMP_RETURN_IF_ERROR(kc::SampleTokens(
           sample_from, V, rows, V, reinterpret_cast<const float*>(meta_dev_ + meta_.temperatures),
           reinterpret_cast<const int32_t*>(meta_dev_ + meta_.top_ks),
@@ -854,20 +860,21 @@ absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sampl
       if (separate_logprobs) {
         VAMP_RETURN_IF_ERROR(kc::TopLogprobs(
             logits_dev_, V, rows, V, reinterpret_cast<const int32_t*>(meta_dev_ + meta_.top_counts),
-            max_top, top_ids_, top_logprobs_, sampled_tokens_, sampled_logprobs_, stream_));
+            alternatives ? kernels::cpu::kMaxTopLogprobs : 0, top_ids_, top_logprobs_,
+            sampled_tokens_, sampled_logprobs_, stream_));
       }
       const SampledHost h = SampledHostArrays();
       VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h.tokens, sampled_tokens_, rows * sizeof(int32_t),
                                                   cudaMemcpyDeviceToHost, stream_));
       VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(
           h.logprobs, sampled_logprobs_, rows * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-      if (max_top > 0) {
-        VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h.top_ids, top_ids_,
-                                                    rows * max_top * sizeof(int32_t),
+      if (alternatives) {
+        const int64_t entries = rows * kernels::cpu::kMaxTopLogprobs;
+        VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h.top_ids, top_ids_, entries * sizeof(int32_t),
                                                     cudaMemcpyDeviceToHost, stream_));
         VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h.top_logprobs, top_logprobs_,
-                                                    rows * max_top * sizeof(float),
-                                                    cudaMemcpyDeviceToHost, stream_));
+                                                    entries * sizeof(float), cudaMemcpyDeviceToHost,
+                                                    stream_));
       }
       continue;  // the caller synchronises the stream before reading the pinned results
     }

@@ -49,6 +49,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -79,9 +80,10 @@ struct CudaForwardOptions {
   // (bench/results/2026-11-29-cuda-backend): the device kernel is faster up to 64 rows per expert
   // (Qwen3-30B-A3B at 1024 tokens, Qwen3-Next at 2048), cuBLAS from 80-128 rows per expert.
   int64_t device_gemm_max_rows_per_expert = 64;
-  // Decode-only steps (one token per sequence, sampled on the device, bfloat16, device-side expert
-  // GEMMs, tensor parallel size 1, nothing staged this pass) run as CUDA graphs: captured once per
-  // (batch size, context bucket) and replayed, so the ~15 launches per layer cost one launch.
+  // Decode-only steps (one token per sequence, sampled on the device without logits processing,
+  // bfloat16, device-side expert GEMMs, tensor parallel size 1, nothing staged this pass) run as
+  // CUDA graphs: captured once per (batch size, context bucket, alternatives asked for or not)
+  // and replayed, so the ~15 launches per layer cost one launch.
   bool cuda_graphs = true;
   // Block-table stride bucket: every step's block table is laid out on a stride rounded up to a
   // multiple of this many blocks (and attention's context bound to stride x block_size), so a
@@ -193,11 +195,11 @@ class CudaQwen3MoeModel final : public CausalLm {
   absl::Status DenseMlp(int layer, int64_t num_tokens);
   // Final norm and LM head of the logits rows; copied to `host_logits`, or, when `sample`, the
   // rows sampled with the uploaded parameters (from a processed copy when `processing` is not
-  // null), with the raw logits' logprobs and up to `max_top` alternatives (uploaded top_counts)
-  // into the pinned results area.
+  // null), with the raw logits' logprobs and, with `alternatives`, each row's uploaded
+  // top_counts alternatives (rows of kMaxTopLogprobs entries) into the pinned results area.
   template <typename T>
   absl::Status Logits(int64_t num_rows, float* host_logits, bool sample,
-                      const StepLogitsProcessing* processing, int32_t max_top);
+                      const StepLogitsProcessing* processing, bool alternatives);
   // The pinned results area (sampled_host_) as its four arrays.
   struct SampledHost {
     int32_t* tokens;
@@ -241,7 +243,7 @@ class CudaQwen3MoeModel final : public CausalLm {
   PinnedBuffer meta_host_;
   PinnedBuffer offsets_host_;  // [num_experts + 1] row offsets of the current MoE layer
   // [max_logits_rows] tokens, [max_logits_rows] logprobs, then [max_logits_rows,
-  // kMaxTopLogprobs] alternative ids and their logprobs (of a step's max_top row stride).
+  // kMaxTopLogprobs] alternative ids and their logprobs.
   PinnedBuffer sampled_host_;
   uint8_t* meta_dev_ = nullptr;
   // Activations of options_.dtype, except res_/sel_res_ (the float32 residual stream), the
@@ -257,15 +259,17 @@ class CudaQwen3MoeModel final : public CausalLm {
   int64_t sample_ws_bytes_ = 0;
   int32_t* sampled_tokens_ = nullptr;  // [max_logits_rows_]
   float* sampled_logprobs_ = nullptr;  // [max_logits_rows_]
-  // [max_logits_rows_, kMaxTopLogprobs] alternatives (a step's max_top row stride).
+  // [max_logits_rows_, kMaxTopLogprobs] alternatives (padded past each row's top_counts).
   int32_t* top_ids_ = nullptr;
   float* top_logprobs_ = nullptr;
   int64_t attn_ws_floats_ = 0;
   int32_t *topk_ids_ = nullptr, *expert_offsets_ = nullptr, *row_token_ = nullptr,
           *pair_row_ = nullptr;
-  // CUDA graphs by (tokens, block-table stride), valid for graph_fingerprint_ (the KV view's and
-  // the expert tables' device addresses baked into them).
-  absl::flat_hash_map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs_;
+  // CUDA graphs by (tokens, block-table stride, whether the step returns alternatives), valid
+  // for graph_fingerprint_ (the KV view's and the expert tables' device addresses baked into
+  // them).
+  using GraphKey = std::tuple<int64_t, int64_t, bool>;
+  absl::flat_hash_map<GraphKey, cudaGraphExec_t> graphs_;
   uint64_t graph_fingerprint_ = 0;
   bool graphs_failed_ = false;               // a capture failed: eager from then on
   std::vector<int32_t> graph_block_tables_;  // the step's block table on the bucketed stride

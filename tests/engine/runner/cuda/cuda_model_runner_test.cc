@@ -320,6 +320,53 @@ TEST_F(CudaModelRunnerTest, CudaGraphDecodeStepsMatchEagerSteps) {
   EXPECT_GT(stats[1].eager_steps, 0);  // prefill chunks
 }
 
+// Decode steps whose rows ask for alternatives replay CUDA graphs too (captured with
+// TopLogprobs; a step without alternatives uses another graph): tokens, logprobs and
+// alternatives equal launch-by-launch execution's, bit for bit (the same kernels on the same
+// inputs).
+TEST_F(CudaModelRunnerTest, CudaGraphStepsWithAlternativesMatchEagerSteps) {
+  const Goldens g = LoadGoldens();
+  RunnerSamplingParams random;
+  random.temperature = 0.7f;
+  random.top_p = 0.95f;
+  const int32_t counts[] = {1, 5, kernels::cpu::kMaxTopLogprobs, 0};
+  std::vector<MiniScheduler::Request> requests[2];
+  CudaGraphStats stats[2];
+  for (bool graphs : {false, true}) {
+    CudaForwardOptions forward = Bf16Forward();
+    forward.cuda_graphs = graphs;
+    forward.graph_stride_bucket_blocks = 2;
+    auto engine = MakeTinyGpuEngine({}, forward);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    MiniScheduler sched(16, Range(0, 256), 7);
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      RunnerSamplingParams p = i % 2 == 0 ? MiniScheduler::Greedy() : random;
+      p.num_top_logprobs = counts[i % 4];
+      p.seed = 91 + i;
+      // The request without alternatives runs longest: the last steps have none.
+      sched.Submit(i, g.prompts[i], 20 + 6 * static_cast<int32_t>(i), p);
+    }
+    sched.RunAll(*(*engine)->runner, /*all_logits=*/false);
+    for (size_t i = 0; i < g.prompts.size(); ++i) requests[graphs].push_back(sched.request(i));
+    stats[graphs] = DeviceModel(**engine).graph_stats();
+  }
+  ASSERT_EQ(g.prompts.size(), 4u);
+  for (size_t i = 0; i < requests[0].size(); ++i) {
+    const auto& eager = requests[0][i];
+    const auto& graph = requests[1][i];
+    EXPECT_EQ(graph.outputs, eager.outputs) << "request " << i;
+    EXPECT_EQ(graph.logprobs, eager.logprobs) << "request " << i;
+    EXPECT_EQ(graph.top_ids, eager.top_ids) << "request " << i;
+    EXPECT_EQ(graph.top_logprobs, eager.top_logprobs) << "request " << i;
+    for (const auto& ids : graph.top_ids) {
+      EXPECT_EQ(ids.size(), static_cast<size_t>(counts[i % 4])) << "request " << i;
+    }
+  }
+  EXPECT_EQ(stats[0].replays, 0);
+  EXPECT_GT(stats[1].replays, 20);
+  EXPECT_GE(stats[1].captures, 2);  // with and without alternatives, context buckets
+}
+
 TEST_F(CudaModelRunnerTest, DecodingAfterAPrefixCacheHitMatchesAFreshPrefill) {
   const Goldens g = LoadGoldens();
   const std::vector<int32_t>& prefix = g.prompts[2];  // 33 tokens: two full blocks and one more
