@@ -765,8 +765,8 @@ absl::Status CudaQwen3MoeModel::ProcessLogitsOnDevice(float* logits, int64_t row
       static_cast<int64_t>(p.frequency_penalties.size()) != rows ||
       static_cast<int64_t>(p.presence_penalties.size()) != rows ||
       static_cast<int64_t>(p.min_ps.size()) != rows) {
-    return absl::InvalidArgumentError(absl::StrCat("logits processing arrays do not match ", rows,
-                                                   " rows and ", num_entries, " entries"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logits processing arrays do not match ", rows, " rows and ", num_entries, " entries"));
   }
   // Layout: offsets, tokens, counts, the four per-row float arrays, then the flags (bytes last,
   // so every 4-byte array stays aligned).

@@ -129,8 +129,8 @@ class CudaQwen3MoeModel final : public CausalLm {
   // Samples on the device (kernels/cuda/sampling.h): only the sampled tokens, their
   // log-probabilities and the alternatives asked for come back to the host, never the
   // [rows, vocab] logits. Steps with logits processing sample from a processed copy of the
-  // logits (device memory grown to the step's rows on first use) so that logprobs and
-  // alternatives are the raw logits' (kernels::cuda::TopLogprobs).
+  // logits (device memory allocated on first use and grown, by doubling, as batches need it)
+  // so that logprobs and alternatives are the raw logits' (kernels::cuda::TopLogprobs).
   bool SamplesOnDevice() const override { return true; }
   absl::Status ForwardAndSample(const ForwardBatch& batch, const KvCacheView& kv,
                                 ExpertWeights* experts, Communicator* comm,
