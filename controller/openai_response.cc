@@ -195,7 +195,14 @@ std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
       ChatDelta rest = c.parser.Finish();
       d.reasoning_content += rest.reasoning_content;
       d.content += rest.content;
-      for (auto& call : rest.tool_calls) d.tool_calls.push_back(std::move(call));
+      for (ChatDelta::Call& call : rest.tool_calls) {
+        // One piece per call in a chunk: a call whose first piece came from Next continues it.
+        if (!d.tool_calls.empty() && d.tool_calls.back().index == call.index) {
+          d.tool_calls.back().call.arguments += call.call.arguments;
+        } else {
+          d.tool_calls.push_back(std::move(call));
+        }
+      }
     }
     Json delta = Json::object();
     if (first_chunk) delta["role"] = "assistant";
@@ -207,7 +214,10 @@ std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
     if (!d.tool_calls.empty()) {
       Json calls = Json::array();
       for (const ChatDelta::Call& call : d.tool_calls) {
-        Json j = ToolCallJson(call.call);
+        // A call's first piece names it; later pieces add to its arguments (OpenAI's shape).
+        Json j = call.call.id.empty()
+                     ? Json{{"function", {{"arguments", call.call.arguments}}}}
+                     : ToolCallJson(call.call);
         j["index"] = call.index;
         calls.push_back(std::move(j));
       }

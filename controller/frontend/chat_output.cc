@@ -17,7 +17,91 @@ constexpr absl::string_view kThinkClose = "</think>";
 constexpr absl::string_view kCallOpen = "<tool_call>";
 constexpr absl::string_view kCallClose = "</tool_call>";
 
+bool IsJsonSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// How a tool-call block's text so far opens: {"name": "<string>", "arguments": then an object or
+// array (kFound, with the name and the offset of the value's first character), something else
+// (kNoMatch), or a prefix of that (kIncomplete).
+struct ArgumentsStart {
+  enum State { kIncomplete, kFound, kNoMatch };
+  State state = kNoMatch;
+  std::string name;
+  size_t value_start = 0;
+};
+
+ArgumentsStart FindArgumentsStart(absl::string_view body) {
+  using State = ArgumentsStart::State;
+  size_t pos = 0;
+  auto skip_space = [&] {
+    while (pos < body.size() && IsJsonSpace(body[pos])) ++pos;
+  };
+  auto literal = [&](absl::string_view lit) {
+    skip_space();
+    const size_t n = std::min(lit.size(), body.size() - pos);
+    if (body.substr(pos, n) != lit.substr(0, n)) return State::kNoMatch;
+    if (n < lit.size()) return State::kIncomplete;
+    pos += n;
+    skip_space();
+    return State::kFound;
+  };
+  for (absl::string_view lit : {"{", "\"name\"", ":"}) {
+    if (State s = literal(lit); s != State::kFound) return {s};
+  }
+  if (pos == body.size()) return {State::kIncomplete};
+  if (body[pos] != '"') return {State::kNoMatch};
+  size_t end = pos + 1;
+  for (bool escape = false; end < body.size(); ++end) {
+    if (escape) {
+      escape = false;
+    } else if (body[end] == '\\') {
+      escape = true;
+    } else if (body[end] == '"') {
+      break;
+    }
+  }
+  if (end == body.size()) return {State::kIncomplete};
+  const absl::string_view quoted = body.substr(pos, end + 1 - pos);
+  const Json name = Json::parse(quoted.begin(), quoted.end(), nullptr, /*allow_exceptions=*/false);
+  if (name.is_discarded() || !name.is_string()) return {State::kNoMatch};
+  pos = end + 1;
+  for (absl::string_view lit : {",", "\"arguments\"", ":"}) {
+    if (State s = literal(lit); s != State::kFound) return {s};
+  }
+  if (pos == body.size()) return {State::kIncomplete};
+  if (body[pos] != '{' && body[pos] != '[') return {State::kNoMatch};
+  return {State::kFound, name.get<std::string>(), pos};
+}
+
+// Appends `text`, the next piece of a JSON object or array's text, to `out` without the
+// whitespace between tokens, until the value ends (`scan` carries the position across pieces).
+void MinifyJsonPiece(absl::string_view text, JsonValueScan* scan, std::string* out) {
+  for (const char c : text) {
+    if (scan->done) return;
+    if (scan->in_string) {
+      out->push_back(c);
+      if (scan->escape) {
+        scan->escape = false;
+      } else if (c == '\\') {
+        scan->escape = true;
+      } else if (c == '"') {
+        scan->in_string = false;
+      }
+      continue;
+    }
+    if (IsJsonSpace(c)) continue;
+    out->push_back(c);
+    if (c == '"') {
+      scan->in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++scan->depth;
+    } else if ((c == '}' || c == ']') && --scan->depth == 0) {
+      scan->done = true;
+    }
+  }
+}
+
 // A tool-call block's JSON -> the call, or nullopt when it is not {"name": str, "arguments": …}.
+// The arguments are as chat_output.h says (the model's text when the block streams as a call).
 std::optional<ToolCall> ParseCall(absl::string_view body) {
   const Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string() ||
@@ -27,7 +111,13 @@ std::optional<ToolCall> ParseCall(absl::string_view body) {
   ToolCall call;
   call.id = NewToolCallId();
   call.name = j["name"].get<std::string>();
-  call.arguments = j["arguments"].dump(-1, ' ', false, Json::error_handler_t::replace);
+  const ArgumentsStart start = FindArgumentsStart(body);
+  if (start.state == ArgumentsStart::kFound) {
+    JsonValueScan scan;
+    MinifyJsonPiece(body.substr(start.value_start), &scan, &call.arguments);
+  } else {
+    call.arguments = j["arguments"].dump(-1, ' ', false, Json::error_handler_t::replace);
+  }
   return call;
 }
 
@@ -182,15 +272,64 @@ void ChatStreamParser::Drain(bool final, ChatDelta* out) {
       }
       case Mode::kToolCall: {
         const size_t close = buffer_.find(kCallClose.data(), 0, kCallClose.size());
+        if (!whole_block_) {
+          // Whether the block streams as a call (a dropped call never does).
+          ArgumentsStart start;
+          if (options_.parallel_tool_calls || calls_ == 0) {
+            start = FindArgumentsStart(absl::string_view(buffer_).substr(0, close));
+          }
+          if (start.state == ArgumentsStart::kIncomplete && close == std::string::npos && !final) {
+            return;  // not decided yet
+          }
+          if (start.state == ArgumentsStart::kFound) {
+            // The call's first piece: id and name, arguments "".
+            ToolCall call;
+            call.id = NewToolCallId();
+            call.name = start.name;
+            out->tool_calls.push_back({calls_++, std::move(call)});
+            buffer_.erase(0, start.value_start);
+            arguments_ = JsonValueScan();
+            mode_ = Mode::kToolArguments;
+            if (!final) return;  // the arguments start with the next piece, as OpenAI's do
+            continue;
+          }
+          whole_block_ = true;
+        }
         if (close == std::string::npos) {
           if (final) {
             EmitCall(buffer_, /*terminated=*/false, out);
             buffer_.clear();
+            whole_block_ = false;
           }
           return;
         }
         EmitCall(buffer_.substr(0, close), /*terminated=*/true, out);
         buffer_.erase(0, close + kCallClose.size());
+        whole_block_ = false;
+        mode_ = Mode::kContent;
+        continue;
+      }
+      case Mode::kToolArguments: {
+        // The block ends at the first </tool_call>, as in the unary rule; a partial one is held.
+        const size_t close = buffer_.find(kCallClose.data(), 0, kCallClose.size());
+        const size_t end = close != std::string::npos ? close
+                           : final                    ? buffer_.size()
+                                   : buffer_.size() - PartialTagSuffix(buffer_, kCallClose);
+        std::string piece;
+        MinifyJsonPiece(absl::string_view(buffer_).substr(0, end), &arguments_, &piece);
+        if (!piece.empty()) {
+          const int index = calls_ - 1;
+          if (!out->tool_calls.empty() && out->tool_calls.back().index == index) {
+            out->tool_calls.back().call.arguments += piece;
+          } else {
+            ToolCall more;
+            more.arguments = std::move(piece);
+            out->tool_calls.push_back({index, std::move(more)});
+          }
+        }
+        buffer_.erase(0, end);
+        if (close == std::string::npos) return;
+        buffer_.erase(0, kCallClose.size());
         mode_ = Mode::kContent;
         continue;
       }

@@ -200,13 +200,6 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, const Reque
   s = ParseLogprobs(body, out->chat, &out->response.logprobs, &sp.num_top_logprobs);
   if (!s.ok()) return s;
   out->response.num_top_logprobs = sp.num_top_logprobs;
-  if (out->response.logprobs &&
-      (sp.min_p != 0 || sp.presence_penalty != 0 || sp.frequency_penalty != 0 ||
-       sp.repetition_penalty != 1 || sp.min_tokens != 0)) {
-    return FieldError("logprobs",
-                      "cannot be combined with min_p, min_tokens or penalties yet (the agents "
-                      "report log-probabilities after them, not the model's raw ones)");
-  }
   if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
       !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
     return FieldError("logit_bias", "is not supported");

@@ -152,8 +152,25 @@ struct StepSampling {
   absl::Span<const float> top_ps;
   absl::Span<const uint64_t> seeds;
   absl::Span<const int64_t> draw_indices;
-  // Applied before sampling; null when no row needs it.
+  // Applied to a copy of the logits that only sampling reads; null when no row needs it.
   const StepLogitsProcessing* processing = nullptr;
+  // Alternatives per row (kernels::cpu::TopLogprobs' top_counts, each <= max_top_logprobs);
+  // empty when max_top_logprobs is 0.
+  absl::Span<const int32_t> top_counts;
+  // The row stride of the alternatives ForwardAndSample returns: the largest of top_counts.
+  int32_t max_top_logprobs = 0;
+};
+
+// Where ForwardAndSample writes one step's results: host arrays, one entry (or one
+// [max_top_logprobs] row) per logits row.
+struct StepSamplingOutput {
+  int32_t* tokens = nullptr;
+  // The sampled token's log-probability under the raw logits (before processing and temperature).
+  float* logprobs = nullptr;
+  // [rows, max_top_logprobs] (kernels::cpu::TopLogprobs' out_ids and out_logprobs); may be null
+  // when max_top_logprobs is 0.
+  int32_t* top_ids = nullptr;
+  float* top_logprobs = nullptr;
 };
 
 class CausalLm {
@@ -179,14 +196,16 @@ class CausalLm {
   // Whether ForwardAndSample is available: a model whose logits live on an accelerator samples
   // there, so the runner never copies [rows, vocab] logits to the host. Default: no.
   virtual bool SamplesOnDevice() const { return false; }
-  // Forward, then every logits row processed with kernels::cpu::ProcessLogits (when
-  // sampling.processing is set) and sampled with kernels::cpu::SampleTokens' semantics (same
-  // tokens, same counter-based draws) on the model's device; `tokens` and `logprobs` are host
-  // arrays of batch.logits_indices.size() entries. Only called when SamplesOnDevice().
+  // Forward, then, on the model's device and with the host sampler's semantics (ModelRunner):
+  // every logits row processed with kernels::cpu::ProcessLogits (when sampling.processing is set)
+  // and sampled with kernels::cpu::SampleTokens' (same tokens, same counter-based draws); the
+  // sampled token's log-probability and the rows' alternatives taken from the raw logits with
+  // kernels::cpu::TopLogprobs'. Results go to `out` (batch.logits_indices.size() rows). Only
+  // called when SamplesOnDevice().
   virtual absl::Status ForwardAndSample(const ForwardBatch& batch, const KvCacheView& kv,
                                         ExpertWeights* experts, Communicator* comm,
-                                        const StepSampling& sampling, int32_t* tokens,
-                                        float* logprobs) {
+                                        const StepSampling& sampling,
+                                        const StepSamplingOutput& out) {
     return absl::UnimplementedError("this model samples on the host");
   }
 

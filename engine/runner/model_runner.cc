@@ -392,16 +392,18 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
                                         presence_penalties_,  min_ps_};
 
   // Without return_all_logits the logits rows are exactly the sampling rows, in order: a model
-  // that samples on its device does so and returns only tokens. Steps where a row asks for top
-  // logprobs sample on the host (the device path does not return alternatives yet).
-  const bool device_sampling =
-      !input.return_all_logits && model_->SamplesOnDevice() && max_top == 0;
+  // that samples on its device does so and returns only tokens, logprobs and alternatives.
+  const bool device_sampling = !input.return_all_logits && model_->SamplesOnDevice();
+  top_ids_.resize(m * max_top);
+  top_logprobs_.resize(m * max_top);
   auto start = std::chrono::steady_clock::now();
   if (device_sampling) {
-    const StepSampling sampling{temperatures_, top_ks_,      top_ps_,
-                                seeds_,        draw_indices_, process ? &processing : nullptr};
-    VAMP_RETURN_IF_ERROR(model_->ForwardAndSample(fb, kv_, experts_, comm_, sampling,
-                                                  sampled_.data(), logprobs_.data()));
+    const StepSampling sampling{temperatures_, top_ks_,       top_ps_,
+                                seeds_,        draw_indices_, process ? &processing : nullptr,
+                                top_counts_,   max_top};
+    VAMP_RETURN_IF_ERROR(model_->ForwardAndSample(
+        fb, kv_, experts_, comm_, sampling,
+        {sampled_.data(), logprobs_.data(), top_ids_.data(), top_logprobs_.data()}));
   } else {
     logits_.resize(logits_indices_.size() * vocab);
     VAMP_RETURN_IF_ERROR(model_->Forward(fb, kv_, experts_, comm_, logits_.data()));
@@ -422,24 +424,30 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
       rows.insert(rows.end(), logits_.begin() + sample_row[i] * vocab,
                   logits_.begin() + (sample_row[i] + 1) * vocab);
     }
+    // Penalties, bans and min_p shape what is sampled, on a copy: logprobs and alternatives are
+    // the raw model's (vLLM's default logprobs mode), whatever the request's processing.
+    std::vector<float> processed;
     if (process) {
+      processed = rows;
       kernels::cpu::ProcessLogits(
-          rows.data(), vocab, m, vocab,
+          processed.data(), vocab, m, vocab,
           {entry_offsets_.data(), entry_tokens_.data(), entry_counts_.data(), entry_flags_.data(),
            repetition_penalties_.data(), frequency_penalties_.data(), presence_penalties_.data(),
            min_ps_.data(), temperatures_.data()});
     }
+    // Without processing or alternatives, SampleTokens' own logprob is the raw one; otherwise
+    // TopLogprobs computes it on the raw rows with the alternatives' normaliser.
+    const bool separate_logprobs = process || max_top > 0;
     sample_indices_.resize(m * vocab);
     sample_values_.resize(m * vocab);
-    kernels::cpu::SampleTokens(rows.data(), vocab, m, vocab, temperatures_.data(), top_ks_.data(),
-                               top_ps_.data(), seeds_.data(), draw_indices_.data(),
-                               sample_indices_.data(), sample_values_.data(), sampled_.data(),
-                               logprobs_.data());
-    if (max_top > 0) {
-      top_ids_.resize(m * max_top);
-      top_logprobs_.resize(m * max_top);
+    kernels::cpu::SampleTokens(process ? processed.data() : rows.data(), vocab, m, vocab,
+                               temperatures_.data(), top_ks_.data(), top_ps_.data(), seeds_.data(),
+                               draw_indices_.data(), sample_indices_.data(), sample_values_.data(),
+                               sampled_.data(), separate_logprobs ? nullptr : logprobs_.data());
+    if (separate_logprobs) {
       kernels::cpu::TopLogprobs(rows.data(), vocab, m, vocab, top_counts_.data(), max_top,
-                                top_ids_.data(), top_logprobs_.data());
+                                top_ids_.data(), top_logprobs_.data(), sampled_.data(),
+                                logprobs_.data());
     }
   }
   for (int64_t j = 0; j < m; ++j) {

@@ -91,11 +91,13 @@ struct StepInput {
 struct SampledToken {
   RunnerRequestId id = 0;
   int32_t token = 0;
-  // Log-probability under the model's logits, after the request's penalties and min_tokens bans
-  // when it has them (before temperature, min_p, top-k and top-p).
+  // Log-probability under the model's raw logits: log_softmax before the request's penalties,
+  // min_tokens bans, temperature, min_p, top-k and top-p (vLLM's default logprobs mode), which
+  // only shape what is sampled.
   float logprob = 0.0f;
-  // The request's num_top_logprobs most likely tokens, descending (ties: lower id first), with
-  // their log-probabilities computed as `logprob` is; empty when it asked for none.
+  // The request's num_top_logprobs most likely tokens under the same raw logits, descending
+  // (ties: lower id first), with their log-probabilities computed as `logprob` is (the sampled
+  // token's entry, when it is among them, equals `logprob`); empty when it asked for none.
   std::vector<int32_t> top_token_ids;
   std::vector<float> top_logprobs;
 };

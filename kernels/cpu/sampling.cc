@@ -110,15 +110,19 @@ void SampleTokens(const float* logits, int64_t logits_stride, int64_t num_rows, 
 }
 
 void TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
-                 const int32_t* top_counts, int32_t max_k, int32_t* out_ids, float* out_logprobs) {
+                 const int32_t* top_counts, int32_t max_k, int32_t* out_ids, float* out_logprobs,
+                 const int32_t* tokens, float* out_token_logprobs) {
   std::vector<int32_t> top;
   for (int64_t r = 0; r < num_rows; ++r) {
     const float* row = logits + r * logits_stride;
-    int32_t* ids = out_ids + r * max_k;
-    float* lps = out_logprobs + r * max_k;
-    const int64_t k = top_counts[r];
-    std::fill(ids, ids + max_k, -1);
-    std::fill(lps, lps + max_k, 0.0f);
+    const int64_t k = max_k > 0 ? top_counts[r] : 0;
+    if (max_k > 0) {
+      std::fill(out_ids + r * max_k, out_ids + (r + 1) * max_k, -1);
+      std::fill(out_logprobs + r * max_k, out_logprobs + (r + 1) * max_k, 0.0f);
+    }
+    if (k <= 0 && tokens == nullptr) continue;
+    const RowNormaliser norm = Normaliser(row, vocab);
+    if (tokens != nullptr) out_token_logprobs[r] = LogSoftmaxAt(row, norm, tokens[r]);
     if (k <= 0) continue;
     // Keep the k best seen so far, in (logit descending, id ascending) order: a later id enters
     // only with a strictly larger logit than the current k-th.
@@ -130,10 +134,9 @@ void TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows, i
       top.insert(at, static_cast<int32_t>(i));
       if (static_cast<int64_t>(top.size()) > k) top.pop_back();
     }
-    const RowNormaliser norm = Normaliser(row, vocab);
     for (int64_t j = 0; j < k; ++j) {
-      ids[j] = top[j];
-      lps[j] = LogSoftmaxAt(row, norm, top[j]);
+      out_ids[r * max_k + j] = top[j];
+      out_logprobs[r * max_k + j] = LogSoftmaxAt(row, norm, top[j]);
     }
   }
 }

@@ -39,11 +39,16 @@ inline constexpr int32_t kMaxTopLogprobs = 20;
 // penalties and temperature), in descending order, ties broken towards the lower token id.
 // out_ids[r * max_k + j] and out_logprobs[r * max_k + j] ([num_rows, max_k]) receive the j-th
 // token id and its log probability for j < top_counts[r]; later entries of the row are set to -1
-// and 0. 0 <= max_k <= kMaxTopLogprobs; top_counts[r] <= min(max_k, vocab). The log
-// probabilities are computed as SampleTokens computes out_logprobs (bit-identical for the same
-// token). The CUDA twin is cuda::TopLogprobs.
+// and 0. 0 <= max_k <= kMaxTopLogprobs; top_counts[r] <= min(max_k, vocab); with max_k 0,
+// top_counts, out_ids and out_logprobs are not read and may be null.
+// When `tokens` is not null (then out_token_logprobs is not either), out_token_logprobs[r]
+// receives log_softmax(row)[tokens[r]] (tokens[r] in [0, vocab)): the log probability of a token
+// sampled from a processed copy of the row, reported against the raw row (vLLM's default
+// "raw_logprobs"). All log probabilities are computed as SampleTokens computes out_logprobs
+// (bit-identical for the same token and row). The CUDA twin is cuda::TopLogprobs.
 void TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
-                 const int32_t* top_counts, int32_t max_k, int32_t* out_ids, float* out_logprobs);
+                 const int32_t* top_counts, int32_t max_k, int32_t* out_ids, float* out_logprobs,
+                 const int32_t* tokens, float* out_token_logprobs);
 
 // Per-request logits processing that runs before SampleTokens (vLLM's order: penalties and
 // min_tokens bans on the logits, then temperature, then min_p, then top-k / top-p). Arrays are

@@ -698,8 +698,7 @@ __global__ void ProcessLogitsKernel(float* logits, int64_t logits_stride, int64_
   const float repetition = p.repetition_penalties[r];
   const float frequency = p.frequency_penalties[r];
   const float presence = p.presence_penalties[r];
-  for (int32_t e = p.entry_offsets[r] + threadIdx.x; e < p.entry_offsets[r + 1];
-       e += blockDim.x) {
+  for (int32_t e = p.entry_offsets[r] + threadIdx.x; e < p.entry_offsets[r + 1]; e += blockDim.x) {
     float* l = row + p.entry_tokens[e];
     const int32_t count = p.entry_counts[e];
     if (p.entry_flags[e] & cpu::kLogitBanned) {
@@ -753,14 +752,14 @@ absl::Status CheckLogitsShape(absl::string_view fn, int64_t num_rows, int64_t vo
 absl::Status ProcessLogits(float* logits, int64_t logits_stride, int64_t num_rows, int64_t vocab,
                            const cpu::LogitsProcessing& p, cudaStream_t stream) {
   if (num_rows < 0 || num_rows > INT32_MAX || vocab <= 0 || logits_stride < vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("ProcessLogits: num_rows ", num_rows,
-                                                   ", vocab ", vocab, ", logits_stride ",
-                                                   logits_stride, " are not a valid shape"));
+    return absl::InvalidArgumentError(absl::StrCat("ProcessLogits: num_rows ", num_rows, ", vocab ",
+                                                   vocab, ", logits_stride ", logits_stride,
+                                                   " are not a valid shape"));
   }
   if (num_rows == 0) return absl::OkStatus();
   if (logits == nullptr || p.entry_offsets == nullptr || p.repetition_penalties == nullptr ||
-      p.frequency_penalties == nullptr || p.presence_penalties == nullptr ||
-      p.min_ps == nullptr || p.temperatures == nullptr) {
+      p.frequency_penalties == nullptr || p.presence_penalties == nullptr || p.min_ps == nullptr ||
+      p.temperatures == nullptr) {
     return absl::InvalidArgumentError(
         "ProcessLogits: logits, entry_offsets and the per-row arrays must not be null");
   }
@@ -781,12 +780,14 @@ absl::Status GreedySample(const float* logits, int64_t logits_stride, int64_t nu
 // ---------------------------------------------------------------------------------------------
 // TopLogprobs. One block per row; pick t is the block-wide argmax over the logits that come after
 // pick t - 1 in (logit descending, id ascending) order, so k picks read the row k times (k <= 20;
-// the row stays in L2), then one more read sums exp(x - max) in double.
+// the row stays in L2), then one more read sums exp(x - max) in double. A row that only wants
+// its token's logprob makes one pick (the maximum).
 constexpr int kTopThreads = 256;
 
 __global__ void TopLogprobsKernel(const float* logits, int64_t logits_stride, int64_t vocab,
                                   const int32_t* top_counts, int32_t max_k, int32_t* out_ids,
-                                  float* out_logprobs) {
+                                  float* out_logprobs, const int32_t* tokens,
+                                  float* out_token_logprobs) {
   __shared__ float warp_v[32];
   __shared__ int64_t warp_i[32];
   __shared__ double warp_sum[32];
@@ -795,7 +796,7 @@ __global__ void TopLogprobsKernel(const float* logits, int64_t logits_stride, in
   const float* row = logits + blockIdx.x * logits_stride;
   int32_t* ids = out_ids + static_cast<int64_t>(blockIdx.x) * max_k;
   float* lps = out_logprobs + static_cast<int64_t>(blockIdx.x) * max_k;
-  const int k = max(0, min(top_counts[blockIdx.x], max_k));
+  const int k = max_k > 0 ? max(0, min(top_counts[blockIdx.x], max_k)) : 0;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int num_warps = blockDim.x / 32;
@@ -803,10 +804,11 @@ __global__ void TopLogprobsKernel(const float* logits, int64_t logits_stride, in
     ids[j] = -1;
     lps[j] = 0.0f;
   }
-  if (k == 0) return;  // uniform across the block
+  const int picks = tokens != nullptr ? max(k, 1) : k;
+  if (picks == 0) return;  // uniform across the block
   float prev_v = INFINITY;
   int64_t prev_i = -1;
-  for (int t = 0; t < k; ++t) {
+  for (int t = 0; t < picks; ++t) {
     float v = 0.0f;
     int64_t i = -1;
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
@@ -850,6 +852,11 @@ __global__ void TopLogprobsKernel(const float* logits, int64_t logits_stride, in
     ids[t] = picked_i[t];
     lps[t] = static_cast<float>(static_cast<double>(picked_v[t] - max_value) - log_sum);
   }
+  if (tokens != nullptr) {
+    const float x = row[tokens[blockIdx.x]];
+    out_token_logprobs[blockIdx.x] =
+        static_cast<float>(static_cast<double>(x - max_value) - log_sum);
+  }
 }
 
 int64_t SampleTokensWorkspaceBytes(int64_t max_rows, int64_t vocab) {
@@ -891,7 +898,8 @@ absl::Status SampleTokens(const float* logits, int64_t logits_stride, int64_t nu
 
 absl::Status TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows,
                          int64_t vocab, const int32_t* top_counts, int32_t max_k, int32_t* out_ids,
-                         float* out_logprobs, cudaStream_t stream) {
+                         float* out_logprobs, const int32_t* tokens, float* out_token_logprobs,
+                         cudaStream_t stream) {
   if (absl::Status s = CheckLogitsShape("TopLogprobs", num_rows, vocab, logits_stride); !s.ok()) {
     return s;
   }
@@ -899,13 +907,20 @@ absl::Status TopLogprobs(const float* logits, int64_t logits_stride, int64_t num
     return absl::InvalidArgumentError(
         absl::StrCat("TopLogprobs: max_k ", max_k, " outside [0, ", cpu::kMaxTopLogprobs, "]"));
   }
-  if (num_rows == 0 || max_k == 0) return absl::OkStatus();
-  if (logits == nullptr || top_counts == nullptr || out_ids == nullptr || out_logprobs == nullptr) {
+  if ((tokens == nullptr) != (out_token_logprobs == nullptr)) {
     return absl::InvalidArgumentError(
-        "TopLogprobs: logits, top_counts, out_ids and out_logprobs must not be null");
+        "TopLogprobs: tokens and out_token_logprobs must both be set or both be null");
+  }
+  if (num_rows == 0 || (max_k == 0 && tokens == nullptr)) return absl::OkStatus();
+  if (logits == nullptr ||
+      (max_k > 0 && (top_counts == nullptr || out_ids == nullptr || out_logprobs == nullptr))) {
+    return absl::InvalidArgumentError(
+        "TopLogprobs: logits (and, with max_k > 0, top_counts, out_ids and out_logprobs) must not "
+        "be null");
   }
   TopLogprobsKernel<<<static_cast<unsigned>(num_rows), kTopThreads, 0, stream>>>(
-      logits, logits_stride, vocab, top_counts, max_k, out_ids, out_logprobs);
+      logits, logits_stride, vocab, top_counts, max_k, out_ids, out_logprobs, tokens,
+      out_token_logprobs);
   return internal::LaunchStatus("TopLogprobsKernel");
 }
 

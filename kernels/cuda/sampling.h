@@ -62,16 +62,20 @@ absl::Status SampleTokens(const float* logits, int64_t logits_stride, int64_t nu
                           void* workspace, int64_t workspace_bytes, int32_t* out_tokens,
                           float* out_logprobs, cudaStream_t stream);
 
-// cpu::TopLogprobs on device memory (logits, top_counts, out_ids and out_logprobs), enqueued on
-// `stream`: per row, the top_counts[r] most likely tokens of log_softmax(row) in descending order
-// (ties: lower token id first), the rest of the row's max_k entries -1 and 0. Token ids equal the
-// CPU's; log probabilities sum double exp terms as the CPU does, in a different order (~1e-15
-// relative apart), and are within ~1e-7 of SampleTokens' out_logprobs (float32 expf terms).
-// InvalidArgument (nothing enqueued) for bad sizes, max_k outside [0, cpu::kMaxTopLogprobs] or
-// null pointers. One 256-thread block per row; it reads the row top_counts[r] + 1 times.
+// cpu::TopLogprobs on device memory (logits, top_counts, out_ids, out_logprobs, tokens and
+// out_token_logprobs), enqueued on `stream`: per row, the top_counts[r] most likely tokens of
+// log_softmax(row) in descending order (ties: lower token id first), the rest of the row's max_k
+// entries -1 and 0; with `tokens`, out_token_logprobs[r] = log_softmax(row)[tokens[r]]. Token ids
+// equal the CPU's; log probabilities sum double exp terms as the CPU does, in a different order
+// (~1e-15 relative apart), and are within ~1e-7 of SampleTokens' out_logprobs (float32 expf
+// terms). InvalidArgument (nothing enqueued) for bad sizes, max_k outside
+// [0, cpu::kMaxTopLogprobs], null pointers the call needs, or only one of tokens and
+// out_token_logprobs. One 256-thread block per row; it reads the row max(top_counts[r], 1) + 1
+// times (once when it has nothing to compute).
 absl::Status TopLogprobs(const float* logits, int64_t logits_stride, int64_t num_rows,
                          int64_t vocab, const int32_t* top_counts, int32_t max_k, int32_t* out_ids,
-                         float* out_logprobs, cudaStream_t stream);
+                         float* out_logprobs, const int32_t* tokens, float* out_token_logprobs,
+                         cudaStream_t stream);
 
 // cpu::ProcessLogits on device memory (logits and every array of `p`), enqueued on `stream`:
 // penalties and min_tokens bans on each row's entries, then the min_p mask. Identical results

@@ -346,10 +346,27 @@ test('top_logprobs: alternatives, chat and completions, unary and streaming', as
       client.chat.completions.create({model: MODEL, messages, logprobs: true, top_logprobs: 21}),
       'top_logprobs');
   await expect400(client.completions.create({model: MODEL, prompt: 'x', logprobs: 6}), 'logprobs');
-  await expect400(
-      client.chat.completions.create(
-          {model: MODEL, messages, logprobs: true, top_logprobs: 2, presence_penalty: 1}),
-      'logprobs');
+});
+
+test('logprobs with penalties are the raw model\'s', async () => {
+  // Penalties and min_p shape what is sampled; the logprobs are the raw model's (vLLM's default):
+  // the first token's alternatives are those of the unpenalised request (presence and frequency
+  // count outputs only, so the first step's raw logits are the same), and every chosen token's
+  // logprob equals its entry among the alternatives.
+  const body = {model: MODEL, messages, max_tokens: 6, temperature: 0, ignore_eos: true,
+                logprobs: true, top_logprobs: 5, ...noThinking};
+  const plain = (await client.chat.completions.create(body)).choices[0].logprobs.content;
+  const penalised = (await client.chat.completions.create({
+    ...body, presence_penalty: 2, frequency_penalty: 2, min_p: 0.05, min_tokens: 2
+  })).choices[0].logprobs.content;
+  assert.equal(penalised.length, 6);
+  assert.deepEqual(penalised[0].top_logprobs, plain[0].top_logprobs);
+  for (const c of penalised) {
+    assert.ok(c.logprob <= 0 && Number.isFinite(c.logprob), JSON.stringify(c));
+    const entry = c.top_logprobs.find(
+        t => t.token === c.token && JSON.stringify(t.bytes) === JSON.stringify(c.bytes));
+    if (entry) assert.equal(entry.logprob, c.logprob, JSON.stringify(c));
+  }
 });
 
 test('echo: completions send the prompt first', async () => {

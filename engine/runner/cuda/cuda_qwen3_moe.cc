@@ -265,6 +265,7 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
   meta_.top_ps = offset(static_cast<float*>(nullptr), L);
   meta_.seeds = offset(static_cast<uint64_t*>(nullptr), L);
   meta_.draw_indices = offset(static_cast<int64_t*>(nullptr), L);
+  meta_.top_counts = offset(static_cast<int32_t*>(nullptr), L);
   meta_.bytes = meta.used();
   sample_ws_bytes_ = kc::SampleTokensWorkspaceBytes(L, c.vocab_size);
 
@@ -288,6 +289,8 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
     sample_ws_ = w.Take<uint8_t>(sample_ws_bytes_);
     sampled_tokens_ = w.Take<int32_t>(L);
     sampled_logprobs_ = w.Take<float>(L);
+    top_ids_ = w.Take<int32_t>(L * kernels::cpu::kMaxTopLogprobs);
+    top_logprobs_ = w.Take<float>(L * kernels::cpu::kMaxTopLogprobs);
     topk_ids_ = w.Take<int32_t>(R);
     expert_offsets_ = w.Take<int32_t>(E + 1);
     row_token_ = w.Take<int32_t>(R);
@@ -301,7 +304,8 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
   VAMP_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::Allocate(meta_.bytes));
   VAMP_ASSIGN_OR_RETURN(offsets_host_, PinnedBuffer::Allocate((E + 1) * sizeof(int32_t)));
   VAMP_ASSIGN_OR_RETURN(sampled_host_,
-                        PinnedBuffer::Allocate(L * (sizeof(int32_t) + sizeof(float))));
+                        PinnedBuffer::Allocate(L * (1 + kernels::cpu::kMaxTopLogprobs) *
+                                               (sizeof(int32_t) + sizeof(float))));
   return absl::OkStatus();
 }
 
@@ -324,6 +328,7 @@ absl::Status CudaQwen3MoeModel::UploadMetadata(const ForwardBatch& b,
     put(meta_.top_ps, sampling->top_ps);
     put(meta_.seeds, sampling->seeds);
     put(meta_.draw_indices, sampling->draw_indices);
+    put(meta_.top_counts, sampling->top_counts);
   }
   // One transfer of the whole area, unused tails included (fewer launches than one copy per
   // array). Asynchronous on the compute stream: the pinned area is rewritten only by the next
@@ -336,32 +341,40 @@ absl::Status CudaQwen3MoeModel::UploadMetadata(const ForwardBatch& b,
 absl::Status CudaQwen3MoeModel::Forward(const ForwardBatch& batch, const KvCacheView& kv,
                                         ExpertWeights* experts, Communicator* comm, float* logits) {
   // The host communicator is not used: tensor parallel sums run on the device.
-  return Run(batch, kv, experts, logits, nullptr, nullptr, nullptr);
+  return Run(batch, kv, experts, logits, nullptr, nullptr);
 }
 
 absl::Status CudaQwen3MoeModel::ForwardAndSample(const ForwardBatch& batch, const KvCacheView& kv,
                                                  ExpertWeights* experts, Communicator* comm,
-                                                 const StepSampling& sampling, int32_t* tokens,
-                                                 float* logprobs) {
+                                                 const StepSampling& sampling,
+                                                 const StepSamplingOutput& out) {
   const size_t m = batch.logits_indices.size();
+  const int32_t max_top = sampling.max_top_logprobs;
   if (sampling.temperatures.size() != m || sampling.top_ks.size() != m ||
       sampling.top_ps.size() != m || sampling.seeds.size() != m ||
-      sampling.draw_indices.size() != m) {
+      sampling.draw_indices.size() != m || sampling.top_counts.size() != (max_top > 0 ? m : 0)) {
     return absl::InvalidArgumentError(absl::StrCat("sampling parameters for ",
                                                    sampling.temperatures.size(),
                                                    " rows; the batch has ", m, " logits rows"));
+  }
+  if (max_top < 0 || max_top > kernels::cpu::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("max_top_logprobs ", max_top, " outside [0, ",
+                                                   kernels::cpu::kMaxTopLogprobs, "]"));
+  }
+  if (out.tokens == nullptr || out.logprobs == nullptr ||
+      (max_top > 0 && (out.top_ids == nullptr || out.top_logprobs == nullptr))) {
+    return absl::InvalidArgumentError("ForwardAndSample needs every output array it fills");
   }
   if (static_cast<int64_t>(m) > max_logits_rows_) {
     return absl::ResourceExhaustedError(absl::StrCat("sampling ", m, " rows in one step exceeds ",
                                                      max_logits_rows_, " (max_logits_rows)"));
   }
-  return Run(batch, kv, experts, nullptr, &sampling, tokens, logprobs);
+  return Run(batch, kv, experts, nullptr, &sampling, &out);
 }
 
 absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView& kv,
                                     ExpertWeights* experts, float* host_logits,
-                                    const StepSampling* sampling, int32_t* tokens,
-                                    float* logprobs) {
+                                    const StepSampling* sampling, const StepSamplingOutput* out) {
   const ModelConfig& c = config();
   const int64_t n = batch.num_tokens();
   if (n == 0) return absl::OkStatus();
@@ -422,9 +435,10 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
     if (status.ok()) {
       const bool sample = sampling != nullptr;
       const StepLogitsProcessing* processing = sample ? sampling->processing : nullptr;
+      const bool alternatives = sample && sampling->max_top_logprobs > 0;
       status = options_.dtype == DType::kBFloat16
-                   ? Logits<BFloat16>(m, host_logits, sample, processing)
-                   : Logits<float>(m, host_logits, sample, processing);
+                   ? Logits<BFloat16>(m, host_logits, sample, processing, alternatives)
+                   : Logits<float>(m, host_logits, sample, processing, alternatives);
     }
   }
   if (experts != nullptr) {
@@ -439,10 +453,16 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
   if (!status.ok()) return status;
   if (!sync.ok()) return sync;
   if (sampling != nullptr) {
-    const uint8_t* h = sampled_host_.data();
-    std::copy_n(reinterpret_cast<const int32_t*>(h), m, tokens);
-    std::copy_n(reinterpret_cast<const float*>(h + max_logits_rows_ * sizeof(int32_t)), m,
-                logprobs);
+    const SampledHost h = SampledHostArrays();
+    std::copy_n(h.tokens, m, out->tokens);
+    std::copy_n(h.logprobs, m, out->logprobs);
+    // The device rows hold kMaxTopLogprobs entries; the caller's hold max_top_logprobs (the rest
+    // of a device row is padding: no row asks for more).
+    const int64_t k = sampling->max_top_logprobs;
+    for (int64_t r = 0; k > 0 && r < m; ++r) {
+      std::copy_n(h.top_ids + r * kernels::cpu::kMaxTopLogprobs, k, out->top_ids + r * k);
+      std::copy_n(h.top_logprobs + r * kernels::cpu::kMaxTopLogprobs, k, out->top_logprobs + r * k);
+    }
   }
   return absl::OkStatus();
 }
@@ -463,8 +483,8 @@ bool CudaQwen3MoeModel::GraphEligible(const ForwardBatch& batch, const StepSampl
                                       ExpertWeights* experts) const {
   // Logits processing uploads arrays of a size that changes every step: run it eagerly.
   if (!options_.cuda_graphs || graphs_failed_ || sampling == nullptr ||
-      sampling->processing != nullptr ||
-      options_.dtype != DType::kBFloat16 || parallel().tp_size != 1) {
+      sampling->processing != nullptr || options_.dtype != DType::kBFloat16 ||
+      parallel().tp_size != 1) {
     return false;
   }
   const int64_t n = batch.num_tokens();
@@ -510,13 +530,16 @@ absl::Status CudaQwen3MoeModel::RunGraph(const ForwardBatch& batch, const StepSa
     graph_fingerprint_ = fingerprint;
   }
 
-  const std::pair<int64_t, int64_t> key(n, gb.block_table_stride);
+  const bool alternatives = sampling.max_top_logprobs > 0;
+  const GraphKey key(n, gb.block_table_stride, alternatives);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     if (static_cast<int64_t>(graphs_.size()) >= options_.max_cuda_graphs) ClearGraphs();
     VAMP_CUDART_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     absl::Status captured = RunLayers<BFloat16>(gb, kv, experts);
-    if (captured.ok()) captured = Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr);
+    if (captured.ok()) {
+      captured = Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr, alternatives);
+    }
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     cudaGraphExec_t exec = nullptr;
@@ -533,7 +556,7 @@ absl::Status CudaQwen3MoeModel::RunGraph(const ForwardBatch& batch, const StepSa
       VAMP_LOG(WARNING) << "CUDA graph capture failed, running eagerly from now on: " << captured;
       ++graph_stats_.eager_steps;
       VAMP_RETURN_IF_ERROR(RunLayers<BFloat16>(gb, kv, experts));
-      return Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr);
+      return Logits<BFloat16>(n, nullptr, /*sample=*/true, nullptr, alternatives);
     }
     it = graphs_.emplace(key, exec).first;
     ++graph_stats_.captures;
@@ -731,7 +754,7 @@ absl::Status CudaQwen3MoeModel::DenseMlp(int layer, int64_t n) {
   return AllReduceHidden(n);
 }
 
-absl::Status CudaQwen3MoeModel::ProcessLogitsOnDevice(int64_t rows,
+absl::Status CudaQwen3MoeModel::ProcessLogitsOnDevice(float* logits, int64_t rows,
                                                       const StepLogitsProcessing& p) {
   const int64_t num_entries = p.entry_offsets.empty() ? 0 : p.entry_offsets.back();
   if (static_cast<int64_t>(p.entry_offsets.size()) != rows + 1 ||
@@ -784,12 +807,12 @@ absl::Status CudaQwen3MoeModel::ProcessLogitsOnDevice(int64_t rows,
   dev.min_ps = static_cast<const float*>(min_ps);
   dev.temperatures = reinterpret_cast<const float*>(meta_dev_ + meta_.temperatures);
   const int64_t V = config().vocab_size;
-  return kc::ProcessLogits(logits_dev_, V, rows, V, dev, stream_);
+  return kc::ProcessLogits(logits, V, rows, V, dev, stream_);
 }
 
 template <typename T>
 absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sample,
-                                       const StepLogitsProcessing* processing) {
+                                       const StepLogitsProcessing* processing, bool alternatives) {
   const ModelConfig& c = config();
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -806,20 +829,53 @@ absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sampl
         kc::Gemm(sel_x, H, As<T>(lm_head_), H, logits_dev_, V, rows, V, H, stream_));
     if (sample) {
       // ForwardAndSample bounds m by max_logits_rows_: one chunk, sampled where it is.
-      if (processing != nullptr) VAMP_RETURN_IF_ERROR(ProcessLogitsOnDevice(rows, *processing));
+      // Processing rewrites a copy that only sampling reads: logprobs stay the raw logits'.
+      float* sample_from = logits_dev_;
+      if (processing != nullptr) {
+        const uint64_t row_bytes = static_cast<uint64_t>(V) * sizeof(float);
+        const uint64_t bytes = static_cast<uint64_t>(rows) * row_bytes;
+        if (processed_logits_.bytes() < bytes) {
+          // Doubling (up to max_logits_rows_ rows) bounds the reallocations of a growing batch.
+          const int64_t have = static_cast<int64_t>(processed_logits_.bytes() / row_bytes);
+          const int64_t grow = std::min(max_logits_rows_, std::max(rows, 2 * have));
+          processed_logits_ = DeviceBuffer();  // free the smaller one first
+          VAMP_ASSIGN_OR_RETURN(processed_logits_, DeviceBuffer::Allocate(grow * row_bytes));
+        }
+        sample_from = reinterpret_cast<float*>(processed_logits_.data());
+        VAMP_CUDART_RETURN_IF_ERROR(
+            cudaMemcpyAsync(sample_from, logits_dev_, bytes, cudaMemcpyDeviceToDevice, stream_));
+        VAMP_RETURN_IF_ERROR(ProcessLogitsOnDevice(sample_from, rows, *processing));
+      }
+      // Without processing or alternatives SampleTokens' own logprob is the raw one; otherwise
+      // TopLogprobs computes it on the raw rows with the alternatives' normaliser.
+      const bool separate_logprobs = processing != nullptr || alternatives;
       VAMP_RETURN_IF_ERROR(kc::SampleTokens(
-          logits_dev_, V, rows, V, reinterpret_cast<const float*>(meta_dev_ + meta_.temperatures),
+          sample_from, V, rows, V, reinterpret_cast<const float*>(meta_dev_ + meta_.temperatures),
           reinterpret_cast<const int32_t*>(meta_dev_ + meta_.top_ks),
           reinterpret_cast<const float*>(meta_dev_ + meta_.top_ps),
           reinterpret_cast<const uint64_t*>(meta_dev_ + meta_.seeds),
           reinterpret_cast<const int64_t*>(meta_dev_ + meta_.draw_indices), sample_ws_,
-          sample_ws_bytes_, sampled_tokens_, sampled_logprobs_, stream_));
-      uint8_t* h = sampled_host_.data();
-      VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h, sampled_tokens_, rows * sizeof(int32_t),
+          sample_ws_bytes_, sampled_tokens_, separate_logprobs ? nullptr : sampled_logprobs_,
+          stream_));
+      if (separate_logprobs) {
+        VAMP_RETURN_IF_ERROR(kc::TopLogprobs(
+            logits_dev_, V, rows, V, reinterpret_cast<const int32_t*>(meta_dev_ + meta_.top_counts),
+            alternatives ? kernels::cpu::kMaxTopLogprobs : 0, top_ids_, top_logprobs_,
+            sampled_tokens_, sampled_logprobs_, stream_));
+      }
+      const SampledHost h = SampledHostArrays();
+      VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h.tokens, sampled_tokens_, rows * sizeof(int32_t),
                                                   cudaMemcpyDeviceToHost, stream_));
-      VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h + max_logits_rows_ * sizeof(int32_t),
-                                                  sampled_logprobs_, rows * sizeof(float),
-                                                  cudaMemcpyDeviceToHost, stream_));
+      VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(
+          h.logprobs, sampled_logprobs_, rows * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+      if (alternatives) {
+        const int64_t entries = rows * kernels::cpu::kMaxTopLogprobs;
+        VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h.top_ids, top_ids_, entries * sizeof(int32_t),
+                                                    cudaMemcpyDeviceToHost, stream_));
+        VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(h.top_logprobs, top_logprobs_,
+                                                    entries * sizeof(float), cudaMemcpyDeviceToHost,
+                                                    stream_));
+      }
       continue;  // the caller synchronises the stream before reading the pinned results
     }
     VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits + r0 * V, logits_dev_,
@@ -829,6 +885,18 @@ absl::Status CudaQwen3MoeModel::Logits(int64_t m, float* host_logits, bool sampl
     VAMP_CUDART_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   }
   return absl::OkStatus();
+}
+
+CudaQwen3MoeModel::SampledHost CudaQwen3MoeModel::SampledHostArrays() const {
+  uint8_t* h = sampled_host_.data();
+  const int64_t L = max_logits_rows_, K = kernels::cpu::kMaxTopLogprobs;
+  SampledHost a;
+  a.tokens = reinterpret_cast<int32_t*>(h);
+  a.logprobs = reinterpret_cast<float*>(h + L * sizeof(int32_t));
+  a.top_ids = reinterpret_cast<int32_t*>(h + L * (sizeof(int32_t) + sizeof(float)));
+  a.top_logprobs =
+      reinterpret_cast<float*>(h + L * (sizeof(int32_t) + sizeof(float)) + L * K * sizeof(int32_t));
+  return a;
 }
 
 }  // namespace vamp

@@ -49,6 +49,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -79,9 +80,10 @@ struct CudaForwardOptions {
   // (bench/results/2026-11-29-cuda-backend): the device kernel is faster up to 64 rows per expert
   // (Qwen3-30B-A3B at 1024 tokens, Qwen3-Next at 2048), cuBLAS from 80-128 rows per expert.
   int64_t device_gemm_max_rows_per_expert = 64;
-  // Decode-only steps (one token per sequence, sampled on the device, bfloat16, device-side expert
-  // GEMMs, tensor parallel size 1, nothing staged this pass) run as CUDA graphs: captured once per
-  // (batch size, context bucket) and replayed, so the ~15 launches per layer cost one launch.
+  // Decode-only steps (one token per sequence, sampled on the device without logits processing,
+  // bfloat16, device-side expert GEMMs, tensor parallel size 1, nothing staged this pass) run as
+  // CUDA graphs: captured once per (batch size, context bucket, alternatives asked for or not)
+  // and replayed, so the ~15 launches per layer cost one launch.
   bool cuda_graphs = true;
   // Block-table stride bucket: every step's block table is laid out on a stride rounded up to a
   // multiple of this many blocks (and attention's context bound to stride x block_size), so a
@@ -124,13 +126,16 @@ class CudaQwen3MoeModel final : public CausalLm {
   absl::Status Forward(const ForwardBatch& batch, const KvCacheView& kv, ExpertWeights* experts,
                        Communicator* comm, float* logits) override;
 
-  // Samples on the device (kernels/cuda/sampling.h): only the sampled tokens and their
-  // log-probabilities come back to the host, never the [rows, vocab] logits.
+  // Samples on the device (kernels/cuda/sampling.h): only the sampled tokens, their
+  // log-probabilities and the alternatives asked for come back to the host, never the
+  // [rows, vocab] logits. Steps with logits processing sample from a processed copy of the
+  // logits (device memory allocated on first use and grown, by doubling, as batches need it)
+  // so that logprobs and alternatives are the raw logits' (kernels::cuda::TopLogprobs).
   bool SamplesOnDevice() const override { return true; }
   absl::Status ForwardAndSample(const ForwardBatch& batch, const KvCacheView& kv,
                                 ExpertWeights* experts, Communicator* comm,
-                                const StepSampling& sampling, int32_t* tokens,
-                                float* logprobs) override;
+                                const StepSampling& sampling,
+                                const StepSamplingOutput& out) override;
 
   // The host model's weights (the device holds copies of them).
   void ForEachWeight(
@@ -167,7 +172,7 @@ class CudaQwen3MoeModel final : public CausalLm {
   struct MetaLayout {
     uint64_t token_ids = 0, positions = 0, slot_mapping = 0, query_start_loc = 0, seq_lens = 0,
              block_tables = 0, logits_indices = 0, temperatures = 0, top_ks = 0, top_ps = 0,
-             seeds = 0, draw_indices = 0, bytes = 0;
+             seeds = 0, draw_indices = 0, top_counts = 0, bytes = 0;
   };
 
   CudaQwen3MoeModel(const CausalLm* host, const RunnerConfig& runner_config, cudaStream_t stream,
@@ -176,10 +181,9 @@ class CudaQwen3MoeModel final : public CausalLm {
   absl::Status AllocateWorkspace();
   absl::Status UploadMetadata(const ForwardBatch& batch, const StepSampling* sampling);
   // Forward with the logits either copied to `host_logits` or, when `sampling` is set, sampled on
-  // the device into `tokens` / `logprobs` (host arrays).
+  // the device into `out` (host arrays).
   absl::Status Run(const ForwardBatch& batch, const KvCacheView& kv, ExpertWeights* experts,
-                   float* host_logits, const StepSampling* sampling, int32_t* tokens,
-                   float* logprobs);
+                   float* host_logits, const StepSampling* sampling, const StepSamplingOutput* out);
   // The forward pass with T = float or kernels::BFloat16, the element type of options_.dtype.
   template <typename T>
   absl::Status RunLayers(const ForwardBatch& batch, const KvCacheView& kv, ExpertWeights* experts);
@@ -190,13 +194,24 @@ class CudaQwen3MoeModel final : public CausalLm {
   template <typename T>
   absl::Status DenseMlp(int layer, int64_t num_tokens);
   // Final norm and LM head of the logits rows; copied to `host_logits`, or, when `sample`, the
-  // rows processed (`processing`, may be null) and sampled with the uploaded parameters.
+  // rows sampled with the uploaded parameters (from a processed copy when `processing` is not
+  // null), with the raw logits' logprobs and, with `alternatives`, each row's uploaded
+  // top_counts alternatives (rows of kMaxTopLogprobs entries) into the pinned results area.
   template <typename T>
   absl::Status Logits(int64_t num_rows, float* host_logits, bool sample,
-                      const StepLogitsProcessing* processing);
-  // Copies `processing` to processing_dev_ (grown as needed) and runs ProcessLogits on
-  // logits_dev_'s `rows` rows.
-  absl::Status ProcessLogitsOnDevice(int64_t rows, const StepLogitsProcessing& processing);
+                      const StepLogitsProcessing* processing, bool alternatives);
+  // The pinned results area (sampled_host_) as its four arrays.
+  struct SampledHost {
+    int32_t* tokens;
+    float* logprobs;
+    int32_t* top_ids;
+    float* top_logprobs;
+  };
+  SampledHost SampledHostArrays() const;
+  // Copies `processing` to processing_dev_ (grown as needed) and runs ProcessLogits on the
+  // `rows` rows of `logits` (row stride vocab).
+  absl::Status ProcessLogitsOnDevice(float* logits, int64_t rows,
+                                     const StepLogitsProcessing& processing);
   // Sums x_ ([num_tokens, hidden]) over the tensor-parallel ranks; nothing at tp_size 1.
   absl::Status AllReduceHidden(int64_t num_tokens);
   // Whether a bfloat16 MoE layer of `rows` (token, expert) rows runs the device-side grouped GEMM.
@@ -227,7 +242,9 @@ class CudaQwen3MoeModel final : public CausalLm {
   MetaLayout meta_;
   PinnedBuffer meta_host_;
   PinnedBuffer offsets_host_;  // [num_experts + 1] row offsets of the current MoE layer
-  PinnedBuffer sampled_host_;  // [max_logits_rows] tokens, then [max_logits_rows] logprobs
+  // [max_logits_rows] tokens, [max_logits_rows] logprobs, then [max_logits_rows,
+  // kMaxTopLogprobs] alternative ids and their logprobs.
+  PinnedBuffer sampled_host_;
   uint8_t* meta_dev_ = nullptr;
   // Activations of options_.dtype, except res_/sel_res_ (the float32 residual stream), the
   // router's float32 outputs and the float32 logits.
@@ -235,18 +252,24 @@ class CudaQwen3MoeModel final : public CausalLm {
   void *h13_ = nullptr, *act_ = nullptr, *expert_out_ = nullptr, *sel_x_ = nullptr;
   float *res_ = nullptr, *sel_res_ = nullptr, *router_logits_ = nullptr, *topk_weights_ = nullptr;
   float* logits_dev_ = nullptr;
-  float* attn_ws_ = nullptr;   // PagedAttention scratch (bfloat16 kernels)
-  void* sample_ws_ = nullptr;  // SampleTokens scratch for max_logits_rows_ rows
-  DeviceBuffer processing_dev_;  // ProcessLogits' arrays of the current step (grows)
+  float* attn_ws_ = nullptr;       // PagedAttention scratch (bfloat16 kernels)
+  void* sample_ws_ = nullptr;      // SampleTokens scratch for max_logits_rows_ rows
+  DeviceBuffer processing_dev_;    // ProcessLogits' arrays of the current step (grows)
+  DeviceBuffer processed_logits_;  // the processed copy sampling reads (grows to a step's rows)
   int64_t sample_ws_bytes_ = 0;
   int32_t* sampled_tokens_ = nullptr;  // [max_logits_rows_]
   float* sampled_logprobs_ = nullptr;  // [max_logits_rows_]
+  // [max_logits_rows_, kMaxTopLogprobs] alternatives (padded past each row's top_counts).
+  int32_t* top_ids_ = nullptr;
+  float* top_logprobs_ = nullptr;
   int64_t attn_ws_floats_ = 0;
   int32_t *topk_ids_ = nullptr, *expert_offsets_ = nullptr, *row_token_ = nullptr,
           *pair_row_ = nullptr;
-  // CUDA graphs by (tokens, block-table stride), valid for graph_fingerprint_ (the KV view's and
-  // the expert tables' device addresses baked into them).
-  absl::flat_hash_map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs_;
+  // CUDA graphs by (tokens, block-table stride, whether the step returns alternatives), valid
+  // for graph_fingerprint_ (the KV view's and the expert tables' device addresses baked into
+  // them).
+  using GraphKey = std::tuple<int64_t, int64_t, bool>;
+  absl::flat_hash_map<GraphKey, cudaGraphExec_t> graphs_;
   uint64_t graph_fingerprint_ = 0;
   bool graphs_failed_ = false;               // a capture failed: eager from then on
   std::vector<int32_t> graph_block_tables_;  // the step's block table on the bucketed stride

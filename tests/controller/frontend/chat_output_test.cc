@@ -1,5 +1,9 @@
 #include "controller/frontend/chat_output.h"
 
+#include <set>
+#include <string>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -90,18 +94,32 @@ TEST(ChatOutputTest, PrefixOpensTheCallAndParallelFalseKeepsOne) {
   EXPECT_EQ(out.tool_calls[0].arguments, "{\"x\":1}");
 }
 
-// Streams `text` in pieces of `step` bytes and collects what comes out.
+// Streams `text` in pieces of `step` bytes and collects what comes out: a call's first piece
+// (id and name) starts it, later pieces (neither) add to its arguments. `pieces`, when set,
+// receives each call's number of pieces.
 ChatOutput Stream(const std::string& text, const ResponseOptions& o, size_t step,
-                  bool check_tags = true) {
+                  bool check_tags = true, std::vector<int>* pieces = nullptr) {
   ChatStreamParser p(o);
   ChatOutput out;
   std::string reasoning, content;
+  std::vector<int> counts;
   auto take = [&](const ChatDelta& d) {
     reasoning += d.reasoning_content;
     content += d.content;
+    std::set<int> seen;
     for (const auto& c : d.tool_calls) {
-      EXPECT_EQ(c.index, static_cast<int>(out.tool_calls.size()));
-      out.tool_calls.push_back(c.call);
+      EXPECT_TRUE(seen.insert(c.index).second) << "two pieces of call " << c.index;
+      if (!c.call.id.empty()) {
+        EXPECT_EQ(c.index, static_cast<int>(out.tool_calls.size()));
+        EXPECT_FALSE(c.call.name.empty());
+        out.tool_calls.push_back(c.call);
+        counts.push_back(1);
+        continue;
+      }
+      EXPECT_TRUE(c.call.name.empty());
+      ASSERT_EQ(c.index + 1, static_cast<int>(out.tool_calls.size())) << "a piece of a past call";
+      out.tool_calls.back().arguments += c.call.arguments;
+      ++counts.back();
     }
     // No partial tag is ever sent.
     for (const char* tag : {"<think", "</think", "<tool_call", "</tool_call"}) {
@@ -112,6 +130,7 @@ ChatOutput Stream(const std::string& text, const ResponseOptions& o, size_t step
   };
   for (size_t i = 0; i < text.size(); i += step) take(p.Next(text.substr(i, step)));
   take(p.Finish());
+  if (pieces != nullptr) *pieces = counts;
   if (!reasoning.empty()) out.reasoning_content = reasoning;
   if (!content.empty()) out.content = content;
   return out;
@@ -158,6 +177,70 @@ TEST(ChatStreamParserTest, ForcedCallPrefixIsNotSentAsText) {
   EXPECT_FALSE(got.content.has_value());
   ASSERT_EQ(got.tool_calls.size(), 1u);
   EXPECT_EQ(got.tool_calls[0].arguments, "{\"a\":[1]}");
+}
+
+// Calls in Qwen3's order stream as OpenAI's do: the first piece names the call with arguments "",
+// later pieces carry the arguments as they are generated (the model's text, whitespace between
+// tokens dropped), adding up to the unary arguments.
+TEST(ChatStreamParserTest, ArgumentsStreamPieceByPiece) {
+  const std::string text =
+      "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"a \\\"b\\\" </c>\", "
+      "\"limit\": 1.50, \"tags\": [\"x\", {}]}}\n</tool_call>";
+  const ChatOutput want = ParseChatOutput(text, Qwen3(true));
+  ASSERT_EQ(want.tool_calls.size(), 1u);
+  EXPECT_EQ(want.tool_calls[0].arguments,
+            "{\"query\":\"a \\\"b\\\" </c>\",\"limit\":1.50,\"tags\":[\"x\",{}]}");
+  for (size_t step : {1, 2, 3, 8, 13}) {
+    std::vector<int> pieces;
+    const ChatOutput got = Stream(text, Qwen3(true), step, true, &pieces);
+    ASSERT_EQ(got.tool_calls.size(), 1u) << step;
+    EXPECT_EQ(got.tool_calls[0].name, "search");
+    EXPECT_EQ(got.tool_calls[0].arguments, want.tool_calls[0].arguments) << step;
+    EXPECT_FALSE(got.content.has_value()) << step;
+    ASSERT_EQ(pieces.size(), 1u);
+    EXPECT_GT(pieces[0], 2) << step;  // the name, then the arguments in several pieces
+  }
+  // The first piece: id and name with arguments "", as soon as the arguments value opens.
+  ChatStreamParser p(Qwen3(true));
+  EXPECT_TRUE(p.Next("<tool_call>\n{\"name\": \"search\", \"argu").tool_calls.empty());
+  ChatDelta d = p.Next("ments\": {\"q");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].index, 0);
+  EXPECT_EQ(d.tool_calls[0].call.name, "search");
+  EXPECT_THAT(d.tool_calls[0].call.id, ::testing::StartsWith("call_"));
+  EXPECT_EQ(d.tool_calls[0].call.arguments, "");
+  EXPECT_TRUE(p.called_tools());
+  d = p.Next("uery\": 7}}\n</tool_call>");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_TRUE(d.tool_calls[0].call.id.empty());
+  EXPECT_EQ(d.tool_calls[0].call.arguments, "{\"query\":7}");
+  EXPECT_TRUE(p.Finish().empty());
+}
+
+// Blocks in another order, or with scalar arguments, cannot stream: they go out whole, as before;
+// output cut off inside streamed arguments ends the call with what was generated.
+TEST(ChatStreamParserTest, OtherBlocksGoOutWholeAndCutOffArgumentsEndTheCall) {
+  const std::string text =
+      "<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>"
+      "<tool_call>{\"name\": \"g\", \"arguments\": \"raw\"}</tool_call>";
+  const ChatOutput want = ParseChatOutput(text, Qwen3(true));
+  ASSERT_EQ(want.tool_calls.size(), 2u);
+  EXPECT_EQ(want.tool_calls[0].arguments, "{\"a\":1}");
+  EXPECT_EQ(want.tool_calls[1].arguments, "\"raw\"");
+  for (size_t step : {1, 4, 100}) {
+    std::vector<int> pieces;
+    const ChatOutput got = Stream(text, Qwen3(true), step, true, &pieces);
+    ASSERT_EQ(got.tool_calls.size(), 2u) << step;
+    EXPECT_EQ(got.tool_calls[0].name, "f");
+    EXPECT_EQ(got.tool_calls[0].arguments, want.tool_calls[0].arguments);
+    EXPECT_EQ(got.tool_calls[1].name, "g");
+    EXPECT_EQ(got.tool_calls[1].arguments, want.tool_calls[1].arguments);
+    EXPECT_EQ(pieces, (std::vector<int>{1, 1})) << step;
+  }
+  const ChatOutput cut =
+      Stream("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, ", Qwen3(true), 3);
+  ASSERT_EQ(cut.tool_calls.size(), 1u);
+  EXPECT_EQ(cut.tool_calls[0].arguments, "{\"a\":[1,");
 }
 
 }  // namespace

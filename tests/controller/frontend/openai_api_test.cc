@@ -108,11 +108,22 @@ TEST_F(OpenAiApiTest, LogprobsOfTheChosenTokens) {
   r = ParseChatCompletionRequest("{" + messages + R"(, "logprobs": false})", model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->response.logprobs);
+  // With penalties, min_p and min_tokens: the agents report the raw model's logprobs (vLLM's
+  // default), so they combine.
+  r = ParseChatCompletionRequest(
+      "{" + messages +
+          R"(, "logprobs": true, "top_logprobs": 2, "min_p": 0.1, "presence_penalty": 1,
+              "frequency_penalty": 0.5, "repetition_penalty": 1.2, "min_tokens": 2})",
+      model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->response.logprobs);
+  EXPECT_EQ(r->sampling.num_top_logprobs, 2);
+  EXPECT_EQ(r->sampling.presence_penalty, 1.0f);
+  EXPECT_EQ(r->sampling.min_tokens, 2);
   const std::pair<const char*, const char*> bad[] = {
-      {R"(, "logprobs": true, "top_logprobs": 21})", "top_logprobs"},           // OpenAI's limit
-      {R"(, "top_logprobs": 0})", "top_logprobs"},                              // without logprobs
-      {R"(, "logprobs": true, "top_logprobs": 2, "min_p": 0.1})", "logprobs"},  // not raw
-      {R"(, "logprobs": 1})", "logprobs"}};                                     // chat's is a bool
+      {R"(, "logprobs": true, "top_logprobs": 21})", "top_logprobs"},  // OpenAI's limit
+      {R"(, "top_logprobs": 0})", "top_logprobs"},                     // without logprobs
+      {R"(, "logprobs": 1})", "logprobs"}};                            // chat's is a bool
   for (const auto& [fields, param] : bad) {
     absl::StatusOr<ServingRequest> e =
         ParseChatCompletionRequest("{" + messages + fields, model_, *tokenizer_);
@@ -159,8 +170,6 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
       {R"({"prompt": "x", "stop_token_ids": [300]})", "stop_token_ids", "outside the vocabulary"},
       {R"({"prompt": "x", "logprobs": 6})", "logprobs", "must be in [0, 5]"},
       {R"({"prompt": "x", "logprobs": 0, "echo": true})", "echo", "echo with logprobs"},
-      {R"({"prompt": "x", "logprobs": 0, "presence_penalty": 1})", "logprobs",
-       "cannot be combined"},
       {R"({"prompt": "x", "top_logprobs": 2})", "top_logprobs", "chat field"},
       {R"({"prompt": "x", "min_tokens": 5, "max_tokens": 4})", "min_tokens",
        "must be <= max_tokens (4), got 5"},

@@ -156,7 +156,7 @@ TEST(ModelRunnerTest, TopLogprobsOnlyForTheRowsThatAskForThem) {
   std::vector<float> want_lps(count);
   const float* last = out->logits[0].data() + (prompt.size() - 1) * kVocab;
   kernels::cpu::TopLogprobs(last, kVocab, 1, kVocab, &count, count, want_ids.data(),
-                            want_lps.data());
+                            want_lps.data(), nullptr, nullptr);
   EXPECT_EQ(s.top_token_ids, want_ids);
   EXPECT_EQ(s.top_logprobs, want_lps);
   EXPECT_TRUE(out->sampled[1].top_token_ids.empty());
@@ -275,6 +275,59 @@ TEST(ModelRunnerTest, PenaltiesAndMinTokensShapeGreedyOutput) {
   EXPECT_EQ(run(min_p), g.continuations[0]);
 }
 
+// Logprobs and alternatives are the raw model's (vLLM's default logprobs mode): log_softmax of the
+// logits before penalties, min_tokens bans, temperature and min_p, which only shape what is
+// sampled. With a presence penalty that forbids repeats, every logprob is still that of the
+// unprocessed logits row.
+TEST(ModelRunnerTest, LogprobsAreTheRawModelsWhateverTheProcessing) {
+  const Goldens g = LoadGoldens();
+  RunnerSamplingParams p;
+  p.temperature = 0.8f;
+  p.seed = 11;
+  p.presence_penalty = 100.0f;
+  p.repetition_penalty = 1.5f;
+  p.frequency_penalty = 0.25f;
+  p.min_p = 0.01f;
+  p.min_tokens = 3;
+  p.min_tokens_banned_ids = {g.continuations[0][0]};
+  p.num_top_logprobs = 4;
+  RunnerSamplingParams plain = p;  // the same without processing, in the same batch
+  plain.presence_penalty = 0.0f;
+  plain.repetition_penalty = 1.0f;
+  plain.frequency_penalty = 0.0f;
+  plain.min_p = 0.0f;
+  plain.min_tokens = 0;
+  plain.min_tokens_banned_ids.clear();
+  auto engine = MakeTinyEngine();
+  MiniScheduler sched(16, Range(0, 256), 8);
+  sched.Submit(3, g.prompts[0], 12, p);
+  sched.Submit(4, g.prompts[1], 12, plain);
+  sched.RunAll(*engine->runner, /*all_logits=*/true);
+  const auto& r = sched.request(3);
+  ASSERT_EQ(r.outputs.size(), 12u);
+  EXPECT_EQ(std::set<int32_t>(r.outputs.begin(), r.outputs.end()).size(), r.outputs.size())
+      << "the presence penalty applied";
+  EXPECT_NE(r.outputs[0], g.continuations[0][0]) << "the min_tokens ban applied";
+  for (RunnerRequestId id : {3, 4}) {
+    const auto& q = sched.request(id);
+    ASSERT_EQ(q.sampled_logits.size(), q.outputs.size());
+    for (size_t t = 0; t < q.outputs.size(); ++t) {
+      const std::vector<float>& raw = q.sampled_logits[t];
+      const int32_t count = 4;
+      std::vector<int32_t> ids(count);
+      std::vector<float> lps(count);
+      float lp = 0;
+      kernels::cpu::TopLogprobs(raw.data(), kVocab, 1, kVocab, &count, count, ids.data(),
+                                lps.data(), &q.outputs[t], &lp);
+      EXPECT_EQ(q.logprobs[t], lp) << "request " << id << " output " << t;
+      EXPECT_EQ(q.top_ids[t], ids) << "request " << id << " output " << t;
+      EXPECT_EQ(q.top_logprobs[t], lps) << "request " << id << " output " << t;
+    }
+  }
+  // The banned first greedy token is still reported among the raw alternatives.
+  EXPECT_EQ(r.top_ids[0][0], g.continuations[0][0]);
+}
+
 TEST(PersistentBatchTest, ProcessingEntriesCountOutputsAndBanUntilMinTokens) {
   PersistentBatch batch(2, 4);
   NewRequestData r;
@@ -301,17 +354,14 @@ TEST(PersistentBatchTest, ProcessingEntriesCountOutputsAndBanUntilMinTokens) {
   };
   using kernels::cpu::kLogitBanned;
   using kernels::cpu::kLogitInPrompt;
-  EXPECT_EQ(entries(), (std::map<int32_t, std::pair<int32_t, int>>{
-                           {5, {0, kLogitInPrompt}},
-                           {7, {1, kLogitInPrompt}},
-                           {9, {1, kLogitBanned}},
-                           {11, {0, kLogitBanned}}}));
+  EXPECT_EQ(entries(), (std::map<int32_t, std::pair<int32_t, int>>{{5, {0, kLogitInPrompt}},
+                                                                   {7, {1, kLogitInPrompt}},
+                                                                   {9, {1, kLogitBanned}},
+                                                                   {11, {0, kLogitBanned}}}));
   batch.AppendToken(*slot, 12);  // the third output: nothing is banned any more
-  EXPECT_EQ(entries(), (std::map<int32_t, std::pair<int32_t, int>>{
-                           {5, {0, kLogitInPrompt}},
-                           {7, {1, kLogitInPrompt}},
-                           {9, {1, 0}},
-                           {12, {1, 0}}}));
+  EXPECT_EQ(entries(),
+            (std::map<int32_t, std::pair<int32_t, int>>{
+                {5, {0, kLogitInPrompt}}, {7, {1, kLogitInPrompt}}, {9, {1, 0}}, {12, {1, 0}}}));
 }
 
 TEST(ModelRunnerTest, SlotsOfFinishedRequestsAreReused) {

@@ -78,6 +78,10 @@ class MiniScheduler {
     bool finished = false;
     int32_t initial_computed = 0;
     std::vector<int32_t> outputs;
+    // Per output: its logprob, and its alternatives' ids and logprobs (SampledToken's).
+    std::vector<float> logprobs;
+    std::vector<std::vector<int32_t>> top_ids;
+    std::vector<std::vector<float>> top_logprobs;
     // The logits row of each sampled token (needs return_all_logits).
     std::vector<std::vector<float>> sampled_logits;
     // The logits of every computed position, in order (needs return_all_logits).
@@ -165,6 +169,9 @@ class MiniScheduler {
       Request& r = requests_[s.id];
       r.tokens.push_back(s.token);
       r.outputs.push_back(s.token);
+      r.logprobs.push_back(s.logprob);
+      r.top_ids.push_back(s.top_token_ids);
+      r.top_logprobs.push_back(s.top_logprobs);
       if (in.return_all_logits) {
         for (size_t i = 0; i < in.scheduled.size(); ++i) {
           if (in.scheduled[i].id != s.id) continue;

@@ -121,7 +121,8 @@ TEST(TopLogprobsTest, ByHandWithTiesAndPadding) {
   // Row 1 only reads its first 3 logits (vocab 3 is emulated by -inf on ids 3 and 4).
   std::vector<float> rows = logits;
   rows[8] = rows[9] = -INFINITY;
-  TopLogprobs(rows.data(), vocab, 3, vocab, counts.data(), max_k, ids.data(), lps.data());
+  TopLogprobs(rows.data(), vocab, 3, vocab, counts.data(), max_k, ids.data(), lps.data(), nullptr,
+              nullptr);
   EXPECT_EQ(ids, (std::vector<int32_t>{1, 2, 4, 0, 2, -1, -1, -1, -1}));
   EXPECT_NEAR(lps[0], -0.93726984, 1e-6);
   EXPECT_NEAR(lps[1], -0.93726984, 1e-6);
@@ -141,7 +142,8 @@ TEST(TopLogprobsTest, FirstEntryIsTheGreedyTokenWithTheSamplersLogprob) {
   const int32_t count = kMaxTopLogprobs;
   std::vector<int32_t> ids(count);
   std::vector<float> lps(count);
-  TopLogprobs(logits.data(), vocab, 1, vocab, &count, count, ids.data(), lps.data());
+  TopLogprobs(logits.data(), vocab, 1, vocab, &count, count, ids.data(), lps.data(), nullptr,
+              nullptr);
   EXPECT_EQ(ids[0], token);
   EXPECT_EQ(lps[0], logprob);  // bit-identical
   for (int j = 1; j < count; ++j) {
@@ -150,24 +152,57 @@ TEST(TopLogprobsTest, FirstEntryIsTheGreedyTokenWithTheSamplersLogprob) {
   }
 }
 
+// The log probability of a given token (sampled from a processed copy of the row) against the
+// raw row, by hand, with or without alternatives alongside; for the greedy token it is the
+// sampler's out_logprobs bit for bit.
+TEST(TopLogprobsTest, TokenLogprobsByHandAndAsTheSamplerReportsThem) {
+  // Row 0 as in ByHandWithTiesAndPadding: x - 3.93726984; row 1: x - 1.29891618 (vocab 3 emulated
+  // by -inf).
+  const int64_t vocab = 5;
+  const std::vector<float> logits = {1, 3, 3, 0, 2, 0.5f, -1, 0.5f, -INFINITY, -INFINITY};
+  const std::vector<int32_t> tokens = {3, 1};
+  const std::vector<int32_t> counts = {2, 0};
+  std::vector<int32_t> ids(4, 42);
+  std::vector<float> lps(4, 42.0f), token_lps(2, 42.0f), alone(2, 42.0f);
+  TopLogprobs(logits.data(), vocab, 2, vocab, counts.data(), 2, ids.data(), lps.data(),
+              tokens.data(), token_lps.data());
+  EXPECT_NEAR(token_lps[0], -3.93726984, 1e-6);
+  EXPECT_NEAR(token_lps[1], -2.29891618, 1e-6);
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 2, -1, -1}));
+  // Without alternatives (max_k 0: no top arrays needed) the same bits.
+  TopLogprobs(logits.data(), vocab, 2, vocab, nullptr, 0, nullptr, nullptr, tokens.data(),
+              alone.data());
+  EXPECT_EQ(alone, token_lps);
+  // The greedy token of a longer row: the sampler's logprob, bit for bit.
+  const int64_t long_vocab = 40;
+  std::vector<float> row(long_vocab);
+  for (int64_t i = 0; i < long_vocab; ++i) row[i] = std::cos(0.3f * i) * 5;
+  Sampler s(long_vocab);
+  float greedy_lp = 0;
+  const int32_t greedy = s.Draw(row, 0.0f, 0, 1.0f, 1, 0, &greedy_lp);
+  float lp = 42.0f;
+  TopLogprobs(row.data(), long_vocab, 1, long_vocab, nullptr, 0, nullptr, nullptr, &greedy, &lp);
+  EXPECT_EQ(lp, greedy_lp);
+}
+
 TEST(ProcessLogitsTest, PenaltiesBansAndMinPByHand) {
   // Row 0: vocab 6, entries for tokens 1 (prompt only), 2 (generated twice), 3 (banned),
   // 4 (prompt and generated once). Row 1: min_p 0.5 at temperature 1.
-  std::vector<float> logits = {1.0f, 2.0f, -2.0f, 5.0f, 4.0f, 0.5f,
+  std::vector<float> logits = {1.0f, 2.0f,           -2.0f,          5.0f,           4.0f,  0.5f,
                                0.0f, std::log(0.6f), std::log(0.4f), std::log(0.2f), -9.0f, 0.0f};
   const std::vector<int32_t> offsets = {0, 4, 4}, tokens = {1, 2, 3, 4}, counts = {0, 2, 0, 1};
   const std::vector<uint8_t> flags = {kLogitInPrompt, 0, kLogitBanned, kLogitInPrompt};
   const std::vector<float> repetition = {2.0f, 1.0f}, frequency = {0.5f, 0.0f},
                            presence = {0.25f, 0.0f}, min_p = {0.0f, 0.5f}, temps = {1.0f, 1.0f};
-  const LogitsProcessing p{offsets.data(),   tokens.data(),   counts.data(),
-                           flags.data(),     repetition.data(), frequency.data(),
-                           presence.data(),  min_p.data(),    temps.data()};
+  const LogitsProcessing p{offsets.data(),  tokens.data(),     counts.data(),
+                           flags.data(),    repetition.data(), frequency.data(),
+                           presence.data(), min_p.data(),      temps.data()};
   ProcessLogits(logits.data(), 6, 2, 6, p);
-  EXPECT_EQ(logits[0], 1.0f);                     // no entry
-  EXPECT_EQ(logits[1], 1.0f);                     // 2 / 2 (in the prompt, never generated)
-  EXPECT_EQ(logits[2], -4.0f - 1.0f - 0.25f);     // -2 * 2, then 0.5 * 2 + 0.25
-  EXPECT_EQ(logits[3], -INFINITY);                // banned
-  EXPECT_EQ(logits[4], 2.0f - 0.5f - 0.25f);      // 4 / 2, then 0.5 * 1 + 0.25
+  EXPECT_EQ(logits[0], 1.0f);                  // no entry
+  EXPECT_EQ(logits[1], 1.0f);                  // 2 / 2 (in the prompt, never generated)
+  EXPECT_EQ(logits[2], -4.0f - 1.0f - 0.25f);  // -2 * 2, then 0.5 * 2 + 0.25
+  EXPECT_EQ(logits[3], -INFINITY);             // banned
+  EXPECT_EQ(logits[4], 2.0f - 0.5f - 0.25f);   // 4 / 2, then 0.5 * 1 + 0.25
   EXPECT_EQ(logits[5], 0.5f);
   // Row 1: probabilities relative to the largest (tokens 0 and 5, logit 0) of 0.6 stay; 0.4,
   // 0.2 and e^-9 are below min_p 0.5.
@@ -183,7 +218,7 @@ TEST(ProcessLogitsTest, GreedyRowsIgnoreMinP) {
   std::vector<float> logits = {3.0f, 0.0f, -1.0f};
   const std::vector<int32_t> offsets = {0, 0};
   const std::vector<float> one = {1.0f}, zero = {0.0f}, min_p = {0.9f}, greedy = {0.0f};
-  const LogitsProcessing p{offsets.data(), nullptr,    nullptr,       nullptr,      one.data(),
+  const LogitsProcessing p{offsets.data(), nullptr,     nullptr,      nullptr,      one.data(),
                            zero.data(),    zero.data(), min_p.data(), greedy.data()};
   ProcessLogits(logits.data(), 3, 1, 3, p);
   EXPECT_EQ(logits, (std::vector<float>{3.0f, 0.0f, -1.0f}));

@@ -537,8 +537,8 @@ struct Processing {
   std::vector<uint8_t> flags;
   std::vector<float> repetition, frequency, presence, min_p, temperature;
   cpu::LogitsProcessing View() const {
-    return {offsets.data(),  tokens.data(),    counts.data(),    flags.data(),     repetition.data(),
-            frequency.data(), presence.data(), min_p.data(), temperature.data()};
+    return {offsets.data(),   tokens.data(),   counts.data(), flags.data(),      repetition.data(),
+            frequency.data(), presence.data(), min_p.data(),  temperature.data()};
   }
 };
 
@@ -575,13 +575,13 @@ using ProcessLogitsTest = CudaTest;
 
 TEST_F(ProcessLogitsTest, MatchesCpuAndSamplingAfterwardsAgrees) {
   const std::vector<RowProcessing> rows = {
-      {0, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f},        // nothing to do
-      {300, 1.3f, 0.0f, 0.0f, 0.0f, 0.8f},      // repetition only
-      {300, 1.0f, 0.7f, 0.4f, 0.0f, 1.0f},      // frequency and presence
-      {2000, 0.7f, -0.5f, -1.5f, 0.0f, 1.0f},   // rewarding repetition (penalties < 1 / < 0)
-      {50, 1.2f, 0.2f, 0.2f, 0.05f, 0.7f},      // all of them and min_p
-      {10, 1.0f, 0.0f, 0.0f, 0.3f, 1.5f},       // min_p, a high temperature
-      {10, 1.1f, 0.0f, 0.0f, 0.5f, 0.0f},       // min_p on a greedy row: no mask
+      {0, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f},       // nothing to do
+      {300, 1.3f, 0.0f, 0.0f, 0.0f, 0.8f},     // repetition only
+      {300, 1.0f, 0.7f, 0.4f, 0.0f, 1.0f},     // frequency and presence
+      {2000, 0.7f, -0.5f, -1.5f, 0.0f, 1.0f},  // rewarding repetition (penalties < 1 / < 0)
+      {50, 1.2f, 0.2f, 0.2f, 0.05f, 0.7f},     // all of them and min_p
+      {10, 1.0f, 0.0f, 0.0f, 0.3f, 1.5f},      // min_p, a high temperature
+      {10, 1.1f, 0.0f, 0.0f, 0.5f, 0.0f},      // min_p on a greedy row: no mask
   };
   for (const int64_t vocab : {kQwenVocab, int64_t{1000}}) {
     const int64_t n = static_cast<int64_t>(rows.size()), stride = vocab + 3;
@@ -591,10 +591,9 @@ TEST_F(ProcessLogitsTest, MatchesCpuAndSamplingAfterwardsAgrees) {
     cpu::ProcessLogits(want.data(), stride, n, vocab, p.View());
 
     float* d_logits = Upload(logits);
-    const cpu::LogitsProcessing d{Upload(p.offsets),    Upload(p.tokens),   Upload(p.counts),
-                                  Upload(p.flags),      Upload(p.repetition),
-                                  Upload(p.frequency),  Upload(p.presence), Upload(p.min_p),
-                                  Upload(p.temperature)};
+    const cpu::LogitsProcessing d{Upload(p.offsets),  Upload(p.tokens),     Upload(p.counts),
+                                  Upload(p.flags),    Upload(p.repetition), Upload(p.frequency),
+                                  Upload(p.presence), Upload(p.min_p),      Upload(p.temperature)};
     VAMP_ASSERT_OK(ProcessLogits(d_logits, stride, n, vocab, d, stream_));
     const std::vector<float> got = Download(d_logits, n * stride);
     int boundary = 0;
@@ -671,28 +670,43 @@ TEST_F(TopLogprobsTest, MatchesCpuIncludingTiesAndPadding) {
     for (int64_t i = 0; i < vocab; ++i) logits[2 * stride + i] = -1.5f;
     std::vector<int32_t> counts = {max_k, max_k, max_k, 0, 1, 5};
     for (auto& c : counts) c = static_cast<int32_t>(std::min<int64_t>(c, vocab));
+    // Every row also reports the logprob of a token spread over the vocabulary (row 3 too,
+    // though it asks for no alternatives).
+    std::vector<int32_t> tokens(rows);
+    for (int64_t r = 0; r < rows; ++r) tokens[r] = static_cast<int32_t>((r * 7919) % vocab);
     std::vector<int32_t> want_ids(rows * max_k);
-    std::vector<float> want_lps(rows * max_k);
+    std::vector<float> want_lps(rows * max_k), want_token_lps(rows);
     cpu::TopLogprobs(logits.data(), stride, rows, vocab, counts.data(), max_k, want_ids.data(),
-                     want_lps.data());
+                     want_lps.data(), tokens.data(), want_token_lps.data());
     int32_t* d_ids = Alloc<int32_t>(rows * max_k);
     float* d_lps = Alloc<float>(rows * max_k);
-    VAMP_ASSERT_OK(TopLogprobs(Upload(logits), stride, rows, vocab, Upload(counts), max_k, d_ids,
-                               d_lps, stream_));
+    float* d_token_lps = Alloc<float>(rows);
+    const float* d_logits = Upload(logits);
+    const int32_t* d_tokens_in = Upload(tokens);
+    VAMP_ASSERT_OK(TopLogprobs(d_logits, stride, rows, vocab, Upload(counts), max_k, d_ids, d_lps,
+                               d_tokens_in, d_token_lps, stream_));
     EXPECT_EQ(Download(d_ids, rows * max_k), want_ids) << "vocab " << vocab;
     // Both sum double exp terms; only the order of the sum differs.
     ExpectClose(Download(d_lps, rows * max_k), want_lps, 1e-6,
                 "top logprobs vocab " + std::to_string(vocab));
+    ExpectClose(Download(d_token_lps, rows), want_token_lps, 1e-6,
+                "token logprobs vocab " + std::to_string(vocab));
+    // Token logprobs alone (max_k 0, no top arrays): the same values.
+    float* d_alone = Alloc<float>(rows);
+    VAMP_ASSERT_OK(TopLogprobs(d_logits, stride, rows, vocab, nullptr, 0, nullptr, nullptr,
+                               d_tokens_in, d_alone, stream_));
+    ExpectClose(Download(d_alone, rows), want_token_lps, 1e-6,
+                "token logprobs alone vocab " + std::to_string(vocab));
     // The first entry is the greedy token, with GreedySample's logprob (float32 sums) within
     // this suite's logprob tolerance.
     int32_t* d_tokens = Alloc<int32_t>(rows);
     float* d_lp = Alloc<float>(rows);
     VAMP_ASSERT_OK(GreedySample(Upload(logits), stride, rows, vocab, d_tokens, d_lp, stream_));
-    const auto tokens = Download(d_tokens, rows);
+    const auto greedy = Download(d_tokens, rows);
     const auto lps = Download(d_lp, rows);
     for (int64_t r = 0; r < rows; ++r) {
       if (counts[r] == 0) continue;
-      EXPECT_EQ(want_ids[r * max_k], tokens[r]) << "row " << r << " vocab " << vocab;
+      EXPECT_EQ(want_ids[r * max_k], greedy[r]) << "row " << r << " vocab " << vocab;
       EXPECT_NEAR(want_lps[r * max_k], lps[r], kLogprobTol) << "row " << r << " vocab " << vocab;
     }
   }
@@ -705,7 +719,7 @@ TEST(TopLogprobsArgsTest, RejectsBadArgumentsWithoutLaunching) {
   const auto invalid = absl::StatusCode::kInvalidArgument;
   auto call = [&](int64_t rows, int64_t vocab, int64_t stride, int32_t max_k, int32_t* out) {
     return TopLogprobs(logits.data(), stride, rows, vocab, counts.data(), max_k, out, lps.data(),
-                       nullptr)
+                       nullptr, nullptr, nullptr)
         .code();
   };
   EXPECT_EQ(call(-1, 16, 16, 4, ids.data()), invalid);
@@ -716,6 +730,21 @@ TEST(TopLogprobsArgsTest, RejectsBadArgumentsWithoutLaunching) {
   EXPECT_EQ(call(2, 16, 16, 4, nullptr), invalid);
   EXPECT_EQ(call(0, 16, 16, 4, nullptr), absl::StatusCode::kOk);
   EXPECT_EQ(call(2, 16, 16, 0, nullptr), absl::StatusCode::kOk);
+  // Token logprobs need both arrays; alone (max_k 0) they need no top arrays.
+  std::vector<int32_t> tokens(2);
+  std::vector<float> token_lps(2);
+  EXPECT_EQ(TopLogprobs(logits.data(), 16, 2, 16, counts.data(), 4, ids.data(), lps.data(),
+                        tokens.data(), nullptr, nullptr)
+                .code(),
+            invalid);
+  EXPECT_EQ(TopLogprobs(logits.data(), 16, 2, 16, nullptr, 0, nullptr, nullptr, nullptr,
+                        token_lps.data(), nullptr)
+                .code(),
+            invalid);
+  EXPECT_EQ(TopLogprobs(nullptr, 16, 2, 16, nullptr, 0, nullptr, nullptr, tokens.data(),
+                        token_lps.data(), nullptr)
+                .code(),
+            invalid);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 // boundaries in bfloat16, and that the device-side grouped expert GEMM and cuBLAS agree.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -26,6 +27,7 @@
 #include "engine/rank/rank.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/sampling.h"
 #include "tests/engine/model/tiny_model.h"
 #include "tests/engine/runner/runner_test_util.h"
 
@@ -211,6 +213,81 @@ TEST_F(CudaModelRunnerTest, DeviceSamplingPicksTheHostSamplersTokens) {
   }
 }
 
+// Logprobs and alternatives sampled on the device (kernels::cuda::TopLogprobs on the raw logits,
+// sampling from a processed copy when a row has penalties, bans or min_p) against the host
+// sampler's over the same float32 logits (return_all_logits): the same tokens and alternative
+// ids; log-probabilities within 1e-5 relative (double sums in another order, and LM-head GEMMs
+// over other row counts) when TopLogprobs computes them (a row with alternatives or processing),
+// within SampleTokens' float32 sums (1e-4) otherwise. Reporting processed logits' logprobs
+// instead would be off by the penalties (>= 0.2 here) and min_p's renormalisation.
+// Batches mix every kind of row, and steps with alternatives alternate with steps without.
+TEST_F(CudaModelRunnerTest, DeviceLogprobsAndAlternativesMatchTheHostSamplers) {
+  const Goldens g = LoadGoldens();
+  RunnerSamplingParams greedy_top = MiniScheduler::Greedy();
+  greedy_top.num_top_logprobs = 5;
+  RunnerSamplingParams random_top;
+  random_top.temperature = 0.9f;
+  random_top.top_k = 50;
+  random_top.top_p = 0.95f;
+  random_top.num_top_logprobs = kernels::cpu::kMaxTopLogprobs;
+  RunnerSamplingParams penalised;
+  penalised.temperature = 0.8f;
+  penalised.min_p = 0.02f;
+  penalised.presence_penalty = 0.7f;
+  penalised.frequency_penalty = 0.2f;
+  penalised.repetition_penalty = 1.3f;
+  penalised.min_tokens = 2;
+  penalised.min_tokens_banned_ids = {0, 1, 2};
+  RunnerSamplingParams penalised_top = penalised;
+  penalised_top.num_top_logprobs = 3;
+  RunnerSamplingParams plain;
+  plain.temperature = 0.7f;
+  const std::vector<RunnerSamplingParams> kinds = {greedy_top, random_top, penalised, penalised_top,
+                                                   plain};
+  // Requests 0-3 run 6 tokens, the others 14: the last steps have no row with alternatives.
+  const int kRequests = 10;
+  MiniScheduler runs[2] = {MiniScheduler(16, Range(0, 256), 5),
+                           MiniScheduler(16, Range(0, 256), 5)};
+  for (bool all_logits : {true, false}) {  // host sampling, then device sampling
+    auto engine = MakeTinyGpuEngine();
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    MiniScheduler& sched = runs[all_logits ? 0 : 1];
+    for (int i = 0; i < kRequests; ++i) {
+      RunnerSamplingParams p = kinds[i % kinds.size()];
+      if (i >= 4) p.num_top_logprobs = 0;
+      p.seed = 500 + i;
+      sched.Submit(i, g.prompts[i % g.prompts.size()], i < 4 ? 6 : 14, p);
+    }
+    sched.RunAll(*(*engine)->runner, all_logits);
+  }
+  for (int i = 0; i < kRequests; ++i) {
+    const auto& host = runs[0].request(i);
+    const auto& device = runs[1].request(i);
+    const RunnerSamplingParams& p = host.sampling;
+    ASSERT_EQ(device.outputs, host.outputs) << "request " << i;
+    const double tol = p.num_top_logprobs > 0 || p.needs_processing() ? 1e-5 : 1e-4;
+    auto near = [tol](float got, float want) {
+      return std::abs(got - want) <= tol * std::max(1.0f, std::abs(want));
+    };
+    for (size_t t = 0; t < host.outputs.size(); ++t) {
+      EXPECT_PRED2(near, device.logprobs[t], host.logprobs[t]) << "request " << i << " token " << t;
+      EXPECT_LE(device.logprobs[t], 0.0f);
+      EXPECT_EQ(device.top_ids[t], host.top_ids[t]) << "request " << i << " token " << t;
+      ASSERT_EQ(device.top_logprobs[t].size(), static_cast<size_t>(p.num_top_logprobs));
+      for (int j = 0; j < p.num_top_logprobs; ++j) {
+        EXPECT_PRED2(near, device.top_logprobs[t][j], host.top_logprobs[t][j])
+            << "request " << i << " token " << t << " alternative " << j;
+      }
+      // The sampled token's entry among its alternatives carries its logprob, bit for bit.
+      for (int j = 0; j < p.num_top_logprobs; ++j) {
+        if (device.top_ids[t][j] == device.outputs[t]) {
+          EXPECT_EQ(device.top_logprobs[t][j], device.logprobs[t]) << "request " << i;
+        }
+      }
+    }
+  }
+}
+
 // Decode steps replayed from CUDA graphs give the tokens of launch-by-launch execution, across
 // batch-size changes (requests finish at different steps) and context buckets.
 TEST_F(CudaModelRunnerTest, CudaGraphDecodeStepsMatchEagerSteps) {
@@ -244,6 +321,53 @@ TEST_F(CudaModelRunnerTest, CudaGraphDecodeStepsMatchEagerSteps) {
   EXPECT_GT(stats[1].captures, 1);
   EXPECT_LT(stats[1].captures, stats[1].replays);
   EXPECT_GT(stats[1].eager_steps, 0);  // prefill chunks
+}
+
+// Decode steps whose rows ask for alternatives replay CUDA graphs too (captured with
+// TopLogprobs; a step without alternatives uses another graph): tokens, logprobs and
+// alternatives equal launch-by-launch execution's, bit for bit (the same kernels on the same
+// inputs).
+TEST_F(CudaModelRunnerTest, CudaGraphStepsWithAlternativesMatchEagerSteps) {
+  const Goldens g = LoadGoldens();
+  RunnerSamplingParams random;
+  random.temperature = 0.7f;
+  random.top_p = 0.95f;
+  const int32_t counts[] = {1, 5, kernels::cpu::kMaxTopLogprobs, 0};
+  std::vector<MiniScheduler::Request> requests[2];
+  CudaGraphStats stats[2];
+  for (bool graphs : {false, true}) {
+    CudaForwardOptions forward = Bf16Forward();
+    forward.cuda_graphs = graphs;
+    forward.graph_stride_bucket_blocks = 2;
+    auto engine = MakeTinyGpuEngine({}, forward);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    MiniScheduler sched(16, Range(0, 256), 7);
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      RunnerSamplingParams p = i % 2 == 0 ? MiniScheduler::Greedy() : random;
+      p.num_top_logprobs = counts[i % 4];
+      p.seed = 91 + i;
+      // The request without alternatives runs longest: the last steps have none.
+      sched.Submit(i, g.prompts[i], 20 + 6 * static_cast<int32_t>(i), p);
+    }
+    sched.RunAll(*(*engine)->runner, /*all_logits=*/false);
+    for (size_t i = 0; i < g.prompts.size(); ++i) requests[graphs].push_back(sched.request(i));
+    stats[graphs] = DeviceModel(**engine).graph_stats();
+  }
+  ASSERT_EQ(g.prompts.size(), 4u);
+  for (size_t i = 0; i < requests[0].size(); ++i) {
+    const auto& eager = requests[0][i];
+    const auto& graph = requests[1][i];
+    EXPECT_EQ(graph.outputs, eager.outputs) << "request " << i;
+    EXPECT_EQ(graph.logprobs, eager.logprobs) << "request " << i;
+    EXPECT_EQ(graph.top_ids, eager.top_ids) << "request " << i;
+    EXPECT_EQ(graph.top_logprobs, eager.top_logprobs) << "request " << i;
+    for (const auto& ids : graph.top_ids) {
+      EXPECT_EQ(ids.size(), static_cast<size_t>(counts[i % 4])) << "request " << i;
+    }
+  }
+  EXPECT_EQ(stats[0].replays, 0);
+  EXPECT_GT(stats[1].replays, 20);
+  EXPECT_GE(stats[1].captures, 2);  // with and without alternatives, context buckets
 }
 
 TEST_F(CudaModelRunnerTest, DecodingAfterAPrefixCacheHitMatchesAFreshPrefill) {
