@@ -247,6 +247,28 @@ vamp::v1::StepResponse AgentEngine::Step(const vamp::v1::StepRequest& request) {
       errors.push_back(std::string(s.message()));
     }
     staging_before = in.rank->experts->stats();
+    // A restore unmaps the KV tail, and requests the controller finished or preempted since its
+    // last step may still hold blocks there on this rank: drop those first (the rest of the step
+    // then runs without them).
+    const vamp::v1::StepRequest* rest = &request;
+    vamp::v1::StepRequest remainder;
+    if (request.remaps_size() > 0 &&
+        (request.finished_request_ids_size() > 0 || request.preempted_request_ids_size() > 0)) {
+      vamp::v1::StepRequest releases;
+      releases.set_step_id(request.step_id());
+      *releases.mutable_finished_request_ids() = request.finished_request_ids();
+      *releases.mutable_preempted_request_ids() = request.preempted_request_ids();
+      vamp::v1::StepResponse ignored;
+      if (absl::Status s = in.steps.Run(releases, in.remapper->usable_blocks(),
+                                        in.rank->config.vocab_size, *in.rank->runner, &ignored);
+          !s.ok()) {
+        errors.push_back(std::string(s.message()));
+      }
+      remainder = request;
+      remainder.clear_finished_request_ids();
+      remainder.clear_preempted_request_ids();
+      rest = &remainder;
+    }
     const auto remap_start = Steady::now();
     for (const std::string& id : request.rollback_remap_ids()) {
       if (absl::Status s = in.remapper->Rollback(id); !s.ok()) {
@@ -269,7 +291,7 @@ vamp::v1::StepResponse AgentEngine::Step(const vamp::v1::StepRequest& request) {
         (request.remaps_size() > 0 || request.rollback_remap_ids_size() > 0)) {
       metrics_->SetMemory(MemoryLocked());
     }
-    if (absl::Status s = in.steps.Run(request, in.remapper->usable_blocks(),
+    if (absl::Status s = in.steps.Run(*rest, in.remapper->usable_blocks(),
                                       in.rank->config.vocab_size, *in.rank->runner, &response);
         !s.ok()) {
       errors.push_back(std::string(s.message()));

@@ -54,7 +54,8 @@ absl::Status RemoteExpander::Refresh() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> RemoteExpander::Remap(int32_t delta_groups) {
+absl::StatusOr<int32_t> RemoteExpander::Remap(int32_t delta_groups,
+                                              const PendingReleases* releases) {
   absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> capacity =
       group_->Capacity(delta_groups);
   if (!capacity.ok()) return capacity.status();
@@ -68,6 +69,13 @@ absl::StatusOr<int32_t> RemoteExpander::Remap(int32_t delta_groups) {
   command->set_num_groups(std::abs(delta_groups));
   command->set_expected_kv_blocks(target);
   command->set_remap_id(absl::StrCat("remap-", ++next_remap_));
+  if (releases != nullptr) {
+    // Agents drop these before remapping: they may hold blocks of the tail a restore unmaps.
+    remap.mutable_finished_request_ids()->Add(releases->finished.begin(),
+                                              releases->finished.end());
+    remap.mutable_preempted_request_ids()->Add(releases->preempted.begin(),
+                                               releases->preempted.end());
+  }
   absl::StatusOr<std::vector<vamp::v1::StepResponse>> done = group_->Step(remap);
   if (!done.ok()) {
     // Some ranks may have applied it: undo on all so they keep identical tables.
@@ -95,7 +103,7 @@ absl::StatusOr<int32_t> RemoteExpander::Expand(int32_t groups) {
     return absl::InvalidArgumentError(absl::StrCat("expand: ", groups, " groups requested, ",
                                                    RemainingGroups(), " remain under the cap"));
   }
-  return Remap(groups);
+  return Remap(groups, nullptr);
 }
 
 int32_t RemoteExpander::BlocksToRelease(int32_t groups) const {
@@ -110,12 +118,12 @@ int32_t RemoteExpander::BlocksToRelease(int32_t groups) const {
   return static_cast<int32_t>(std::max<int64_t>(0, kv_blocks_ - after));
 }
 
-absl::Status RemoteExpander::Restore(int32_t groups) {
+absl::Status RemoteExpander::Restore(int32_t groups, const PendingReleases& releases) {
   if (groups <= 0 || groups > offloaded_groups_) {
     return absl::InvalidArgumentError(absl::StrCat("restore: ", groups, " groups requested, ",
                                                    offloaded_groups_, " are offloaded"));
   }
-  return Remap(-groups).status();
+  return Remap(-groups, &releases).status();
 }
 
 }  // namespace vamp

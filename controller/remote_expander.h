@@ -33,7 +33,7 @@ class RemoteExpander final : public PoolExpander {
   int32_t BlocksToRelease(int32_t groups) const override;
   // Takes `groups` groups back from the KV tail; the caller has withdrawn BlocksToRelease(groups)
   // blocks from the pool.
-  absl::Status Restore(int32_t groups) override;
+  absl::Status Restore(int32_t groups, const PendingReleases& releases) override;
 
   // What the agents' checked Init answers allow their capacity reports to claim (see
   // agent_reports.h); without, only the hard ceilings apply.
@@ -49,7 +49,9 @@ class RemoteExpander final : public PoolExpander {
   int64_t kv_blocks() const { return kv_blocks_; }
 
  private:
-  absl::StatusOr<int32_t> Remap(int32_t delta_groups);
+  // One remap-only step on every rank; `releases` (restores only; may be null) ride on it and
+  // are dropped by the agents before they remap.
+  absl::StatusOr<int32_t> Remap(int32_t delta_groups, const PendingReleases* releases);
 
   AgentGroup* group_;
   std::function<int64_t()> next_step_id_;

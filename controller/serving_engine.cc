@@ -384,7 +384,7 @@ std::optional<absl::Status> ServingEngine::Remap(int32_t groups) {
   // keep running and the command is retried after the next step.
   if (scheduler_->pool().shrink_outstanding() > 0) return std::nullopt;
   if (absl::Status s = scheduler_->CommitShrinkPool(); !s.ok()) return s;
-  return expander_->Restore(groups);
+  return scheduler_->RestoreReleasedGroups(groups);
 }
 
 void ServingEngine::RunStep() {

@@ -30,7 +30,7 @@ int32_t SimPoolExpander::BlocksToRelease(int32_t groups) const {
   return g_.BlocksWithGroups(groups_) - g_.BlocksWithGroups(groups_ - groups);
 }
 
-absl::Status SimPoolExpander::Restore(int32_t groups) {
+absl::Status SimPoolExpander::Restore(int32_t groups, const PendingReleases& /*releases*/) {
   if (groups <= 0 || groups > groups_) {
     return absl::InvalidArgumentError(
         absl::StrCat("Restore: ", groups, " groups, ", groups_, " offloaded"));

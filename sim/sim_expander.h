@@ -35,7 +35,7 @@ class SimPoolExpander final : public PoolExpander {
   int64_t StagedBytesPerGroup() const override { return g_.bytes_per_group(); }
   int32_t OffloadedGroups() const override { return groups_; }
   int32_t BlocksToRelease(int32_t groups) const override;
-  absl::Status Restore(int32_t groups) override;
+  absl::Status Restore(int32_t groups, const PendingReleases& releases) override;
 
   // Experts above the residency boundary in each eligible layer.
   int32_t offloaded_experts_per_layer() const { return groups_ * g_.experts_per_group; }

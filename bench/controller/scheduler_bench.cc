@@ -62,7 +62,7 @@ class BenchExpander final : public PoolExpander {
   int32_t ExpertsPerLayer() const override { return 128; }
   int64_t StagedBytesPerGroup() const override { return int64_t{846} << 20; }
   int32_t OffloadedGroups() const override { return groups_; }
-  absl::Status Restore(int32_t groups) override {
+  absl::Status Restore(int32_t groups, const PendingReleases& /*releases*/) override {
     groups_ -= groups;
     return absl::OkStatus();
   }

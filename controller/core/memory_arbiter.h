@@ -125,8 +125,17 @@ struct ArbiterRecord {
   int32_t requests_preempted = 0;
 };
 
-// Moves expert groups into the KV pool and back (wired to the agents' remap by a later issue; the
-// simulator provides its own). Called synchronously at a step boundary, between steps.
+// Requests the scheduler finished or preempted since its last plan. Their KV blocks are free in
+// the controller's pool, but the agents still hold them until a step request names them, so a
+// restore must deliver them before the agents give the withdrawn tail's pages back.
+struct PendingReleases {
+  std::vector<RequestId> finished;
+  std::vector<RequestId> preempted;
+  bool empty() const { return finished.empty() && preempted.empty(); }
+};
+
+// Moves expert groups into the KV pool and back (the agents' remap; the simulator provides its
+// own). Called synchronously at a step boundary, between steps.
 class PoolExpander {
  public:
   virtual ~PoolExpander() = default;
@@ -154,8 +163,9 @@ class PoolExpander {
   // (<= OffloadedGroups()) can go back to the experts.
   virtual int32_t BlocksToRelease(int32_t groups) const { return groups * BlocksPerGroup(); }
   // Moves the last `groups` groups back to the experts. Called after the pool dropped
-  // BlocksToRelease(groups) blocks, so none of their pages is in use.
-  virtual absl::Status Restore(int32_t groups) {
+  // BlocksToRelease(groups) blocks, so none of their pages is in use once the agents have dropped
+  // `releases` (which they must do first; on success the releases count as delivered).
+  virtual absl::Status Restore(int32_t groups, const PendingReleases& releases) {
     return absl::UnimplementedError("this expander cannot restore");
   }
 };

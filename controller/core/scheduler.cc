@@ -172,7 +172,7 @@ void Scheduler::StepBoundary() {
     absl::Status s = pool.CommitShrink();
     VAMP_CHECK(s.ok()) << s;
     counters_.num_restored_blocks += before - pool.num_blocks();
-    s = expander_->Restore(restore_pending_groups_);
+    s = RestoreReleasedGroups(restore_pending_groups_);
     if (!s.ok()) {
       // The blocks have left the pool already; their pages stay unused until the expander can
       // take them. Nothing else depends on them, so serving goes on.
@@ -614,6 +614,21 @@ absl::Status Scheduler::CommitShrinkPool() {
     return absl::FailedPreconditionError("CommitShrinkPool: the pending shrink is a restore's");
   }
   return kv_.pool().CommitShrink();
+}
+
+absl::Status Scheduler::RestoreReleasedGroups(int32_t groups) {
+  if (expander_ == nullptr) {
+    return absl::FailedPreconditionError("RestoreReleasedGroups: no pool expander");
+  }
+  PendingReleases releases;
+  releases.finished = pending_finished_ids_;
+  releases.preempted = step_preempted_ids_;
+  VAMP_RETURN_IF_ERROR(expander_->Restore(groups, releases));
+  // Delivered with the restore. On failure they stay queued: agents skip finished ids they no
+  // longer know and accept a preemption they already applied.
+  pending_finished_ids_.clear();
+  step_preempted_ids_.clear();
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::CancelShrinkPool() {

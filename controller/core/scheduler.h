@@ -88,6 +88,11 @@ class Scheduler {
   absl::Status BeginShrinkPool(int32_t blocks);
   absl::Status CommitShrinkPool();
   absl::Status CancelShrinkPool();
+  // Gives the last `groups` groups back through the expander once their blocks have left the
+  // pool (CommitShrinkPool), carrying the requests finished or preempted since the last plan:
+  // the agents may still hold those in the withdrawn tail. Delivered releases are not repeated in
+  // the next plan. FailedPrecondition without an expander.
+  absl::Status RestoreReleasedGroups(int32_t groups);
 
   // ---- Read-only state ----
   const SchedulerConfig& config() const { return config_; }

@@ -1,6 +1,6 @@
 // vamp-agent's remaps over gRPC on loopback, CPU, tiny qwen3_moe checkpoint: offload and restore
 // mid-decode keep the tokens, remap errors and rollback, and restores that would take blocks still
-// in use.
+// in use (refused, unless the same step releases their requests).
 #include "agent/agent_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -145,6 +145,51 @@ TEST(AgentTest, RestoreRefusesTailBlocksStillInUse) {
   EXPECT_THAT(r->error_message(), HasSubstr("still held by a request"));
   EXPECT_EQ(r->memory().kv_blocks(), grown);
   EXPECT_EQ(r->memory().offloaded_groups(), 1);
+
+  // The controller finished (or preempted) it and restores before its next step: the restore
+  // names it, and the agent drops it before taking the tail back.
+  vamp::v1::StepRequest restore =
+      RemapOnly(controller.NextStepId(), vamp::v1::RemapCommand::ACTION_RESTORE, 1, 0, "back2");
+  restore.add_finished_request_ids(1);
+  r = client.Step(restore);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->error_message(), "");
+  EXPECT_EQ(r->memory().kv_blocks(), baseline);
+  EXPECT_EQ(r->memory().offloaded_groups(), 0);
+  // A later step naming it again changes nothing.
+  vamp::v1::StepRequest again;
+  again.set_step_id(controller.NextStepId());
+  again.add_finished_request_ids(1);
+  r = client.Step(again);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->error_message(), "");
+}
+
+TEST(AgentTest, RestoreDropsPreemptedHoldersFirst) {
+  auto agent = StartAgent();
+  ASSERT_NE(agent, nullptr);
+  AgentClient client(agent->grpc_port());
+  vamp::v1::InitResponse init;
+  ASSERT_TRUE(client.Init(TinyInitRequest(), &init).ok());
+  const int64_t baseline = init.memory().kv_blocks();
+  auto r = client.Step(RemapOnly(1, vamp::v1::RemapCommand::ACTION_OFFLOAD, 1, 0, "one"));
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->error_message(), "");
+  const int64_t grown = r->memory().kv_blocks();
+  MiniController controller(static_cast<int32_t>(grown - 1));
+  controller.set_num_blocks(grown);
+  controller.Submit(1, LoadGoldens().prompts[1], 4);
+  auto step = client.Step(controller.Next());
+  ASSERT_TRUE(step.ok());
+  ASSERT_EQ(step->error_message(), "");
+  vamp::v1::StepRequest restore =
+      RemapOnly(controller.NextStepId(), vamp::v1::RemapCommand::ACTION_RESTORE, 1, 0, "back");
+  restore.add_preempted_request_ids(1);
+  r = client.Step(restore);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->error_message(), "");
+  EXPECT_EQ(r->memory().kv_blocks(), baseline);
+  EXPECT_EQ(r->memory().offloaded_groups(), 0);
 }
 
 }  // namespace

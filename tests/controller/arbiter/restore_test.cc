@@ -1,9 +1,11 @@
 // The scheduler's restore path (expert groups back from the KV pool) driven through the arbiter
 // hook: the tail is withdrawn, the groups go back once it is free, and a gap meanwhile cancels.
 #include <memory>
+#include <vector>
 
 #include "controller/arbiter/decision_log.h"
 #include "controller/arbiter/vamp_arbiter.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/controller/arbiter/arbiter_test_util.h"
 #include "tests/controller/core/scheduler_test_util.h"
@@ -27,12 +29,17 @@ class RestorableExpander : public PoolExpander {
     return groups * blocks_per_group_;
   }
   int32_t OffloadedGroups() const override { return offloaded_; }
-  absl::Status Restore(int32_t groups) override {
+  absl::Status Restore(int32_t groups, const PendingReleases& releases) override {
     offloaded_ -= groups;
     ++restores;
+    last_releases = releases;
+    // The agents drop the released requests before remapping (fake_agent: as a plan would).
+    if (agent != nullptr) return agent->Release(-1, releases);
     return absl::OkStatus();
   }
   int restores = 0;
+  PendingReleases last_releases;
+  testing::FakeAgent* agent = nullptr;  // the harness's, told of the releases
 
  private:
   int32_t limit_;
@@ -97,6 +104,7 @@ TEST(RestoreTest, RestoreCommitsOnceTheTailIsFree) {
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
   Harness h(SmallConfig(), std::move(owned), &expander);
+  expander.agent = &h.agent();
   // Two 12-token prompts need 6 blocks, plus decode: the pool grows by a group.
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(12), 2)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(12, 100), 2)).ok());
@@ -153,6 +161,7 @@ TEST(RestoreTest, GapCancelsAPendingRestore) {
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
   Harness h(LongerConfig(), std::move(owned), &expander);
+  expander.agent = &h.agent();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
   // A fourth request needs blocks: the gap cancels the restore and the withdrawn blocks serve it.
@@ -174,6 +183,7 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
   Harness h(LongerConfig(), std::move(owned), &expander);
+  expander.agent = &h.agent();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
   arbiter->preempt_holders = true;
@@ -181,7 +191,10 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
   ASSERT_GE(h.scheduler().step_decisions().size(), 1u);
   EXPECT_EQ(h.scheduler().step_decisions()[0].plan.choice, "restore-preempt");
   EXPECT_EQ(h.scheduler().step_decisions()[0].requests_preempted, 1);
-  EXPECT_EQ(s.plan.preempted_ids.size(), 1u);
+  // The agents learn of the preemption with the restore, before they unmap the tail the holder
+  // used; the step after it does not repeat it.
+  EXPECT_EQ(expander.last_releases.preempted, std::vector<RequestId>{3});
+  EXPECT_TRUE(s.plan.preempted_ids.empty());
   EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 8);
   EXPECT_EQ(expander.restores, 1);
@@ -189,6 +202,29 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
   EXPECT_TRUE(h.scheduler().CheckInvariants().ok());
   arbiter->preempt_holders = false;
   h.RunToCompletion();  // the preempted request resumes and finishes in the smaller pool
+  EXPECT_EQ(h.scheduler().counters().num_finished, 3);
+}
+
+// The restore commits at the boundary after the holder's last step, before any step request has
+// told the agents it finished: the restore carries that, and the next plan does not repeat it.
+TEST(RestoreTest, RequestsFinishedSinceTheLastPlanRideOnTheRestore) {
+  RestorableExpander expander(4, 4);
+  auto owned = std::make_unique<ScriptedArbiter>();
+  ScriptedArbiter* arbiter = owned.get();
+  Harness h(LongerConfig(), std::move(owned), &expander);
+  expander.agent = &h.agent();
+  StartRestoreWaitingForAHolder(h, arbiter);
+  if (HasFatalFailure()) return;
+  for (int i = 0; i < 10 && expander.restores == 0; ++i) {
+    auto s = h.Step();
+    if (expander.restores == 1) {
+      EXPECT_THAT(expander.last_releases.finished, ::testing::Contains(3));
+      EXPECT_THAT(s.plan.finished_ids, ::testing::Not(::testing::Contains(3)));
+    }
+  }
+  ASSERT_EQ(expander.restores, 1);
+  EXPECT_TRUE(expander.last_releases.preempted.empty());
+  h.RunToCompletion();
   EXPECT_EQ(h.scheduler().counters().num_finished, 3);
 }
 
@@ -203,6 +239,7 @@ TEST(RestoreTest, VampArbiterRestoresAfterPressureAndLogsIt) {
   config.restore.benefit_horizon_steps = 1'000'000'000;  // and so is restoring
   RestorableExpander expander(4, 4);
   Harness h(SmallConfig(), std::make_unique<VampArbiter>(config), &expander);
+  expander.agent = &h.agent();
   DecisionLog log(16);
   SchedulerConfig c = SmallConfig();
   // Turn 1 of three sessions, then their second turns: reuse makes the arbiter expand.

@@ -11,17 +11,24 @@ absl::Status Violation(int64_t step, RequestId id, absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<StepOutput> FakeAgent::Execute(const StepPlan& plan, int32_t block_size) {
-  for (RequestId id : plan.finished_ids) {
-    if (requests_.erase(id) == 0) return Violation(plan.step, id, "finished but unknown");
+absl::Status FakeAgent::Release(int64_t step, const PendingReleases& releases) {
+  for (RequestId id : releases.finished) {
+    if (requests_.erase(id) == 0) return Violation(step, id, "finished but unknown");
   }
-  for (RequestId id : plan.preempted_ids) {
+  for (RequestId id : releases.preempted) {
     auto it = requests_.find(id);
-    if (it == requests_.end()) return Violation(plan.step, id, "preempted but unknown");
-    if (it->second.preempted) return Violation(plan.step, id, "preempted twice");
+    if (it == requests_.end()) return Violation(step, id, "preempted but unknown");
+    if (it->second.preempted) return Violation(step, id, "preempted twice");
     it->second.preempted = true;
     it->second.table.clear();
     it->second.computed = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> FakeAgent::Execute(const StepPlan& plan, int32_t block_size) {
+  if (absl::Status s = Release(plan.step, {plan.finished_ids, plan.preempted_ids}); !s.ok()) {
+    return s;
   }
   struct Work {
     RequestId id;

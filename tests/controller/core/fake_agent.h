@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "controller/core/memory_arbiter.h"
 #include "controller/core/step_plan.h"
 
 namespace vamp::testing {
@@ -29,6 +30,9 @@ class FakeAgent {
 
   // Applies the plan; returns the tokens sampled, or an error describing a contract violation.
   absl::StatusOr<StepOutput> Execute(const StepPlan& plan, int32_t block_size);
+  // Applies releases a restore delivered before `step` (PoolExpander::Restore), as a plan's
+  // finished and preempted ids.
+  absl::Status Release(int64_t step, const PendingReleases& releases);
 
   // Ordered so that iteration is deterministic.
   const std::map<RequestId, RequestState>& requests() const { return requests_; }
