@@ -347,8 +347,11 @@ absl::StatusOr<SimResult> Simulation::Run() {
     const double remap_us = expander_ ? expander_->TakeRemapMicros() : 0;
     result_.max_blocks = std::max(result_.max_blocks, plan->num_blocks);
     if (plan->empty()) {
-      // Nothing could run now. Without anything running, only an arrival can change that.
-      if (scheduler_->num_running() == 0 && !due_.empty()) {
+      // Nothing could run now. Without anything running, only an arrival can change that —
+      // unless this plan preempted (a restore preempts the holders of the memory it withdraws,
+      // and the scheduler admits no one in the step that preempted): like the serving engine,
+      // which sends such a plan and schedules again, the next step admits them.
+      if (scheduler_->num_running() == 0 && plan->preempted_ids.empty() && !due_.empty()) {
         clock_.SetMicros(
             std::max(clock_.NowMicros() + SecondsToMicros(remap_us * 1e-6), due_.top().first));
         continue;

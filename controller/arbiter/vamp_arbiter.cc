@@ -820,7 +820,12 @@ ArbiterPlan VampArbiter::PreemptForRestore(const ArbiterContext& context) {
        tax_->WindowMicros(now, e.offloaded_groups - e.restore_pending_groups)) /
       static_cast<double>(steps);
   const double t_prefill = Current().t_prefill_micros;
-  const double ttft_weight = TtftWeight(now);
+  // The recompute is prefill queued ahead of whoever waits for admission: on their first-token
+  // path (weighted like one) while anyone waits. With an empty queue it delays no first token and
+  // is GPU time like the tax. (The window's TTFT weight alone is history: at the end of a busy
+  // phase it still weighed the last holders' recompute 16x while nobody waited, and the restore
+  // waited for them through the light phase's first minute.)
+  const double recompute_weight = context.num_waiting() > 0 ? TtftWeight(now) : 1.0;
   const int32_t block_size = context.config().block_size;
   // The holders: remaining steps (the restore completes after the last one's) and recompute.
   struct Holder {
@@ -842,9 +847,8 @@ ArbiterPlan VampArbiter::PreemptForRestore(const ArbiterContext& context) {
           std::max<int64_t>(0, q.num_computed_tokens() - static_cast<int64_t>(k) * block_size);
       const int64_t remaining = std::min<int64_t>(
           q.RemainingOutputBudget(context.config().max_model_len), r.benefit_horizon_steps);
-      // The recompute is prefill on the first-token path of whoever queues behind it.
       holders.push_back(
-          {q.id(), remaining, static_cast<double>(recompute) * t_prefill * ttft_weight});
+          {q.id(), remaining, static_cast<double>(recompute) * t_prefill * recompute_weight});
       break;
     }
   }

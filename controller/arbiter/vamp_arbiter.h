@@ -29,7 +29,8 @@
 //   for minutes. PreemptForRestore preempts the decoding holders (never one still in prefill,
 //   whose first token is on the line) that would finish last when the tax
 //   their remaining steps (output budget, at most restore.benefit_horizon_steps) keep exceeds
-//   (1 + margin) times their recompute from the first withdrawn block.
+//   (1 + margin) times their recompute from the first withdrawn block (in GPU time, weighted like
+//   a first-token prefill only while requests wait for admission: it queues ahead of them).
 //
 // "paper" (reproduces §IV-B of the paper; the "vamp" policy of the earlier releases): covers each
 // KV allocation gap with the cheapest feasible plan among cached-block eviction (C_c), expert
@@ -128,7 +129,7 @@ struct RestoreConfig {
   double working_set_headroom = 0.25;
   // Tax model: preempt decoding requests that hold blocks a pending restore waits for, when the
   // tax the wait keeps exceeds (1 + margin) × their recompute (weighted like a prefill on the
-  // first-token path). See PreemptForRestore.
+  // first-token path while requests wait for admission). See PreemptForRestore.
   bool preempt_holders = true;
 };
 

@@ -188,14 +188,15 @@ class ArbiterContext {
  public:
   ArbiterContext(const KvBlockPool& pool, const std::vector<Request*>& running,
                  const SchedulerCounters& counters, const SchedulerConfig& config, int64_t step,
-                 int64_t now_micros, ExpansionInfo expansion)
+                 int64_t now_micros, ExpansionInfo expansion, int32_t num_waiting)
       : pool_(pool),
         running_(running),
         counters_(counters),
         config_(config),
         step_(step),
         now_micros_(now_micros),
-        expansion_(expansion) {}
+        expansion_(expansion),
+        num_waiting_(num_waiting) {}
 
   // Block states, free counts, and cached free blocks in eviction order with their ages
   // (step() - last_used_step) via pool().ForEachCachedFree.
@@ -212,6 +213,8 @@ class ArbiterContext {
   // The scheduler's clock (µs; virtual in vamp-sim).
   int64_t now_micros() const { return now_micros_; }
   const ExpansionInfo& expansion() const { return expansion_; }
+  // Requests in the waiting queue now (new and preempted): whatever a recompute queues ahead of.
+  int32_t num_waiting() const { return num_waiting_; }
 
  private:
   const KvBlockPool& pool_;
@@ -221,6 +224,7 @@ class ArbiterContext {
   int64_t step_;
   int64_t now_micros_;
   ExpansionInfo expansion_;
+  int32_t num_waiting_;
 };
 
 class MemoryArbiter {

@@ -146,7 +146,7 @@ void Scheduler::StepBoundary() {
       // Requests still hold blocks of the withdrawn tail: the arbiter may preempt them rather
       // than keep paying the offload tax until they finish.
       const ArbiterContext context(pool, running_, counters_, config_, step_, clock_->NowMicros(),
-                                   Expansion());
+                                   Expansion(), num_waiting());
       ArbiterRecord record;
       record.step = step_;
       record.plan = arbiter_->PreemptForRestore(context);
@@ -184,7 +184,7 @@ void Scheduler::StepBoundary() {
     return;  // one capacity change per step boundary
   }
   const ArbiterContext context(pool, running_, counters_, config_, step_, clock_->NowMicros(),
-                               Expansion());
+                               Expansion(), num_waiting());
   const int32_t groups = arbiter_->OnStepBoundary(context);
   if (groups <= 0 || expander_ == nullptr || pool.shrink_pending()) return;
   const int32_t offloaded = context.expansion().offloaded_groups;
@@ -247,7 +247,7 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
     }
     ++counters_.num_arbiter_calls;
     const ArbiterContext context(kv_.pool(), running_, counters_, config_, step_,
-                                 clock_->NowMicros(), Expansion());
+                                 clock_->NowMicros(), Expansion(), num_waiting());
     MemoryGap need;
     need.blocks = gap;
     need.requester = request;

@@ -171,6 +171,31 @@ TEST(SimulatorTest, ExtensionsRunAndRestoreGivesExpertsBack) {
   EXPECT_NE(r->live->c_eff_micros, VampArbiterConfig{}.costs.c_eff_micros);
 }
 
+TEST(SimulatorTest, RequestsPreemptedForARestoreResumeWithoutWaitingForAnArrival) {
+  // Long decodes hold the pool's tail when the heavy phase's restores start, so the arbiter
+  // preempts them; when they were all that ran, the plan of that step is empty. The serving
+  // engine schedules again at once; the simulator must too, not jump to the next arrival (the
+  // tail session at 5,000 s), which kept the preempted requests waiting for it.
+  workload::Workload w = MultiTurn(8);
+  for (workload::Session& s : w.sessions) {
+    for (workload::Turn& t : s.turns) t.output_tokens = 512;
+  }
+  workload::Workload tail = MultiTurn(1);
+  for (workload::Session& s : tail.sessions) {
+    s.id = "tail";
+    s.start_s = 5000;
+    w.sessions.push_back(s);
+  }
+  const SimResult r = Simulated(w, "vamp-25");
+  EXPECT_EQ(r.turns_completed, 9 * 12);
+  ASSERT_TRUE(r.decisions.contains("restore-preempt"));
+  double heavy_end_s = 0;
+  for (const TurnRecord& t : r.turn_records) {
+    if (t.arrival_s < 5000) heavy_end_s = std::max(heavy_end_s, t.finish_s);
+  }
+  EXPECT_LT(heavy_end_s, 1000);
+}
+
 TEST(SimulatorTest, ParsePolicy) {
   absl::StatusOr<PolicySpec> p = ParsePolicy("vamp-15", VampArbiterConfig{});
   ASSERT_TRUE(p.ok());

@@ -94,8 +94,11 @@ class ArbiterFixture {
   ArbiterContext Context(int64_t step, ExpansionInfo expansion = ExpansionInfo()) {
     pool_.SetStep(step);
     // The clock reads the step number as µs: one step per µs.
-    return ArbiterContext(pool_, running_, counters_, config_, step, /*now_micros=*/step, expansion);
+    return ArbiterContext(pool_, running_, counters_, config_, step, /*now_micros=*/step, expansion,
+                          num_waiting_);
   }
+  // Requests in the waiting queue as the next contexts report it (none by default).
+  void set_num_waiting(int32_t n) { num_waiting_ = n; }
 
   static MemoryGap Gap(int32_t blocks, const Request* requester, bool running) {
     MemoryGap g;
@@ -116,6 +119,7 @@ class ArbiterFixture {
   std::vector<std::unique_ptr<Request>> owned_;
   std::vector<Request*> running_;
   uint64_t next_hash_ = 0;
+  int32_t num_waiting_ = 0;
 };
 
 }  // namespace vamp::testing

@@ -289,6 +289,29 @@ TEST_F(RestoreHolderTest, WaitsForAHolderAboutToFinish) {
   EXPECT_TRUE(arbiter_.PreemptForRestore(Context(200, Pending())).preempt.empty());
 }
 
+// The recompute weighs like a first-token prefill only while someone waits behind it. With the
+// TTFT weight (16) in force — admissions queued 2 s on average, no step compute-bound — a holder
+// with 20 steps left keeps 1,500 µs × 20 = 30,000 µs of tax; its recompute is 321 tokens × 15 µs
+// = 4,815 µs.
+TEST_F(RestoreHolderTest, RecomputeWeighsLikeAFirstTokenOnlyWhileRequestsWait) {
+  VampArbiterConfig c = Config();
+  c.tax.ttft_weight = 16;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  Warm(2);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/150, /*queue_micros=*/2'000'000);
+  Request* r = DecodingHolder(/*budget=*/20);
+  // One request waiting: 1.25 × 16 × 4,815 = 96,300 µs > 30,000 µs, so the restore waits.
+  set_num_waiting(1);
+  EXPECT_TRUE(arbiter_.PreemptForRestore(Context(200, Pending())).preempt.empty());
+  // Nobody waiting: GPU time against GPU time, 1.25 × 4,815 = 6,018.75 µs < 30,000 µs.
+  set_num_waiting(0);
+  const ArbiterPlan plan = arbiter_.PreemptForRestore(Context(221, Pending()));
+  ASSERT_EQ(plan.preempt.size(), 1u);
+  EXPECT_EQ(plan.preempt[0], r->id());
+  EXPECT_DOUBLE_EQ(plan.tax.tax_micros, 30000);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 321 * 15);
+}
+
 TEST_F(RestoreHolderTest, NeverPreemptsARequestStillInPrefill) {
   Warm(2);
   Request* r = DecodingHolder(/*budget=*/100);

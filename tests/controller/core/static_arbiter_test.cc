@@ -35,7 +35,8 @@ class StaticArbiterTest : public ::testing::Test {
     }
   }
   ArbiterPlan Decide(int32_t gap, const Request* requester, bool running) {
-    ArbiterContext context(pool_, running_, counters_, config_, 1, /*now_micros=*/1, ExpansionInfo());
+    ArbiterContext context(pool_, running_, counters_, config_, 1, /*now_micros=*/1, ExpansionInfo(),
+                           /*num_waiting=*/0);
     MemoryGap g;
     g.blocks = gap;
     g.requester = requester;
