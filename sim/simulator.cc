@@ -348,10 +348,15 @@ absl::StatusOr<SimResult> Simulation::Run() {
     result_.max_blocks = std::max(result_.max_blocks, plan->num_blocks);
     if (plan->empty()) {
       // Nothing could run now. Without anything running, only an arrival can change that —
-      // unless this plan preempted (a restore preempts the holders of the memory it withdraws,
-      // and the scheduler admits no one in the step that preempted): like the serving engine,
-      // which sends such a plan and schedules again, the next step admits them.
-      if (scheduler_->num_running() == 0 && plan->preempted_ids.empty() && !due_.empty()) {
+      // unless this step preempted (a restore preempts the holders of the memory it withdraws,
+      // and the scheduler admits no one in the step that preempted; the preemptions may have
+      // travelled with the restore rather than the plan): like the serving engine, which sends
+      // such a plan and schedules again, the next step admits them.
+      const bool preempted =
+          !plan->preempted_ids.empty() ||
+          std::any_of(scheduler_->step_decisions().begin(), scheduler_->step_decisions().end(),
+                      [](const ArbiterRecord& d) { return d.requests_preempted > 0; });
+      if (scheduler_->num_running() == 0 && !preempted && !due_.empty()) {
         clock_.SetMicros(
             std::max(clock_.NowMicros() + SecondsToMicros(remap_us * 1e-6), due_.top().first));
         continue;
