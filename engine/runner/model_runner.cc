@@ -398,9 +398,12 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   top_logprobs_.resize(m * max_top);
   auto start = std::chrono::steady_clock::now();
   if (device_sampling) {
+    // top_counts only when some row asks for alternatives (StepSampling's contract).
+    const absl::Span<const int32_t> top_counts =
+        max_top > 0 ? absl::Span<const int32_t>(top_counts_) : absl::Span<const int32_t>();
     const StepSampling sampling{temperatures_, top_ks_,       top_ps_,
                                 seeds_,        draw_indices_, process ? &processing : nullptr,
-                                top_counts_,   max_top};
+                                top_counts,    max_top};
     VAMP_RETURN_IF_ERROR(model_->ForwardAndSample(
         fb, kv_, experts_, comm_, sampling,
         {sampled_.data(), logprobs_.data(), top_ids_.data(), top_logprobs_.data()}));

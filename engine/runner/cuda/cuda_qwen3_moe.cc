@@ -361,8 +361,8 @@ absl::Status CudaQwen3MoeModel::ForwardAndSample(const ForwardBatch& batch, cons
     return absl::InvalidArgumentError(absl::StrCat("max_top_logprobs ", max_top, " outside [0, ",
                                                    kernels::cpu::kMaxTopLogprobs, "]"));
   }
-  if (out.tokens == nullptr || out.logprobs == nullptr ||
-      (max_top > 0 && (out.top_ids == nullptr || out.top_logprobs == nullptr))) {
+  if (m > 0 && (out.tokens == nullptr || out.logprobs == nullptr ||
+                (max_top > 0 && (out.top_ids == nullptr || out.top_logprobs == nullptr)))) {
     return absl::InvalidArgumentError("ForwardAndSample needs every output array it fills");
   }
   if (static_cast<int64_t>(m) > max_logits_rows_) {
