@@ -1,6 +1,40 @@
 #include "engine/model/causal_lm.h"
 
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/sampling.h"
+
 namespace vamp {
+
+absl::Status CheckForwardAndSampleArgs(const ForwardBatch& batch, const StepSampling& sampling,
+                                       const StepSamplingOutput& out, int64_t max_rows) {
+  const size_t m = batch.logits_indices.size();
+  const int32_t max_top = sampling.max_top_logprobs;
+  if (sampling.temperatures.size() != m || sampling.top_ks.size() != m ||
+      sampling.top_ps.size() != m || sampling.seeds.size() != m ||
+      sampling.draw_indices.size() != m) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling parameters for ",
+                                                   sampling.temperatures.size(),
+                                                   " rows; the batch has ", m, " logits rows"));
+  }
+  if (sampling.top_counts.size() != (max_top > 0 ? m : 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_counts for ", sampling.top_counts.size(), " rows with max_top_logprobs ",
+                     max_top, "; the batch has ", m, " logits rows"));
+  }
+  if (max_top < 0 || max_top > kernels::cpu::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("max_top_logprobs ", max_top, " outside [0, ",
+                                                   kernels::cpu::kMaxTopLogprobs, "]"));
+  }
+  if (m > 0 && (out.tokens == nullptr || out.logprobs == nullptr ||
+                (max_top > 0 && (out.top_ids == nullptr || out.top_logprobs == nullptr)))) {
+    return absl::InvalidArgumentError("ForwardAndSample needs every output array it fills");
+  }
+  if (static_cast<int64_t>(m) > max_rows) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("sampling ", m, " rows in one step exceeds ", max_rows, " (max_logits_rows)"));
+  }
+  return absl::OkStatus();
+}
 
 KvCacheView BlockMajorKvLayout::View(void* base, int64_t num_blocks,
                                      absl::Span<const int> attention_layers,

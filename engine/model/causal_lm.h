@@ -173,6 +173,14 @@ struct StepSamplingOutput {
   float* top_logprobs = nullptr;
 };
 
+// The arguments ForwardAndSample's caller (ModelRunner) owes its implementations: sampling
+// parameters for each of batch.logits_indices.size() rows, top_counts for each row only when
+// max_top_logprobs > 0 (which is at most kernels::cpu::kMaxTopLogprobs), and, when any row
+// samples, every output array it fills. InvalidArgument (or ResourceExhausted past `max_rows`
+// rows) naming what is wrong; implementations check it before they run anything.
+absl::Status CheckForwardAndSampleArgs(const ForwardBatch& batch, const StepSampling& sampling,
+                                       const StepSamplingOutput& out, int64_t max_rows);
+
 class CausalLm {
  public:
   virtual ~CausalLm() = default;

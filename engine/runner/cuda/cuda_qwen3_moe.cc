@@ -348,27 +348,7 @@ absl::Status CudaQwen3MoeModel::ForwardAndSample(const ForwardBatch& batch, cons
                                                  ExpertWeights* experts, Communicator* comm,
                                                  const StepSampling& sampling,
                                                  const StepSamplingOutput& out) {
-  const size_t m = batch.logits_indices.size();
-  const int32_t max_top = sampling.max_top_logprobs;
-  if (sampling.temperatures.size() != m || sampling.top_ks.size() != m ||
-      sampling.top_ps.size() != m || sampling.seeds.size() != m ||
-      sampling.draw_indices.size() != m || sampling.top_counts.size() != (max_top > 0 ? m : 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling parameters for ",
-                                                   sampling.temperatures.size(),
-                                                   " rows; the batch has ", m, " logits rows"));
-  }
-  if (max_top < 0 || max_top > kernels::cpu::kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("max_top_logprobs ", max_top, " outside [0, ",
-                                                   kernels::cpu::kMaxTopLogprobs, "]"));
-  }
-  if (m > 0 && (out.tokens == nullptr || out.logprobs == nullptr ||
-                (max_top > 0 && (out.top_ids == nullptr || out.top_logprobs == nullptr)))) {
-    return absl::InvalidArgumentError("ForwardAndSample needs every output array it fills");
-  }
-  if (static_cast<int64_t>(m) > max_logits_rows_) {
-    return absl::ResourceExhaustedError(absl::StrCat("sampling ", m, " rows in one step exceeds ",
-                                                     max_logits_rows_, " (max_logits_rows)"));
-  }
+  VAMP_RETURN_IF_ERROR(CheckForwardAndSampleArgs(batch, sampling, out, max_logits_rows_));
   return Run(batch, kv, experts, nullptr, &sampling, &out);
 }
 
