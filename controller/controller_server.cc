@@ -17,8 +17,8 @@
 #include "common/version.h"
 #include "controller/agent_reports.h"
 #include "controller/arbiter/vamp_arbiter.h"
-#include "controller/frontend/hf_tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/hf_tokenizer.h"
 
 namespace vamp {
 namespace {

@@ -21,9 +21,9 @@
 #include "controller/agent_launcher.h"
 #include "controller/agent_registry.h"
 #include "controller/http_frontend.h"
-#include "controller/frontend/tokenizer.h"
 #include "controller/serving_context.h"
 #include "controller/serving_service.h"
+#include "tokenizer/tokenizer.h"
 
 namespace vamp {
 

@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "nlohmann/json.hpp"
 #include "controller/frontend/chat_output.h"
 #include "controller/frontend/stop_strings.h"
-#include "controller/frontend/tokenizer.h"
 #include "controller/serving_context.h"
 #include "controller/serving_engine.h"
+#include "nlohmann/json.hpp"
+#include "tokenizer/tokenizer.h"
 
 namespace vamp {
 

@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "controller/frontend/openai_api.h"
-#include "controller/frontend/tokenizer.h"
 #include "controller/serving_engine.h"
+#include "tokenizer/tokenizer.h"
 
 namespace vamp {
 

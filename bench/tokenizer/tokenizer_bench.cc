@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/str_split.h"
-#include "controller/frontend/hf_tokenizer.h"
+#include "tokenizer/hf_tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {

@@ -32,7 +32,7 @@
 
 #include "absl/strings/string_view.h"
 #include "controller/frontend/openai_api.h"
-#include "controller/frontend/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace vamp {
 

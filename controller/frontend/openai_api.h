@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "controller/core/sampling_params.h"
-#include "controller/frontend/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace vamp {
 

@@ -5,10 +5,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "controller/frontend/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/utf8.h"
 
 namespace vamp {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "controller/frontend/chat_template.h"
+#include "tokenizer/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const nlohmann::ordered_json* vars =

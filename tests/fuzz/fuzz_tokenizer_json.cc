@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "controller/frontend/hf_tokenizer.h"
-#include "controller/frontend/utf8.h"
+#include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/utf8.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view text(reinterpret_cast<const char*>(data), size);

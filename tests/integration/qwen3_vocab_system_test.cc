@@ -12,10 +12,10 @@
 #include "common/config.h"
 #include "controller/controller_config.h"
 #include "controller/controller_server.h"
-#include "controller/frontend/utf8.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/utf8.h"
 
 namespace vamp {
 namespace {

@@ -166,7 +166,7 @@ const conversations = [
   { messages: [sys, u('Write code'), a('```python\nprint("hi")\n```'), u('Now in C++')] },
   { messages: [{ role: 'system', content: 'Rule 1.' }, u('Hi'), { role: 'system', content: 'Late system note.' }, u('Again')] },
   // An assistant reply is not given leading spaces: the template's content.lstrip('\n') keeps them
-  // in Python's Jinja but transformers.js strips them (tests/controller/frontend pins Python's).
+  // in Python's Jinja but transformers.js strips them (tests/tokenizer pins Python's).
   { messages: [u('  spaced  \n\n content  '), a('reply  \n')], add_generation_prompt: false },
   { messages: [u('Hi'), a('\n\nleading newlines')], add_generation_prompt: false },
   { messages: [u('a'), a('b'), u('c'), a('d'), u('e'), a('f'), u('g')] },

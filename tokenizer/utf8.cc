@@ -1,4 +1,4 @@
-#include "controller/frontend/utf8.h"
+#include "tokenizer/utf8.h"
 
 namespace vamp {
 namespace {

@@ -1,13 +1,13 @@
-#include "controller/frontend/hf_tokenizer.h"
+#include "tokenizer/hf_tokenizer.h"
 
 #include <filesystem>
 #include <fstream>
 
 #include "controller/frontend/openai_api.h"
-#include "controller/frontend/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/utf8.h"
 
 namespace vamp {
 namespace {

@@ -1,4 +1,4 @@
-#include "controller/frontend/chat_template.h"
+#include "tokenizer/chat_template.h"
 
 #include <algorithm>
 #include <charconv>
@@ -15,7 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "controller/frontend/utf8.h"
+#include "tokenizer/utf8.h"
 
 namespace vamp {
 namespace jinja {

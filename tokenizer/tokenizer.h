@@ -1,4 +1,4 @@
-// Text <-> token ids for the frontends, and the rendering of a conversation into prompt text.
+// Text <-> token ids of a model, and the rendering of a conversation into prompt text.
 //
 // Two implementations:
 // - HfTokenizer (hf_tokenizer.h): a model folder's tokenizer.json (HF tokenizers format, byte-level
@@ -9,8 +9,8 @@
 //   byte_offset + 256) back to bytes, dropping every other id. The tiny test model (vocab 256,
 //   offset 0) reads and writes plain bytes this way.
 // Token-id prompts bypass the tokenizer, so they work for any model.
-#ifndef VAMP_CONTROLLER_FRONTEND_TOKENIZER_H_
-#define VAMP_CONTROLLER_FRONTEND_TOKENIZER_H_
+#ifndef VAMP_TOKENIZER_TOKENIZER_H_
+#define VAMP_TOKENIZER_TOKENIZER_H_
 
 #include <cstdint>
 #include <memory>
@@ -117,4 +117,4 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadModelTokenizer(const std::string&
 
 }  // namespace vamp
 
-#endif  // VAMP_CONTROLLER_FRONTEND_TOKENIZER_H_
+#endif  // VAMP_TOKENIZER_TOKENIZER_H_

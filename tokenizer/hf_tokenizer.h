@@ -12,8 +12,8 @@
 //   lstrip / rstrip / single_word are not supported.
 // Patterns are compiled with PCRE2 (UTF + Unicode properties, JIT); NFC uses utf8proc.
 // Encode is thread-safe; each pre-token's BPE result is cached (bounded).
-#ifndef VAMP_CONTROLLER_FRONTEND_HF_TOKENIZER_H_
-#define VAMP_CONTROLLER_FRONTEND_HF_TOKENIZER_H_
+#ifndef VAMP_TOKENIZER_HF_TOKENIZER_H_
+#define VAMP_TOKENIZER_HF_TOKENIZER_H_
 
 #include <array>
 #include <cstdint>
@@ -24,8 +24,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "controller/frontend/chat_template.h"
-#include "controller/frontend/tokenizer.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace vamp {
 
@@ -99,4 +99,4 @@ class HfTokenizer final : public Tokenizer {
 
 }  // namespace vamp
 
-#endif  // VAMP_CONTROLLER_FRONTEND_HF_TOKENIZER_H_
+#endif  // VAMP_TOKENIZER_HF_TOKENIZER_H_

@@ -1,7 +1,7 @@
-#include "controller/frontend/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
-#include "controller/frontend/utf8.h"
 #include "gtest/gtest.h"
+#include "tokenizer/utf8.h"
 
 namespace vamp {
 namespace {

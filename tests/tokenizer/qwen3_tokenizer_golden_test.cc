@@ -8,10 +8,10 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "controller/frontend/hf_tokenizer.h"
 #include "controller/frontend/openai_api.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/hf_tokenizer.h"
 
 namespace vamp {
 namespace {

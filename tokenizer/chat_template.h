@@ -20,8 +20,8 @@
 // range(), raise_exception(msg), strftime_now(fmt).
 // Anything outside the subset fails Compile with an error naming the origin and line, so a model
 // whose template cannot be rendered faithfully fails at load, never renders wrongly.
-#ifndef VAMP_CONTROLLER_FRONTEND_CHAT_TEMPLATE_H_
-#define VAMP_CONTROLLER_FRONTEND_CHAT_TEMPLATE_H_
+#ifndef VAMP_TOKENIZER_CHAT_TEMPLATE_H_
+#define VAMP_TOKENIZER_CHAT_TEMPLATE_H_
 
 #include <memory>
 #include <string>
@@ -56,4 +56,4 @@ class ChatTemplate {
 
 }  // namespace vamp
 
-#endif  // VAMP_CONTROLLER_FRONTEND_CHAT_TEMPLATE_H_
+#endif  // VAMP_TOKENIZER_CHAT_TEMPLATE_H_

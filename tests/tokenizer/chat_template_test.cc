@@ -1,4 +1,4 @@
-#include "controller/frontend/chat_template.h"
+#include "tokenizer/chat_template.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -87,8 +87,8 @@ TEST(ChatTemplateTest, AContainerCannotHoldItself) {
   absl::StatusOr<std::string> list = render("{% set x = [] %}{{ x.append(x) }}");
   ASSERT_FALSE(list.ok());
   EXPECT_THAT(list.status().message(), ::testing::HasSubstr("cannot add a list to itself"));
-  absl::StatusOr<std::string> nested = render(
-      "{% set ns = namespace(l=[]) %}{% set y = [ns] %}{{ ns.l.append(y) }}done");
+  absl::StatusOr<std::string> nested =
+      render("{% set ns = namespace(l=[]) %}{% set y = [ns] %}{{ ns.l.append(y) }}done");
   ASSERT_FALSE(nested.ok());
   // Holding another container is fine.
   absl::StatusOr<std::string> ok = render(

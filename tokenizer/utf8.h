@@ -1,6 +1,6 @@
 // UTF-8 helpers shared by the tokenizer, the stream decoder and the chat-template engine.
-#ifndef VAMP_CONTROLLER_FRONTEND_UTF8_H_
-#define VAMP_CONTROLLER_FRONTEND_UTF8_H_
+#ifndef VAMP_TOKENIZER_UTF8_H_
+#define VAMP_TOKENIZER_UTF8_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -29,4 +29,4 @@ void AppendUtf8(char32_t cp, std::string* out);
 
 }  // namespace vamp
 
-#endif  // VAMP_CONTROLLER_FRONTEND_UTF8_H_
+#endif  // VAMP_TOKENIZER_UTF8_H_

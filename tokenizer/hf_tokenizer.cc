@@ -1,4 +1,4 @@
-#include "controller/frontend/hf_tokenizer.h"
+#include "tokenizer/hf_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -13,8 +13,8 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
-#include "controller/frontend/utf8.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/utf8.h"
 
 namespace vamp {
 namespace {

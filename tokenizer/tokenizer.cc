@@ -1,10 +1,10 @@
-#include "controller/frontend/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "controller/frontend/hf_tokenizer.h"
-#include "controller/frontend/utf8.h"
+#include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace vamp {
 
