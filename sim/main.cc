@@ -36,6 +36,7 @@
 #include "sim/calibration.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
+#include "tokenizer/hf_tokenizer.h"
 
 namespace vamp::sim {
 namespace {
@@ -114,6 +115,9 @@ ConfigSchema Schema() {
       .Int("lmcache_sessions", 0, 0, kInt32Max, "lmcache: sessions to replay (0 = all files)")
       .Double("lmcache_stagger_s", 5.0, 0, 1e9, "lmcache: session k starts at k × stagger")
       .Double("lmcache_time_scale", 1.0, 1e-6, 1e6, "lmcache: multiply recorded gaps")
+      .String("lmcache_tokenizer_dir", "",
+              "lmcache: a model folder whose tokenizer.json turns the traces' text into the "
+              "model's token ids (empty: about 4 bytes a token)")
       .Double("lmcache_max_session_s", 0, 0, 1e9,
               "lmcache: drop calls later than this in their session (0 = none)")
       // Measurement.
@@ -311,14 +315,27 @@ absl::Status Main(int argc, char** argv) {
     o.stagger_s = config.GetDouble("lmcache_stagger_s");
     o.time_scale = config.GetDouble("lmcache_time_scale");
     o.max_session_duration_s = config.GetDouble("lmcache_max_session_s");
+    const std::string& tokenizer_dir = config.GetString("lmcache_tokenizer_dir");
+    std::unique_ptr<HfTokenizer> tokenizer;
+    if (!tokenizer_dir.empty()) {
+      absl::StatusOr<std::unique_ptr<HfTokenizer>> t = HfTokenizer::FromModelFolder(tokenizer_dir);
+      if (!t.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--lmcache_tokenizer_dir '", tokenizer_dir, "': ", t.status().message()));
+      }
+      tokenizer = *std::move(t);
+      o.tokenizer = tokenizer.get();
+    }
     VAMP_ASSIGN_OR_RETURN(workload::Workload w,
                           workload::ReadLmcacheTraces(config.GetString("lmcache_dir"), o));
     workloads.push_back(std::make_unique<workload::Workload>(std::move(w)));
     concurrencies.push_back(0);
     setting.push_back(absl::StrFormat(
-        "Workload: LMCache agent traces %s, %d sessions, stagger %.1f s, time scale %g",
+        "Workload: LMCache agent traces %s, %d sessions, stagger %.1f s, time scale %g, text "
+        "through %s",
         config.GetString("lmcache_dir"), workloads.back()->sessions.size(), o.stagger_s,
-        o.time_scale));
+        o.time_scale,
+        tokenizer_dir.empty() ? "about 4 bytes a token" : "the tokenizer of " + tokenizer_dir));
   }
   for (size_t i = 0; i < workloads.size(); ++i) {
     const workload::WorkloadSummary sum = workload::Summarize(*workloads[i], sc.block_size);

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/chart/paper_reference.h"
 #include "sim/simulator.h"
 
 namespace vamp::sim {
@@ -19,16 +20,8 @@ struct RunRecord {
   SimResult result;
 };
 
-// A number the paper reports for a (policy, concurrency) point.
-struct PaperPoint {
-  std::string policy;
-  int32_t concurrency = 0;
-  double ttft_p99_s = 0;  // < 0: a range, given in `note`
-  std::string note;
-};
-
-// The H100-PCIe TP2 numbers of the paper's Figure 9 as §VI-C states them in its text.
-std::vector<PaperPoint> PaperFigure9H100();
+using chart::PaperFigure9H100;
+using chart::PaperPoint;
 
 struct ReportSpec {
   std::string title;

@@ -166,6 +166,7 @@ absl::StatusOr<std::vector<RunResult>> RunAb(
     } else {
       ClientOptions c = o.client;
       c.endpoint = sys->http();
+      c.grpc_endpoint = sys->grpc();
       absl::StatusOr<RunResult> r = MeasureRun(workloads[p.run], c, o.rule, o.sample_interval_s);
       if (r.ok()) {
         result = *std::move(r);

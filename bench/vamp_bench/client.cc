@@ -5,20 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "bench/vamp_bench/protocol.h"
 
 namespace vamp::bench {
-
-double SecondsSince(BenchClock::time_point start) {
-  return std::chrono::duration<double>(BenchClock::now() - start).count();
-}
 
 namespace {
 
@@ -49,7 +43,19 @@ class Shard {
     std::unique_ptr<event_base, decltype(&event_base_free)> base(event_base_new(),
                                                                  &event_base_free);
     base_ = base.get();
-    pool_ = std::make_unique<ConnectionPool>(base_, options_.endpoint, options_.request_timeout_s);
+    TransportOptions t;
+    t.path = options_.path;
+    t.model = options_.model;
+    t.idle_timeout_s = options_.request_timeout_s;
+    t.start = start_;
+    if (options_.protocol == StreamProtocol::kGrpc) {
+      t.endpoint = options_.grpc_endpoint;
+      t.endpoint.api_key = options_.endpoint.api_key;
+      transport_ = NewGrpcStreamTransport(base_, t);
+    } else {
+      t.endpoint = options_.endpoint;
+      transport_ = NewHttpStreamTransport(base_, t);
+    }
     for (auto& s : sessions_) {
       if (workload_.sessions[s->index].turns.empty()) continue;
       Schedule(s.get(), workload_.sessions[s->index].start_s +
@@ -61,9 +67,8 @@ class Shard {
     }
     if (pending_turns_ > 0) event_base_dispatch(base_);
     // Cut off: whatever is still in flight is unfinished.
-    for (auto& [req, live] : live_) pool_->Cancel(req);
-    live_.clear();
-    pool_.reset();
+    transport_->CancelAll();
+    transport_.reset();
     base_ = nullptr;
   }
 
@@ -80,12 +85,8 @@ class Shard {
   struct Live {
     SessionState* session = nullptr;
     size_t record = 0;
-    SseParser parser;
     double last_token_s = -1;
     std::vector<int32_t> output_ids;
-    bool finish_seen = false;
-    std::string error;
-    std::string error_body;  // non-200 bodies
   };
 
   static void OnDue(evutil_socket_t, short, void* arg) {
@@ -134,82 +135,39 @@ class Shard {
     auto live = std::make_shared<Live>();
     live->session = s;
     live->record = index;
-    StreamHandlers h;
-    h.on_body = [this, live](int status, absl::string_view bytes) { OnBody(*live, status, bytes); };
-    h.on_done = [this, live](int status, const std::string& transport_error) {
-      OnDone(live, status, transport_error);
+    StreamEvents events;
+    events.on_tokens = [this, live](const std::vector<int32_t>& ids, double at_s) {
+      OnTokens(*live, ids, at_s);
     };
-    absl::StatusOr<ConnectionPool::Request*> req = pool_->PostStreaming(
-        options_.path, CompletionRequestBody(prompt, turn.output_tokens, options_.model),
-        std::move(h));
-    if (!req.ok()) {
-      live->error = std::string(req.status().message());
-      Finish(*live, /*ok=*/false);
-      return;
+    events.on_cached = [this, live](int32_t cached) {
+      records_[live->record].cached_tokens = cached;
+    };
+    events.on_done = [this, live](const std::string& error) { Finish(*live, error); };
+    if (absl::Status started = transport_->Start(prompt, turn.output_tokens, std::move(events));
+        !started.ok()) {
+      Finish(*live, std::string(started.message()));
     }
-    live_[*req] = live;
-    request_of_[live.get()] = *req;
   }
 
-  void OnBody(Live& live, int status, absl::string_view bytes) {
-    if (status != 200) {
-      if (live.error_body.size() < 4096) live.error_body.append(bytes.data(), bytes.size());
-      return;
+  void OnTokens(Live& live, const std::vector<int32_t>& ids, double at_s) {
+    RequestRecord& r = records_[live.record];
+    if (r.first_token_s < 0) {
+      r.first_token_s = at_s;
+    } else {
+      r.inter_token_s.push_back(at_s - live.last_token_s);
     }
-    live.parser.Feed(bytes, [&](absl::string_view data) {
-      absl::StatusOr<CompletionChunk> chunk = ParseCompletionChunk(data);
-      if (!chunk.ok()) {
-        if (live.error.empty()) live.error = std::string(chunk.status().message());
-        return;
-      }
-      RequestRecord& r = records_[live.record];
-      if (!chunk->error.empty() && live.error.empty()) live.error = chunk->error;
-      if (!chunk->token_ids.empty()) {
-        const double now = SecondsSince(start_);
-        if (r.first_token_s < 0) {
-          r.first_token_s = now;
-        } else {
-          r.inter_token_s.push_back(now - live.last_token_s);
-        }
-        live.last_token_s = now;
-        r.output_tokens += static_cast<int32_t>(chunk->token_ids.size());
-        progress_->output_tokens.fetch_add(static_cast<int64_t>(chunk->token_ids.size()),
-                                           std::memory_order_relaxed);
-        live.output_ids.insert(live.output_ids.end(), chunk->token_ids.begin(),
-                               chunk->token_ids.end());
-      }
-      if (!chunk->finish_reason.empty()) live.finish_seen = true;
-      if (chunk->has_usage && chunk->cached_tokens >= 0) {
-        r.cached_tokens = static_cast<int32_t>(chunk->cached_tokens);
-      }
-    });
+    live.last_token_s = at_s;
+    r.output_tokens += static_cast<int32_t>(ids.size());
+    progress_->output_tokens.fetch_add(static_cast<int64_t>(ids.size()), std::memory_order_relaxed);
+    live.output_ids.insert(live.output_ids.end(), ids.begin(), ids.end());
   }
 
-  void OnDone(const std::shared_ptr<Live>& live, int status, const std::string& transport_error) {
-    if (auto it = request_of_.find(live.get()); it != request_of_.end()) {
-      live_.erase(it->second);
-      request_of_.erase(it);
-    }
-    if (status == 0) {
-      live->error = absl::StrCat("transport: ", transport_error);
-    } else if (status != 200) {
-      std::string body = live->error_body;
-      if (absl::StatusOr<CompletionChunk> c = ParseCompletionChunk(body);
-          c.ok() && !c->error.empty()) {
-        body = c->error;
-      }
-      live->error = absl::StrCat("HTTP ", status, ": ", body.substr(0, 300));
-    } else if (!live->finish_seen && live->error.empty()) {
-      live->error = "stream ended without a finish_reason";
-    }
-    Finish(*live, live->error.empty());
-  }
-
-  void Finish(Live& live, bool ok) {
+  void Finish(Live& live, const std::string& error) {
+    const bool ok = error.empty();
     RequestRecord& r = records_[live.record];
     r.finish_s = SecondsSince(start_);
     r.ok = ok;
-    r.error = live.error;
+    r.error = error;
     (ok ? progress_->completed : progress_->failed).fetch_add(1, std::memory_order_relaxed);
     SessionState* s = live.session;
     const workload::Session& session = workload_.sessions[s->index];
@@ -234,9 +192,7 @@ class Shard {
   std::vector<std::unique_ptr<SessionState>> sessions_;
   std::vector<RequestRecord> records_;
   event_base* base_ = nullptr;
-  std::unique_ptr<ConnectionPool> pool_;
-  std::map<ConnectionPool::Request*, std::shared_ptr<Live>> live_;
-  std::map<Live*, ConnectionPool::Request*> request_of_;
+  std::unique_ptr<StreamTransport> transport_;
   int64_t pending_turns_ = 0;
   bool cut_off_ = false;
 };

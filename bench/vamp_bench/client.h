@@ -1,8 +1,9 @@
-// vamp-bench's load generator: runs a Workload (bench/workload) against a live OpenAI-compatible
-// server by the workload's issue rules (workload.h), streaming every turn from /v1/completions
-// with token-id prompts, and records what each request looked like from the client (stats.h).
-// Multi-turn sessions re-send their history with the token ids the server generated (taken from
-// the stream's "token_ids"), so the prefix cache sees what a chat or agent client would send.
+// vamp-bench's load generator: runs a Workload (bench/workload) against a live server by the
+// workload's issue rules (workload.h), streaming every turn with a token-id prompt over HTTP/SSE
+// (/v1/completions) or gRPC (Serving.Generate) (stream_transport.h), and records what each
+// request looked like from the client (stats.h). Multi-turn sessions re-send their history with
+// the token ids the server generated, so the prefix cache sees what a chat or agent client would
+// send.
 //
 // Sessions are dealt round-robin to `loops` event-loop threads; each thread owns its sessions'
 // state and connections, so thousands of sessions need no locks and few threads.
@@ -19,15 +20,20 @@
 #include "absl/status/statusor.h"
 #include "bench/vamp_bench/http_client.h"
 #include "bench/vamp_bench/stats.h"
+#include "bench/vamp_bench/stream_transport.h"
 #include "bench/workload/workload.h"
 
 namespace vamp::bench {
 
-using BenchClock = std::chrono::steady_clock;
+enum class StreamProtocol { kHttp, kGrpc };
 
 struct ClientOptions {
+  // The HTTP API (streams when protocol is kHttp; the metrics sampler reads its /metrics).
   HttpEndpoint endpoint;
   std::string path = "/v1/completions";
+  StreamProtocol protocol = StreamProtocol::kHttp;
+  // gRPC Serving (protocol kGrpc); its api_key is endpoint's.
+  HttpEndpoint grpc_endpoint;
   // "model" of every request; empty: left out (the server's only model).
   std::string model;
   int32_t loops = 1;               // event-loop threads, >= 1
@@ -62,9 +68,6 @@ struct ClientRun {
 // InvalidArgument for bad options; per-request failures are recorded, not returned.
 absl::StatusOr<ClientRun> RunWorkload(const workload::Workload& workload,
                                       const ClientOptions& options, BenchClock::time_point start);
-
-// Seconds from `start` to now.
-double SecondsSince(BenchClock::time_point start);
 
 }  // namespace vamp::bench
 

@@ -7,6 +7,7 @@
 #include <event2/thread.h>
 
 #include <cmath>
+#include <csignal>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -18,7 +19,12 @@ namespace vamp::bench {
 
 void InitLibevent() {
   static std::once_flag once;
-  std::call_once(once, [] { evthread_use_pthreads(); });
+  std::call_once(once, [] {
+    evthread_use_pthreads();
+    // libevent writes with write(2): a write to a connection the server reset must be an error
+    // on that request, not a SIGPIPE that kills the benchmark (and every other stream with it).
+    signal(SIGPIPE, SIG_IGN);
+  });
 }
 
 namespace {

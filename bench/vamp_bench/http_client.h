@@ -24,7 +24,8 @@ struct HttpEndpoint {
   std::string api_key;
 };
 
-// Makes libevent thread-aware (evthread_use_pthreads); call once before any event_base exists.
+// Makes libevent thread-aware (evthread_use_pthreads) and ignores SIGPIPE in the process (a peer
+// that closed its socket is an error on that request); call before any event_base exists.
 void InitLibevent();
 
 // What a streaming request reports, on the loop thread. `on_body` gets response body bytes as

@@ -48,6 +48,8 @@ void AddCommonFlags(ConfigSchema& s) {
       .String("api_key_file", "",
               "file holding the API key to send as 'Authorization: Bearer <key>' (one line); "
               "default: $VAMP_API_KEY when set")
+      .Enum("protocol", "http", {"http", "grpc"},
+            "how requests stream: http (POST /v1/completions, SSE) or grpc (Serving.Generate)")
       .Int("loops", 1, 1, 64, "event-loop threads for the client (sessions are dealt to them)")
       .Double("request_timeout_s", 600, 0.1, 1e6,
               "a request whose server sends nothing for this long fails")
@@ -60,13 +62,21 @@ void AddCommonFlags(ConfigSchema& s) {
               "comma-separated TTFT limits T (s) of the Q(T, P) grid; empty: from the data")
       .String("slo_tpot_ms", "",
               "comma-separated TPOT limits P (ms) of the Q(T, P) grid; empty: from the data")
-      .String("commit", "", "commit to print in the report header (e.g. $(git rev-parse HEAD))");
+      .String("commit", "", "commit to print in the report header (e.g. $(git rev-parse HEAD))")
+      .Bool("paper_reference", true,
+            "draw the paper's numbers on the charts (Table IV TTFT p90/p99 and hit rates, its "
+            "+31.1 % TPOT cost, Figure 9's TTFT p99 for multi-turn sweeps); --no-paper_reference: "
+            "leave them out");
 }
 
 const ConfigSchema& RunSchema() {
   static const ConfigSchema* schema = [] {
     auto* s = new ConfigSchema();
-    s->String("server", "127.0.0.1:8000", "host:port of the server's HTTP API")
+    s->String("server", "127.0.0.1:8000",
+              "host:port of the server's HTTP API (its /metrics is sampled; it streams unless "
+              "--protocol=grpc)")
+        .String("grpc_server", "127.0.0.1:50051",
+                "host:port of the server's gRPC Serving API (--protocol=grpc)")
         .String("label", "live", "configuration name of this run in the report");
     AddCommonFlags(*s);
     return s;
@@ -179,6 +189,8 @@ absl::Status CommonSetup(const Config& c, int argc, char** argv, ClientOptions* 
     client->endpoint.api_key = env;
   }
   client->model = c.GetString("model");
+  client->protocol =
+      c.GetString("protocol") == "grpc" ? StreamProtocol::kGrpc : StreamProtocol::kHttp;
   client->loops = static_cast<int32_t>(c.GetInt("loops"));
   client->request_timeout_s = c.GetDouble("request_timeout_s");
   client->max_duration_s = c.GetDouble("max_duration_s");
@@ -193,6 +205,8 @@ absl::Status CommonSetup(const Config& c, int argc, char** argv, ClientOptions* 
   if (!p.ok()) return p.status();
   spec->ttft_limits_s = *t;
   spec->tpot_limits_s = *p;
+  spec->paper_reference = c.GetBool("paper_reference");
+  spec->multi_turn_sweep = c.GetString("workload") == "multi_turn";
   std::vector<std::string> args(argv, argv + argc);
   spec->header_lines = {
       absl::StrCat("- date: ", Now()), absl::StrCat("- machine: ", Machine()),
@@ -257,6 +271,9 @@ int RunCommand(int argc, char** argv) {
   if (!e.ok()) return Fail(e.status(), 2);
   e->api_key = client.endpoint.api_key;
   client.endpoint = *e;
+  absl::StatusOr<HttpEndpoint> g = ParseHostPort(c.GetString("grpc_server"), "--grpc_server");
+  if (!g.ok()) return Fail(g.status(), 2);
+  client.grpc_endpoint = *g;
   absl::StatusOr<workload::Workload> w = BuildWorkload(c, 0, 0, 0);
   if (!w.ok()) return Fail(w.status(), 2);
   spec.workload = DescribeWorkload(c, 0);
@@ -324,12 +341,15 @@ int AbCommand(int argc, char** argv) {
   if (ec) return Fail(absl::InvalidArgumentError("--out: cannot create " + c.GetString("out")), 2);
   o.log_dir = c.GetString("out") + "/logs";
   // The ideal hit rate at the sweep's first point, for the hit-rate chart.
-  if (absl::StatusOr<workload::Workload> w = BuildWorkload(c, o.sessions.front(), vocab); w.ok()) {
+  const std::string& model_dir = o.system.model_path;
+  if (absl::StatusOr<workload::Workload> w =
+          BuildWorkload(c, o.sessions.front(), vocab, 0, model_dir);
+      w.ok()) {
     spec.ideal_hit_rate = workload::Summarize(*w, 16).ideal_prefix_hit_ratio;
     spec.ideal_hit_rate_label =
         absl::StrCat("ideal, 16-token blocks, ", o.sessions.front(), " sessions");
   }
-  spec.workload = DescribeWorkload(c, 0);
+  spec.workload = DescribeWorkload(c, 0, model_dir);
   if (o.sessions.size() > 1) {
     absl::StrAppend(&spec.workload, "; sessions swept over ", absl::StrJoin(o.sessions, ", "));
   }
@@ -355,7 +375,7 @@ int AbCommand(int argc, char** argv) {
   };
   absl::StatusOr<std::vector<RunResult>> runs = RunAb(o, [&](int32_t sessions, int32_t run) {
     // One system serving several runs: a seed per run, so no run reuses another's prefixes.
-    return BuildWorkload(c, sessions, vocab, o.one_system_per_config ? run : 0);
+    return BuildWorkload(c, sessions, vocab, o.one_system_per_config ? run : 0, model_dir);
   });
   if (!runs.ok()) return Fail(runs.status(), 1);
   for (const RunResult& r : *runs) {

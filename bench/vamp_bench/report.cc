@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/chart/paper_reference.h"
 #include "bench/chart/svg_chart.h"
 #include "nlohmann/json.hpp"
 
@@ -63,6 +64,48 @@ std::string MeanSd(const std::vector<double>& v, double scale = 1, const char* f
   std::string s = Fmt(MeanOf(scaled), format);
   if (std::isfinite(sd)) absl::StrAppend(&s, " ± ", Fmt(sd, format));
   return s;
+}
+
+// The paper's numbers next to the concurrency charts (ReportSpec::paper_reference). Series of
+// measured configurations keep their colours (their index in `configs`).
+void AddPaperReferences(const std::vector<std::string>& configs, bool multi_turn_sweep,
+                        chart::LineChart* p99, chart::LineChart* p90, chart::LineChart* tpot,
+                        chart::LineChart* hit) {
+  using chart::PaperHeadline;
+  const std::string at = absl::StrCat(" (paper, ", PaperHeadline::kSetting, ")");
+  p90->references.push_back({"vLLM 26.1 s" + at, PaperHeadline::kStaticTtftP90S});
+  p90->references.push_back({"VAMP-15 1.10 s" + at, PaperHeadline::kVampTtftP90S});
+  p99->references.push_back({"vLLM 32.7 s" + at, PaperHeadline::kStaticTtftP99S});
+  p99->references.push_back({"VAMP-15 3.48 s" + at, PaperHeadline::kVampTtftP99S});
+  hit->references.push_back({"vLLM 0.19 %" + at, 100 * PaperHeadline::kStaticHitRate});
+  hit->references.push_back({"VAMP-15 89.8 %" + at, 100 * PaperHeadline::kVampHitRate});
+  if (!configs.empty() && !tpot->series.empty() && !tpot->series[0].points.empty()) {
+    // What the paper's TPOT cost (+31.1 %) would be over this run's first configuration.
+    chart::ChartSeries cost;
+    cost.name = absl::StrCat(configs[0], " × ", absl::StrFormat("%.3f", PaperHeadline::kTpotRatio),
+                             " (the paper's TPOT cost)");
+    cost.color = 0;
+    cost.dashed = true;
+    cost.hollow_markers = true;
+    for (const auto& [x, y] : tpot->series[0].points) {
+      cost.points.push_back({x, y * PaperHeadline::kTpotRatio});
+    }
+    tpot->series.push_back(std::move(cost));
+  }
+  if (!multi_turn_sweep) return;
+  for (size_t k = 0; k < configs.size(); ++k) {
+    chart::ChartSeries fig9;
+    fig9.name = absl::StrCat(configs[k], " (paper Fig. 9, 2×H100 TP2)");
+    fig9.color = static_cast<int>(k);
+    fig9.dashed = true;
+    fig9.hollow_markers = true;
+    for (const chart::PaperPoint& p : chart::PaperFigure9H100()) {
+      if (p.policy == configs[k] && p.ttft_p99_s > 0) {
+        fig9.points.push_back({static_cast<double>(p.concurrency), p.ttft_p99_s});
+      }
+    }
+    if (!fig9.points.empty()) p99->series.push_back(std::move(fig9));
+  }
 }
 
 chart::LineChart Line(std::string title, std::string x, std::string y, bool log_y = false) {
@@ -531,6 +574,8 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
       hit.series.push_back(h);
       rps.series.push_back(q);
     }
+    if (spec.paper_reference)
+      AddPaperReferences(configs, spec.multi_turn_sweep, &p99, &p90, &tpot, &hit);
     svg("ttft-p99", chart::RenderLineChart(p99), "TTFT p99 against concurrency");
     svg("ttft-p90", chart::RenderLineChart(p90), "TTFT p90 against concurrency");
     svg("tpot", chart::RenderLineChart(tpot), "Mean TPOT against concurrency");

@@ -57,6 +57,12 @@ struct ReportSpec {
   // (workload::Summarize), drawn as a reference line on the hit-rate chart; NaN: none.
   double ideal_hit_rate = std::numeric_limits<double>::quiet_NaN();
   std::string ideal_hit_rate_label;
+  // Draw the paper's numbers as references (bench/chart/paper_reference.h): its Table IV TTFT
+  // p90/p99 and hit rates as horizontal lines, its TPOT cost (×1.311) as a dashed series over the
+  // first configuration's TPOT, and, for multi-turn sweeps, its Figure 9 TTFT p99 points next to
+  // configurations of the same name (static, vamp-15, vamp-20, vamp-25).
+  bool paper_reference = true;
+  bool multi_turn_sweep = false;
   // The Q(T, P) grid in seconds; empty: derived from the runs (AutoLimits).
   std::vector<double> ttft_limits_s;
   std::vector<double> tpot_limits_s;

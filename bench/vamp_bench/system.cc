@@ -108,10 +108,13 @@ absl::StatusOr<std::unique_ptr<RunningSystem>> RunningSystem::Start(
       std::stringstream text;
       text << in.rdbuf();
       nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
-      if (!j.is_discarded() && j.is_object() && j.contains("http_port")) {
-        sys->http_.host = "127.0.0.1";
+      if (!j.is_discarded() && j.is_object() && j.contains("http_port") &&
+          j["http_port"].is_number_integer() && j.contains("grpc_port") &&
+          j["grpc_port"].is_number_integer()) {
+        sys->http_.host = sys->grpc_.host = "127.0.0.1";
         sys->http_.port = j["http_port"].get<int>();
-        sys->http_.api_key = o.api_key;
+        sys->grpc_.port = j["grpc_port"].get<int>();
+        sys->http_.api_key = sys->grpc_.api_key = o.api_key;
         have_port = true;
       }
     } else {

@@ -40,6 +40,8 @@ class RunningSystem {
   // SIGTERM, then SIGKILL after 30 s; idempotent.
   void Stop();
   HttpEndpoint http() const { return http_; }
+  // gRPC Serving (same host and API key as http()).
+  HttpEndpoint grpc() const { return grpc_; }
   // The exact command line, for reports.
   const std::string& command() const { return command_; }
 
@@ -47,6 +49,7 @@ class RunningSystem {
   RunningSystem() = default;
   pid_t pid_ = -1;
   HttpEndpoint http_;
+  HttpEndpoint grpc_;
   std::string command_;
   std::string ready_file_;
 };

@@ -1,11 +1,15 @@
 #include "bench/vamp_bench/workload_flags.h"
 
+#include <filesystem>
+#include <memory>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/workload/lmcache_trace.h"
 #include "bench/workload/low_reuse_generator.h"
 #include "bench/workload/mooncake_trace.h"
 #include "bench/workload/multi_turn_generator.h"
+#include "tokenizer/hf_tokenizer.h"
 
 namespace vamp::bench {
 
@@ -38,7 +42,11 @@ void AddWorkloadFlags(ConfigSchema& s) {
       .Int("max_requests", 0, 0, kMax, "mooncake: replay only the first N records (0 = all)")
       .Double("time_scale", 1.0, 1e-6, 1e6,
               "mooncake, lmcache: multiply recorded gaps by this (0.5 = twice the load)")
-      .Int("chars_per_token", 4, 1, 1024, "lmcache: bytes of text per token")
+      .Int("chars_per_token", 4, 1, 1024, "lmcache without a tokenizer: bytes of text per token")
+      .String("tokenizer_dir", "",
+              "lmcache: a model folder whose tokenizer.json turns the traces' text into the "
+              "model's token ids; empty: vamp-bench ab uses --model_path's when it has one, run "
+              "uses --chars_per_token")
       .Double("max_session_duration_s", 0, 0, 1e9,
               "lmcache: drop calls later than this in their session (0 = keep all)")
       .Int("num_requests", 200, 1, kMax, "low_reuse: requests")
@@ -57,7 +65,8 @@ void AddWorkloadFlags(ConfigSchema& s) {
 }
 
 absl::StatusOr<workload::Workload> BuildWorkload(const Config& c, int32_t sessions,
-                                                 int32_t vocab_size, int32_t seed_offset) {
+                                                 int32_t vocab_size, int32_t seed_offset,
+                                                 const std::string& default_tokenizer_dir) {
   const std::string& kind = c.GetString("workload");
   const int32_t vocab = vocab_size > 0 ? vocab_size : static_cast<int32_t>(c.GetInt("vocab_size"));
   const int32_t n = sessions > 0 ? sessions : static_cast<int32_t>(c.GetInt("sessions"));
@@ -90,6 +99,17 @@ absl::StatusOr<workload::Workload> BuildWorkload(const Config& c, int32_t sessio
     if (c.GetDouble("stagger_s") > 0) o.stagger_s = c.GetDouble("stagger_s");
     o.time_scale = c.GetDouble("time_scale");
     o.max_session_duration_s = c.GetDouble("max_session_duration_s");
+    const std::string dir = TokenizerDirFor(c, default_tokenizer_dir);
+    std::unique_ptr<HfTokenizer> tokenizer;
+    if (!dir.empty()) {
+      absl::StatusOr<std::unique_ptr<HfTokenizer>> t = HfTokenizer::FromModelFolder(dir);
+      if (!t.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--tokenizer_dir '", dir, "': ", t.status().message()));
+      }
+      tokenizer = *std::move(t);
+      o.tokenizer = tokenizer.get();
+    }
     return workload::ReadLmcacheTraces(c.GetString("trace_dir"), o);
   }
   workload::LowReuseOptions o;
@@ -104,6 +124,16 @@ absl::StatusOr<workload::Workload> BuildWorkload(const Config& c, int32_t sessio
   return workload::GenerateLowReuse(o);
 }
 
+std::string TokenizerDirFor(const Config& c, const std::string& default_tokenizer_dir) {
+  if (c.GetString("workload") != "lmcache") return "";
+  if (!c.GetString("tokenizer_dir").empty()) return c.GetString("tokenizer_dir");
+  if (default_tokenizer_dir.empty()) return "";
+  std::error_code ec;
+  return std::filesystem::exists(default_tokenizer_dir + "/tokenizer.json", ec)
+             ? default_tokenizer_dir
+             : "";
+}
+
 WindowRule WindowRuleFor(const Config& c) {
   WindowRule r;
   r.warmup_requests = c.GetInt("warmup_requests");
@@ -113,7 +143,8 @@ WindowRule WindowRuleFor(const Config& c) {
   return r;
 }
 
-std::string DescribeWorkload(const Config& c, int32_t sessions) {
+std::string DescribeWorkload(const Config& c, int32_t sessions,
+                             const std::string& default_tokenizer_dir) {
   const std::string& kind = c.GetString("workload");
   const int64_t n = sessions > 0 ? sessions : c.GetInt("sessions");
   if (kind == "multi_turn") {
@@ -130,8 +161,11 @@ std::string DescribeWorkload(const Config& c, int32_t sessions) {
                            c.GetDouble("time_scale"));
   }
   if (kind == "lmcache") {
-    return absl::StrFormat("lmcache traces of %s, %d sessions, time scale %.3g",
-                           c.GetString("trace_dir"), n, c.GetDouble("time_scale"));
+    const std::string dir = TokenizerDirFor(c, default_tokenizer_dir);
+    return absl::StrFormat("lmcache traces of %s, %d sessions, time scale %.3g, text through %s",
+                           c.GetString("trace_dir"), n, c.GetDouble("time_scale"),
+                           dir.empty() ? absl::StrCat(c.GetInt("chars_per_token"), " bytes a token")
+                                       : absl::StrCat("the tokenizer of ", dir));
   }
   return absl::StrFormat(
       "low_reuse: %d requests at %.3g/s, %d prompt tokens, %d output, reuse p %.2f, mean "

@@ -41,13 +41,26 @@ absl::StatusOr<std::vector<Call>> ReadSession(const std::string& path,
     if (!record.contains("output") || !record["output"].is_string()) {
       return error("field 'output' must be a string");
     }
+    const std::string& input = record["input"].get_ref<const std::string&>();
     const std::string& output = record["output"].get_ref<const std::string&>();
-    calls.push_back(
-        {record["timestamp"].get<int64_t>(),
-         TokenizeText(record["input"].get_ref<const std::string&>(), options.chars_per_token,
-                      options.vocab_size),
-         static_cast<int32_t>(std::max<size_t>(
-             1, (output.size() + options.chars_per_token - 1) / options.chars_per_token))});
+    Call call{record["timestamp"].get<int64_t>(), {}, 1};
+    if (options.tokenizer != nullptr) {
+      call.prompt = options.tokenizer->Encode(input);
+      for (int32_t id : call.prompt) {
+        if (id < 0 || id >= options.vocab_size) {
+          return error(absl::StrCat(
+              "the tokenizer '", options.tokenizer->name(), "' gave token id ", id,
+              " for 'input', outside the model's vocabulary [0, ", options.vocab_size, ")"));
+        }
+      }
+      call.output_tokens =
+          static_cast<int32_t>(std::max<size_t>(1, options.tokenizer->Encode(output).size()));
+    } else {
+      call.prompt = TokenizeText(input, options.chars_per_token, options.vocab_size);
+      call.output_tokens = static_cast<int32_t>(std::max<size_t>(
+          1, (output.size() + options.chars_per_token - 1) / options.chars_per_token));
+    }
+    calls.push_back(std::move(call));
   }
   std::stable_sort(calls.begin(), calls.end(),
                    [](const Call& a, const Call& b) { return a.timestamp_us < b.timestamp_us; });

@@ -2,6 +2,7 @@
 // session override and seed offsets; the window rule per family; errors name the input.
 #include "bench/vamp_bench/workload_flags.h"
 
+#include <filesystem>
 #include <set>
 
 #include "gmock/gmock.h"
@@ -116,6 +117,39 @@ TEST(WorkloadFlagsTest, LowReuseAndErrors) {
   bad = BuildWorkload(Flags({"--workload=lmcache", "--trace_dir=/nonexistent"}), 0, 0);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("/nonexistent"));
+}
+
+TEST(WorkloadFlagsTest, LmcacheTextGoesThroughTheModelsTokenizer) {
+  const std::string qwen = std::string(VAMP_TEST_DATA_DIR) + "/qwen3-30b-a3b";
+  const std::string tiny = std::string(VAMP_TEST_DATA_DIR) + "/tiny-qwen3-moe";  // no tokenizer
+  Config lmcache = Flags({"--workload=lmcache"});
+  // --tokenizer_dir wins; else the model folder when it has a tokenizer.json; else none.
+  EXPECT_EQ(TokenizerDirFor(Flags({"--workload=lmcache", "--tokenizer_dir=/x"}), qwen), "/x");
+  EXPECT_EQ(TokenizerDirFor(lmcache, tiny), "");
+  EXPECT_EQ(TokenizerDirFor(Flags({"--workload=multi_turn", "--tokenizer_dir=/x"}), qwen), "");
+  EXPECT_THAT(DescribeWorkload(lmcache, 0, tiny), HasSubstr("text through 4 bytes a token"));
+  // A folder without a usable tokenizer.json is an error naming the flag, not a silent fallback.
+  absl::StatusOr<workload::Workload> bad =
+      BuildWorkload(Flags({"--workload=lmcache", "--tokenizer_dir=" + tiny}), 0, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("--tokenizer_dir '" + tiny));
+  if (!std::filesystem::exists(qwen + "/tokenizer.json")) {
+    GTEST_SKIP() << "Qwen3's tokenizer is not fetched (scripts/fetch-tokenizers.sh)";
+  }
+  EXPECT_EQ(TokenizerDirFor(lmcache, qwen), qwen);
+  EXPECT_THAT(DescribeWorkload(lmcache, 0, qwen),
+              HasSubstr("text through the tokenizer of " + qwen));
+  const std::string traces =
+      std::string(VAMP_SOURCE_DIR) + "/../shared/traces/lmcache-agent-trace/miniswe";
+  Config two = Flags({"--workload=lmcache", "--sessions=2", "--trace_dir=" + traces});
+  absl::StatusOr<workload::Workload> by_chars = BuildWorkload(two, 0, 0);
+  absl::StatusOr<workload::Workload> by_qwen = BuildWorkload(two, 0, 0, 0, qwen);
+  if (!by_chars.ok())
+    GTEST_SKIP() << "shared/traces not beside the checkout: " << by_chars.status();
+  ASSERT_TRUE(by_qwen.ok()) << by_qwen.status();
+  ASSERT_EQ(by_qwen->sessions.size(), 2u);
+  EXPECT_NE(by_qwen->sessions[0].turns[0].new_tokens, by_chars->sessions[0].turns[0].new_tokens);
+  EXPECT_FALSE(by_qwen->sessions[0].turns[0].new_tokens.empty());
 }
 
 }  // namespace
