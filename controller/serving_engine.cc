@@ -22,8 +22,12 @@ struct EngineMetrics {
   prometheus::Gauge& kv_blocks;
   prometheus::Gauge& offload_ratio;
   prometheus::Gauge& offloaded_groups;
+  // First admissions only (scheduler_stats.h, as vLLM): a resumed request's own blocks are not
+  // reuse. Resumed admissions are counted apart.
   prometheus::Counter& query_tokens;
   prometheus::Counter& hit_tokens;
+  prometheus::Counter& resumed_query_tokens;
+  prometheus::Counter& resumed_hit_tokens;
   prometheus::Counter& preemptions;
   prometheus::Counter& steps;
   prometheus::Family<prometheus::Counter>& decisions;
@@ -66,8 +70,14 @@ struct EngineMetrics {
           gauge("vamp_kv_pool_blocks", "KV blocks in the pool (grows with offload)"),
           gauge("vamp_kv_offload_ratio", "Offloaded groups over the cap's groups, 0..1"),
           gauge("vamp_experts_offloaded_groups", "Expert groups offloaded per eligible layer"),
-          counter("vamp_prefix_cache_query_tokens_total", "Prompt tokens looked up in the cache"),
-          counter("vamp_prefix_cache_hit_tokens_total", "Prompt tokens served by the cache"),
+          counter("vamp_prefix_cache_query_tokens_total",
+                  "Prompt tokens looked up in the cache at first admissions"),
+          counter("vamp_prefix_cache_hit_tokens_total",
+                  "Prompt tokens the cache served at first admissions"),
+          counter("vamp_prefix_cache_resumed_query_tokens_total",
+                  "Tokens looked up in the cache when preempted requests resumed"),
+          counter("vamp_prefix_cache_resumed_hit_tokens_total",
+                  "Tokens the cache served when preempted requests resumed"),
           counter("vamp_scheduler_preemptions_total", "Requests preempted (recomputed later)"),
           counter("vamp_scheduler_steps_total", "Model steps run"),
           prometheus::BuildCounter()
@@ -611,8 +621,10 @@ void ServingEngine::PublishSnapshot() {
     const double delta = static_cast<double>(total) - counter.Value();
     if (delta > 0) counter.Increment(delta);
   };
-  follow(metrics.query_tokens, c.prefix_cache.query_tokens + c.prefix_cache.preempted_query_tokens);
-  follow(metrics.hit_tokens, c.prefix_cache.hit_tokens + c.prefix_cache.preempted_hit_tokens);
+  follow(metrics.query_tokens, c.prefix_cache.query_tokens);
+  follow(metrics.hit_tokens, c.prefix_cache.hit_tokens);
+  follow(metrics.resumed_query_tokens, c.prefix_cache.preempted_query_tokens);
+  follow(metrics.resumed_hit_tokens, c.prefix_cache.preempted_hit_tokens);
   follow(metrics.preemptions, c.num_preemptions);
 
   vamp::v1::GetStatusResponse s;
