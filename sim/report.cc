@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/chart/svg_chart.h"
+#include "bench/stats/run_stats.h"
 
 namespace vamp::sim {
 
@@ -127,6 +128,105 @@ std::string PhaseTable(const std::vector<RunRecord>& runs, bool with_concurrency
   return s;
 }
 
+std::vector<bench::RequestRecord> RequestRecords(const SimResult& r) {
+  std::vector<bench::RequestRecord> records;
+  records.reserve(r.turn_records.size());
+  for (const TurnRecord& t : r.turn_records) {
+    bench::RequestRecord q;
+    q.session = static_cast<int32_t>(t.session);
+    q.turn = static_cast<int32_t>(t.turn);
+    q.issue_s = t.arrival_s;
+    q.first_token_s = t.arrival_s + t.ttft_s;
+    q.finish_s = t.finish_s;
+    q.output_tokens = t.output_tokens;
+    q.ok = true;
+    records.push_back(q);
+  }
+  return records;
+}
+
+namespace {
+
+// Q(T, P) over the paper's measurement window, as vamp-bench reports it for measured runs
+// (bench/stats): the cells each policy wins at every concurrency, and the whole grid where the
+// report focuses (the largest concurrency, or the single workload).
+std::string QualifiedThroughputSection(const ReportSpec& spec, bool sweep) {
+  // The grid's limits pool every completed turn of every run, as vamp-bench's report does.
+  std::vector<double> ttfts, tpots;
+  std::vector<std::vector<bench::RequestRecord>> records;
+  for (const RunRecord& run : spec.runs) {
+    records.push_back(RequestRecords(run.result));
+    for (const bench::RequestRecord& q : records.back()) {
+      ttfts.push_back(q.Ttft());
+      if (q.output_tokens >= 2) tpots.push_back(q.Tpot());
+    }
+  }
+  if (ttfts.empty()) return "";
+  const std::vector<double> ttft_limits = bench::AutoLimits(ttfts);
+  const std::vector<double> tpot_limits = bench::AutoLimits(tpots);
+  std::vector<bench::QGrid> grids;
+  for (size_t i = 0; i < spec.runs.size(); ++i) {
+    const bench::Window window = bench::MeasurementWindow(
+        records[i], spec.runs[i].result.turns_per_session, bench::WindowRule{});
+    grids.push_back(bench::QualifiedThroughput(records[i], window, ttft_limits, tpot_limits));
+  }
+  auto grid_of = [&](const std::string& policy, int32_t c) -> const bench::QGrid* {
+    for (size_t i = 0; i < spec.runs.size(); ++i) {
+      if (spec.runs[i].result.policy == policy && spec.runs[i].concurrency == c) return &grids[i];
+    }
+    return nullptr;
+  };
+  auto list = [](const std::vector<double>& v, double scale) {
+    return absl::StrJoin(v, ", ", [scale](std::string* o, double x) {
+      absl::StrAppend(o, absl::StrFormat("%.4g", x * scale));
+    });
+  };
+  std::string md = absl::StrCat(
+      "## SLO-qualified throughput Q(T, P)\n\nQ(T, P) = turns completing inside the paper's "
+      "measurement window (it ends when the first session completes after all have started) "
+      "with TTFT ≤ T and TPOT ≤ P, per second of window (§VI-E), by the statistics vamp-bench "
+      "applies to measured runs (bench/stats). T: ",
+      list(ttft_limits, 1), " s; P: ", list(tpot_limits, 1e3),
+      " ms (percentiles 25/50/75/90/99 of all runs' values).\n\nCells won (highest Q, ties "
+      "shared) out of ",
+      ttft_limits.size() * tpot_limits.size(), ":\n\n| ", sweep ? "c" : "workload", " |");
+  for (const std::string& p : spec.policies) absl::StrAppend(&md, " ", p, " |");
+  absl::StrAppend(&md, "\n|---:|");
+  for (size_t k = 0; k < spec.policies.size(); ++k) absl::StrAppend(&md, "---:|");
+  absl::StrAppend(&md, "\n");
+  const std::vector<int32_t> points = sweep ? spec.concurrencies : std::vector<int32_t>{0};
+  for (int32_t c : points) {
+    std::vector<const bench::QGrid*> at;
+    for (const std::string& p : spec.policies) at.push_back(grid_of(p, c));
+    absl::StrAppend(&md, "| ", sweep ? absl::StrCat(c) : std::string("–"), " |");
+    for (int w : bench::CellsWon(at)) absl::StrAppend(&md, " ", w, " |");
+    absl::StrAppend(&md, "\n");
+  }
+  const int32_t focus = points.back();
+  absl::StrAppend(&md, "\nQ(T, P) in turns/s", sweep ? absl::StrCat(" at c = ", focus) : "",
+                  " (rows T, columns P; each cell lists ", absl::StrJoin(spec.policies, " / "),
+                  "):\n\n| T \\ P |");
+  for (double p : tpot_limits) absl::StrAppend(&md, absl::StrFormat(" %.4g ms |", p * 1e3));
+  absl::StrAppend(&md, "\n|---:|");
+  for (size_t j = 0; j < tpot_limits.size(); ++j) absl::StrAppend(&md, "---|");
+  absl::StrAppend(&md, "\n");
+  for (size_t i = 0; i < ttft_limits.size(); ++i) {
+    absl::StrAppend(&md, absl::StrFormat("| %.4g s |", ttft_limits[i]));
+    for (size_t j = 0; j < tpot_limits.size(); ++j) {
+      std::vector<std::string> cell;
+      for (const std::string& p : spec.policies) {
+        const bench::QGrid* g = grid_of(p, focus);
+        cell.push_back(g ? absl::StrFormat("%.3g", g->q_per_s[i][j]) : "–");
+      }
+      absl::StrAppend(&md, " ", absl::StrJoin(cell, " / "), " |");
+    }
+    absl::StrAppend(&md, "\n");
+  }
+  return absl::StrCat(md, "\n");
+}
+
+}  // namespace
+
 RenderedReport RenderReport(const ReportSpec& spec) {
   RenderedReport out;
   std::string& md = out.markdown;
@@ -198,6 +298,7 @@ RenderedReport RenderReport(const ReportSpec& spec) {
   }
 
   absl::StrAppend(&md, "## All runs\n\n", ResultsTable(spec.runs, sweep), "\n");
+  absl::StrAppend(&md, QualifiedThroughputSection(spec, sweep));
   if (spec.phase_split_s > 0) {
     absl::StrAppendFormat(&md, "## Late phase: turns arriving at or after %.0f s\n\n",
                           spec.phase_split_s);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench/chart/paper_reference.h"
+#include "bench/stats/run_stats.h"
 #include "sim/simulator.h"
 
 namespace vamp::sim {
@@ -45,6 +46,10 @@ struct RenderedReport {
 };
 
 RenderedReport RenderReport(const ReportSpec& spec);
+
+// The completed turns of a run as vamp-bench records requests (bench/stats), so that simulated
+// and measured runs are summarised by the same rules (the paper's window, Q(T, P)).
+std::vector<bench::RequestRecord> RequestRecords(const SimResult& result);
 
 // One row per run (markdown), for the report and for stdout.
 std::string ResultsTable(const std::vector<RunRecord>& runs, bool with_concurrency);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/stats/run_stats.h"
 #include "bench/workload/token_synth.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
@@ -66,12 +67,7 @@ absl::StatusOr<PolicySpec> ParsePolicy(absl::string_view label, const VampArbite
 }
 
 double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double rank = std::clamp(p, 0.0, 100.0) / 100.0 * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(rank));
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (rank - static_cast<double>(lo)) * (v[hi] - v[lo]);
+  return v.empty() ? 0 : bench::Percentile(std::move(v), p);
 }
 
 double Median(std::vector<double> v) { return Percentile(std::move(v), 50); }
@@ -172,6 +168,9 @@ class Simulation {
 absl::Status Simulation::Setup() {
   result_.policy = policy_.label;
   result_.workload = workload_.name;
+  for (const workload::Session& session : workload_.sessions) {
+    result_.turns_per_session.push_back(static_cast<int32_t>(session.turns.size()));
+  }
   result_.turns_total = workload_.NumTurns();
   vocab_ = std::max(2, workload_.vocab_size);
   OffloadOptions offload = options_.offload;
@@ -263,6 +262,7 @@ void Simulation::Finished(RequestId id, const Live& live, int64_t now) {
   record.arrival_s = live.arrival_micros * 1e-6;
   record.ttft_s = (live.first_token_micros - live.arrival_micros) * 1e-6;
   record.finish_s = now * 1e-6;
+  record.output_tokens = outputs;
   if (!(options_.exclude_first_turn && k == 0)) result_.ttft_s.push_back(record.ttft_s);
   if (outputs >= 2) {
     record.tpot_ms = (now - live.first_token_micros) * 1e-3 / (outputs - 1);

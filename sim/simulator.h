@@ -83,12 +83,14 @@ struct TurnRecord {
   double ttft_s = 0;
   double tpot_ms = -1;  // -1 with fewer than two outputs
   double finish_s = 0;
+  int32_t output_tokens = 0;
 };
 
 struct SimResult {
   std::string policy;
   std::string workload;
   std::vector<TurnRecord> turn_records;  // in completion order
+  std::vector<int32_t> turns_per_session;  // the workload's, for the measurement window
 
   // Latency, seconds / milliseconds.
   std::vector<double> ttft_s;   // turns counted (see exclude_first_turn), in completion order

@@ -1,4 +1,4 @@
-#include "bench/vamp_bench/stats.h"
+#include "bench/stats/run_stats.h"
 
 #include <algorithm>
 #include <cmath>
@@ -105,6 +105,46 @@ QGrid QualifiedThroughput(const std::vector<RequestRecord>& records, const Windo
     }
   }
   return g;
+}
+
+std::vector<int> CellsWon(const std::vector<const QGrid*>& grids) {
+  std::vector<int> wins(grids.size(), 0);
+  const QGrid* shape = nullptr;
+  for (const QGrid* g : grids) shape = shape != nullptr ? shape : g;
+  if (shape == nullptr) return wins;
+  for (size_t i = 0; i < shape->ttft_limits_s.size(); ++i) {
+    for (size_t j = 0; j < shape->tpot_limits_s.size(); ++j) {
+      double best = 0;
+      for (const QGrid* g : grids) {
+        if (g != nullptr) best = std::max(best, g->q_per_s[i][j]);
+      }
+      if (!(best > 0)) continue;
+      for (size_t k = 0; k < grids.size(); ++k) {
+        if (grids[k] != nullptr && grids[k]->q_per_s[i][j] >= best - 1e-12) ++wins[k];
+      }
+    }
+  }
+  return wins;
+}
+
+namespace {
+
+double RoundTo2(double v) {
+  if (!(v > 0) || !std::isfinite(v)) return v;
+  const double mag = std::pow(10, std::floor(std::log10(v)) - 1);
+  return std::round(v / mag) * mag;
+}
+
+}  // namespace
+
+std::vector<double> AutoLimits(std::vector<double> values) {
+  std::vector<double> out;
+  for (double p : {25.0, 50.0, 75.0, 90.0, 99.0}) {
+    const double v = RoundTo2(Percentile(values, p));
+    if (std::isfinite(v) && v > 0 && (out.empty() || v > out.back())) out.push_back(v);
+  }
+  if (out.empty()) out = {1.0};
+  return out;
 }
 
 RunStats ComputeRunStats(const std::vector<RequestRecord>& records,

@@ -1,8 +1,9 @@
-// Client-side statistics of a vamp-bench run: one record per request, the paper's measurement
-// window (§VI-A), latency distributions and the SLO-qualified throughput Q(T, P) (§VI-E).
+// Statistics of a run, measured by vamp-bench's client or simulated by vamp-sim: one record per
+// request, the paper's measurement window (§VI-A), latency distributions and the SLO-qualified
+// throughput Q(T, P) (§VI-E).
 // Pure functions over recorded data; times are seconds from the start of the run.
-#ifndef VAMP_BENCH_VAMP_BENCH_STATS_H_
-#define VAMP_BENCH_VAMP_BENCH_STATS_H_
+#ifndef VAMP_BENCH_STATS_RUN_STATS_H_
+#define VAMP_BENCH_STATS_RUN_STATS_H_
 
 #include <cstdint>
 #include <string>
@@ -81,6 +82,15 @@ QGrid QualifiedThroughput(const std::vector<RequestRecord>& records, const Windo
                           const std::vector<double>& ttft_limits_s,
                           const std::vector<double>& tpot_limits_s);
 
+// For grids over the same limits (one per configuration; null = not measured): in how many
+// cells each has the highest Q, ties shared; a cell where nobody qualified counts for nobody.
+std::vector<int> CellsWon(const std::vector<const QGrid*>& grids);
+
+// A 5-limit axis for Q(T, P) when none is given: the 25th, 50th, 75th, 90th and 99th
+// percentiles of `values` pooled over every run (so the grid spans what was measured, and is
+// the same for every configuration of a report), rounded to two significant digits.
+std::vector<double> AutoLimits(std::vector<double> values);
+
 // What a run's report shows, over the measurement window.
 struct RunStats {
   Window window;
@@ -104,4 +114,4 @@ RunStats ComputeRunStats(const std::vector<RequestRecord>& records,
 
 }  // namespace vamp::bench
 
-#endif  // VAMP_BENCH_VAMP_BENCH_STATS_H_
+#endif  // VAMP_BENCH_STATS_RUN_STATS_H_

@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/vamp_bench/http_client.h"
-#include "bench/vamp_bench/stats.h"
+#include "bench/stats/run_stats.h"
 #include "bench/vamp_bench/stream_transport.h"
 #include "bench/workload/workload.h"
 

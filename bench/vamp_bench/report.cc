@@ -25,12 +25,6 @@ std::string Fmt(double v, const char* format = "%.3g") {
   return std::isfinite(v) ? absl::StrFormat(format, v) : std::string("–");
 }
 
-double RoundTo2(double v) {
-  if (!(v > 0) || !std::isfinite(v)) return v;
-  const double mag = std::pow(10, std::floor(std::log10(v)) - 1);
-  return std::round(v / mag) * mag;
-}
-
 double MeanOf(const std::vector<double>& v) {
   double sum = 0;
   int n = 0;
@@ -174,16 +168,6 @@ ServerStats ComputeServerStats(const std::vector<MetricsSample>& samples, const 
     }
   }
   return s;
-}
-
-std::vector<double> AutoLimits(std::vector<double> values) {
-  std::vector<double> out;
-  for (double p : {25.0, 50.0, 75.0, 90.0, 99.0}) {
-    const double v = RoundTo2(Percentile(values, p));
-    if (std::isfinite(v) && v > 0 && (out.empty() || v > out.back())) out.push_back(v);
-  }
-  if (out.empty()) out = {1.0};
-  return out;
 }
 
 namespace {
@@ -493,22 +477,21 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
   for (size_t k = 0; k < configs.size(); ++k) absl::StrAppend(&md, "---:|");
   absl::StrAppend(&md, "\n");
   for (int32_t n : sessions) {
-    std::vector<int> wins(configs.size(), 0);
-    for (size_t i = 0; i < ttft_limits.size(); ++i) {
-      for (size_t j = 0; j < tpot_limits.size(); ++j) {
-        std::vector<double> q(configs.size(), -1);
-        double best = -1;
-        for (size_t k = 0; k < configs.size(); ++k) {
-          Point p = point(configs[k], n);
-          if (p.runs.empty()) continue;
-          q[k] = mean_q(p, i, j);
-          best = std::max(best, q[k]);
-        }
-        for (size_t k = 0; k < configs.size(); ++k) {
-          if (best > 0 && q[k] >= best - 1e-12) ++wins[k];
-        }
+    // Each configuration's grid at this point: Q averaged over its runs.
+    std::vector<QGrid> means(configs.size());
+    std::vector<const QGrid*> measured(configs.size(), nullptr);
+    for (size_t k = 0; k < configs.size(); ++k) {
+      Point p = point(configs[k], n);
+      if (p.runs.empty()) continue;
+      means[k].ttft_limits_s = ttft_limits;
+      means[k].tpot_limits_s = tpot_limits;
+      means[k].q_per_s.assign(ttft_limits.size(), std::vector<double>(tpot_limits.size()));
+      for (size_t i = 0; i < ttft_limits.size(); ++i) {
+        for (size_t j = 0; j < tpot_limits.size(); ++j) means[k].q_per_s[i][j] = mean_q(p, i, j);
       }
+      measured[k] = &means[k];
     }
+    const std::vector<int> wins = CellsWon(measured);
     absl::StrAppend(&md, "| ", n, " |");
     for (int w : wins) absl::StrAppend(&md, " ", w, " |");
     absl::StrAppend(&md, "\n");

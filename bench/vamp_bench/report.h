@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "bench/vamp_bench/metrics_sampler.h"
-#include "bench/vamp_bench/stats.h"
+#include "bench/stats/run_stats.h"
 
 namespace vamp::bench {
 
@@ -73,11 +73,6 @@ struct RenderedReport {
   std::string json;
   std::vector<std::pair<std::string, std::string>> svgs;  // (file name, contents)
 };
-
-// A 5-limit axis for Q(T, P) when none is given: the 25th, 50th, 75th, 90th and 99th
-// percentiles of `values` pooled over every run (so the grid spans what was measured, and is
-// the same for every configuration of a report), rounded to two significant digits.
-std::vector<double> AutoLimits(std::vector<double> values);
 
 RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>& runs);
 

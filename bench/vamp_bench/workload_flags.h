@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "bench/vamp_bench/stats.h"
+#include "bench/stats/run_stats.h"
 #include "bench/workload/workload.h"
 #include "common/config.h"
 

@@ -1,9 +1,10 @@
 // vamp-bench's statistics against hand-computed values: percentiles, TPOT, the paper's
 // measurement window (warm-up, end before drain, first turns left out) and Q(T, P).
-#include "bench/vamp_bench/stats.h"
+#include "bench/stats/run_stats.h"
 
 #include <cmath>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace vamp::bench {
@@ -121,6 +122,27 @@ TEST(QGridTest, CountsQualifiedCompletionsPerSecondOfWindow) {
   // An empty window gives zeros, not a division by zero.
   g = QualifiedThroughput(r, Window{1, 1}, {1}, {1});
   EXPECT_EQ(g.q_per_s[0][0], 0);
+}
+
+TEST(QGridTest, CellsWonShareTiesAndSkipEmptyCells) {
+  QGrid a{{1, 2}, {1}, {{0.5}, {1.0}}}, b{{1, 2}, {1}, {{0.5}, {0.8}}}, none{{1, 2}, {1}, {{0}, {0}}};
+  // Row 0: a and b tie; row 1: a wins.
+  EXPECT_EQ(CellsWon({&a, &b}), (std::vector<int>{2, 1}));
+  // A configuration not measured at this point wins nothing; a cell nobody met counts for nobody.
+  EXPECT_EQ(CellsWon({nullptr, &b}), (std::vector<int>{0, 2}));
+  EXPECT_EQ(CellsWon({&none, &none}), (std::vector<int>{0, 0}));
+  EXPECT_EQ(CellsWon({nullptr}), (std::vector<int>{0}));
+}
+
+TEST(AutoLimitsTest, PooledPercentilesRoundedToTwoDigitsAndIncreasing) {
+  std::vector<double> v;
+  for (int i = 1; i <= 101; ++i) v.push_back(i * 0.0123);
+  // Closest ranks 25, 50, 75, 90, 99: 0.3198, 0.6273, 0.9348, 1.1193, 1.23, each to two digits.
+  EXPECT_THAT(AutoLimits(v), ::testing::Pointwise(::testing::DoubleNear(1e-12),
+                                                  std::vector<double>{0.32, 0.63, 0.93, 1.1, 1.2}));
+  // Repeats collapse (the grid never has two equal limits); nothing measured gives one limit.
+  EXPECT_EQ(AutoLimits({2.0, 2.0, 2.0}), (std::vector<double>{2.0}));
+  EXPECT_EQ(AutoLimits({}), (std::vector<double>{1.0}));
 }
 
 }  // namespace
