@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "controller/controller_config.h"
-#include "controller/controller_server.h"
+#include "controller/server/controller_config.h"
+#include "controller/server/controller_server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
