@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/secret.h"
+#include "controller/frontend/openai_api.h"
 #include "controller/server/openai_response.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"
@@ -160,7 +161,7 @@ class Handler {
                                       error.empty() ? "" : absl::StrCat(". Last error: ", error))));
     }
     const std::string body = exchange->TakeBody();
-    absl::StatusOr<ServingRequest> parsed =
+    absl::StatusOr<OpenAiRequest> parsed =
         chat ? ParseChatCompletionRequest(body, ctx->model, *ctx->tokenizer, options_.limits)
              : ParseCompletionRequest(body, ctx->model, *ctx->tokenizer, options_.limits);
     if (!parsed.ok()) return SendError(*exchange, parsed.status());
@@ -203,10 +204,11 @@ class Handler {
     };
     const std::optional<uint64_t> seed = parsed->sampling.seed;
     for (int i = 0; i < n; ++i) {
-      ServingRequest copy = *parsed;
-      if (seed.has_value()) copy.sampling.seed = *seed + static_cast<uint64_t>(i);
+      ServingRequest choice{parsed->prompt_token_ids, parsed->sampling, parsed->cache_salt,
+                            parsed->priority};
+      if (seed.has_value()) choice.sampling.seed = *seed + static_cast<uint64_t>(i);
       absl::StatusOr<RequestId> id = ctx->engine->Submit(
-          std::move(copy), [exchange, pending, drain, i](const EngineEvent& e) {
+          std::move(choice), [exchange, pending, drain, i](const EngineEvent& e) {
             if (pending->Push(i, e)) exchange->Post(drain);
           });
       if (!id.ok()) {

@@ -32,7 +32,7 @@ class OpenAiResponseWriter {
  public:
   // `context` must outlive the writer (the front end holds it for the request's lifetime).
   // `created` is the request's arrival in Unix seconds; `request_id` the engine's id of choice 0.
-  // `options` come from the parsed request (ServingRequest::response); options.n choices.
+  // `options` come from the parsed request (OpenAiRequest::response); options.n choices.
   OpenAiResponseWriter(std::shared_ptr<const ServingContext> context,
                        const ResponseOptions& options, RequestId request_id, int64_t created);
   // Without the request's options: one choice, no tool-call parsing; reasoning parsed when the

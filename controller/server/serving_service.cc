@@ -143,7 +143,6 @@ absl::StatusOr<ServingRequest> FromGenerateRequest(const vamp::v1::GenerateReque
                                             "' is not served here (available: '", model.id, "')"));
   }
   ServingRequest out;
-  out.model = model.id;
   if (request.prompt_token_ids().empty()) return FieldError("prompt_token_ids", "must not be empty");
   for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
     const int32_t t = request.prompt_token_ids(i);

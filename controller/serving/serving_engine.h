@@ -29,9 +29,9 @@
 #include "common/clock.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/scheduler.h"
-#include "controller/frontend/openai_api.h"
 #include "controller/serving/agent_group.h"
 #include "controller/serving/remote_expander.h"
+#include "controller/serving/serving_request.h"
 #include "vamp/v1/admin.pb.h"
 
 namespace vamp {
