@@ -6,12 +6,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/runner/comm/tcp_communicator.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
-#include "common/secret.h"
 #include "common/version.h"
 #include "engine/memory/memory_backend.h"
+#include "engine/runner/comm/tcp_communicator.h"
 
 namespace vamp {
 namespace {
@@ -28,18 +28,9 @@ AgentGrpcService::AgentGrpcService(AgentEngine* engine, std::string auth_token)
     : engine_(engine), auth_token_(std::move(auth_token)) {}
 
 grpc::Status AgentGrpcService::Authenticate(const grpc::ServerContext* context) const {
-  if (auth_token_.empty()) return grpc::Status::OK;
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing 'authorization: Bearer <token>' metadata");
-  }
-  const absl::string_view value(it->second.data(), it->second.size());
-  if (!BearerMatches(value, auth_token_)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid auth token");
-  }
-  return grpc::Status::OK;
+  if (auth_token_.empty() || CallPresentsBearer(*context, auth_token_)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "missing or invalid auth token (metadata 'authorization: Bearer <token>')");
 }
 
 grpc::Status AgentGrpcService::Init(grpc::ServerContext* context,

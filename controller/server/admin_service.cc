@@ -4,16 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_server.h"
-#include "common/secret.h"
 
 namespace vamp {
 bool AdminService::Authorized(grpc::CallbackServerContext* context,
                               grpc::ServerUnaryReactor* reactor) const {
-  if (backend_.auth_token.empty()) return true;
-  auto it = context->client_metadata().find("authorization");
-  if (it != context->client_metadata().end() &&
-      BearerMatches(absl::string_view(it->second.data(), it->second.size()), backend_.auth_token)) {
+  if (backend_.auth_token.empty() || CallPresentsBearer(*context, backend_.auth_token)) {
     return true;
   }
   reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,

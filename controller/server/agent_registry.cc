@@ -3,6 +3,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_auth.h"
 #include "common/logging.h"
 #include "common/secret.h"
 
@@ -27,11 +28,8 @@ grpc::ServerUnaryReactor* AgentRegistry::Register(grpc::CallbackServerContext* c
     return reactor;
   };
   if (!auth_token_.empty()) {
-    auto it = context->client_metadata().find("authorization");
-    const bool ok =
-        it != context->client_metadata().end() &&
-        BearerMatches(absl::string_view(it->second.data(), it->second.size()), auth_token_);
-    if (!ok && !SecretEquals(request->auth_token(), auth_token_)) {
+    if (!CallPresentsBearer(*context, auth_token_) &&
+        !SecretEquals(request->auth_token(), auth_token_)) {
       VAMP_LOG(WARNING) << "rejected an agent registration from " << context->peer()
                         << ": wrong or missing token";
       return finish(grpc::StatusCode::UNAUTHENTICATED, "agent registration needs the shared token");

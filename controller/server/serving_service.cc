@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_server.h"
-#include "common/secret.h"
 
 namespace vamp {
 namespace {
@@ -191,10 +191,7 @@ absl::StatusOr<ServingRequest> FromGenerateRequest(const vamp::v1::GenerateReque
 }
 
 bool ServingService::Authorized(const grpc::CallbackServerContext* context) const {
-  if (api_keys_.empty()) return true;
-  auto it = context->client_metadata().find("authorization");
-  return it != context->client_metadata().end() &&
-         BearerMatchesAny(absl::string_view(it->second.data(), it->second.size()), api_keys_);
+  return api_keys_.empty() || CallPresentsBearerOfAny(*context, api_keys_);
 }
 
 grpc::ServerWriteReactor<vamp::v1::GenerateResponse>* ServingService::Generate(

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "controller/serving/agent_reports.h"
@@ -115,9 +116,7 @@ void AgentGroup::PrepareContext(grpc::ClientContext* context, int64_t timeout_ms
   if (timeout_ms > 0) {
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   }
-  if (!options_.auth_token.empty()) {
-    context->AddMetadata("authorization", "Bearer " + options_.auth_token);
-  }
+  AddBearerMetadata(context, options_.auth_token);
 }
 
 void AgentGroup::Watchdog() {
