@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "nlohmann/json.hpp"
 
 namespace vamp {
@@ -363,6 +365,35 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ConfigSchema& schema, int arg
     absl::Status s = out.config.SetFromString(name, argv[++i]);
     if (!s.ok()) return s;
   }
+  return out;
+}
+
+Invocation ParseInvocation(const ConfigSchema& schema, absl::string_view program,
+                           absl::string_view summary, int argc, const char* const* argv,
+                           bool allow_positional) {
+  Invocation out;
+  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
+  if (!cli.ok()) {
+    std::fprintf(stderr, "%s: %s\n", std::string(program).c_str(),
+                 std::string(cli.status().message()).c_str());
+    out.exit_code = 2;
+    return out;
+  }
+  if (cli->version_requested) {
+    std::printf("%s %s\n", std::string(program).c_str(), kVersion);
+    return out;
+  }
+  if (cli->help_requested) {
+    std::fputs(schema.HelpText(program, summary).c_str(), stdout);
+    return out;
+  }
+  if (!allow_positional && !cli->positional.empty()) {
+    std::fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n",
+                 std::string(program).c_str(), cli->positional[0].c_str());
+    out.exit_code = 2;
+    return out;
+  }
+  out.command_line = *std::move(cli);
   return out;
 }
 

@@ -8,13 +8,14 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace vamp {
 
@@ -101,6 +102,24 @@ struct CommandLine {
 // `--` ending flags. On error nothing is applied partially that the caller could see.
 absl::StatusOr<CommandLine> ParseCommandLine(const ConfigSchema& schema, int argc,
                                              const char* const* argv);
+
+// What a binary's command line asks of it: run with `command_line`, or return `exit_code` now.
+struct Invocation {
+  std::optional<CommandLine> command_line;  // empty: exit at once
+  int exit_code = 0;
+};
+
+// The start of every VAMP binary's main, the same for all: parses argv against `schema`; --help
+// prints schema.HelpText(program, summary) and --version "<program> <kVersion>" to stdout (exit
+// code 0); a bad flag, or a positional argument unless `allow_positional`, prints
+// "<program>: <error>" to stderr (exit code 2).
+// `schema` must outlive the result: its Config refers to it.
+Invocation ParseInvocation(const ConfigSchema& schema, absl::string_view program,
+                           absl::string_view summary, int argc, const char* const* argv,
+                           bool allow_positional = false);
+Invocation ParseInvocation(ConfigSchema&& schema, absl::string_view program,
+                           absl::string_view summary, int argc, const char* const* argv,
+                           bool allow_positional = false) = delete;
 
 }  // namespace vamp
 

@@ -44,7 +44,6 @@
 #include "absl/time/clock.h"
 #include "bench/vamp_bench/protocol.h"
 #include "common/config.h"
-#include "common/version.h"
 
 namespace vamp {
 namespace {
@@ -338,22 +337,13 @@ Result RunOne(const std::string& binary, const CommandLine& cli) {
 }
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(Schema(), argc, argv);
-  if (!cli.ok()) {
-    std::cerr << "vamp_bench_http_concurrency: " << cli.status().message() << "\n";
-    return 2;
-  }
-  if (cli->version_requested) {
-    std::cout << "vamp_bench_http_concurrency " << kVersion << "\n";
-    return 0;
-  }
-  if (cli->help_requested) {
-    std::cout << Schema().HelpText("vamp_bench_http_concurrency",
-                                   "Holds thousands of streaming clients against vamp-controller "
-                                   "(CPU agent, tiny model) and reports what reached the "
-                                   "scheduler, /health latency and memory per idle connection.");
-    return 0;
-  }
+  const Invocation invocation = ParseInvocation(
+      Schema(), "vamp_bench_http_concurrency",
+      "Holds thousands of streaming clients against vamp-controller (CPU agent, tiny model) and "
+      "reports what reached the scheduler, /health latency and memory per idle connection.",
+      argc, argv);
+  if (!invocation.command_line) return invocation.exit_code;
+  const CommandLine* cli = &*invocation.command_line;
   std::vector<std::string> binaries;
   if (cli->config.GetString("controller").empty()) {
     std::cerr << "vamp_bench_http_concurrency: --controller is required (see --help)\n";

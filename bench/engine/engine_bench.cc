@@ -198,14 +198,7 @@ absl::StatusOr<Result> Decode(Engine& e, int64_t batch, int64_t context, int64_t
   return r;
 }
 
-absl::Status Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  VAMP_ASSIGN_OR_RETURN(CommandLine cli, ParseCommandLine(schema, argc, argv));
-  if (cli.help_requested) {
-    std::printf("%s", schema.HelpText("vamp_bench_engine", "CPU engine tokens/s.").c_str());
-    return absl::OkStatus();
-  }
-  const Config& flags = cli.config;
+absl::Status Run(const Config& flags) {
   std::string model_dir = flags.GetString("model");
   if (model_dir.empty()) {
     const char* src = std::getenv("VAMP_SOURCE_DIR");
@@ -276,7 +269,11 @@ absl::Status Main(int argc, char** argv) {
 }  // namespace vamp
 
 int main(int argc, char** argv) {
-  const absl::Status s = vamp::Main(argc, argv);
+  const vamp::ConfigSchema schema = vamp::Schema();
+  const vamp::Invocation invocation =
+      vamp::ParseInvocation(schema, "vamp_bench_engine", "CPU engine tokens/s.", argc, argv);
+  if (!invocation.command_line) return invocation.exit_code;
+  const absl::Status s = vamp::Run(invocation.command_line->config);
   if (!s.ok()) {
     std::fprintf(stderr, "vamp_bench_engine: %s\n", std::string(s.message()).c_str());
     return 1;

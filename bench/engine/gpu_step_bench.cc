@@ -60,23 +60,12 @@
 namespace vamp::gpu_step_bench {
 namespace {
 
-absl::Status Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  VAMP_ASSIGN_OR_RETURN(CommandLine cli, ParseCommandLine(schema, argc, argv));
-  if (cli.help_requested) {
-    std::printf("%s", schema
-                          .HelpText("vamp_gpu_step_bench",
-                                    "Step time of the bf16 GPU engine (dummy weights) against the "
-                                    "HBM decode floor and the expert-staging floor, per offload "
-                                    "ratio (issue 7 benchmarks).")
-                          .c_str());
-    return absl::OkStatus();
-  }
-  if (!cli.positional.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument '", cli.positional.front(), "' (see --help)"));
-  }
-  VAMP_ASSIGN_OR_RETURN(const Flags f, ReadFlags(cli.config));
+constexpr char kSummary[] =
+    "Step time of the bf16 GPU engine (dummy weights) against the HBM decode floor and the "
+    "expert-staging floor, per offload ratio.";
+
+absl::Status Run(const Config& flags) {
+  VAMP_ASSIGN_OR_RETURN(const Flags f, ReadFlags(flags));
   absl::StatusOr<ModelConfig> config = LoadModelConfig(f.model_dir);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
@@ -127,7 +116,11 @@ absl::Status Main(int argc, char** argv) {
 }  // namespace vamp::gpu_step_bench
 
 int main(int argc, char** argv) {
-  const absl::Status s = vamp::gpu_step_bench::Main(argc, argv);
+  const vamp::ConfigSchema schema = vamp::gpu_step_bench::Schema();
+  const vamp::Invocation invocation = vamp::ParseInvocation(
+      schema, "vamp_gpu_step_bench", vamp::gpu_step_bench::kSummary, argc, argv);
+  if (!invocation.command_line) return invocation.exit_code;
+  const absl::Status s = vamp::gpu_step_bench::Run(invocation.command_line->config);
   if (!s.ok()) {
     std::fprintf(stderr, "vamp_gpu_step_bench: %s\n", s.ToString().c_str());
     return 1;

@@ -357,21 +357,14 @@ absl::Status RunAll(const Config& config, cudaStream_t stream) {
 
 int Main(int argc, char** argv) {
   const ConfigSchema schema = Schema();
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
-  if (!cli.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(cli.status().message()).c_str());
-    return 2;
-  }
-  if (cli->help_requested) {
-    std::printf("%s", schema
-                          .HelpText("vamp_attention_bench",
-                                    "bf16 paged attention (decode and prefill) on Qwen3-30B-A3B "
-                                    "shapes, with the device's copy bandwidth; one JSON line per "
-                                    "measurement.")
-                          .c_str());
-    return 0;
-  }
-  const Config& config = cli->config;
+  const Invocation invocation =
+      ParseInvocation(schema, "vamp_attention_bench",
+                      "bf16 paged attention (decode and prefill) on Qwen3-30B-A3B "
+                      "shapes, with the device's copy bandwidth; one JSON line per "
+                      "measurement.",
+                      argc, argv);
+  if (!invocation.command_line) return invocation.exit_code;
+  const Config& config = invocation.command_line->config;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "vamp_attention_bench: no CUDA device\n");

@@ -376,20 +376,13 @@ absl::Status RunShape(const ModelShape& m, const std::vector<int64_t>& token_cou
 
 int Main(int argc, char** argv) {
   const ConfigSchema schema = Schema();
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
-  if (!cli.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(cli.status().message()).c_str());
-    return 2;
-  }
-  if (cli->help_requested) {
-    std::printf("%s", schema
-                          .HelpText("vamp_moe_bench",
-                                    "One bf16 MoE layer with cuBLAS and device-driven grouped "
-                                    "expert GEMMs; one JSON line per measurement.")
-                          .c_str());
-    return 0;
-  }
-  const Config& config = cli->config;
+  const Invocation invocation =
+      ParseInvocation(schema, "vamp_moe_bench",
+                      "One bf16 MoE layer with cuBLAS and device-driven grouped "
+                      "expert GEMMs; one JSON line per measurement.",
+                      argc, argv);
+  if (!invocation.command_line) return invocation.exit_code;
+  const Config& config = invocation.command_line->config;
   std::vector<int64_t> token_counts;
   for (absl::string_view part : absl::StrSplit(config.GetString("tokens"), ',')) {
     int64_t t = 0;

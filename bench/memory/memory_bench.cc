@@ -257,20 +257,13 @@ std::string Report(const std::string& backend_line, int iterations,
 
 int Main(int argc, char** argv) {
   const ConfigSchema schema = Schema();
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
-  if (!cli.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(cli.status().message()).c_str());
-    return 2;
-  }
-  if (cli->help_requested) {
-    std::printf("%s", schema
-                          .HelpText("vamp_bench_memory",
-                                    "Remap latency of the memory layer (capacity query, offload, "
-                                    "restore) against the CUDA VMM per-call costs.")
-                          .c_str());
-    return 0;
-  }
-  const Config& config = cli->config;
+  const Invocation invocation =
+      ParseInvocation(schema, "vamp_bench_memory",
+                      "Remap latency of the memory layer (capacity query, offload, "
+                      "restore) against the CUDA VMM per-call costs.",
+                      argc, argv);
+  if (!invocation.command_line) return invocation.exit_code;
+  const Config& config = invocation.command_line->config;
   MemoryBackendOptions options;
   absl::StatusOr<MemoryBackendOptions::Kind> kind =
       ParseMemoryBackendKind(config.GetString("backend"));
