@@ -81,10 +81,9 @@ const ConfigSchema& AgentConfigSchema() {
               "isolated test setups; logged as a warning")
         .String("metrics_address", d.metrics_address,
                 "host:port for Prometheus /metrics; port 0 picks a free one; empty disables it")
-        .String("ready_file", "",
+        .String("ready_file", d.ready_file,
                 "when set, write {\"grpc_port\", \"metrics_port\", \"address\"} as JSON to this "
                 "file once serving (scripts and tests start the agent on port 0)")
-        .String("log_level", "info", "debug | info | warning | error")
         .Int("host_page_bytes", static_cast<int64_t>(d.host_page_bytes), 4096, int64_t{1} << 30,
              "CPU agents: page size of the host memory backend (the emulated VMM granularity; "
              "a multiple of the OS page). Experts move between the expert regions and the KV "
@@ -122,7 +121,7 @@ const ConfigSchema& AgentConfigSchema() {
                 "--tls_cert_file); empty: plaintext")
         .Int("register_timeout_ms", d.registration.rpc_timeout_ms, 10, kMaxMillis,
              "deadline of one call to the controller (Register, health)");
-    AddLogOutputConfigFields(*s);
+    AddLogConfigFields(*s);
     return s;
   }();
   return *schema;
@@ -130,6 +129,8 @@ const ConfigSchema& AgentConfigSchema() {
 
 absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config) {
   AgentOptions o;
+  o.log = LogOptionsFromConfig(config);
+  o.ready_file = config.GetString("ready_file");
   o.controller_address = config.GetString("controller");
   o.listen_address = config.GetString("listen");
   o.advertise_address = config.GetString("advertise_address");

@@ -127,15 +127,8 @@ absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Start(AgentOptions o
       o.metrics_registry != nullptr ? o.metrics_registry : std::make_shared<prometheus::Registry>();
   agent->agent_metrics_ = std::make_unique<AgentMetrics>(*agent->registry_, o.device.ToString());
   AgentEngineOptions engine_options;
+  static_cast<EngineTuning&>(engine_options) = o;
   engine_options.device = o.device;
-  engine_options.host_page_bytes = o.host_page_bytes;
-  engine_options.host_memory_bytes = o.host_memory_bytes;
-  engine_options.host_populate = o.host_populate;
-  engine_options.host_runtime_overhead_bytes = o.host_runtime_overhead_bytes;
-  engine_options.tp_connect_timeout_ms = o.tp_connect_timeout_ms;
-  engine_options.tp_io_timeout_ms = o.tp_io_timeout_ms;
-  engine_options.cuda_graphs = o.cuda_graphs;
-  engine_options.device_gemm_max_rows_per_expert = o.device_gemm_max_rows_per_expert;
   engine_options.auth_token = o.auth_token;
   agent->engine_ = std::make_unique<AgentEngine>(engine_options, agent->agent_metrics_.get());
   agent->agent_metrics_->SetMemory(agent->engine_->Memory());

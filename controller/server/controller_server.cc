@@ -98,22 +98,25 @@ absl::StatusOr<int> FreeLoopbackPort() {
 
 }  // namespace
 
-ControllerServer::ControllerServer(const Config& config)
-    : config_(config), start_micros_(SteadyClock::Get().NowMicros()) {}
+ControllerServer::ControllerServer(const ControllerOptions& options)
+    : options_(options), start_micros_(SteadyClock::Get().NowMicros()) {}
 
 absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     const Config& config, const std::string& self_path, std::function<void()> on_fatal) {
-  std::unique_ptr<ControllerServer> server(new ControllerServer(config));
+  VAMP_ASSIGN_OR_RETURN(ControllerOptions options, ControllerOptionsFromConfig(config));
+  return Start(options, self_path, std::move(on_fatal));
+}
+
+absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
+    const ControllerOptions& options, const std::string& self_path,
+    std::function<void()> on_fatal) {
+  std::unique_ptr<ControllerServer> server(new ControllerServer(options));
   ControllerServer* self = server.get();
   server->on_fatal_ = std::move(on_fatal);
   RegisterBuildMetrics();
   ServingGauge().Set(0);
   // Validate what can be validated before anything listens.
-  VAMP_ASSIGN_OR_RETURN(SchedulerConfig scheduler, SchedulerConfigFromConfig(config));
-  (void)scheduler;
-  VAMP_ASSIGN_OR_RETURN(VampArbiterConfig arbiter, VampArbiterConfigFromConfig(config));
-  (void)arbiter;
-  if (config.GetString("model_path").empty()) {
+  if (options.model_path.empty()) {
     return absl::InvalidArgumentError(
         "model_path: required (a folder with config.json, and *.safetensors unless "
         "load_format=dummy)");
@@ -122,7 +125,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   // tokenizer is unusable stops start-up here with the file and field at fault.
   {
     std::error_code ec;
-    const std::filesystem::path folder(config.GetString("model_path"));
+    const std::filesystem::path folder(options.model_path);
     if (std::filesystem::exists(folder / "tokenizer.json", ec)) {
       absl::StatusOr<std::unique_ptr<HfTokenizer>> tokenizer =
           HfTokenizer::FromModelFolder(folder.string());
@@ -139,19 +142,19 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
                      << folder.string() << ")";
     }
   }
-  const int spawn = static_cast<int>(config.GetInt("spawn_agents"));
+  const int spawn = options.spawn_agents;
   // Agents are authenticated by default: a process that registers as a rank receives every
   // prompt of that rank and answers every client, so the token is what stands between anyone
   // who can reach the gRPC port and all traffic.
-  if (!config.GetString("auth_token_file").empty()) {
-    VAMP_ASSIGN_OR_RETURN(server->agent_token_, ReadSecretFile(config.GetString("auth_token_file"),
+  if (!options.auth_token_file.empty()) {
+    VAMP_ASSIGN_OR_RETURN(server->agent_token_, ReadSecretFile(options.auth_token_file,
                                                                "config field 'auth_token_file'"));
     server->admin_token_ = server->agent_token_;
   } else if (spawn > 0) {
     // Our own agents only: a fresh token they get through their environment. Admin stays as
     // configured (no token: it listens on loopback unless told otherwise).
     VAMP_ASSIGN_OR_RETURN(server->agent_token_, GenerateSecret());
-  } else if (config.GetBool("insecure_no_auth")) {
+  } else if (options.insecure_no_auth) {
     VAMP_LOG(WARNING) << "--insecure_no_auth: any process that reaches the gRPC port can register "
                          "as an agent and receive every prompt; use --auth_token_file outside "
                          "isolated test setups";
@@ -161,20 +164,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
         "(spawn_agents=0): give the controller and every vamp-agent the same token file, or pass "
         "--insecure_no_auth to let any process register as an agent");
   }
-  HttpFrontendOptions http;
-  http.server.address = config.GetString("http_address");
-  http.server.tls_cert_file = config.GetString("tls_cert_file");
-  http.server.tls_key_file = config.GetString("tls_key_file");
-  http.server.threads = static_cast<int>(config.GetInt("http_threads"));
-  http.server.max_header_bytes = config.GetInt("http_max_header_bytes");
-  http.server.max_body_bytes = config.GetInt("http_max_body_bytes");
-  http.server.header_timeout_s = config.GetDouble("http_header_timeout_s");
-  http.server.body_timeout_s = config.GetDouble("http_body_timeout_s");
-  http.server.idle_timeout_s = config.GetDouble("http_idle_timeout_s");
-  http.server.write_timeout_s = config.GetDouble("http_write_timeout_s");
-  http.server.max_connections = config.GetInt("http_max_connections");
-  http.request_timeout_s = config.GetDouble("request_timeout_s");
-  http.limits.max_n = static_cast<int32_t>(config.GetInt("max_n"));
+  HttpFrontendOptions http = options.http;
   http.metrics_targets = [self](int http_port) { return self->MetricsTargetsJson(http_port); };
   http.last_error = [self] { return self->last_error(); };
   std::shared_ptr<grpc::ServerCredentials> credentials;
@@ -188,11 +178,11 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     tls.pem_key_cert_pairs.push_back({key, cert});
     credentials = grpc::SslServerCredentials(tls);
   }
-  if (!config.GetString("api_key_file").empty()) {
-    VAMP_ASSIGN_OR_RETURN(http.api_keys, ReadSecretListFile(config.GetString("api_key_file"),
-                                                            "config field 'api_key_file'"));
+  if (!options.api_key_file.empty()) {
+    VAMP_ASSIGN_OR_RETURN(http.api_keys,
+                          ReadSecretListFile(options.api_key_file, "config field 'api_key_file'"));
   }
-  const int world_size = spawn > 0 ? spawn : static_cast<int>(config.GetInt("world_size"));
+  const int world_size = spawn > 0 ? spawn : options.world_size;
 
   server->registry_ = std::make_unique<AgentRegistry>(world_size, server->agent_token_);
   ServingContextProvider context = [self] { return self->Context(); };
@@ -201,24 +191,23 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   AdminBackend admin;
   admin.status = [self](vamp::v1::GetStatusResponse* s) { self->FillStatus(s); };
   admin.context = context;
-  admin.policy.set_arbiter(config.GetString("arbiter"));
-  admin.policy.set_max_offload_ratio(config.GetDouble("max_offload_ratio"));
-  admin.policy.set_restore_enabled(config.GetBool("vamp_restore"));
+  admin.policy.set_arbiter(options.arbiter);
+  admin.policy.set_max_offload_ratio(options.max_offload_ratio);
+  admin.policy.set_restore_enabled(options.vamp.restore.enabled);
   admin.auth_token = server->admin_token_;
   server->admin_ = std::make_unique<AdminService>(std::move(admin));
 
-  if (!config.GetString("metrics_address").empty()) {
-    VAMP_ASSIGN_OR_RETURN(server->metrics_,
-                          MetricsExposer::Start(config.GetString("metrics_address")));
+  if (!options.metrics_address.empty()) {
+    VAMP_ASSIGN_OR_RETURN(server->metrics_, MetricsExposer::Start(options.metrics_address));
   }
   // Agents register on the same port as clients, so with TLS they must speak TLS to it too.
   VAMP_ASSIGN_OR_RETURN(
       server->grpc_,
-      GrpcServer::Start(config.GetString("grpc_address"),
+      GrpcServer::Start(options.grpc_address,
                         {server->serving_service_.get(), server->registry_.get()}, credentials));
   VAMP_ASSIGN_OR_RETURN(
       server->admin_grpc_,
-      GrpcServer::Start(config.GetString("admin_address"), {server->admin_.get()}, credentials));
+      GrpcServer::Start(options.admin_address, {server->admin_.get()}, credentials));
   VAMP_ASSIGN_OR_RETURN(server->http_, HttpFrontend::Start(http, context));
   // Until a full set of agents serves the model, health says so.
   server->grpc_->SetServing("vamp.v1.Serving", false);
@@ -232,7 +221,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
                  << "; waiting for " << world_size << " agent(s)";
 
   if (spawn > 0) {
-    std::string binary = config.GetString("agent_binary");
+    std::string binary = options.agent_binary;
     if (binary.empty()) {
       VAMP_ASSIGN_OR_RETURN(binary, AgentLauncher::FindAgentBinary(self_path));
     }
@@ -246,19 +235,19 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
                    "--metrics_address",
                    "127.0.0.1:0",
                    "--device",
-                   config.GetString("agent_device"),
+                   options.agent_device,
                    "--host_memory_bytes",
-                   absl::StrCat(config.GetInt("agent_host_memory_bytes")),
+                   absl::StrCat(options.agent_host_memory_bytes),
                    "--host_page_bytes",
-                   absl::StrCat(config.GetInt("agent_host_page_bytes")),
+                   absl::StrCat(options.agent_host_page_bytes),
                    "--log_level",
-                   config.GetString("log_level"),
+                   options.log.level,
                    "--log_format",
-                   config.GetString("log_format")};
-    if (!config.GetString("log_file").empty()) {
+                   options.log.format};
+    if (!options.log.file.empty()) {
       // Agents append to the controller's file: every line is one O_APPEND write.
       launch.args.push_back("--log_file");
-      launch.args.push_back(config.GetString("log_file"));
+      launch.args.push_back(options.log.file);
     }
     if (!http.server.tls_cert_file.empty()) {
       // The registration port serves TLS: spawned agents verify it with the same certificate.
@@ -338,7 +327,7 @@ void ControllerServer::Supervise() {
     std::optional<int64_t> generation =
         registry_->WaitForAll(after, absl::Milliseconds(200), &endpoints);
     if (!generation.has_value()) {
-      if (absl::Now() - last_report > absl::Seconds(config_.GetDouble("registration_timeout_s"))) {
+      if (absl::Now() - last_report > absl::Seconds(options_.registration_timeout_s)) {
         VAMP_LOG(WARNING) << "still waiting for agents: " << registry_->registered() << " of "
                           << registry_->world_size() << " registered";
         last_report = absl::Now();
@@ -393,7 +382,7 @@ void ControllerServer::Supervise() {
       // A spawned agent that misses its step deadline is frozen or hung but keeps its
       // connection, so nothing else would ever replace it: restart our agents.
       VAMP_LOG(ERROR) << "a spawned agent missed its step deadline (step_timeout_s "
-                      << config_.GetDouble("step_timeout_s")
+                      << options_.step_timeout_s
                       << "); killing the spawned agents so that they restart";
       launcher_->KillAll();
     }
@@ -409,14 +398,14 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
                                        bool* permanent) {
   *permanent = false;
   AgentGroupOptions options;
-  options.step_timeout_ms = static_cast<int64_t>(config_.GetDouble("step_timeout_s") * 1000);
+  options.step_timeout_ms = static_cast<int64_t>(options_.step_timeout_s * 1000);
   options.auth_token = agent_token_;
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<AgentGroup> group, AgentGroup::Connect(endpoints, options));
-  VAMP_ASSIGN_OR_RETURN(SchedulerConfig scheduler, SchedulerConfigFromConfig(config_));
+  SchedulerConfig scheduler = options_.scheduler;
   vamp::v1::InitRequest init;
-  init.set_model_path(config_.GetString("model_path"));
-  init.set_load_format(config_.GetString("load_format"));
-  init.set_dtype(config_.GetString("dtype"));
+  init.set_model_path(options_.model_path);
+  init.set_load_format(options_.load_format);
+  init.set_dtype(options_.dtype);
   if (endpoints.size() > 1) {
     // Where CPU agents meet; CUDA agents meet through the NCCL unique id the group asks rank 0
     // for (AgentGroup::Init), and ignore this.
@@ -424,9 +413,9 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
     init.mutable_parallel()->set_host_transport_address(absl::StrCat("127.0.0.1:", port));
   }
   vamp::v1::MemorySpec* memory = init.mutable_memory();
-  memory->set_gpu_memory_utilization(config_.GetDouble("gpu_memory_utilization"));
+  memory->set_gpu_memory_utilization(options_.gpu_memory_utilization);
   memory->set_block_size(scheduler.block_size);
-  memory->set_max_offload_ratio(config_.GetDouble("max_offload_ratio"));
+  memory->set_max_offload_ratio(options_.max_offload_ratio);
   memory->set_max_num_batched_tokens(scheduler.max_num_batched_tokens);
   memory->set_max_num_seqs(scheduler.max_num_seqs);
   VAMP_LOG(INFO) << "initialising " << endpoints.size() << " agent(s) with " << init.model_path()
@@ -456,13 +445,13 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   }
   ServingEngineOptions engine_options;
   engine_options.scheduler = scheduler;
-  engine_options.arbiter = config_.GetString("arbiter");
+  engine_options.arbiter = options_.arbiter;
   if (first.eos_token_id() >= 0) engine_options.eos_token_id = first.eos_token_id();
   engine_options.experts_per_group = std::max(1, first.experts_per_group());
   engine_options.experts_per_layer = first.num_experts();
   engine_options.report_limits = std::move(limits);
   engine_options.model_name = ServedModelName();
-  VAMP_ASSIGN_OR_RETURN(engine_options.vamp, VampArbiterConfigFromConfig(config_));
+  engine_options.vamp = options_.vamp;
   auto context = std::make_shared<ServingContext>();
   context->model =
       ServedModel{ServedModelName(), scheduler.max_model_len, first.vocab_size()};
@@ -508,9 +497,9 @@ void ControllerServer::TearDown() {
 }
 
 std::string ControllerServer::ServedModelName() const {
-  const std::string& name = config_.GetString("served_model_name");
+  const std::string& name = options_.served_model_name;
   if (!name.empty()) return name;
-  std::string path = config_.GetString("model_path");
+  std::string path = options_.model_path;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   const size_t slash = path.rfind('/');
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -518,15 +507,14 @@ std::string ControllerServer::ServedModelName() const {
 }
 
 std::string ControllerServer::MetricsTargetsJson(int http_port) const {
-  const std::string replica =
-      config_.GetString("replica").empty() ? HostName() : config_.GetString("replica");
+  const std::string replica = options_.replica.empty() ? HostName() : options_.replica;
   nlohmann::json controller_labels = {{"vamp_role", "controller"}, {"replica", replica}};
   std::string controller_address;
   if (metrics_ != nullptr) {
-    controller_address = DialAddress(config_.GetString("metrics_address"), metrics_->port());
+    controller_address = DialAddress(options_.metrics_address, metrics_->port());
   } else {
-    controller_address = DialAddress(config_.GetString("http_address"), http_port);
-    if (!config_.GetString("tls_cert_file").empty()) controller_labels["__scheme__"] = "https";
+    controller_address = DialAddress(options_.http.server.address, http_port);
+    if (!options_.http.server.tls_cert_file.empty()) controller_labels["__scheme__"] = "https";
   }
   nlohmann::json groups = nlohmann::json::array();
   groups.push_back({{"targets", {controller_address}}, {"labels", controller_labels}});
@@ -544,7 +532,7 @@ void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {
   status->set_model(ServedModelName());
   status->set_uptime_seconds(static_cast<double>(SteadyClock::Get().NowMicros() - start_micros_) *
                              1e-6);
-  status->set_policy(config_.GetString("arbiter"));
+  status->set_policy(options_.arbiter);
   status->set_last_error(last_error());
   std::shared_ptr<const ServingContext> ctx = Context();
   if (ctx != nullptr) ctx->engine->Snapshot(status);

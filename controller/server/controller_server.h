@@ -21,6 +21,7 @@
 #include "controller/server/admin_service.h"
 #include "controller/server/agent_launcher.h"
 #include "controller/server/agent_registry.h"
+#include "controller/server/controller_config.h"
 #include "controller/server/http_frontend.h"
 #include "controller/server/serving_service.h"
 #include "controller/serving/serving_context.h"
@@ -29,12 +30,16 @@ namespace vamp {
 
 class ControllerServer {
  public:
-  // Starts serving per `config` (schema: ControllerConfigSchema()). `self_path` locates the
-  // vamp-agent binary for spawn_agents when agent_binary is not given. Errors name the field or
-  // the address that could not be bound.
+  // Starts serving per `options`. `self_path` locates the vamp-agent binary for spawn_agents when
+  // agent_binary is not given. Errors name the field or the address that could not be bound.
   // `on_fatal` runs (on the supervisor thread) when the controller cannot ever serve: a spawned
   // agent failed Init with a permanent error (a missing or invalid checkpoint); fatal_error()
   // says why. vamp-controller stops and exits non-zero.
+  static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(
+      const ControllerOptions& options, const std::string& self_path = "",
+      std::function<void()> on_fatal = nullptr);
+  // The same from parsed flags (schema: ControllerConfigSchema()), for tests that start a
+  // controller from a command line.
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(
       const Config& config, const std::string& self_path = "",
       std::function<void()> on_fatal = nullptr);
@@ -58,7 +63,7 @@ class ControllerServer {
   void Shutdown();
 
  private:
-  explicit ControllerServer(const Config& config);
+  explicit ControllerServer(const ControllerOptions& options);
   void Supervise();
   // `permanent` is set when the agents refused Init in a way no retry cures (InvalidArgument or
   // NotFound: a missing or invalid checkpoint, an unsupported dtype).
@@ -71,7 +76,7 @@ class ControllerServer {
   std::string ServedModelName() const;
   void FillStatus(vamp::v1::GetStatusResponse* status) const;
 
-  const Config config_;
+  const ControllerOptions options_;
   const int64_t start_micros_;
   // What agents present (registration) and what the controller presents to them: the
   // auth_token_file's token, or one generated for spawned agents; empty only with

@@ -5,11 +5,9 @@
 
 #include <cstdio>
 #include <fstream>
-#include <iostream>
 
 #include "common/logging.h"
 #include "common/sd_notify.h"
-#include "common/version.h"
 #include "controller/server/controller_config.h"
 #include "controller/server/controller_server.h"
 
@@ -27,26 +25,16 @@ constexpr char kSummary[] =
     "  vamp-controller --model_path tests/data/tiny-qwen3-moe --spawn_agents 1";
 
 int Run(int argc, char** argv) {
-  absl::StatusOr<vamp::CommandLine> cli =
-      vamp::ParseCommandLine(vamp::ControllerConfigSchema(), argc, argv);
-  if (!cli.ok()) {
-    std::fprintf(stderr, "vamp-controller: %s\n", std::string(cli.status().message()).c_str());
+  const vamp::Invocation invocation = vamp::ParseInvocation(
+      vamp::ControllerConfigSchema(), "vamp-controller", kSummary, argc, argv);
+  if (!invocation.command_line) return invocation.exit_code;
+  absl::StatusOr<vamp::ControllerOptions> options =
+      vamp::ControllerOptionsFromConfig(invocation.command_line->config);
+  if (!options.ok()) {
+    std::fprintf(stderr, "vamp-controller: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  if (cli->version_requested) {
-    std::cout << "vamp-controller " << vamp::kVersion << "\n";
-    return 0;
-  }
-  if (cli->help_requested) {
-    std::cout << vamp::ControllerConfigSchema().HelpText("vamp-controller", kSummary);
-    return 0;
-  }
-  if (!cli->positional.empty()) {
-    std::fprintf(stderr, "vamp-controller: unexpected argument '%s' (see --help)\n",
-                 cli->positional[0].c_str());
-    return 2;
-  }
-  if (absl::Status s = vamp::ConfigureLogging(cli->config); !s.ok()) {
+  if (absl::Status s = vamp::ConfigureLogging(options->log); !s.ok()) {
     std::fprintf(stderr, "vamp-controller: %s\n", std::string(s.message()).c_str());
     return 2;
   }
@@ -68,7 +56,7 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<vamp::ControllerServer>> server =
-      vamp::ControllerServer::Start(cli->config, "/proc/self/exe", [] {
+      vamp::ControllerServer::Start(*options, "/proc/self/exe", [] {
         // Wakes the sigwait below; the stop signals are blocked in every thread.
         kill(getpid(), SIGTERM);
       });
@@ -76,7 +64,7 @@ int Run(int argc, char** argv) {
     VAMP_LOG(ERROR) << "cannot start: " << server.status().message();
     return 1;
   }
-  const std::string& ready_file = cli->config.GetString("ready_file");
+  const std::string& ready_file = options->ready_file;
   if (!ready_file.empty()) {
     std::ofstream out(ready_file);
     out << "{\"grpc_port\": " << (*server)->grpc_port()
