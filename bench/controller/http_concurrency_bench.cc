@@ -1,4 +1,4 @@
-// The HTTP front end at scale (issue 14): how many concurrent streaming clients vamp-controller
+// The HTTP front end at scale: how many concurrent streaming clients vamp-controller
 // holds, whether every request reaches the scheduler (not a socket backlog), how /health answers
 // meanwhile, and what an idle connection costs in controller memory.
 //

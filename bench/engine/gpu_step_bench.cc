@@ -1,6 +1,6 @@
 // vamp_gpu_step_bench: step time of the whole GPU engine (ModelRunner driving CudaQwen3MoeModel in
 // bfloat16, dummy weights, KV cache and experts in CUDA VMM pages) on one GPU, against the floors
-// the hardware sets, measured in the same process (issue 7, "Benchmarks"):
+// the hardware sets, measured in the same process:
 //
 //   1. Decode floor. A decode step must read every non-expert weight (the embedding table only for
 //      the batch's rows), the experts the batch's tokens select, and the KV of every sequence:

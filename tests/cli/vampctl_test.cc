@@ -52,7 +52,7 @@ TEST(VampctlTest, UnreachableControllerExitsThree) {
   EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1"));
 }
 
-// Issue 14: vampctl waited out its whole timeout on a refused connection, and took no
+// Regression: vampctl waited out its whole timeout on a refused connection, and took no
 // --option=value.
 TEST(VampctlTest, RefusedConnectionFailsFastAndOptionsTakeEquals) {
   const auto start = std::chrono::steady_clock::now();

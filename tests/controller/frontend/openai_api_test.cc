@@ -195,7 +195,7 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
   }
 }
 
-// Issue 14: ids past 32 bits were cut to in-vocabulary ids (4294967301 became 5) in prompts and
+// Regression: ids past 32 bits were cut to in-vocabulary ids (4294967301 became 5) in prompts and
 // stop_token_ids. They are refused naming the field and the id as sent.
 TEST_F(OpenAiApiTest, TokenIdsPast32BitsAreRefusedNotTruncated) {
   struct Case {

@@ -93,7 +93,7 @@ class LyingAgent final : public vamp::v1::Agent::Service {
   int capacity_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Issue 14: an agent reporting kv_blocks = 2^31 - 1 crashed the controller with std::bad_alloc.
+// Regression: an agent reporting kv_blocks = 2^31 - 1 crashed the controller with std::bad_alloc.
 // Its reports are checked and the agent refused; the controller keeps answering.
 TEST(ControllerServerTest, LyingAgentIsRefusedNotFatal) {
   for (LyingAgent::Lie lie : {LyingAgent::Lie::kCapacityKvBlocks, LyingAgent::Lie::kInitKvBlocks}) {
@@ -215,7 +215,7 @@ TEST(ControllerServerTest, BadConfigNamesField) {
   EXPECT_THAT(server.status().message(), HasSubstr("auth_token_file"));
 }
 
-// Issue 15: a model folder whose tokenizer.json cannot be used stops start-up naming the file and
+// A model folder whose tokenizer.json cannot be used stops start-up naming the file and
 // the field, before anything listens; the agents never get the model.
 TEST(ControllerServerTest, UnusableTokenizerStopsStartUpNamingFileAndField) {
   const std::filesystem::path dir =
@@ -236,7 +236,7 @@ TEST(ControllerServerTest, UnusableTokenizerStopsStartUpNamingFileAndField) {
   std::filesystem::remove_all(dir);
 }
 
-// Issue 14: agents started elsewhere register with a token, or the operator says explicitly that
+// Agents started elsewhere register with a token, or the operator says explicitly that
 // any process may register.
 TEST(ControllerServerTest, ExternalAgentsNeedTokenOrExplicitInsecureFlag) {
   absl::StatusOr<CommandLine> cli = Flags({});
@@ -276,7 +276,7 @@ TEST(ControllerServerTest, ExternalAgentsNeedTokenOrExplicitInsecureFlag) {
   }
 }
 
-// Issue 14: gRPC Serving ignored --api_key_file; it requires the same keys as HTTP.
+// Regression: gRPC Serving ignored --api_key_file; it requires the same keys as HTTP.
 TEST(ControllerServerTest, GrpcServingRequiresTheHttpApiKeys) {
   const std::string keys = ::testing::TempDir() + "/controller_api_keys";
   std::ofstream(keys) << "# clients\nkey-one-123456\nkey-two-123456\n";
@@ -316,7 +316,7 @@ TEST(ControllerServerTest, GrpcServingRequiresTheHttpApiKeys) {
   EXPECT_EQ(keyless->status, 401);
 }
 
-// Issue 14: a two-line or non-ASCII token made agents abort in a loop and gRPC print the secret.
+// Regression: a two-line or non-ASCII token made agents abort in a loop and gRPC print the secret.
 // Every token file is one validated line, and a bad one fails start-up naming the file only.
 TEST(ControllerServerTest, BadTokenFilesFailStartUpNamingTheFileNotTheSecret) {
   const std::string dir = ::testing::TempDir();

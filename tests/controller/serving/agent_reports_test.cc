@@ -45,7 +45,7 @@ TEST(AgentReportsTest, HonestInitPasses) {
   EXPECT_EQ(limits->max_kv_blocks[0], (int64_t{1} << 30) / 128);
 }
 
-// Issue 14: kv_blocks = 2^31 - 1 from one agent ended in std::bad_alloc in the controller.
+// Regression: kv_blocks = 2^31 - 1 from one agent ended in std::bad_alloc in the controller.
 TEST(AgentReportsTest, LiesRefuseTheAgentNamingRankAndField) {
   struct Case {
     const char* name;
