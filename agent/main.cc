@@ -45,22 +45,17 @@ bool WriteReadyFile(const std::string& path, const vamp::AgentService& agent) {
 }
 
 int Run(int argc, char** argv) {
-  const vamp::Invocation invocation =
-      vamp::ParseInvocation(vamp::AgentConfigSchema(), "vamp-agent", kSummary, argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  const vamp::CommandLine* cli = &*invocation.command_line;
-  absl::StatusOr<vamp::AgentOptions> options = vamp::AgentOptionsFromConfig(cli->config);
-  if (!options.ok()) {
-    std::fprintf(stderr, "vamp-agent: %s\n", std::string(options.status().message()).c_str());
-    return 2;
-  }
-  if (absl::Status s = vamp::ConfigureLogging(options->log); !s.ok()) {
+  auto invocation = vamp::ParseInvocation(vamp::AgentConfigSchema(), "vamp-agent", kSummary, argc,
+                                          argv, vamp::AgentOptionsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  vamp::AgentOptions& options = *invocation.options;
+  if (absl::Status s = vamp::ConfigureLogging(options.log); !s.ok()) {
     std::fprintf(stderr, "vamp-agent: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  options->metrics_registry = vamp::MetricsRegistry();
+  options.metrics_registry = vamp::MetricsRegistry();
 
-  const std::string ready_file = options->ready_file;
+  const std::string ready_file = options.ready_file;
   // Block the stop signals before any thread starts so that only sigwait below receives them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -69,7 +64,7 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<vamp::AgentService>> agent =
-      vamp::AgentService::Start(*std::move(options));
+      vamp::AgentService::Start(std::move(options));
   if (!agent.ok()) {
     VAMP_LOG(ERROR) << "cannot start: " << agent.status().message();
     return 1;

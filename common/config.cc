@@ -368,33 +368,40 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ConfigSchema& schema, int arg
   return out;
 }
 
-Invocation ParseInvocation(const ConfigSchema& schema, absl::string_view program,
-                           absl::string_view summary, int argc, const char* const* argv,
-                           bool allow_positional) {
-  Invocation out;
+namespace config_internal {
+
+std::optional<CommandLine> ParseOrExit(const ConfigSchema& schema, absl::string_view program,
+                                       absl::string_view summary, int argc, const char* const* argv,
+                                       int* exit_code) {
+  *exit_code = 0;
   absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
   if (!cli.ok()) {
-    std::fprintf(stderr, "%s: %s\n", std::string(program).c_str(),
-                 std::string(cli.status().message()).c_str());
-    out.exit_code = 2;
-    return out;
+    PrintUsageError(program, cli.status());
+    *exit_code = 2;
+    return std::nullopt;
   }
   if (cli->version_requested) {
     std::printf("%s %s\n", std::string(program).c_str(), kVersion);
-    return out;
+    return std::nullopt;
   }
   if (cli->help_requested) {
     std::fputs(schema.HelpText(program, summary).c_str(), stdout);
-    return out;
+    return std::nullopt;
   }
-  if (!allow_positional && !cli->positional.empty()) {
-    std::fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n",
-                 std::string(program).c_str(), cli->positional[0].c_str());
-    out.exit_code = 2;
-    return out;
+  if (!cli->positional.empty()) {
+    PrintUsageError(program, absl::InvalidArgumentError(absl::StrCat(
+                                 "unexpected argument '", cli->positional[0], "' (see --help)")));
+    *exit_code = 2;
+    return std::nullopt;
   }
-  out.command_line = *std::move(cli);
-  return out;
+  return *std::move(cli);
 }
+
+void PrintUsageError(absl::string_view program, const absl::Status& status) {
+  std::fprintf(stderr, "%s: %s\n", std::string(program).c_str(),
+               std::string(status.message()).c_str());
+}
+
+}  // namespace config_internal
 
 }  // namespace vamp

@@ -277,12 +277,11 @@ absl::Status Run(const SimConfig& config, int argc, char** argv) {
 }  // namespace vamp::sim
 
 int main(int argc, char** argv) {
-  const vamp::Invocation invocation = vamp::ParseInvocation(
-      vamp::sim::SimConfigSchema(), "vamp-sim", vamp::sim::kSummary, argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  absl::StatusOr<vamp::sim::SimConfig> config =
-      vamp::sim::SimConfigFromConfig(invocation.command_line->config);
-  absl::Status s = config.ok() ? vamp::sim::Run(*config, argc, argv) : config.status();
+  auto invocation =
+      vamp::ParseInvocation(vamp::sim::SimConfigSchema(), "vamp-sim", vamp::sim::kSummary, argc,
+                            argv, vamp::sim::SimConfigFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  absl::Status s = vamp::sim::Run(*invocation.options, argc, argv);
   if (!s.ok()) {
     std::cerr << "vamp-sim: " << s << "\n";
     return 1;

@@ -366,13 +366,13 @@ Result RunOne(const std::string& binary, const Flags& flags) {
 }
 
 int Main(int argc, char** argv) {
-  const Invocation invocation = ParseInvocation(
+  auto invocation = ParseInvocation(
       Schema(), "vamp_bench_http_concurrency",
       "Holds thousands of streaming clients against vamp-controller (CPU agent, tiny model) and "
       "reports what reached the scheduler, /health latency and memory per idle connection.",
-      argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  const Flags flags = FlagsFromConfig(invocation.command_line->config);
+      argc, argv, FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const Flags& flags = *invocation.options;
   std::vector<std::string> binaries;
   if (flags.controller.empty()) {
     std::cerr << "vamp_bench_http_concurrency: --controller is required (see --help)\n";

@@ -300,11 +300,11 @@ absl::Status Run(const Flags& flags) {
 }  // namespace vamp
 
 int main(int argc, char** argv) {
-  const vamp::ConfigSchema schema = vamp::Schema();
-  const vamp::Invocation invocation =
-      vamp::ParseInvocation(schema, "vamp_bench_engine", "CPU engine tokens/s.", argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  const absl::Status s = vamp::Run(vamp::FlagsFromConfig(invocation.command_line->config));
+  auto invocation =
+      vamp::ParseInvocation(vamp::Schema(), "vamp_bench_engine", "CPU engine tokens/s.", argc, argv,
+                            vamp::FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const absl::Status s = vamp::Run(*invocation.options);
   if (!s.ok()) {
     std::fprintf(stderr, "vamp_bench_engine: %s\n", std::string(s.message()).c_str());
     return 1;

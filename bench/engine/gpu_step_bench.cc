@@ -64,8 +64,7 @@ constexpr char kSummary[] =
     "Step time of the bf16 GPU engine (dummy weights) against the HBM decode floor and the "
     "expert-staging floor, per offload ratio.";
 
-absl::Status Run(const Config& flags) {
-  VAMP_ASSIGN_OR_RETURN(const Flags f, ReadFlags(flags));
+absl::Status Run(const Flags& f) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(f.model_dir);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
@@ -116,11 +115,11 @@ absl::Status Run(const Config& flags) {
 }  // namespace vamp::gpu_step_bench
 
 int main(int argc, char** argv) {
-  const vamp::ConfigSchema schema = vamp::gpu_step_bench::Schema();
-  const vamp::Invocation invocation = vamp::ParseInvocation(
-      schema, "vamp_gpu_step_bench", vamp::gpu_step_bench::kSummary, argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  const absl::Status s = vamp::gpu_step_bench::Run(invocation.command_line->config);
+  auto invocation = vamp::ParseInvocation(vamp::gpu_step_bench::Schema(), "vamp_gpu_step_bench",
+                                          vamp::gpu_step_bench::kSummary, argc, argv,
+                                          vamp::gpu_step_bench::ReadFlags);
+  if (!invocation.options) return invocation.exit_code;
+  const absl::Status s = vamp::gpu_step_bench::Run(*invocation.options);
   if (!s.ok()) {
     std::fprintf(stderr, "vamp_gpu_step_bench: %s\n", s.ToString().c_str());
     return 1;

@@ -389,28 +389,21 @@ absl::Status RunAll(const Flags& flags, cudaStream_t stream) {
 }
 
 int Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  const Invocation invocation =
-      ParseInvocation(schema, "vamp_attention_bench",
-                      "bf16 paged attention (decode and prefill) on Qwen3-30B-A3B "
-                      "shapes, with the device's copy bandwidth; one JSON line per "
-                      "measurement.",
-                      argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  absl::StatusOr<Flags> flags = FlagsFromConfig(invocation.command_line->config);
-  if (!flags.ok()) {
-    std::fprintf(stderr, "vamp_attention_bench: %s\n",
-                 std::string(flags.status().message()).c_str());
-    return 2;
-  }
+  auto invocation = ParseInvocation(Schema(), "vamp_attention_bench",
+                                    "bf16 paged attention (decode and prefill) on Qwen3-30B-A3B "
+                                    "shapes, with the device's copy bandwidth; one JSON line per "
+                                    "measurement.",
+                                    argc, argv, FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const Flags& flags = *invocation.options;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "vamp_attention_bench: no CUDA device\n");
     return 3;
   }
-  if (cudaSetDevice(static_cast<int>(flags->cuda_device)) != cudaSuccess) {
+  if (cudaSetDevice(static_cast<int>(flags.cuda_device)) != cudaSuccess) {
     std::fprintf(stderr, "cuda_device: cannot select device %lld\n",
-                 static_cast<long long>(flags->cuda_device));
+                 static_cast<long long>(flags.cuda_device));
     return 2;
   }
   cudaStream_t stream = nullptr;
@@ -419,7 +412,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   int rc = 0;
-  if (absl::Status s = RunAll(*flags, stream); !s.ok()) {
+  if (absl::Status s = RunAll(flags, stream); !s.ok()) {
     std::fprintf(stderr, "vamp_attention_bench: %s\n", s.ToString().c_str());
     rc = 1;
   }

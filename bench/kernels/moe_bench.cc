@@ -412,26 +412,20 @@ absl::Status RunShape(const ModelShape& m, const std::vector<int64_t>& token_cou
 }
 
 int Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  const Invocation invocation =
-      ParseInvocation(schema, "vamp_moe_bench",
-                      "One bf16 MoE layer with cuBLAS and device-driven grouped "
-                      "expert GEMMs; one JSON line per measurement.",
-                      argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  absl::StatusOr<Flags> flags = FlagsFromConfig(invocation.command_line->config);
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
+  auto invocation = ParseInvocation(Schema(), "vamp_moe_bench",
+                                    "One bf16 MoE layer with cuBLAS and device-driven grouped "
+                                    "expert GEMMs; one JSON line per measurement.",
+                                    argc, argv, FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const Flags& flags = *invocation.options;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "vamp_moe_bench: no CUDA device\n");
     return 3;
   }
-  if (cudaSetDevice(static_cast<int>(flags->cuda_device)) != cudaSuccess) {
+  if (cudaSetDevice(static_cast<int>(flags.cuda_device)) != cudaSuccess) {
     std::fprintf(stderr, "cuda_device: cannot select device %lld\n",
-                 static_cast<long long>(flags->cuda_device));
+                 static_cast<long long>(flags.cuda_device));
     return 2;
   }
   cudaStream_t stream = nullptr;
@@ -439,11 +433,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "cudaStreamCreate failed\n");
     return 1;
   }
-  std::mt19937 rng(static_cast<uint32_t>(flags->seed));
+  std::mt19937 rng(static_cast<uint32_t>(flags.seed));
   int rc = 0;
   for (const ModelShape& m : Shapes()) {
-    if (flags->shapes != "all" && flags->shapes != m.name) continue;
-    if (absl::Status s = RunShape(m, flags->tokens, *flags, stream, rng); !s.ok()) {
+    if (flags.shapes != "all" && flags.shapes != m.name) continue;
+    if (absl::Status s = RunShape(m, flags.tokens, flags, stream, rng); !s.ok()) {
       std::fprintf(stderr, "%s: %s\n", m.name.c_str(), s.ToString().c_str());
       rc = 1;
     }

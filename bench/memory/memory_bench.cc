@@ -284,22 +284,16 @@ std::string Report(const std::string& backend_line, int iterations,
 }
 
 int Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  const Invocation invocation =
-      ParseInvocation(schema, "vamp_bench_memory",
-                      "Remap latency of the memory layer (capacity query, offload, "
-                      "restore) against the CUDA VMM per-call costs.",
-                      argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  absl::StatusOr<Flags> flags = FlagsFromConfig(invocation.command_line->config);
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  const MemoryBackendOptions& options = flags->memory;
+  auto invocation = ParseInvocation(Schema(), "vamp_bench_memory",
+                                    "Remap latency of the memory layer (capacity query, offload, "
+                                    "restore) against the CUDA VMM per-call costs.",
+                                    argc, argv, FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const Flags& flags = *invocation.options;
+  const MemoryBackendOptions& options = flags.memory;
   absl::StatusOr<std::unique_ptr<MemoryBackend>> backend = CreateMemoryBackend(options);
   if (!backend.ok()) {
-    std::fprintf(stderr, "backend %s: %s\n", flags->backend.c_str(),
+    std::fprintf(stderr, "backend %s: %s\n", flags.backend.c_str(),
                  std::string(backend.status().message()).c_str());
     return absl::IsUnavailable(backend.status()) ? 3 : 1;
   }
@@ -321,9 +315,9 @@ int Main(int argc, char** argv) {
                       FormatBytes((*backend)->device_memory_bytes()), fence_text);
 
   const VmmReference ref;
-  const int iterations = flags->iterations;
-  const int layers = flags->layers;
-  const int64_t kv_pages = flags->kv_baseline_pages;
+  const int iterations = flags.iterations;
+  const int layers = flags.layers;
+  const int64_t kv_pages = flags.kv_baseline_pages;
   std::vector<ScenarioResult> results;
   for (const auto& [name, moe_layers] : std::vector<std::pair<std::string, int>>{
            {"Qwen3-Next TP2, 2 MoE layers", 2},
@@ -338,7 +332,7 @@ int Main(int argc, char** argv) {
   }
   const std::string report = Report(backend_line, iterations, results, ref);
   std::printf("%s", report.c_str());
-  const std::string& path = flags->output;
+  const std::string& path = flags.output;
   if (!path.empty()) {
     std::ofstream file(path);
     file << report;

@@ -322,10 +322,10 @@ int Fail(const absl::Status& s, int code) {
 
 int RunCommand(int argc, char** argv) {
   // argv[0] is the subcommand here.
-  const Invocation invocation =
-      ParseInvocation(RunSchema(), "vamp-bench run", kSummary, argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  const RunFlags f = RunFlagsFromConfig(invocation.command_line->config);
+  auto invocation =
+      ParseInvocation(RunSchema(), "vamp-bench run", kSummary, argc, argv, RunFlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const RunFlags& f = *invocation.options;
   const CommonFlags& c = f.common;
   ClientOptions client;
   ReportSpec spec;
@@ -346,9 +346,10 @@ int RunCommand(int argc, char** argv) {
 }
 
 int AbCommand(int argc, char** argv) {
-  const Invocation invocation = ParseInvocation(AbSchema(), "vamp-bench ab", kSummary, argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  const AbFlags f = AbFlagsFromConfig(invocation.command_line->config);
+  auto invocation =
+      ParseInvocation(AbSchema(), "vamp-bench ab", kSummary, argc, argv, AbFlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const AbFlags& f = *invocation.options;
   const CommonFlags& c = f.common;
   AbOptions o;
   ReportSpec spec;

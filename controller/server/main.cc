@@ -25,16 +25,11 @@ constexpr char kSummary[] =
     "  vamp-controller --model_path tests/data/tiny-qwen3-moe --spawn_agents 1";
 
 int Run(int argc, char** argv) {
-  const vamp::Invocation invocation = vamp::ParseInvocation(
-      vamp::ControllerConfigSchema(), "vamp-controller", kSummary, argc, argv);
-  if (!invocation.command_line) return invocation.exit_code;
-  absl::StatusOr<vamp::ControllerOptions> options =
-      vamp::ControllerOptionsFromConfig(invocation.command_line->config);
-  if (!options.ok()) {
-    std::fprintf(stderr, "vamp-controller: %s\n", std::string(options.status().message()).c_str());
-    return 2;
-  }
-  if (absl::Status s = vamp::ConfigureLogging(options->log); !s.ok()) {
+  auto invocation = vamp::ParseInvocation(vamp::ControllerConfigSchema(), "vamp-controller",
+                                          kSummary, argc, argv, vamp::ControllerOptionsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const vamp::ControllerOptions& options = *invocation.options;
+  if (absl::Status s = vamp::ConfigureLogging(options.log); !s.ok()) {
     std::fprintf(stderr, "vamp-controller: %s\n", std::string(s.message()).c_str());
     return 2;
   }
@@ -56,7 +51,7 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<vamp::ControllerServer>> server =
-      vamp::ControllerServer::Start(*options, "/proc/self/exe", [] {
+      vamp::ControllerServer::Start(options, "/proc/self/exe", [] {
         // Wakes the sigwait below; the stop signals are blocked in every thread.
         kill(getpid(), SIGTERM);
       });
@@ -64,7 +59,7 @@ int Run(int argc, char** argv) {
     VAMP_LOG(ERROR) << "cannot start: " << server.status().message();
     return 1;
   }
-  const std::string& ready_file = options->ready_file;
+  const std::string& ready_file = options.ready_file;
   if (!ready_file.empty()) {
     std::ofstream out(ready_file);
     out << "{\"grpc_port\": " << (*server)->grpc_port()
