@@ -86,23 +86,12 @@ struct InitDefaults {
   int32_t max_num_seqs = 256;
 };
 
-struct AgentEngineOptions {
+// The host memory backend, tensor-parallel timeouts and GPU forward pass come from EngineTuning
+// (agent_options.h), as the flags set them.
+struct AgentEngineOptions : EngineTuning {
   DeviceSpec device;
-  // Host memory backend (CPU agents); see AgentOptions.
-  uint64_t host_page_bytes = uint64_t{2} << 20;
-  uint64_t host_memory_bytes = uint64_t{4} << 30;
-  bool host_populate = false;
-  uint64_t host_runtime_overhead_bytes = 0;
-  // Tensor parallelism: how long Init waits for every rank to join (TcpCommunicator's connect,
-  // NCCL's init), how long one all-reduce waits for a peer (TCP: a send or receive; NCCL: an
-  // enqueue that needs the peers, and the group check at Init), and how often a CUDA agent polls
-  // NCCL's asynchronous errors (a failed peer aborts the group at once instead of at the step
-  // timeout), all in ms.
-  int64_t tp_connect_timeout_ms = 120000;
-  int64_t tp_io_timeout_ms = 120000;
-  // GPU forward pass knobs (CudaForwardOptions; CUDA agents only).
-  bool cuda_graphs = true;
-  int64_t device_gemm_max_rows_per_expert = 64;
+  // How often a CUDA agent polls NCCL's asynchronous errors (a failed peer aborts the group at
+  // once instead of at the step timeout), ms.
   int64_t tp_watchdog_interval_ms = 100;
   // The secret presented to the other ranks (TCP handshake).
   std::string auth_token;

@@ -48,7 +48,7 @@ const ConfigSchema& AgentConfigSchema() {
   static const ConfigSchema* schema = [] {
     const AgentOptions d;
     auto* s = new ConfigSchema();
-    s->String("controller", "",
+    s->String("controller", d.controller_address,
               "host:port of the vamp-controller to register with (AgentRegistry). Registration "
               "is retried with backoff until the controller answers, and repeated when the "
               "controller restarts. Empty: do not register, just serve (the controller or a test "
@@ -56,16 +56,16 @@ const ConfigSchema& AgentConfigSchema() {
         .String("listen", d.listen_address,
                 "host:port of this agent's gRPC service (Agent, health, reflection); port 0 picks "
                 "a free one (see --ready_file)")
-        .String("advertise_address", "",
+        .String("advertise_address", d.advertise_address,
                 "host:port the controller should dial; empty: the --listen host (the host name "
                 "when listening on 0.0.0.0 or [::]) with the bound port")
-        .String("device", "cpu",
+        .String("device", d.device.ToString(),
                 "where the model runs: cpu, cuda:N or cuda (a CUDA build with that device "
                 "present: the model runs on that GPU, its memory managed by the CUDA VMM "
                 "backend, bfloat16 unless the controller asks for float32; tensor-parallel "
                 "ranks all-reduce through NCCL). 'cuda' is cuda:<rank> with --rank >= 0 (one "
                 "agent per GPU, as --spawn_agents starts them), else cuda:0")
-        .Int("rank", -1, -1, 1 << 20,
+        .Int("rank", d.rank, -1, 1 << 20,
              "tensor-parallel rank to ask the controller for; -1 lets the controller assign one")
         .String("auth_token_file", "",
                 "file holding the shared secret, on one line (8 to 4096 printable ASCII "
@@ -75,16 +75,15 @@ const ConfigSchema& AgentConfigSchema() {
                 "tensor-parallel peers. The token is never logged. Agents spawned by "
                 "vamp-controller get its token through the environment instead. Required unless "
                 "--insecure_no_auth")
-        .Bool("insecure_no_auth", false,
+        .Bool("insecure_no_auth", d.insecure_no_auth,
               "run without a token: anyone who reaches the agent's port can drive it and read "
               "prompts, and any process can register as this controller's agent. Only for "
               "isolated test setups; logged as a warning")
         .String("metrics_address", d.metrics_address,
                 "host:port for Prometheus /metrics; port 0 picks a free one; empty disables it")
-        .String("ready_file", "",
+        .String("ready_file", d.ready_file,
                 "when set, write {\"grpc_port\", \"metrics_port\", \"address\"} as JSON to this "
                 "file once serving (scripts and tests start the agent on port 0)")
-        .String("log_level", "info", "debug | info | warning | error")
         .Int("host_page_bytes", static_cast<int64_t>(d.host_page_bytes), 4096, int64_t{1} << 30,
              "CPU agents: page size of the host memory backend (the emulated VMM granularity; "
              "a multiple of the OS page). Experts move between the expert regions and the KV "
@@ -122,7 +121,7 @@ const ConfigSchema& AgentConfigSchema() {
                 "--tls_cert_file); empty: plaintext")
         .Int("register_timeout_ms", d.registration.rpc_timeout_ms, 10, kMaxMillis,
              "deadline of one call to the controller (Register, health)");
-    AddLogOutputConfigFields(*s);
+    AddLogConfigFields(*s);
     return s;
   }();
   return *schema;
@@ -130,6 +129,8 @@ const ConfigSchema& AgentConfigSchema() {
 
 absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config) {
   AgentOptions o;
+  o.log = LogOptionsFromConfig(config);
+  o.ready_file = config.GetString("ready_file");
   o.controller_address = config.GetString("controller");
   o.listen_address = config.GetString("listen");
   o.advertise_address = config.GetString("advertise_address");

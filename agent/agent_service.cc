@@ -6,12 +6,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/runner/comm/tcp_communicator.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
-#include "common/secret.h"
 #include "common/version.h"
 #include "engine/memory/memory_backend.h"
+#include "engine/runner/comm/tcp_communicator.h"
 
 namespace vamp {
 namespace {
@@ -28,18 +28,9 @@ AgentGrpcService::AgentGrpcService(AgentEngine* engine, std::string auth_token)
     : engine_(engine), auth_token_(std::move(auth_token)) {}
 
 grpc::Status AgentGrpcService::Authenticate(const grpc::ServerContext* context) const {
-  if (auth_token_.empty()) return grpc::Status::OK;
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing 'authorization: Bearer <token>' metadata");
-  }
-  const absl::string_view value(it->second.data(), it->second.size());
-  if (!BearerMatches(value, auth_token_)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid auth token");
-  }
-  return grpc::Status::OK;
+  if (auth_token_.empty() || CallPresentsBearer(*context, auth_token_)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "missing or invalid auth token (metadata 'authorization: Bearer <token>')");
 }
 
 grpc::Status AgentGrpcService::Init(grpc::ServerContext* context,
@@ -136,15 +127,8 @@ absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Start(AgentOptions o
       o.metrics_registry != nullptr ? o.metrics_registry : std::make_shared<prometheus::Registry>();
   agent->agent_metrics_ = std::make_unique<AgentMetrics>(*agent->registry_, o.device.ToString());
   AgentEngineOptions engine_options;
+  static_cast<EngineTuning&>(engine_options) = o;
   engine_options.device = o.device;
-  engine_options.host_page_bytes = o.host_page_bytes;
-  engine_options.host_memory_bytes = o.host_memory_bytes;
-  engine_options.host_populate = o.host_populate;
-  engine_options.host_runtime_overhead_bytes = o.host_runtime_overhead_bytes;
-  engine_options.tp_connect_timeout_ms = o.tp_connect_timeout_ms;
-  engine_options.tp_io_timeout_ms = o.tp_io_timeout_ms;
-  engine_options.cuda_graphs = o.cuda_graphs;
-  engine_options.device_gemm_max_rows_per_expert = o.device_gemm_max_rows_per_expert;
   engine_options.auth_token = o.auth_token;
   agent->engine_ = std::make_unique<AgentEngine>(engine_options, agent->agent_metrics_.get());
   agent->agent_metrics_->SetMemory(agent->engine_->Memory());

@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "agent/agent_options.h"
@@ -13,7 +12,6 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/sd_notify.h"
-#include "common/version.h"
 
 namespace {
 
@@ -47,36 +45,17 @@ bool WriteReadyFile(const std::string& path, const vamp::AgentService& agent) {
 }
 
 int Run(int argc, char** argv) {
-  absl::StatusOr<vamp::CommandLine> cli =
-      vamp::ParseCommandLine(vamp::AgentConfigSchema(), argc, argv);
-  if (!cli.ok()) {
-    std::fprintf(stderr, "vamp-agent: %s\n", std::string(cli.status().message()).c_str());
-    return 2;
-  }
-  if (cli->version_requested) {
-    std::cout << "vamp-agent " << vamp::kVersion << "\n";
-    return 0;
-  }
-  if (cli->help_requested) {
-    std::cout << vamp::AgentConfigSchema().HelpText("vamp-agent", kSummary);
-    return 0;
-  }
-  if (!cli->positional.empty()) {
-    std::fprintf(stderr, "vamp-agent: unexpected argument '%s' (see --help)\n",
-                 cli->positional[0].c_str());
-    return 2;
-  }
-  if (absl::Status s = vamp::ConfigureLogging(cli->config); !s.ok()) {
+  auto invocation = vamp::ParseInvocation(vamp::AgentConfigSchema(), "vamp-agent", kSummary, argc,
+                                          argv, vamp::AgentOptionsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  vamp::AgentOptions& options = *invocation.options;
+  if (absl::Status s = vamp::ConfigureLogging(options.log); !s.ok()) {
     std::fprintf(stderr, "vamp-agent: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  absl::StatusOr<vamp::AgentOptions> options = vamp::AgentOptionsFromConfig(cli->config);
-  if (!options.ok()) {
-    std::fprintf(stderr, "vamp-agent: %s\n", std::string(options.status().message()).c_str());
-    return 2;
-  }
-  options->metrics_registry = vamp::MetricsRegistry();
+  options.metrics_registry = vamp::MetricsRegistry();
 
+  const std::string ready_file = options.ready_file;
   // Block the stop signals before any thread starts so that only sigwait below receives them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -85,14 +64,14 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<vamp::AgentService>> agent =
-      vamp::AgentService::Start(*std::move(options));
+      vamp::AgentService::Start(std::move(options));
   if (!agent.ok()) {
     VAMP_LOG(ERROR) << "cannot start: " << agent.status().message();
     return 1;
   }
-  if (const std::string& ready = cli->config.GetString("ready_file"); !ready.empty()) {
-    if (!WriteReadyFile(ready, **agent)) {
-      VAMP_LOG(ERROR) << "cannot write ready_file '" << ready << "'";
+  if (!ready_file.empty()) {
+    if (!WriteReadyFile(ready_file, **agent)) {
+      VAMP_LOG(ERROR) << "cannot write ready_file '" << ready_file << "'";
       return 1;
     }
   }

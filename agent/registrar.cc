@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_auth.h"
 #include "common/logging.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -81,7 +82,7 @@ void Registrar::PrepareContext(grpc::ClientContext* context, bool deadline) {
     context->set_deadline(std::chrono::system_clock::now() +
                           std::chrono::milliseconds(options_.rpc_timeout_ms));
   }
-  if (!auth_token_.empty()) context->AddMetadata("authorization", "Bearer " + auth_token_);
+  AddBearerMetadata(context, auth_token_);
 }
 
 grpc::Status Registrar::RegisterOnce() {

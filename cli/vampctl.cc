@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_auth.h"
 #include "common/secret.h"
 #include "common/version.h"
 #include "google/protobuf/util/json_util.h"
@@ -91,9 +92,7 @@ const Options* g_options = nullptr;
 void SetDeadline(grpc::ClientContext* context, double seconds) {
   context->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
-  if (g_options != nullptr && !g_options->token.empty()) {
-    context->AddMetadata("authorization", "Bearer " + g_options->token);
-  }
+  if (g_options != nullptr) vamp::AddBearerMetadata(context, g_options->token);
 }
 
 void PrintJson(const google::protobuf::Message& m) {

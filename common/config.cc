@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "nlohmann/json.hpp"
 
 namespace vamp {
@@ -365,5 +367,41 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ConfigSchema& schema, int arg
   }
   return out;
 }
+
+namespace config_internal {
+
+std::optional<CommandLine> ParseOrExit(const ConfigSchema& schema, absl::string_view program,
+                                       absl::string_view summary, int argc, const char* const* argv,
+                                       int* exit_code) {
+  *exit_code = 0;
+  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
+  if (!cli.ok()) {
+    PrintUsageError(program, cli.status());
+    *exit_code = 2;
+    return std::nullopt;
+  }
+  if (cli->version_requested) {
+    std::printf("%s %s\n", std::string(program).c_str(), kVersion);
+    return std::nullopt;
+  }
+  if (cli->help_requested) {
+    std::fputs(schema.HelpText(program, summary).c_str(), stdout);
+    return std::nullopt;
+  }
+  if (!cli->positional.empty()) {
+    PrintUsageError(program, absl::InvalidArgumentError(absl::StrCat(
+                                 "unexpected argument '", cli->positional[0], "' (see --help)")));
+    *exit_code = 2;
+    return std::nullopt;
+  }
+  return *std::move(cli);
+}
+
+void PrintUsageError(absl::string_view program, const absl::Status& status) {
+  std::fprintf(stderr, "%s: %s\n", std::string(program).c_str(),
+               std::string(status.message()).c_str());
+}
+
+}  // namespace config_internal
 
 }  // namespace vamp

@@ -8,13 +8,15 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
+#include <utility>
 #include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace vamp {
 
@@ -101,6 +103,56 @@ struct CommandLine {
 // `--` ending flags. On error nothing is applied partially that the caller could see.
 absl::StatusOr<CommandLine> ParseCommandLine(const ConfigSchema& schema, int argc,
                                              const char* const* argv);
+
+// What a binary's command line asks of it: run with `options`, or return `exit_code` now.
+template <typename Options>
+struct Invocation {
+  std::optional<Options> options;  // empty: return exit_code from main at once
+  int exit_code = 0;
+};
+
+namespace config_internal {
+
+// ParseInvocation's parsing: nullopt (and *exit_code set) when main should return at once.
+std::optional<CommandLine> ParseOrExit(const ConfigSchema& schema, absl::string_view program,
+                                       absl::string_view summary, int argc, const char* const* argv,
+                                       int* exit_code);
+// "<program>: <message>" on stderr.
+void PrintUsageError(absl::string_view program, const absl::Status& status);
+
+template <typename T>
+absl::StatusOr<T> AsStatusOr(T value) {
+  return value;
+}
+template <typename T>
+absl::StatusOr<T> AsStatusOr(absl::StatusOr<T> value) {
+  return value;
+}
+
+}  // namespace config_internal
+
+// The start of every VAMP binary's main, the same for all: parses argv against `schema` and binds
+// the values with `bind` (const Config& -> Options, or absl::StatusOr<Options>: the binary's one
+// reader of its flags by name). --help prints schema.HelpText(program, summary) and --version
+// "<program> <kVersion>" to stdout (exit code 0); a bad flag, a positional argument or a value
+// `bind` refuses prints "<program>: <error>" to stderr (exit code 2).
+template <typename Bind>
+auto ParseInvocation(const ConfigSchema& schema, absl::string_view program,
+                     absl::string_view summary, int argc, const char* const* argv, Bind bind) {
+  using Bound = decltype(config_internal::AsStatusOr(bind(std::declval<const Config&>())));
+  Invocation<typename Bound::value_type> out;
+  std::optional<CommandLine> cli =
+      config_internal::ParseOrExit(schema, program, summary, argc, argv, &out.exit_code);
+  if (!cli.has_value()) return out;
+  Bound options = config_internal::AsStatusOr(bind(cli->config));
+  if (!options.ok()) {
+    config_internal::PrintUsageError(program, options.status());
+    out.exit_code = 2;
+    return out;
+  }
+  out.options = *std::move(options);
+  return out;
+}
 
 }  // namespace vamp
 

@@ -114,28 +114,37 @@ absl::Status SetLogFile(const std::string& path) {
   return absl::OkStatus();
 }
 
-void AddLogOutputConfigFields(ConfigSchema& schema) {
-  schema
-      .Enum("log_format", "text", {"text", "json"},
+void AddLogConfigFields(ConfigSchema& schema) {
+  const LogOptions d;
+  schema.String("log_level", d.level, "debug | info | warning | error")
+      .Enum("log_format", d.format, {"text", "json"},
             "text: glog-style lines; json: one JSON object per line (ts, level, file, line, "
             "tid, msg) for log shippers")
-      .String("log_file", "",
+      .String("log_file", d.file,
               "append log lines to this file instead of stderr (created when missing; "
               "O_APPEND, so logrotate's copytruncate works); empty: stderr");
 }
 
-absl::Status ConfigureLogging(const Config& config) {
-  absl::StatusOr<LogLevel> level = ParseLogLevel(config.GetString("log_level"));
+LogOptions LogOptionsFromConfig(const Config& config) {
+  LogOptions o;
+  o.level = config.GetString("log_level");
+  o.format = config.GetString("log_format");
+  o.file = config.GetString("log_file");
+  return o;
+}
+
+absl::Status ConfigureLogging(const LogOptions& options) {
+  absl::StatusOr<LogLevel> level = ParseLogLevel(options.level);
   if (!level.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("config field 'log_level': ", level.status().message()));
   }
-  absl::StatusOr<LogFormat> format = ParseLogFormat(config.GetString("log_format"));
+  absl::StatusOr<LogFormat> format = ParseLogFormat(options.format);
   if (!format.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("config field 'log_format': ", format.status().message()));
   }
-  if (absl::Status s = SetLogFile(config.GetString("log_file")); !s.ok()) {
+  if (absl::Status s = SetLogFile(options.file); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config field 'log_file': ", s.message()));
   }
   SetMinLogLevel(*level);

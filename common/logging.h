@@ -43,10 +43,19 @@ absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name);
 // several processes (a controller and the agents it spawns) can share one file.
 absl::Status SetLogFile(const std::string& path);
 
-// Declares log_format and log_file in a process's schema (log_level stays with each process).
-void AddLogOutputConfigFields(ConfigSchema& schema);
-// Applies log_level, log_format and log_file from `config`; errors name the field.
-absl::Status ConfigureLogging(const Config& config);
+// What a process's log_level, log_format and log_file say.
+struct LogOptions {
+  std::string level = "info";   // debug | info | warning | error
+  std::string format = "text";  // text | json
+  std::string file;             // append here; empty: stderr
+};
+
+// Declares log_level, log_format and log_file in a process's schema (defaults: LogOptions).
+void AddLogConfigFields(ConfigSchema& schema);
+// The three fields of a config whose schema AddLogConfigFields declared them in.
+LogOptions LogOptionsFromConfig(const Config& config);
+// Applies `options`; errors name the field.
+absl::Status ConfigureLogging(const LogOptions& options);
 
 // Formats one line (newline included). Exposed for tests.
 std::string FormatLogLine(LogFormat format, LogLevel level, const timeval& time, long thread_id,

@@ -9,9 +9,9 @@ run it instead of editing them: tests/dashboards checks that they match its outp
   python3 dashboards/generate.py --check    # exit 1 when a committed file differs
 
 Every query uses only metrics the processes export (names in agent/agent_metrics.h,
-controller/serving_engine.cc, controller/controller_server.cc) or Prometheus' own `up`, and the
-target labels replica, rank and vamp_role that service discovery sets (the controller's
-/metrics/targets, or the Kubernetes Pod/ServiceMonitors in deploy/k8s/monitoring).
+controller/serving/serving_engine.cc, controller/server/controller_server.cc) or Prometheus'
+own `up`, and the target labels replica, rank and vamp_role that service discovery sets (the
+controller's /metrics/targets, or the Kubernetes Pod/ServiceMonitors in deploy/k8s/monitoring).
 """
 import json
 import os

@@ -19,158 +19,25 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
 #include "bench/workload/lmcache_trace.h"
 #include "bench/workload/low_reuse_generator.h"
 #include "bench/workload/mooncake_trace.h"
 #include "bench/workload/multi_turn_generator.h"
 #include "common/config.h"
 #include "common/status_macros.h"
-#include "common/version.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "sim/calibration.h"
 #include "sim/report.h"
+#include "sim/sim_config.h"
 #include "sim/simulator.h"
 #include "tokenizer/hf_tokenizer.h"
 
 namespace vamp::sim {
 namespace {
-
-constexpr int64_t kInt32Max = 2147483647;
-
-ConfigSchema Schema() {
-  ConfigSchema s;
-  s.Enum("workload", "multi-turn", {"multi-turn", "mooncake", "lmcache", "low-reuse"},
-         "Workload to replay")
-      .String("policies", "static,vamp-10,vamp-15,vamp-20,vamp-25",
-              "Comma-separated policies: static, vamp-<r> (offload cap r %), with optional "
-              "+restore / +calib (e.g. vamp-25+restore+calib)")
-      // Model and hardware.
-      .String("calibration", "qwen3-next-80b-a3b-h100-tp2",
-              "Calibration preset (qwen3-30b-a3b, qwen3-next-80b-a3b-tp2, "
-              "qwen3-next-80b-a3b-h100-tp2)")
-      .String("calibration_file", "",
-              "JSON calibration applied over the preset (sim/calibration.h)")
-      .Double("kv_pool_gib", 8.0, 1e-6, 1e6, "Baseline KV pool per GPU (GiB)")
-      .Double("page_mib", 2.0, 1.0 / 1024, 1024, "VMM page size (MiB)")
-      .Int("staging_buffer_experts", 0, 0, kInt32Max,
-           "E_buffer: experts a staging buffer holds (0 = what the cap needs)")
-      .Double("remap_us_per_group_layer", RemapCosts{}.per_group_layer_micros, 0, 1e9,
-              "Virtual time to remap one group in one layer (µs)")
-      // Scheduler.
-      .Int("block_size", 16, 1, 4096, "Tokens per KV block")
-      .Int("max_num_batched_tokens", 8192, 1, kInt32Max, "Token budget per step")
-      .Int("max_num_seqs", 128, 1, kInt32Max, "Most running requests (paper, H100: 128)")
-      .Int("max_model_len", 262144, 2, kInt32Max, "Most tokens per request")
-      .Int("long_prefill_token_threshold", 0, 0, kInt32Max,
-           "Most prefill tokens of one request per step (0 = no limit)")
-      .Bool("enable_prefix_caching", true, "Prefix caching")
-      .Bool("enable_chunked_prefill", true, "Chunked prefill")
-      // In-house multi-turn workload.
-      .String("concurrency", "16,20,24,28", "multi-turn: comma-separated session counts to sweep")
-      .Int("turns", 12, 1, kInt32Max, "multi-turn: turns per session")
-      .Int("first_turn_tokens", 8192, 1, kInt32Max, "multi-turn: prompt tokens of turn 0")
-      .Int("growth_tokens", 6144, 0, kInt32Max,
-           "multi-turn: new tokens added each later turn (6144 puts the paper's H100 capacity "
-           "boundaries at the concurrencies Figure 9 shows)")
-      .Int("output_tokens", 256, 1, kInt32Max, "multi-turn: tokens generated per turn")
-      .Double("think_time_s", 2.0, 0, 1e9, "multi-turn: pause between a turn's end and the next")
-      .Double("stagger_s", 0.0, 0, 1e9, "multi-turn: session k starts at k × stagger_s")
-      .Int("shared_system_tokens", 0, 0, kInt32Max,
-           "multi-turn: system-prompt tokens shared by all sessions")
-      .Int("workload_seed", 1, 0, kInt32Max, "Seed of synthetic prompts")
-      .Int("tail_sessions", 0, 0, kInt32Max,
-           "multi-turn: extra sessions of the same shape starting at tail_start_s (a lighter "
-           "second phase, e.g. to measure restore)")
-      .Double("tail_start_s", 0, 0, 1e9, "multi-turn: when the tail sessions start")
-      // Low-reuse family (bench/workload/low_reuse_generator.h).
-      .Int("low_reuse_requests", 2000, 1, kInt32Max, "low-reuse: requests")
-      .Double("low_reuse_rate", 2.0, 1e-6, 1e6, "low-reuse: arrivals per second (Poisson)")
-      .Int("low_reuse_prompt_tokens", 8192, 1, kInt32Max, "low-reuse: mean prompt tokens")
-      .Int("low_reuse_output_tokens", 128, 1, kInt32Max, "low-reuse: output tokens per request")
-      .Double("low_reuse_probability", 0.3, 0, 1,
-              "low-reuse: share of requests that repeat an earlier request's prefix")
-      .Double("low_reuse_fraction", 0.5, 0, 1, "low-reuse: share of the prompt repeated")
-      .Double("low_reuse_distance", 200, 1, 1e9,
-              "low-reuse: mean reuse distance in requests (exponential)")
-      .Double("low_reuse_start_s", 0, 0, 1e9,
-              "low-reuse: arrival of the first request; with --workload=multi-turn and "
-              "--mix_low_reuse, when the low-reuse phase starts")
-      .Bool("mix_low_reuse", false,
-            "multi-turn: add the low-reuse requests (low_reuse_* flags) to the sessions, for a "
-            "workload that alternates high- and low-reuse phases (with tail_sessions)")
-      // Traces.
-      .String("mooncake_trace", "../shared/traces/mooncake/synthetic_trace.jsonl",
-              "mooncake: trace file (JSONL)")
-      .Int("mooncake_max_requests", 0, 0, kInt32Max, "mooncake: first N records only (0 = all)")
-      .Double("mooncake_time_scale", 1.0, 1e-6, 1e6,
-              "mooncake: multiply inter-arrival times (0.5 = twice the load)")
-      .String("lmcache_dir", "../shared/traces/lmcache-agent-trace/miniswe",
-              "lmcache: folder of session files")
-      .Int("lmcache_sessions", 0, 0, kInt32Max, "lmcache: sessions to replay (0 = all files)")
-      .Double("lmcache_stagger_s", 5.0, 0, 1e9, "lmcache: session k starts at k × stagger")
-      .Double("lmcache_time_scale", 1.0, 1e-6, 1e6, "lmcache: multiply recorded gaps")
-      .String("lmcache_tokenizer_dir", "",
-              "lmcache: a model folder whose tokenizer.json turns the traces' text into the "
-              "model's token ids (empty: about 4 bytes a token)")
-      .Double("lmcache_max_session_s", 0, 0, 1e9,
-              "lmcache: drop calls later than this in their session (0 = none)")
-      // Measurement.
-      .Enum("exclude_first_turn", "auto", {"auto", "yes", "no"},
-            "Leave each session's turn 0 out of TTFT (auto: yes for multi-turn)")
-      .Double("max_time_s", 0, 0, 1e12, "Stop at this virtual time (0 = when all turns are done)")
-      .Double("sample_interval_s", 5.0, 1e-3, 1e9, "Time-series resolution (virtual s)")
-      .Int("seed", 1, 0, kInt32Max, "Seed of the simulated agents' tokens")
-      .Int("threads", 0, 0, 1024, "Worker threads (0 = one per core)")
-      .Bool("progress", true, "Progress lines on stderr")
-      .Double("progress_interval_s", 5.0, 0.1, 1e6, "Wall seconds between progress lines")
-      // Output.
-      .String("report", "", "Markdown report to write (SVG charts next to it); empty = none")
-      .String("decision_log_dir", "",
-              "Write the newest arbiter decisions of each run to <dir>/<policy>[-c<c>].log")
-      .Int("decision_log_entries", 256, 1, kInt32Max, "Decisions kept per run for the log")
-      .String("title", "", "Report title (default: derived from the workload)")
-      .Double("phase_split_s", 0, 0, 1e12,
-              "Also report the turns arriving at or after this virtual time (0 = no)")
-      .Bool("paper_figure9", false,
-            "Show the paper's Figure 9 (H100 TP2) TTFT p99 numbers next to the sweep");
-  AddVampArbiterConfigFields(s);
-  return s;
-}
-
-absl::StatusOr<std::vector<int32_t>> ParseList(const std::string& text) {
-  std::vector<int32_t> out;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int32_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config field 'concurrency': '", part, "' is not a positive integer"));
-    }
-    out.push_back(v);
-  }
-  if (out.empty()) return absl::InvalidArgumentError("config field 'concurrency': empty list");
-  return out;
-}
-
-workload::LowReuseOptions LowReuseFromConfig(const Config& config, int32_t vocab) {
-  workload::LowReuseOptions o;
-  o.num_requests = static_cast<int32_t>(config.GetInt("low_reuse_requests"));
-  o.rate_per_s = config.GetDouble("low_reuse_rate");
-  o.prompt_tokens = static_cast<int32_t>(config.GetInt("low_reuse_prompt_tokens"));
-  o.output_tokens = static_cast<int32_t>(config.GetInt("low_reuse_output_tokens"));
-  o.reuse_probability = config.GetDouble("low_reuse_probability");
-  o.reuse_fraction = config.GetDouble("low_reuse_fraction");
-  o.mean_reuse_distance = config.GetDouble("low_reuse_distance");
-  o.start_s = config.GetDouble("low_reuse_start_s");
-  o.vocab_size = vocab;
-  o.seed = static_cast<uint64_t>(config.GetInt("workload_seed")) + 7919;
-  return o;
-}
 
 struct Job {
   int32_t concurrency = 0;
@@ -178,87 +45,33 @@ struct Job {
   PolicySpec policy;
 };
 
-absl::Status Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  VAMP_ASSIGN_OR_RETURN(CommandLine cl, ParseCommandLine(schema, argc, argv));
-  if (cl.version_requested) {
-    std::cout << "vamp-sim " << kVersion << "\n";
-    return absl::OkStatus();
-  }
-  if (cl.help_requested) {
-    std::cout << schema.HelpText(
-        "vamp-sim",
-        "Replays a workload under memory policies (static vs. VAMP-r) with the real scheduler, "
-        "KV block pool and arbiters, in virtual time, and reports TTFT, TPOT, throughput, "
-        "prefix-cache hit rate, preemptions, decisions and KV pool size over time.");
-    return absl::OkStatus();
-  }
-  const Config& config = cl.config;
-  VAMP_ASSIGN_OR_RETURN(VampArbiterConfig vamp, VampArbiterConfigFromConfig(config));
-  std::vector<PolicySpec> policies;
-  for (absl::string_view p : absl::StrSplit(config.GetString("policies"), ',', absl::SkipEmpty())) {
-    VAMP_ASSIGN_OR_RETURN(PolicySpec spec, ParsePolicy(p, vamp));
-    policies.push_back(std::move(spec));
-  }
-  if (policies.empty()) return absl::InvalidArgumentError("config field 'policies': empty list");
+constexpr char kSummary[] =
+    "Replays a workload under memory policies (static vs. VAMP-r) with the real scheduler, KV "
+    "block pool and arbiters, in virtual time, and reports TTFT, TPOT, throughput, prefix-cache "
+    "hit rate, preemptions, decisions and KV pool size over time.";
 
-  SimOptions options;
-  VAMP_ASSIGN_OR_RETURN(options.calibration, CalibrationPreset(config.GetString("calibration")));
-  if (!config.GetString("calibration_file").empty()) {
-    VAMP_ASSIGN_OR_RETURN(options.calibration, LoadCalibration(config.GetString("calibration_file"),
-                                                               options.calibration));
-  }
-  SchedulerConfig& sc = options.scheduler;
-  sc.block_size = static_cast<int32_t>(config.GetInt("block_size"));
-  sc.max_num_batched_tokens = static_cast<int32_t>(config.GetInt("max_num_batched_tokens"));
-  sc.max_num_seqs = static_cast<int32_t>(config.GetInt("max_num_seqs"));
-  sc.max_model_len = static_cast<int32_t>(config.GetInt("max_model_len"));
-  sc.long_prefill_token_threshold =
-      static_cast<int32_t>(config.GetInt("long_prefill_token_threshold"));
-  sc.enable_prefix_caching = config.GetBool("enable_prefix_caching");
-  sc.enable_chunked_prefill = config.GetBool("enable_chunked_prefill");
-  options.offload.base_kv_bytes =
-      static_cast<int64_t>(config.GetDouble("kv_pool_gib") * static_cast<double>(1LL << 30));
-  options.offload.page_bytes =
-      static_cast<int64_t>(config.GetDouble("page_mib") * static_cast<double>(1 << 20));
-  options.offload.staging_buffer_experts =
-      static_cast<int32_t>(config.GetInt("staging_buffer_experts"));
-  options.remap.per_group_layer_micros = config.GetDouble("remap_us_per_group_layer");
-  options.remap.h2d_bytes_per_s = options.calibration.hardware.h2d_bytes_per_s;
-  options.max_time_s = config.GetDouble("max_time_s");
-  options.sample_interval_s = config.GetDouble("sample_interval_s");
-  options.seed = static_cast<uint64_t>(config.GetInt("seed"));
-  options.progress_interval_s = config.GetDouble("progress_interval_s");
-  options.decision_log_capacity = static_cast<size_t>(config.GetInt("decision_log_entries"));
-  const std::string kind = config.GetString("workload");
-  const std::string exclude = config.GetString("exclude_first_turn");
-  options.exclude_first_turn = exclude == "yes" || (exclude == "auto" && kind == "multi-turn");
+// `argc` and `argv` go into the report as the command that made it.
+absl::Status Run(const SimConfig& config, int argc, char** argv) {
+  const std::vector<PolicySpec>& policies = config.policies;
+  const SimOptions& options = config.sim;
+  const SchedulerConfig& sc = options.scheduler;
+  const std::string& kind = config.workload;
 
   // Workloads.
   std::vector<std::unique_ptr<workload::Workload>> workloads;
   std::vector<int32_t> concurrencies;
   std::vector<std::string> setting;
-  const int32_t vocab = options.calibration.model.vocab;
   if (kind == "multi-turn") {
-    VAMP_ASSIGN_OR_RETURN(concurrencies, ParseList(config.GetString("concurrency")));
-    workload::MultiTurnOptions o;
-    o.turns = static_cast<int32_t>(config.GetInt("turns"));
-    o.first_turn_tokens = static_cast<int32_t>(config.GetInt("first_turn_tokens"));
-    o.growth_tokens = static_cast<int32_t>(config.GetInt("growth_tokens"));
-    o.output_tokens = static_cast<int32_t>(config.GetInt("output_tokens"));
-    o.think_time_s = config.GetDouble("think_time_s");
-    o.stagger_s = config.GetDouble("stagger_s");
-    o.shared_system_tokens = static_cast<int32_t>(config.GetInt("shared_system_tokens"));
-    o.vocab_size = vocab;
-    o.seed = static_cast<uint64_t>(config.GetInt("workload_seed"));
-    const int32_t tail = static_cast<int32_t>(config.GetInt("tail_sessions"));
-    const double tail_start = config.GetDouble("tail_start_s");
+    concurrencies = config.concurrencies;
+    workload::MultiTurnOptions o = config.multi_turn;
+    const int32_t tail = config.tail_sessions;
+    const double tail_start = config.tail_start_s;
     for (int32_t c : concurrencies) {
       o.concurrency = c;
       VAMP_ASSIGN_OR_RETURN(workload::Workload w, workload::GenerateMultiTurn(o));
-      if (config.GetBool("mix_low_reuse")) {
-        workload::LowReuseOptions lr = LowReuseFromConfig(config, vocab);
-        VAMP_ASSIGN_OR_RETURN(workload::Workload extra, workload::GenerateLowReuse(lr));
+      if (config.mix_low_reuse) {
+        VAMP_ASSIGN_OR_RETURN(workload::Workload extra,
+                              workload::GenerateLowReuse(config.low_reuse));
         for (workload::Session& session : extra.sessions) w.sessions.push_back(std::move(session));
       }
       if (tail > 0) {
@@ -282,12 +95,11 @@ absl::Status Main(int argc, char** argv) {
         "TTFT excludes each session's turn 0%s",
         o.turns, o.first_turn_tokens, o.growth_tokens, o.output_tokens, last, o.think_time_s,
         o.stagger_s,
-        config.GetInt("tail_sessions") > 0
-            ? absl::StrFormat("; plus %d sessions of the same shape from t = %.0f s",
-                              config.GetInt("tail_sessions"), config.GetDouble("tail_start_s"))
-            : ""));
+        tail > 0 ? absl::StrFormat("; plus %d sessions of the same shape from t = %.0f s", tail,
+                                   tail_start)
+                 : ""));
   } else if (kind == "low-reuse") {
-    const workload::LowReuseOptions lr = LowReuseFromConfig(config, vocab);
+    const workload::LowReuseOptions& lr = config.low_reuse;
     VAMP_ASSIGN_OR_RETURN(workload::Workload w, workload::GenerateLowReuse(lr));
     workloads.push_back(std::make_unique<workload::Workload>(std::move(w)));
     concurrencies.push_back(0);
@@ -298,44 +110,35 @@ absl::Status Main(int argc, char** argv) {
         lr.num_requests, lr.rate_per_s, lr.prompt_tokens, lr.output_tokens,
         100 * lr.reuse_probability, 100 * lr.reuse_fraction, lr.mean_reuse_distance));
   } else if (kind == "mooncake") {
-    workload::MooncakeOptions o;
-    o.vocab_size = vocab;
-    o.max_requests = config.GetInt("mooncake_max_requests");
-    o.time_scale = config.GetDouble("mooncake_time_scale");
+    const workload::MooncakeOptions& o = config.mooncake;
     VAMP_ASSIGN_OR_RETURN(workload::Workload w,
-                          workload::ReadMooncakeTrace(config.GetString("mooncake_trace"), o));
+                          workload::ReadMooncakeTrace(config.mooncake_trace, o));
     workloads.push_back(std::make_unique<workload::Workload>(std::move(w)));
     concurrencies.push_back(0);
     setting.push_back(absl::StrFormat("Workload: Mooncake trace %s (time scale %g)",
-                                      config.GetString("mooncake_trace"), o.time_scale));
+                                      config.mooncake_trace, o.time_scale));
   } else {
-    workload::LmcacheOptions o;
-    o.vocab_size = vocab;
-    o.num_sessions = static_cast<int32_t>(config.GetInt("lmcache_sessions"));
-    o.stagger_s = config.GetDouble("lmcache_stagger_s");
-    o.time_scale = config.GetDouble("lmcache_time_scale");
-    o.max_session_duration_s = config.GetDouble("lmcache_max_session_s");
-    const std::string& tokenizer_dir = config.GetString("lmcache_tokenizer_dir");
+    workload::LmcacheOptions o = config.lmcache;
     std::unique_ptr<HfTokenizer> tokenizer;
-    if (!tokenizer_dir.empty()) {
-      absl::StatusOr<std::unique_ptr<HfTokenizer>> t = HfTokenizer::FromModelFolder(tokenizer_dir);
+    if (!config.lmcache_tokenizer_dir.empty()) {
+      absl::StatusOr<std::unique_ptr<HfTokenizer>> t =
+          HfTokenizer::FromModelFolder(config.lmcache_tokenizer_dir);
       if (!t.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--lmcache_tokenizer_dir '", tokenizer_dir, "': ", t.status().message()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--lmcache_tokenizer_dir '", config.lmcache_tokenizer_dir, "': ", t.status().message()));
       }
       tokenizer = *std::move(t);
       o.tokenizer = tokenizer.get();
     }
-    VAMP_ASSIGN_OR_RETURN(workload::Workload w,
-                          workload::ReadLmcacheTraces(config.GetString("lmcache_dir"), o));
+    VAMP_ASSIGN_OR_RETURN(workload::Workload w, workload::ReadLmcacheTraces(config.lmcache_dir, o));
     workloads.push_back(std::make_unique<workload::Workload>(std::move(w)));
     concurrencies.push_back(0);
     setting.push_back(absl::StrFormat(
         "Workload: LMCache agent traces %s, %d sessions, stagger %.1f s, time scale %g, text "
         "through %s",
-        config.GetString("lmcache_dir"), workloads.back()->sessions.size(), o.stagger_s,
-        o.time_scale,
-        tokenizer_dir.empty() ? "about 4 bytes a token" : "the tokenizer of " + tokenizer_dir));
+        config.lmcache_dir, workloads.back()->sessions.size(), o.stagger_s, o.time_scale,
+        config.lmcache_tokenizer_dir.empty() ? "about 4 bytes a token"
+                                             : "the tokenizer of " + config.lmcache_tokenizer_dir));
   }
   for (size_t i = 0; i < workloads.size(); ++i) {
     const workload::WorkloadSummary sum = workload::Summarize(*workloads[i], sc.block_size);
@@ -368,8 +171,9 @@ absl::Status Main(int argc, char** argv) {
     if (p.arbiter == "static") {
       setting.push_back(absl::StrFormat(
           "%s: KV pool %.2f GiB/GPU = %d blocks of %d tokens (%.0f KiB/rank), %.2f M tokens",
-          p.label, config.GetDouble("kv_pool_gib"), g.base_blocks(), sc.block_size,
-          g.kv_block_bytes / 1024.0, g.base_blocks() * static_cast<double>(sc.block_size) * 1e-6));
+          p.label, options.offload.base_kv_bytes / static_cast<double>(1 << 30), g.base_blocks(),
+          sc.block_size, g.kv_block_bytes / 1024.0,
+          g.base_blocks() * static_cast<double>(sc.block_size) * 1e-6));
     } else {
       setting.push_back(absl::StrFormat(
           "%s: group = %d experts (%.0f MiB/layer), one group in %d layers = %.0f MiB = %d blocks; "
@@ -392,12 +196,12 @@ absl::Status Main(int argc, char** argv) {
   for (size_t i = 0; i < workloads.size(); ++i) {
     for (const PolicySpec& p : policies) jobs.push_back({concurrencies[i], workloads[i].get(), p});
   }
-  int threads = static_cast<int>(config.GetInt("threads"));
+  int threads = config.threads;
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = std::min<int>(threads, static_cast<int>(jobs.size()));
   std::vector<absl::StatusOr<SimResult>> results(jobs.size(), absl::UnknownError("not run"));
   std::atomic<size_t> next{0};
-  const bool progress = config.GetBool("progress");
+  const bool progress = config.progress;
   const auto start = std::chrono::steady_clock::now();
   auto worker = [&] {
     for (size_t j = next++; j < jobs.size(); j = next++) {
@@ -425,7 +229,7 @@ absl::Status Main(int argc, char** argv) {
     runs.push_back({jobs[j].concurrency, *std::move(results[j])});
   }
   const bool sweep = kind == "multi-turn";
-  if (const std::string dir = config.GetString("decision_log_dir"); !dir.empty()) {
+  if (const std::string& dir = config.decision_log_dir; !dir.empty()) {
     std::filesystem::create_directories(dir);
     for (const RunRecord& run : runs) {
       const std::string name = run.concurrency > 0
@@ -439,16 +243,16 @@ absl::Status Main(int argc, char** argv) {
     }
   }
   std::cout << ResultsTable(runs, sweep);
-  const double split = config.GetDouble("phase_split_s");
+  const double split = config.phase_split_s;
   if (split > 0) std::cout << PhaseTable(runs, sweep, split);
   std::cout << absl::StrFormat("total wall time %.1f s (%d runs, %d threads)\n", wall, runs.size(),
                                threads);
 
-  const std::string report_path = config.GetString("report");
+  const std::string& report_path = config.report;
   if (report_path.empty()) return absl::OkStatus();
   ReportSpec spec;
-  spec.title = config.GetString("title").empty() ? absl::StrCat("vamp-sim: ", kind, " on ", m.name)
-                                                 : config.GetString("title");
+  spec.title =
+      config.title.empty() ? absl::StrCat("vamp-sim: ", kind, " on ", m.name) : config.title;
   // The command as a shell takes it, from the repository root (where the build puts the binary).
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
@@ -463,7 +267,7 @@ absl::Status Main(int argc, char** argv) {
   for (const PolicySpec& p : policies) spec.policies.push_back(p.label);
   if (sweep) spec.concurrencies = concurrencies;
   spec.runs = std::move(runs);
-  if (config.GetBool("paper_figure9")) spec.paper = PaperFigure9H100();
+  if (config.paper_figure9) spec.paper = PaperFigure9H100();
   const std::filesystem::path md(report_path);
   spec.svg_prefix = md.stem().string();
   spec.phase_split_s = split;
@@ -488,7 +292,11 @@ absl::Status Main(int argc, char** argv) {
 }  // namespace vamp::sim
 
 int main(int argc, char** argv) {
-  absl::Status s = vamp::sim::Main(argc, argv);
+  auto invocation =
+      vamp::ParseInvocation(vamp::sim::SimConfigSchema(), "vamp-sim", vamp::sim::kSummary, argc,
+                            argv, vamp::sim::SimConfigFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  absl::Status s = vamp::sim::Run(*invocation.options, argc, argv);
   if (!s.ok()) {
     std::cerr << "vamp-sim: " << s << "\n";
     return 1;

@@ -1,10 +1,9 @@
 #include "sim/offload_geometry.h"
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/offload_arithmetic.h"
 
 namespace vamp::sim {
 
@@ -22,7 +21,8 @@ absl::StatusOr<OffloadGeometry> ComputeOffloadGeometry(const SimModelShape& mode
   g.page_bytes = o.page_bytes;
   g.expert_bytes = model.ExpertBytes();
   g.experts_per_layer = model.num_experts;
-  g.experts_per_group = static_cast<int32_t>(o.page_bytes / std::gcd(o.page_bytes, g.expert_bytes));
+  g.experts_per_group = static_cast<int32_t>(
+      ExpertsPerGroup(static_cast<uint64_t>(o.page_bytes), static_cast<uint64_t>(g.expert_bytes)));
   g.group_bytes = g.experts_per_group * g.expert_bytes;
   g.eligible_layers = std::max(0, model.num_layers - 1);
   g.kv_block_bytes = model.KvBytesPerToken() * o.block_size;
@@ -32,11 +32,9 @@ absl::StatusOr<OffloadGeometry> ComputeOffloadGeometry(const SimModelShape& mode
                                                    ") holds no ", g.kv_block_bytes,
                                                    "-byte KV block"));
   }
-  int64_t cap = static_cast<int64_t>(std::floor(o.max_offload_ratio * model.num_experts + 1e-9));
-  if (o.staging_buffer_experts > 0) cap = std::min<int64_t>(cap, o.staging_buffer_experts);
-  g.max_groups = g.experts_per_group > model.num_experts || g.eligible_layers == 0
-                     ? 0
-                     : static_cast<int32_t>(cap / g.experts_per_group);
+  g.max_groups = static_cast<int32_t>(
+      MaxOffloadGroups(model.num_experts, g.experts_per_group, o.max_offload_ratio,
+                       o.staging_buffer_experts, g.eligible_layers));
   g.max_offload_experts = g.max_groups * g.experts_per_group;
   return g;
 }

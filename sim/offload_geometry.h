@@ -1,12 +1,10 @@
 // Per-rank geometry of expert offloading as the simulator needs it: how big a group is, how many
 // groups the cap allows, and how many KV blocks the pool has after moving n groups into it.
 //
-// The same arithmetic as engine/memory/geometry.h (which sim/ must not link: sim depends only on
-// the controller and the workload library), restated from shared/DESIGN.md "Memory model":
-//   group  the smallest run of g consecutive experts whose bytes are a multiple of the page:
-//          g = page / gcd(page, expert_bytes);
+// Group size and cap come from common/offload_arithmetic.h, the arithmetic engine/memory/geometry.h
+// lays out real memory by (sim/ must not link engine/: it depends only on the controller and the
+// workload library). What the simulator adds, from shared/DESIGN.md "Memory model":
 //   eligible layers  every MoE layer but the first (all layers of the Qwen3 models are MoE);
-//   cap    min(E_buffer, floor(r·E)) experts per eligible layer, rounded down to whole groups;
 //   pool   num_blocks = floor(mapped_bytes / block_bytes), where mapped_bytes is the baseline KV
 //          pool plus n·g·expert_bytes in every eligible layer.
 // Qwen3-Next TP2: 3 MiB shards, groups of 2 (6 MiB), 47 eligible layers → 282 MiB per group; KV

@@ -1,4 +1,4 @@
-// The HTTP front end at scale (issue 14): how many concurrent streaming clients vamp-controller
+// The HTTP front end at scale: how many concurrent streaming clients vamp-controller
 // holds, whether every request reaches the scheduler (not a socket backlog), how /health answers
 // meanwhile, and what an idle connection costs in controller memory.
 //
@@ -44,32 +44,63 @@
 #include "absl/time/clock.h"
 #include "bench/vamp_bench/protocol.h"
 #include "common/config.h"
-#include "common/version.h"
 
 namespace vamp {
 namespace {
 
+// The bench's flags, typed.
+struct Flags {
+  std::string controller;  // required
+  std::string baseline_controller;
+  std::string model_path;  // empty: tests/data/tiny-qwen3-moe of the source tree
+  int64_t connections = 10000;
+  double idle_s = 5;
+  int64_t max_tokens = 16;
+  int64_t max_num_seqs = 256;
+  int64_t probe_ms = 100;
+  double deadline_s = 300;
+  std::string extra_flags;  // space-separated
+};
+
 const ConfigSchema& Schema() {
   static const ConfigSchema* s = [] {
+    const Flags d;
     auto* s = new ConfigSchema();
-    s->String("controller", "",
+    s->String("controller", d.controller,
               "vamp-controller binary under test (its vamp-agent must sit next to it)")
-        .String("baseline_controller", "",
+        .String("baseline_controller", d.baseline_controller,
                 "optional second vamp-controller (e.g. an older build) run the same way; the "
                 "table then shows both and the ratios")
-        .String("model_path", "", "model folder; default: tests/data/tiny-qwen3-moe of the "
-                                  "source tree this bench was built from")
-        .Int("connections", 10000, 1, 1000000, "concurrent client connections")
-        .Double("idle_s", 5, 0, 3600, "seconds the connections stay idle before requesting")
-        .Int("max_tokens", 16, 1, 100000, "tokens each streaming request generates")
-        .Int("max_num_seqs", 256, 1, 1 << 20, "the controller's --max_num_seqs")
-        .Int("probe_ms", 100, 1, 60000, "interval of /health and /metrics probes (ms)")
-        .Double("deadline_s", 300, 1, 86400,
+        .String("model_path", d.model_path,
+                "model folder; default: tests/data/tiny-qwen3-moe of the source tree this bench "
+                "was built from")
+        .Int("connections", d.connections, 1, 1000000, "concurrent client connections")
+        .Double("idle_s", d.idle_s, 0, 3600, "seconds the connections stay idle before requesting")
+        .Int("max_tokens", d.max_tokens, 1, 100000, "tokens each streaming request generates")
+        .Int("max_num_seqs", d.max_num_seqs, 1, 1 << 20, "the controller's --max_num_seqs")
+        .Int("probe_ms", d.probe_ms, 1, 60000, "interval of /health and /metrics probes (ms)")
+        .Double("deadline_s", d.deadline_s, 1, 86400,
                 "stop reading streams after this long (what finished by then is reported)")
-        .String("extra_flags", "", "more controller flags, space-separated");
+        .String("extra_flags", d.extra_flags, "more controller flags, space-separated");
     return s;
   }();
   return *s;
+}
+
+// The only reader of the flags by name.
+Flags FlagsFromConfig(const Config& config) {
+  Flags f;
+  f.controller = config.GetString("controller");
+  f.baseline_controller = config.GetString("baseline_controller");
+  f.model_path = config.GetString("model_path");
+  f.connections = config.GetInt("connections");
+  f.idle_s = config.GetDouble("idle_s");
+  f.max_tokens = config.GetInt("max_tokens");
+  f.max_num_seqs = config.GetInt("max_num_seqs");
+  f.probe_ms = config.GetInt("probe_ms");
+  f.deadline_s = config.GetDouble("deadline_s");
+  f.extra_flags = config.GetString("extra_flags");
+  return f;
 }
 
 int64_t RssBytes(pid_t pid) {
@@ -157,11 +188,10 @@ struct Controller {
   int http_port = 0;
 };
 
-Controller StartController(const std::string& binary, const CommandLine& cli,
-                           const std::string& dir) {
+Controller StartController(const std::string& binary, const Flags& flags, const std::string& dir) {
   const std::string ready = absl::StrCat(dir, "/ready.json");
   std::remove(ready.c_str());
-  std::string model = cli.config.GetString("model_path");
+  std::string model = flags.model_path;
   if (model.empty()) model = std::string(VAMP_SOURCE_DIR) + "/tests/data/tiny-qwen3-moe";
   std::vector<std::string> args = {binary,
                                    "--model_path=" + model,
@@ -171,10 +201,9 @@ Controller StartController(const std::string& binary, const CommandLine& cli,
                                    "--admin_address=127.0.0.1:0",
                                    "--metrics_address=",
                                    "--log_level=warning",
-                                   absl::StrCat("--max_num_seqs=", cli.config.GetInt("max_num_seqs")),
+                                   absl::StrCat("--max_num_seqs=", flags.max_num_seqs),
                                    "--ready_file=" + ready};
-  for (absl::string_view f :
-       absl::StrSplit(cli.config.GetString("extra_flags"), ' ', absl::SkipEmpty())) {
+  for (absl::string_view f : absl::StrSplit(flags.extra_flags, ' ', absl::SkipEmpty())) {
     args.emplace_back(f);
   }
   Controller c;
@@ -206,13 +235,13 @@ Controller StartController(const std::string& binary, const CommandLine& cli,
   return c;
 }
 
-Result RunOne(const std::string& binary, const CommandLine& cli) {
+Result RunOne(const std::string& binary, const Flags& flags) {
   Result r;
   char dir_template[] = "/tmp/vamp-http-bench-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  Controller c = StartController(binary, cli, dir);
+  Controller c = StartController(binary, flags, dir);
   if (c.pid < 0) return r;
-  const int n = static_cast<int>(cli.config.GetInt("connections"));
+  const int n = static_cast<int>(flags.connections);
   r.rss_before = static_cast<double>(RssBytes(c.pid));
 
   // 1. Open and hold idle connections.
@@ -228,9 +257,8 @@ Result RunOne(const std::string& binary, const CommandLine& cli) {
     if (i % 1000 == 999) absl::SleepFor(absl::Milliseconds(20));  // let accept keep up
   }
   r.connected = static_cast<int64_t>(fds.size());
-  std::cerr << "  " << fds.size() << " connections open; idle for " << cli.config.GetDouble("idle_s")
-            << " s\n";
-  absl::SleepFor(absl::Seconds(cli.config.GetDouble("idle_s")));
+  std::cerr << "  " << fds.size() << " connections open; idle for " << flags.idle_s << " s\n";
+  absl::SleepFor(absl::Seconds(flags.idle_s));
   r.rss_idle = static_cast<double>(RssBytes(c.pid));
 
   // 3. Probes, on their own thread.
@@ -238,7 +266,7 @@ Result RunOne(const std::string& binary, const CommandLine& cli) {
   std::vector<double> health;
   const absl::Time probe_start = absl::Now();
   std::thread prober([&] {
-    const auto interval = absl::Milliseconds(cli.config.GetInt("probe_ms"));
+    const auto interval = absl::Milliseconds(flags.probe_ms);
     while (!stop.load()) {
       double s = 0;
       const std::string h = Get(c.http_port, "/health", &s);
@@ -262,9 +290,9 @@ Result RunOne(const std::string& binary, const CommandLine& cli) {
   });
 
   // 2. One streaming request per connection; read all streams on this thread.
-  const std::string body = absl::StrCat(
-      R"({"prompt":[3,4,5,6],"stream":true,"ignore_eos":true,"max_tokens":)",
-      cli.config.GetInt("max_tokens"), "}");
+  const std::string body =
+      absl::StrCat(R"({"prompt":[3,4,5,6],"stream":true,"ignore_eos":true,"max_tokens":)",
+                   flags.max_tokens, "}");
   const std::string request =
       absl::StrCat("POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n",
                    "Content-Length: ", body.size(), "\r\n\r\n", body);
@@ -285,7 +313,7 @@ Result RunOne(const std::string& binary, const CommandLine& cli) {
     epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev);
     ++open_streams;
   }
-  const absl::Time deadline = start + absl::Seconds(cli.config.GetDouble("deadline_s"));
+  const absl::Time deadline = start + absl::Seconds(flags.deadline_s);
   std::vector<epoll_event> events(1024);
   int64_t last_report = 0;
   while (open_streams > 0 && absl::Now() < deadline) {
@@ -338,30 +366,21 @@ Result RunOne(const std::string& binary, const CommandLine& cli) {
 }
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(Schema(), argc, argv);
-  if (!cli.ok()) {
-    std::cerr << "vamp_bench_http_concurrency: " << cli.status().message() << "\n";
-    return 2;
-  }
-  if (cli->version_requested) {
-    std::cout << "vamp_bench_http_concurrency " << kVersion << "\n";
-    return 0;
-  }
-  if (cli->help_requested) {
-    std::cout << Schema().HelpText("vamp_bench_http_concurrency",
-                                   "Holds thousands of streaming clients against vamp-controller "
-                                   "(CPU agent, tiny model) and reports what reached the "
-                                   "scheduler, /health latency and memory per idle connection.");
-    return 0;
-  }
+  auto invocation = ParseInvocation(
+      Schema(), "vamp_bench_http_concurrency",
+      "Holds thousands of streaming clients against vamp-controller (CPU agent, tiny model) and "
+      "reports what reached the scheduler, /health latency and memory per idle connection.",
+      argc, argv, FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const Flags& flags = *invocation.options;
   std::vector<std::string> binaries;
-  if (cli->config.GetString("controller").empty()) {
+  if (flags.controller.empty()) {
     std::cerr << "vamp_bench_http_concurrency: --controller is required (see --help)\n";
     return 2;
   }
-  binaries.push_back(cli->config.GetString("controller"));
-  if (!cli->config.GetString("baseline_controller").empty()) {
-    binaries.push_back(cli->config.GetString("baseline_controller"));
+  binaries.push_back(flags.controller);
+  if (!flags.baseline_controller.empty()) {
+    binaries.push_back(flags.baseline_controller);
   }
   rlimit limit;
   getrlimit(RLIMIT_NOFILE, &limit);
@@ -371,12 +390,11 @@ int Main(int argc, char** argv) {
   std::vector<Result> results;
   for (const std::string& b : binaries) {
     std::cerr << "== " << b << "\n";
-    results.push_back(RunOne(b, *cli));
+    results.push_back(RunOne(b, flags));
   }
-  const int64_t n = cli->config.GetInt("connections");
-  std::cout << "connections asked: " << n << ", max_tokens "
-            << cli->config.GetInt("max_tokens") << ", max_num_seqs "
-            << cli->config.GetInt("max_num_seqs") << "\n\n| metric |";
+  const int64_t n = flags.connections;
+  std::cout << "connections asked: " << n << ", max_tokens " << flags.max_tokens
+            << ", max_num_seqs " << flags.max_num_seqs << "\n\n| metric |";
   for (const auto& b : binaries) std::cout << " " << b << " |";
   if (results.size() == 2) std::cout << " ratio (first / second) |";
   std::cout << "\n|---|";

@@ -30,17 +30,48 @@
 namespace vamp {
 namespace {
 
+// The bench's flags, typed.
+struct Flags {
+  std::string model;  // empty: $VAMP_SOURCE_DIR/tests/data/tiny-qwen3-moe
+  std::string load_format = "auto";
+  int repeats = 5;
+  int64_t decode_steps = 64;
+  int64_t kv_blocks = 1024;
+  double offload_ratio = 0.75;
+  int64_t page_bytes = 4096;
+  std::string output;
+};
+
 ConfigSchema Schema() {
+  const Flags d;
   ConfigSchema s;
-  s.String("model", "", "model directory (default: $VAMP_SOURCE_DIR/tests/data/tiny-qwen3-moe)");
-  s.Enum("load_format", "auto", {"auto", "safetensors", "dummy"}, "weights: checkpoint or dummy");
-  s.Int("repeats", 5, 1, 1000, "measured repetitions of each prefill scenario (best is reported)");
-  s.Int("decode_steps", 64, 1, 100000, "measured decode steps per decode scenario");
-  s.Int("kv_blocks", 1024, 16, 1 << 20, "KV blocks of 16 tokens");
-  s.Double("offload_ratio", 0.75, 0.0, 1.0, "VAMP-r of the offloaded rows (fraction of experts)");
-  s.Int("page_bytes", 4096, 4096, int64_t{1} << 30, "host page size of the offloaded rows");
-  s.String("output", "", "also write the table as markdown to this file");
+  s.String("model", d.model,
+           "model directory (default: $VAMP_SOURCE_DIR/tests/data/tiny-qwen3-moe)");
+  s.Enum("load_format", d.load_format, {"auto", "safetensors", "dummy"},
+         "weights: checkpoint or dummy");
+  s.Int("repeats", d.repeats, 1, 1000,
+        "measured repetitions of each prefill scenario (best is reported)");
+  s.Int("decode_steps", d.decode_steps, 1, 100000, "measured decode steps per decode scenario");
+  s.Int("kv_blocks", d.kv_blocks, 16, 1 << 20, "KV blocks of 16 tokens");
+  s.Double("offload_ratio", d.offload_ratio, 0.0, 1.0,
+           "VAMP-r of the offloaded rows (fraction of experts)");
+  s.Int("page_bytes", d.page_bytes, 4096, int64_t{1} << 30, "host page size of the offloaded rows");
+  s.String("output", d.output, "also write the table as markdown to this file");
   return s;
+}
+
+// The only reader of the flags by name.
+Flags FlagsFromConfig(const Config& config) {
+  Flags f;
+  f.model = config.GetString("model");
+  f.load_format = config.GetString("load_format");
+  f.repeats = static_cast<int>(config.GetInt("repeats"));
+  f.decode_steps = config.GetInt("decode_steps");
+  f.kv_blocks = config.GetInt("kv_blocks");
+  f.offload_ratio = config.GetDouble("offload_ratio");
+  f.page_bytes = config.GetInt("page_bytes");
+  f.output = config.GetString("output");
+  return f;
 }
 
 double Now() {
@@ -198,15 +229,8 @@ absl::StatusOr<Result> Decode(Engine& e, int64_t batch, int64_t context, int64_t
   return r;
 }
 
-absl::Status Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  VAMP_ASSIGN_OR_RETURN(CommandLine cli, ParseCommandLine(schema, argc, argv));
-  if (cli.help_requested) {
-    std::printf("%s", schema.HelpText("vamp_bench_engine", "CPU engine tokens/s.").c_str());
-    return absl::OkStatus();
-  }
-  const Config& flags = cli.config;
-  std::string model_dir = flags.GetString("model");
+absl::Status Run(const Flags& flags) {
+  std::string model_dir = flags.model;
   if (model_dir.empty()) {
     const char* src = std::getenv("VAMP_SOURCE_DIR");
     model_dir = absl::StrCat(src != nullptr ? src : ".", "/tests/data/tiny-qwen3-moe");
@@ -214,21 +238,21 @@ absl::Status Main(int argc, char** argv) {
   VAMP_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   LoadOptions options;
   options.model_path = model_dir;
-  VAMP_ASSIGN_OR_RETURN(options.format, ParseLoadFormat(flags.GetString("load_format")));
-  const int64_t kv_blocks = flags.GetInt("kv_blocks");
+  VAMP_ASSIGN_OR_RETURN(options.format, ParseLoadFormat(flags.load_format));
+  const int64_t kv_blocks = flags.kv_blocks;
   std::vector<std::unique_ptr<Engine>> engines;
   VAMP_ASSIGN_OR_RETURN(auto resident, ResidentEngine(config, options, kv_blocks));
   engines.push_back(std::move(resident));
-  auto offloaded = OffloadedEngine(config, options, kv_blocks, flags.GetDouble("offload_ratio"),
-                                   static_cast<uint64_t>(flags.GetInt("page_bytes")));
+  auto offloaded = OffloadedEngine(config, options, kv_blocks, flags.offload_ratio,
+                                   static_cast<uint64_t>(flags.page_bytes));
   if (offloaded.ok()) {
     engines.push_back(std::move(*offloaded));
   } else {
     VAMP_LOG(WARNING) << "no offloaded rows: " << offloaded.status();
   }
 
-  const int repeats = static_cast<int>(flags.GetInt("repeats"));
-  const int64_t steps = flags.GetInt("decode_steps");
+  const int repeats = flags.repeats;
+  const int64_t steps = flags.decode_steps;
   std::vector<Result> results;
   RunnerRequestId next_id = 1;
   for (auto& e : engines) {
@@ -248,7 +272,7 @@ absl::Status Main(int argc, char** argv) {
       "model: %s (%s weights), %d layers, hidden %d, %d experts top-%d, float32, 1 thread\n\n"
       "| scenario | experts | tokens | time (ms) | tokens/s | ms/step |\n"
       "| --- | --- | ---: | ---: | ---: | ---: |\n",
-      model_dir, flags.GetString("load_format"), config.num_hidden_layers, config.hidden_size,
+      model_dir, flags.load_format, config.num_hidden_layers, config.hidden_size,
       config.num_experts, config.num_experts_per_tok);
   for (const Result& r : results) {
     const bool decode = r.scenario.rfind("decode", 0) == 0;
@@ -266,7 +290,7 @@ absl::Status Main(int argc, char** argv) {
                           s.wait_us / 1e3);
   }
   std::printf("%s", table.c_str());
-  if (const std::string out = flags.GetString("output"); !out.empty()) {
+  if (const std::string& out = flags.output; !out.empty()) {
     std::ofstream(out) << table;
   }
   return absl::OkStatus();
@@ -276,7 +300,11 @@ absl::Status Main(int argc, char** argv) {
 }  // namespace vamp
 
 int main(int argc, char** argv) {
-  const absl::Status s = vamp::Main(argc, argv);
+  auto invocation =
+      vamp::ParseInvocation(vamp::Schema(), "vamp_bench_engine", "CPU engine tokens/s.", argc, argv,
+                            vamp::FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const absl::Status s = vamp::Run(*invocation.options);
   if (!s.ok()) {
     std::fprintf(stderr, "vamp_bench_engine: %s\n", std::string(s.message()).c_str());
     return 1;

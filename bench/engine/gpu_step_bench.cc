@@ -1,6 +1,6 @@
 // vamp_gpu_step_bench: step time of the whole GPU engine (ModelRunner driving CudaQwen3MoeModel in
 // bfloat16, dummy weights, KV cache and experts in CUDA VMM pages) on one GPU, against the floors
-// the hardware sets, measured in the same process (issue 7, "Benchmarks"):
+// the hardware sets, measured in the same process:
 //
 //   1. Decode floor. A decode step must read every non-expert weight (the embedding table only for
 //      the batch's rows), the experts the batch's tokens select, and the KV of every sequence:
@@ -60,23 +60,11 @@
 namespace vamp::gpu_step_bench {
 namespace {
 
-absl::Status Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  VAMP_ASSIGN_OR_RETURN(CommandLine cli, ParseCommandLine(schema, argc, argv));
-  if (cli.help_requested) {
-    std::printf("%s", schema
-                          .HelpText("vamp_gpu_step_bench",
-                                    "Step time of the bf16 GPU engine (dummy weights) against the "
-                                    "HBM decode floor and the expert-staging floor, per offload "
-                                    "ratio (issue 7 benchmarks).")
-                          .c_str());
-    return absl::OkStatus();
-  }
-  if (!cli.positional.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument '", cli.positional.front(), "' (see --help)"));
-  }
-  VAMP_ASSIGN_OR_RETURN(const Flags f, ReadFlags(cli.config));
+constexpr char kSummary[] =
+    "Step time of the bf16 GPU engine (dummy weights) against the HBM decode floor and the "
+    "expert-staging floor, per offload ratio.";
+
+absl::Status Run(const Flags& f) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(f.model_dir);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
@@ -127,7 +115,11 @@ absl::Status Main(int argc, char** argv) {
 }  // namespace vamp::gpu_step_bench
 
 int main(int argc, char** argv) {
-  const absl::Status s = vamp::gpu_step_bench::Main(argc, argv);
+  auto invocation = vamp::ParseInvocation(vamp::gpu_step_bench::Schema(), "vamp_gpu_step_bench",
+                                          vamp::gpu_step_bench::kSummary, argc, argv,
+                                          vamp::gpu_step_bench::ReadFlags);
+  if (!invocation.options) return invocation.exit_code;
+  const absl::Status s = vamp::gpu_step_bench::Run(*invocation.options);
   if (!s.ok()) {
     std::fprintf(stderr, "vamp_gpu_step_bench: %s\n", s.ToString().c_str());
     return 1;

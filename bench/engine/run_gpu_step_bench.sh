@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the engine-level GPU benchmarks of issue 7 on one GPU and writes OUT_DIR/report.md:
+# Runs the engine-level GPU benchmarks on one GPU and writes OUT_DIR/report.md:
 #   1. vamp_gpu_step_bench: decode and mixed step times of the bf16 engine (dummy Qwen3-30B-A3B)
 #      at each offload ratio, the HBM decode floor and the staging floor (bandwidths measured in the
 #      same process);
@@ -102,7 +102,7 @@ def ratio(a, b):
 
 vamp = load(vamp_path)
 hf = load(hf_path)
-lines = ["# GPU engine step benchmarks (issue 7)", ""]
+lines = ["# GPU engine step benchmarks", ""]
 if vamp:
     d, w, m = vamp["device"], vamp["workload"], vamp["model"]
     lines += [

@@ -32,6 +32,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/status_macros.h"
@@ -52,21 +53,43 @@ using kernels::BFloat16;
     }                                                                                  \
   } while (0)
 
+// The bench's flags, typed (defaults: Qwen3-30B-A3B's attention shapes).
+struct Flags {
+  std::string cases = "all";  // all | decode | prefill
+  std::vector<int64_t> decode_batches = {1, 16, 64};
+  std::vector<int64_t> decode_contexts = {2048, 8192, 32768};
+  std::vector<int64_t> prefill_chunks = {512, 2048, 8192};
+  std::vector<int64_t> prefill_prefixes = {0, 8192};
+  int64_t q_heads = 32;
+  int64_t kv_heads = 4;
+  int64_t head_dim = 128;
+  int64_t block_size = 16;
+  int64_t warmup = 3;
+  int64_t iters = 20;
+  int64_t seed = 1;
+  int64_t cuda_device = 0;
+};
+
 ConfigSchema Schema() {
+  const Flags d;
   ConfigSchema s;
-  s.Enum("cases", "all", {"all", "decode", "prefill"}, "which cases to run");
-  s.String("decode_batches", "1,16,64", "comma-separated decode batch sizes (sequences)");
-  s.String("decode_contexts", "2048,8192,32768", "comma-separated decode context lengths");
-  s.String("prefill_chunks", "512,2048,8192", "comma-separated prefill chunk lengths (tokens)");
-  s.String("prefill_prefixes", "0,8192", "comma-separated cached prefix lengths before a chunk");
-  s.Int("q_heads", 32, 1, 1024, "query heads");
-  s.Int("kv_heads", 4, 1, 1024, "KV heads (must divide q_heads)");
-  s.Int("head_dim", 128, 1, 256, "head dimension");
-  s.Int("block_size", 16, 1, 4096, "tokens per KV block");
-  s.Int("warmup", 3, 0, 1000, "untimed runs before each measurement");
-  s.Int("iters", 20, 1, 100000, "timed runs per measurement (the median is reported)");
-  s.Int("seed", 1, 0, 1 << 30, "random seed of the cache, queries and block tables");
-  s.Int("cuda_device", 0, 0, 64, "CUDA device ordinal");
+  s.Enum("cases", d.cases, {"all", "decode", "prefill"}, "which cases to run");
+  s.String("decode_batches", absl::StrJoin(d.decode_batches, ","),
+           "comma-separated decode batch sizes (sequences)");
+  s.String("decode_contexts", absl::StrJoin(d.decode_contexts, ","),
+           "comma-separated decode context lengths");
+  s.String("prefill_chunks", absl::StrJoin(d.prefill_chunks, ","),
+           "comma-separated prefill chunk lengths (tokens)");
+  s.String("prefill_prefixes", absl::StrJoin(d.prefill_prefixes, ","),
+           "comma-separated cached prefix lengths before a chunk");
+  s.Int("q_heads", d.q_heads, 1, 1024, "query heads");
+  s.Int("kv_heads", d.kv_heads, 1, 1024, "KV heads (must divide q_heads)");
+  s.Int("head_dim", d.head_dim, 1, 256, "head dimension");
+  s.Int("block_size", d.block_size, 1, 4096, "tokens per KV block");
+  s.Int("warmup", d.warmup, 0, 1000, "untimed runs before each measurement");
+  s.Int("iters", d.iters, 1, 100000, "timed runs per measurement (the median is reported)");
+  s.Int("seed", d.seed, 0, 1 << 30, "random seed of the cache, queries and block tables");
+  s.Int("cuda_device", d.cuda_device, 0, 64, "CUDA device ordinal");
   return s;
 }
 
@@ -81,6 +104,27 @@ absl::StatusOr<std::vector<int64_t>> ParseList(const Config& config, const std::
     values.push_back(v);
   }
   return values;
+}
+
+// The only reader of the flags by name.
+absl::StatusOr<Flags> FlagsFromConfig(const Config& config) {
+  Flags f;
+  f.cases = config.GetString("cases");
+  VAMP_ASSIGN_OR_RETURN(f.decode_batches, ParseList(config, "decode_batches"));
+  VAMP_ASSIGN_OR_RETURN(f.decode_contexts, ParseList(config, "decode_contexts"));
+  VAMP_ASSIGN_OR_RETURN(f.prefill_chunks, ParseList(config, "prefill_chunks"));
+  VAMP_ASSIGN_OR_RETURN(f.prefill_prefixes, ParseList(config, "prefill_prefixes"));
+  f.q_heads = config.GetInt("q_heads");
+  f.kv_heads = config.GetInt("kv_heads");
+  f.head_dim = config.GetInt("head_dim");
+  f.block_size = config.GetInt("block_size");
+  f.warmup = config.GetInt("warmup");
+  f.iters = config.GetInt("iters");
+  f.seed = config.GetInt("seed");
+  f.cuda_device = config.GetInt("cuda_device");
+  if (f.q_heads % f.kv_heads != 0)
+    return absl::InvalidArgumentError("kv_heads must divide q_heads");
+  return f;
 }
 
 // Median over `iters` runs of fn (after `warmup` runs), in microseconds, by CUDA events.
@@ -147,14 +191,14 @@ struct Case {
 
 class Bench {
  public:
-  Bench(const Config& config, cudaStream_t stream)
-      : config_(config),
+  Bench(const Flags& flags, cudaStream_t stream)
+      : flags_(flags),
         stream_(stream),
-        q_heads_(config.GetInt("q_heads")),
-        kv_heads_(config.GetInt("kv_heads")),
-        head_dim_(config.GetInt("head_dim")),
-        block_size_(config.GetInt("block_size")),
-        rng_(static_cast<uint32_t>(config.GetInt("seed"))) {}
+        q_heads_(flags.q_heads),
+        kv_heads_(flags.kv_heads),
+        head_dim_(flags.head_dim),
+        block_size_(flags.block_size),
+        rng_(static_cast<uint32_t>(flags.seed)) {}
 
   ~Bench() {
     for (void* p : allocations_) cudaFree(p);
@@ -233,8 +277,7 @@ class Bench {
                                            .workspace_floats = ws_floats_},
           stream_);
     };
-    VAMP_ASSIGN_OR_RETURN(const double us, MedianUs(call, config_.GetInt("warmup"),
-                                                    config_.GetInt("iters"), stream_));
+    VAMP_ASSIGN_OR_RETURN(const double us, MedianUs(call, flags_.warmup, flags_.iters, stream_));
     // Keys visible to the rows of one sequence (causal, after the prefix).
     const double keys =
         static_cast<double>(c.q_len) * c.prefix + static_cast<double>(c.q_len) * (c.q_len + 1) / 2;
@@ -295,7 +338,7 @@ class Bench {
     return absl::OkStatus();
   }
 
-  const Config& config_;
+  const Flags& flags_;
   cudaStream_t stream_;
   const int64_t q_heads_, kv_heads_, head_dim_, block_size_;
   std::mt19937 rng_;
@@ -312,38 +355,28 @@ class Bench {
   int32_t* qsl_ = nullptr;
 };
 
-absl::Status RunAll(const Config& config, cudaStream_t stream) {
-  const std::string which = config.GetString("cases");
+absl::Status RunAll(const Flags& flags, cudaStream_t stream) {
+  const std::string& which = flags.cases;
   std::vector<Case> cases;
   if (which == "all" || which == "decode") {
-    VAMP_ASSIGN_OR_RETURN(const std::vector<int64_t> batches, ParseList(config, "decode_batches"));
-    VAMP_ASSIGN_OR_RETURN(const std::vector<int64_t> contexts,
-                          ParseList(config, "decode_contexts"));
-    for (int64_t b : batches) {
-      for (int64_t ctx : contexts) {
+    for (int64_t b : flags.decode_batches) {
+      for (int64_t ctx : flags.decode_contexts) {
         if (b == 0 || ctx == 0) continue;
         cases.push_back({absl::StrCat("decode_b", b, "_ctx", ctx), "decode", b, 1, ctx - 1});
       }
     }
   }
   if (which == "all" || which == "prefill") {
-    VAMP_ASSIGN_OR_RETURN(const std::vector<int64_t> chunks, ParseList(config, "prefill_chunks"));
-    VAMP_ASSIGN_OR_RETURN(const std::vector<int64_t> prefixes,
-                          ParseList(config, "prefill_prefixes"));
-    for (int64_t chunk : chunks) {
-      for (int64_t prefix : prefixes) {
+    for (int64_t chunk : flags.prefill_chunks) {
+      for (int64_t prefix : flags.prefill_prefixes) {
         if (chunk == 0) continue;
         cases.push_back(
             {absl::StrCat("prefill_q", chunk, "_prefix", prefix), "prefill", 1, chunk, prefix});
       }
     }
   }
-  if (config.GetInt("q_heads") % config.GetInt("kv_heads") != 0) {
-    return absl::InvalidArgumentError("kv_heads must divide q_heads");
-  }
-  VAMP_ASSIGN_OR_RETURN(const double hbm_gbps,
-                        MeasureHbm(config.GetInt("warmup"), config.GetInt("iters"), stream));
-  Bench bench(config, stream);
+  VAMP_ASSIGN_OR_RETURN(const double hbm_gbps, MeasureHbm(flags.warmup, flags.iters, stream));
+  Bench bench(flags, stream);
   VAMP_RETURN_IF_ERROR(bench.Setup(cases));
   for (const Case& c : cases) {
     if (absl::Status s = bench.Run(c, hbm_gbps); !s.ok()) {
@@ -356,30 +389,21 @@ absl::Status RunAll(const Config& config, cudaStream_t stream) {
 }
 
 int Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
-  if (!cli.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(cli.status().message()).c_str());
-    return 2;
-  }
-  if (cli->help_requested) {
-    std::printf("%s", schema
-                          .HelpText("vamp_attention_bench",
+  auto invocation = ParseInvocation(Schema(), "vamp_attention_bench",
                                     "bf16 paged attention (decode and prefill) on Qwen3-30B-A3B "
                                     "shapes, with the device's copy bandwidth; one JSON line per "
-                                    "measurement.")
-                          .c_str());
-    return 0;
-  }
-  const Config& config = cli->config;
+                                    "measurement.",
+                                    argc, argv, FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const Flags& flags = *invocation.options;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "vamp_attention_bench: no CUDA device\n");
     return 3;
   }
-  if (cudaSetDevice(static_cast<int>(config.GetInt("cuda_device"))) != cudaSuccess) {
+  if (cudaSetDevice(static_cast<int>(flags.cuda_device)) != cudaSuccess) {
     std::fprintf(stderr, "cuda_device: cannot select device %lld\n",
-                 static_cast<long long>(config.GetInt("cuda_device")));
+                 static_cast<long long>(flags.cuda_device));
     return 2;
   }
   cudaStream_t stream = nullptr;
@@ -388,7 +412,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   int rc = 0;
-  if (absl::Status s = RunAll(config, stream); !s.ok()) {
+  if (absl::Status s = RunAll(flags, stream); !s.ok()) {
     std::fprintf(stderr, "vamp_attention_bench: %s\n", s.ToString().c_str());
     rc = 1;
   }

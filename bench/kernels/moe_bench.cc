@@ -30,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
@@ -66,17 +67,53 @@ const std::vector<ModelShape>& Shapes() {
   return shapes;
 }
 
+// The bench's flags, typed.
+struct Flags {
+  std::string shapes = "all";  // all, or one of Shapes()' names
+  std::vector<int64_t> tokens = {16, 128, 1024, 8192};
+  int64_t warmup = 5;
+  int64_t iters = 30;
+  int64_t seed = 1;
+  double weight_std = 0.02;
+  bool check = true;
+  int64_t cuda_device = 0;
+};
+
 ConfigSchema Schema() {
+  const Flags d;
   ConfigSchema s;
-  s.Enum("shapes", "all", {"all", "qwen3-30b-a3b", "qwen3-next"}, "model shapes to run");
-  s.String("tokens", "16,128,1024,8192", "comma-separated token counts per layer call");
-  s.Int("warmup", 5, 0, 1000, "untimed runs before each measurement");
-  s.Int("iters", 30, 1, 100000, "timed runs per measurement (the median is reported)");
-  s.Int("seed", 1, 0, 1 << 30, "random seed of inputs and weights");
-  s.Double("weight_std", 0.02, 1e-6, 1.0, "standard deviation of the random expert weights");
-  s.Bool("check", true, "compare each path's layer output with the cublas path's");
-  s.Int("cuda_device", 0, 0, 64, "CUDA device ordinal");
+  s.Enum("shapes", d.shapes, {"all", "qwen3-30b-a3b", "qwen3-next"}, "model shapes to run");
+  s.String("tokens", absl::StrJoin(d.tokens, ","), "comma-separated token counts per layer call");
+  s.Int("warmup", d.warmup, 0, 1000, "untimed runs before each measurement");
+  s.Int("iters", d.iters, 1, 100000, "timed runs per measurement (the median is reported)");
+  s.Int("seed", d.seed, 0, 1 << 30, "random seed of inputs and weights");
+  s.Double("weight_std", d.weight_std, 1e-6, 1.0,
+           "standard deviation of the random expert weights");
+  s.Bool("check", d.check, "compare each path's layer output with the cublas path's");
+  s.Int("cuda_device", d.cuda_device, 0, 64, "CUDA device ordinal");
   return s;
+}
+
+// The only reader of the flags by name.
+absl::StatusOr<Flags> FlagsFromConfig(const Config& config) {
+  Flags f;
+  f.shapes = config.GetString("shapes");
+  f.tokens.clear();
+  for (absl::string_view part : absl::StrSplit(config.GetString("tokens"), ',')) {
+    int64_t t = 0;
+    if (!absl::SimpleAtoi(part, &t) || t <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokens: '", part, "' is not a positive integer"));
+    }
+    f.tokens.push_back(t);
+  }
+  f.warmup = config.GetInt("warmup");
+  f.iters = config.GetInt("iters");
+  f.seed = config.GetInt("seed");
+  f.weight_std = config.GetDouble("weight_std");
+  f.check = config.GetBool("check");
+  f.cuda_device = config.GetInt("cuda_device");
+  return f;
 }
 
 std::vector<BFloat16> RandomBf16(size_t n, std::mt19937& rng, float stddev) {
@@ -310,10 +347,10 @@ void PrintError(const ModelShape& m, int64_t tokens, Path path, const char* scop
 }
 
 absl::Status RunShape(const ModelShape& m, const std::vector<int64_t>& token_counts,
-                      const Config& config, cudaStream_t stream, std::mt19937& rng) {
+                      const Flags& flags, cudaStream_t stream, std::mt19937& rng) {
   Experts experts;
-  VAMP_RETURN_IF_ERROR(experts.Init(m, rng, static_cast<float>(config.GetDouble("weight_std"))));
-  const int64_t warmup = config.GetInt("warmup"), iters = config.GetInt("iters");
+  VAMP_RETURN_IF_ERROR(experts.Init(m, rng, static_cast<float>(flags.weight_std)));
+  const int64_t warmup = flags.warmup, iters = flags.iters;
   for (const int64_t tokens : token_counts) {
     Layer L;
     VAMP_RETURN_IF_ERROR(L.Init(m, tokens, rng));
@@ -334,7 +371,7 @@ absl::Status RunShape(const ModelShape& m, const std::vector<int64_t>& token_cou
 
     for (Path path : {Path::kCublas, Path::kCublasGrouped, Path::kGrouped, Path::kGroupedFused}) {
       std::string check;
-      if (config.GetBool("check") && path != Path::kCublas) {
+      if (flags.check && path != Path::kCublas) {
         absl::Status s = MoeLayer(m, L, experts, path, stream);
         if (s.ok()) s = SyncStream(stream);
         double max_diff = 0, max_ref = 0;
@@ -375,38 +412,20 @@ absl::Status RunShape(const ModelShape& m, const std::vector<int64_t>& token_cou
 }
 
 int Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
-  if (!cli.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(cli.status().message()).c_str());
-    return 2;
-  }
-  if (cli->help_requested) {
-    std::printf("%s", schema
-                          .HelpText("vamp_moe_bench",
+  auto invocation = ParseInvocation(Schema(), "vamp_moe_bench",
                                     "One bf16 MoE layer with cuBLAS and device-driven grouped "
-                                    "expert GEMMs; one JSON line per measurement.")
-                          .c_str());
-    return 0;
-  }
-  const Config& config = cli->config;
-  std::vector<int64_t> token_counts;
-  for (absl::string_view part : absl::StrSplit(config.GetString("tokens"), ',')) {
-    int64_t t = 0;
-    if (!absl::SimpleAtoi(part, &t) || t <= 0) {
-      std::fprintf(stderr, "tokens: '%s' is not a positive integer\n", std::string(part).c_str());
-      return 2;
-    }
-    token_counts.push_back(t);
-  }
+                                    "expert GEMMs; one JSON line per measurement.",
+                                    argc, argv, FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const Flags& flags = *invocation.options;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "vamp_moe_bench: no CUDA device\n");
     return 3;
   }
-  if (cudaSetDevice(static_cast<int>(config.GetInt("cuda_device"))) != cudaSuccess) {
+  if (cudaSetDevice(static_cast<int>(flags.cuda_device)) != cudaSuccess) {
     std::fprintf(stderr, "cuda_device: cannot select device %lld\n",
-                 static_cast<long long>(config.GetInt("cuda_device")));
+                 static_cast<long long>(flags.cuda_device));
     return 2;
   }
   cudaStream_t stream = nullptr;
@@ -414,12 +433,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "cudaStreamCreate failed\n");
     return 1;
   }
-  std::mt19937 rng(static_cast<uint32_t>(config.GetInt("seed")));
+  std::mt19937 rng(static_cast<uint32_t>(flags.seed));
   int rc = 0;
   for (const ModelShape& m : Shapes()) {
-    const std::string& wanted = config.GetString("shapes");
-    if (wanted != "all" && wanted != m.name) continue;
-    if (absl::Status s = RunShape(m, token_counts, config, stream, rng); !s.ok()) {
+    if (flags.shapes != "all" && flags.shapes != m.name) continue;
+    if (absl::Status s = RunShape(m, flags.tokens, flags, stream, rng); !s.ok()) {
       std::fprintf(stderr, "%s: %s\n", m.name.c_str(), s.ToString().c_str());
       rc = 1;
     }

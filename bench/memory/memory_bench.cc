@@ -43,20 +43,48 @@ struct VmmReference {
   double pinned_h2d_bytes_per_us = 55.5e3;  // 55.5 GB/s
 };
 
+// The bench's flags, typed (defaults: MemoryBackendOptions and the fields here).
+struct Flags {
+  std::string backend = "host";
+  MemoryBackendOptions memory;  // host_page_bytes, host_populate, cuda_device (kind from backend)
+  int iterations = 20;
+  int layers = 48;
+  int64_t kv_baseline_pages = 64;
+  std::string output;
+};
+
 ConfigSchema Schema() {
+  const Flags d;
   ConfigSchema s;
-  s.Enum("backend", "host", {"host", "cuda"}, "memory backend to measure");
-  s.Int("iterations", 20, 1, 100000, "measured repetitions of each operation");
-  s.String("output", "", "write the report as markdown to this file (stdout always gets it)");
-  s.Int("host_page_bytes", 2 << 20, 4096, int64_t{1} << 30,
+  s.Enum("backend", d.backend, {"host", "cuda"}, "memory backend to measure");
+  s.Int("iterations", d.iterations, 1, 100000, "measured repetitions of each operation");
+  s.String("output", d.output, "write the report as markdown to this file (stdout always gets it)");
+  s.Int("host_page_bytes", static_cast<int64_t>(d.memory.host_page_bytes), 4096, int64_t{1} << 30,
         "host backend page size in bytes (the CUDA backend reads the device's)");
-  s.Int("layers", 48, 2, 512, "MoE layers of the whole-model geometry");
-  s.Int("cuda_device", 0, 0, 64, "CUDA device ordinal");
-  s.Bool("host_populate", true,
+  s.Int("layers", d.layers, 2, 512, "MoE layers of the whole-model geometry");
+  s.Int("cuda_device", d.memory.cuda_device, 0, 64, "CUDA device ordinal");
+  s.Bool("host_populate", d.memory.host_populate,
          "host backend: commit each page's memory when it is created, as a GPU does (off lets "
          "the whole-model geometry run in less RAM than the model)");
-  s.Int("kv_baseline_pages", 64, 1, 1 << 20, "pages of the baseline KV pool");
+  s.Int("kv_baseline_pages", d.kv_baseline_pages, 1, 1 << 20, "pages of the baseline KV pool");
   return s;
+}
+
+// The only reader of the flags by name.
+absl::StatusOr<Flags> FlagsFromConfig(const Config& config) {
+  Flags f;
+  f.backend = config.GetString("backend");
+  absl::StatusOr<MemoryBackendOptions::Kind> kind = ParseMemoryBackendKind(f.backend);
+  if (!kind.ok()) return kind.status();
+  f.memory.kind = *kind;
+  f.memory.host_page_bytes = static_cast<uint64_t>(config.GetInt("host_page_bytes"));
+  f.memory.cuda_device = static_cast<int>(config.GetInt("cuda_device"));
+  f.memory.host_populate = config.GetBool("host_populate");
+  f.iterations = static_cast<int>(config.GetInt("iterations"));
+  f.layers = static_cast<int>(config.GetInt("layers"));
+  f.kv_baseline_pages = config.GetInt("kv_baseline_pages");
+  f.output = config.GetString("output");
+  return f;
 }
 
 struct Stats {
@@ -256,35 +284,16 @@ std::string Report(const std::string& backend_line, int iterations,
 }
 
 int Main(int argc, char** argv) {
-  const ConfigSchema schema = Schema();
-  absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, argc, argv);
-  if (!cli.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(cli.status().message()).c_str());
-    return 2;
-  }
-  if (cli->help_requested) {
-    std::printf("%s", schema
-                          .HelpText("vamp_bench_memory",
+  auto invocation = ParseInvocation(Schema(), "vamp_bench_memory",
                                     "Remap latency of the memory layer (capacity query, offload, "
-                                    "restore) against the CUDA VMM per-call costs.")
-                          .c_str());
-    return 0;
-  }
-  const Config& config = cli->config;
-  MemoryBackendOptions options;
-  absl::StatusOr<MemoryBackendOptions::Kind> kind =
-      ParseMemoryBackendKind(config.GetString("backend"));
-  if (!kind.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(kind.status().message()).c_str());
-    return 2;
-  }
-  options.kind = *kind;
-  options.host_page_bytes = static_cast<uint64_t>(config.GetInt("host_page_bytes"));
-  options.cuda_device = static_cast<int>(config.GetInt("cuda_device"));
-  options.host_populate = config.GetBool("host_populate");
+                                    "restore) against the CUDA VMM per-call costs.",
+                                    argc, argv, FlagsFromConfig);
+  if (!invocation.options) return invocation.exit_code;
+  const Flags& flags = *invocation.options;
+  const MemoryBackendOptions& options = flags.memory;
   absl::StatusOr<std::unique_ptr<MemoryBackend>> backend = CreateMemoryBackend(options);
   if (!backend.ok()) {
-    std::fprintf(stderr, "backend %s: %s\n", config.GetString("backend").c_str(),
+    std::fprintf(stderr, "backend %s: %s\n", flags.backend.c_str(),
                  std::string(backend.status().message()).c_str());
     return absl::IsUnavailable(backend.status()) ? 3 : 1;
   }
@@ -306,9 +315,9 @@ int Main(int argc, char** argv) {
                       FormatBytes((*backend)->device_memory_bytes()), fence_text);
 
   const VmmReference ref;
-  const int iterations = static_cast<int>(config.GetInt("iterations"));
-  const int layers = static_cast<int>(config.GetInt("layers"));
-  const int64_t kv_pages = config.GetInt("kv_baseline_pages");
+  const int iterations = flags.iterations;
+  const int layers = flags.layers;
+  const int64_t kv_pages = flags.kv_baseline_pages;
   std::vector<ScenarioResult> results;
   for (const auto& [name, moe_layers] : std::vector<std::pair<std::string, int>>{
            {"Qwen3-Next TP2, 2 MoE layers", 2},
@@ -323,7 +332,7 @@ int Main(int argc, char** argv) {
   }
   const std::string report = Report(backend_line, iterations, results, ref);
   std::printf("%s", report.c_str());
-  const std::string path = config.GetString("output");
+  const std::string& path = flags.output;
   if (!path.empty()) {
     std::ofstream file(path);
     file << report;

@@ -21,8 +21,8 @@
 #   --model     model folder (config.json; weights are dummy), default tests/data/qwen3-30b-a3b
 #   --device    the agent's device (default cuda:0; cpu with --model tests/data/tiny-qwen3-moe and
 #               small prompts after -- makes a dry run on a machine without a GPU)
-#   --util      --gpu_memory_utilization (default 0.47: the static pool holds about 83k tokens,
-#               as in issue 13's first check; lower it to move the cliff to fewer sessions)
+#   --util      --gpu_memory_utilization (default 0.47: the static pool holds about 83k tokens;
+#               lower it to move the cliff to fewer sessions)
 #   --sweep     concurrent sessions (default 4,8,12)
 #   --configs   vamp-bench configurations (default static,vamp,vamp-15,vamp-25,paper)
 #   --turns     turns per session (default 6; turn 0 4,096 tokens, +2,048 a turn, 32 output

@@ -136,7 +136,7 @@ absl::Status ParseStop(const Json& body, std::vector<std::string>* out) {
 }
 
 absl::Status ParseCommon(const Json& body, const ServedModel& model, const RequestLimits& limits,
-                         ServingRequest* out) {
+                         OpenAiRequest* out) {
   if (body.contains("model") && !body["model"].is_null()) {
     if (!body["model"].is_string()) return FieldError("model", "must be a string");
     out->model = body["model"].get<std::string>();
@@ -225,7 +225,7 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, const Reque
   return absl::OkStatus();
 }
 
-absl::Status CheckLength(ServingRequest* out, const ServedModel& model, absl::string_view field) {
+absl::Status CheckLength(OpenAiRequest* out, const ServedModel& model, absl::string_view field) {
   if (out->prompt_token_ids.empty()) return FieldError(field, "must not be empty");
   const int64_t prompt = static_cast<int64_t>(out->prompt_token_ids.size());
   if (prompt >= model.max_model_len) {
@@ -419,13 +419,13 @@ absl::Status ParseTools(const Json& body, const Tokenizer& tokenizer, ChatTempla
 }
 }  // namespace
 
-absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
+absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view text,
                                                       const ServedModel& model,
                                                       const Tokenizer& tokenizer,
                                                       const RequestLimits& limits) {
   absl::StatusOr<Json> body = ParseBody(text);
   if (!body.ok()) return body.status();
-  ServingRequest out;
+  OpenAiRequest out;
   out.sampling.max_tokens = kDefaultCompletionMaxTokens;
   absl::Status s = ParseCommon(*body, model, limits, &out);
   if (!s.ok()) return s;
@@ -469,13 +469,13 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view text,
   return out;
 }
 
-absl::StatusOr<ServingRequest> ParseChatCompletionRequest(absl::string_view text,
+absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view text,
                                                           const ServedModel& model,
                                                           const Tokenizer& tokenizer,
                                                           const RequestLimits& limits) {
   absl::StatusOr<Json> body = ParseBody(text);
   if (!body.ok()) return body.status();
-  ServingRequest out;
+  OpenAiRequest out;
   out.chat = true;
   absl::Status s = ParseCommon(*body, model, limits, &out);
   if (!s.ok()) return s;

@@ -1,5 +1,5 @@
 // The OpenAI-compatible request bodies of vamp-controller's HTTP frontend: /v1/completions and
-// /v1/chat/completions, parsed and validated into one ServingRequest. Every rejection is an
+// /v1/chat/completions, parsed and validated into one OpenAiRequest. Every rejection is an
 // InvalidArgument (HTTP 400) or NotFound (404, unknown model) whose message starts with the
 // offending field and whose payload kParamPayload carries that field's name, so the error body
 // can say which parameter is wrong, as OpenAI's does.
@@ -56,7 +56,9 @@ struct ResponseOptions {
   int32_t num_top_logprobs = 0;
 };
 
-struct ServingRequest {
+// One parsed request: what the serving engine runs (prompt, sampling, cache salt, priority;
+// the HTTP frontend hands these on as a ServingRequest) and how the response is shaped.
+struct OpenAiRequest {
   bool chat = false;
   std::string model;
   std::vector<int32_t> prompt_token_ids;
@@ -81,7 +83,7 @@ struct RequestLimits {
 
 // Completion requests: prompt (text, or one array of token ids), echo (the prompt's text before
 // the output; echo with logprobs is refused), stop, n and the sampling fields.
-absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view body,
+absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body,
                                                       const ServedModel& model,
                                                       const Tokenizer& tokenizer,
                                                       const RequestLimits& limits = {});
@@ -92,7 +94,7 @@ absl::StatusOr<ServingRequest> ParseCompletionRequest(absl::string_view body,
 // with "<tool_call>\n" (and the function's name), as far as the model's format allows; a model
 // without a tool-call format refuses tools. response_format other than {"type": "text"} and a
 // non-empty logit_bias are refused with a 400 naming the field.
-absl::StatusOr<ServingRequest> ParseChatCompletionRequest(absl::string_view body,
+absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body,
                                                           const ServedModel& model,
                                                           const Tokenizer& tokenizer,
                                                           const RequestLimits& limits = {});

@@ -1,10 +1,7 @@
 #include "engine/memory/geometry.h"
 
-#include <algorithm>
-#include <cmath>
-#include <numeric>
-
 #include "absl/strings/str_cat.h"
+#include "common/offload_arithmetic.h"
 #include "common/status_macros.h"
 
 namespace vamp {
@@ -51,18 +48,13 @@ absl::StatusOr<ExpertGeometry> ComputeExpertGeometry(const ModelShape& shape, in
   g.region_pages = static_cast<int64_t>((all_experts + page_bytes - 1) / page_bytes);
   g.lead_bytes = g.region_bytes() - all_experts;
 
-  g.group_experts = static_cast<int64_t>(page_bytes / std::gcd(page_bytes, g.expert_bytes));
+  g.group_experts = ExpertsPerGroup(page_bytes, g.expert_bytes);
   g.group_bytes = static_cast<uint64_t>(g.group_experts) * g.expert_bytes;
   g.group_pages = static_cast<int64_t>(g.group_bytes / page_bytes);
 
-  // floor(r E), computed so that e.g. 0.15 x 512 = 76.8 gives 76 despite rounding in r.
-  const int64_t cap_experts = static_cast<int64_t>(
-      std::floor(offload.max_offload_ratio * static_cast<double>(g.num_experts) + 1e-9));
-  int64_t limit = cap_experts;
-  if (offload.staging_buffer_experts > 0) {
-    limit = std::min(limit, offload.staging_buffer_experts);
-  }
-  g.max_groups = g.eligible_layers.empty() ? 0 : limit / g.group_experts;
+  g.max_groups = MaxOffloadGroups(g.num_experts, g.group_experts, offload.max_offload_ratio,
+                                  offload.staging_buffer_experts,
+                                  static_cast<int64_t>(g.eligible_layers.size()));
   g.max_offload_experts = g.max_groups * g.group_experts;
   g.staging_buffer_experts =
       offload.staging_buffer_experts > 0 ? offload.staging_buffer_experts : g.max_offload_experts;

@@ -262,8 +262,8 @@ class AgentCudaTpTest : public ::testing::Test {
     clients_[r] = std::make_unique<AgentClient>(agents_[r]->grpc_port());
   }
 
-  // What the controller does (controller/agent_group.h): a fresh id from rank 0, then both Inits
-  // concurrently. `edit_rank1` changes rank 1's request only.
+  // What the controller does (controller/serving/agent_group.h): a fresh id from rank 0, then
+  // both Inits concurrently. `edit_rank1` changes rank 1's request only.
   std::vector<grpc::Status> InitGroup(const vamp::v1::InitRequest& base,
                                       std::vector<vamp::v1::InitResponse>* responses,
                                       std::function<void(vamp::v1::InitRequest*)> edit_rank1 = {}) {

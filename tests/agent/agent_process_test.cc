@@ -54,7 +54,7 @@ TEST(AgentTest, CudaDeviceWithoutOrdinalFollowsTheRank) {
   EXPECT_EQ(cpu->device.kind, DeviceSpec::Kind::kCpu);
 }
 
-// Issue 14: an agent runs with a token (from --auth_token_file, or from the environment of the
+// An agent runs with a token (from --auth_token_file, or from the environment of the
 // controller that spawned it) unless told explicitly to run without one.
 TEST(AgentTest, TokenRequiredUnlessInsecureFlag) {
   absl::StatusOr<AgentOptions> none = ParseAgentFlags({});

@@ -1,8 +1,8 @@
 // Test harness of the agent suites: in-process agents on the tiny qwen3_moe checkpoint, a gRPC
 // client that speaks the controller's side of agent.proto (one Step stream per rank, lockstep
-// across ranks as controller/agent_group.h does), and a miniature controller that turns requests
-// into StepRequests following controller/core/step_plan.h (new requests once, then deltas;
-// blocks appended as sequences grow and never reused; preemption and resume).
+// across ranks as controller/serving/agent_group.h does), and a miniature controller that turns
+// requests into StepRequests following controller/core/step_plan.h (new requests once, then
+// deltas; blocks appended as sequences grow and never reused; preemption and resume).
 #ifndef VAMP_TESTS_AGENT_AGENT_TEST_UTIL_H_
 #define VAMP_TESTS_AGENT_AGENT_TEST_UTIL_H_
 
@@ -157,7 +157,7 @@ class AgentClient {
   std::unique_ptr<grpc::ClientReaderWriter<vamp::v1::StepRequest, vamp::v1::StepResponse>> stream_;
 };
 
-// Every rank of a group in lockstep, as controller/agent_group.h drives them.
+// Every rank of a group in lockstep, as controller/serving/agent_group.h drives them.
 class GroupClient {
  public:
   explicit GroupClient(std::vector<AgentClient*> ranks) : ranks_(std::move(ranks)) {}

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "controller/controller_config.h"
-#include "controller/controller_server.h"
+#include "controller/server/controller_config.h"
+#include "controller/server/controller_server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -52,7 +52,7 @@ TEST(VampctlTest, UnreachableControllerExitsThree) {
   EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1"));
 }
 
-// Issue 14: vampctl waited out its whole timeout on a refused connection, and took no
+// Regression: vampctl waited out its whole timeout on a refused connection, and took no
 // --option=value.
 TEST(VampctlTest, RefusedConnectionFailsFastAndOptionsTakeEquals) {
   const auto start = std::chrono::steady_clock::now();

@@ -68,8 +68,7 @@ TEST(LogOptionsTest, ParseLogFormat) {
 
 TEST(LogOptionsTest, ConfigureLoggingWritesJsonLinesToTheFile) {
   ConfigSchema schema;
-  schema.String("log_level", "info", "level");
-  AddLogOutputConfigFields(schema);
+  AddLogConfigFields(schema);
   char path[] = "/tmp/vamp_logging_test_XXXXXX";
   const int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
@@ -77,7 +76,7 @@ TEST(LogOptionsTest, ConfigureLoggingWritesJsonLinesToTheFile) {
   const char* argv[] = {"test", "--log_format=json", "--log_file", path};
   absl::StatusOr<CommandLine> cli = ParseCommandLine(schema, 4, argv);
   ASSERT_TRUE(cli.ok()) << cli.status();
-  ASSERT_TRUE(ConfigureLogging(cli->config).ok());
+  ASSERT_TRUE(ConfigureLogging(LogOptionsFromConfig(cli->config)).ok());
   VAMP_LOG(INFO) << "token \"never\" here\tok";
   VAMP_LOG(DEBUG) << "below the threshold";
   ASSERT_TRUE(SetLogFile("").ok());
@@ -93,11 +92,10 @@ TEST(LogOptionsTest, ConfigureLoggingWritesJsonLinesToTheFile) {
 
 TEST(LogOptionsTest, ConfigureLoggingNamesTheBadField) {
   ConfigSchema schema;
-  schema.String("log_level", "info", "level");
-  AddLogOutputConfigFields(schema);
+  AddLogConfigFields(schema);
   Config config(schema);
   ASSERT_TRUE(config.SetFromString("log_file", "/nonexistent-dir/vamp.log").ok());
-  absl::Status s = ConfigureLogging(config);
+  absl::Status s = ConfigureLogging(LogOptionsFromConfig(config));
   EXPECT_THAT(s.message(), HasSubstr("config field 'log_file'"));
   EXPECT_THAT(s.message(), HasSubstr("/nonexistent-dir/vamp.log"));
   EXPECT_FALSE(config.SetFromString("log_format", "yaml").ok());

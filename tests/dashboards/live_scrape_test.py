@@ -103,7 +103,7 @@ LABELS = {"vamp_role"}  # label names that share the vamp_ prefix
 # so for these the registration in the C++ source stands in for the scrape. Keep this short.
 NO_SERIES_YET = {
     # {action} is the arbiter's choice; the tiny model's requests never run out of KV blocks.
-    "vamp_arbiter_decisions_total": "controller/serving_engine.cc",
+    "vamp_arbiter_decisions_total": "controller/serving/serving_engine.cc",
 }
 
 

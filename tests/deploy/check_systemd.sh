@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checks deploy/systemd: `systemd-analyze verify` on the units, and the properties the issue asks
-# of them. Usage: check_systemd.sh SOURCE_DIR VAMP_CONTROLLER VAMP_AGENT
+# Checks deploy/systemd: `systemd-analyze verify` on the units, and the properties a
+# production deployment needs of them. Usage: check_systemd.sh SOURCE_DIR VAMP_CONTROLLER VAMP_AGENT
 #
 # The verify form works in a container where systemd is not running (no PID 1 manager, no bus):
 # `systemd-analyze verify` loads unit files offline. Two details make it meaningful there:

@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto* tokenizer = vamp::ByteTokenizer::Create(256).value().release();
   const absl::string_view body(reinterpret_cast<const char*>(data), size);
   for (bool chat : {false, true}) {
-    absl::StatusOr<vamp::ServingRequest> r =
+    absl::StatusOr<vamp::OpenAiRequest> r =
         chat ? vamp::ParseChatCompletionRequest(body, model, *tokenizer)
              : vamp::ParseCompletionRequest(body, model, *tokenizer);
     if (r.ok()) {

@@ -10,12 +10,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
-#include "controller/controller_config.h"
-#include "controller/controller_server.h"
+#include "tokenizer/utf8.h"
+#include "controller/server/controller_config.h"
+#include "controller/server/controller_server.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "tokenizer/utf8.h"
 
 namespace vamp {
 namespace {

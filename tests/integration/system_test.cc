@@ -8,11 +8,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/str_cat.h"
-#include "controller/controller_config.h"
-#include "controller/controller_server.h"
+#include "controller/server/controller_config.h"
+#include "controller/server/controller_server.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -290,7 +290,7 @@ TEST(SystemTest, MalformedRequestsGet4xxAndOthersKeepServing) {
   }
 }
 
-// Issue 14: the front end served 8 requests at a time (a thread per connection), so the rest
+// Regression: the front end served 8 requests at a time (a thread per connection), so the rest
 // waited in sockets, /health timed out under load, and a vanished unary client kept running.
 // Now every request reaches the scheduler at once, /health answers meanwhile, and clients that
 // go away (streaming or not) free their sequences.
@@ -352,7 +352,7 @@ TEST(SystemTest, HundredsOfClientsReachTheSchedulerAndDisconnectsAbortThem) {
   EXPECT_EQ(MetricValue(*m, kAborted) - aborted_before, kStreaming + kUnary);
 }
 
-// Issue 14: 8 connections sending one header byte every 2 s blocked all HTTP for 30 s. Now they
+// Regression: 8 connections sending one header byte every 2 s blocked all HTTP for 30 s. Now they
 // cost nothing while they trickle, and are cut off with 408 at the head deadline.
 TEST(SystemTest, SlowlorisClientsNeitherBlockServingNorStay) {
   std::unique_ptr<ControllerServer> server = StartSystem(1, {"--http_header_timeout_s=5"});
@@ -427,7 +427,7 @@ TEST(SystemTest, AgentKilledMidRequestFailsItClearlyThenRecovers) {
   EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[0]);
 }
 
-// Issue 14: a frozen agent (SIGSTOP past --step_timeout_s) kept its connection, so the launcher
+// Regression: a frozen agent (SIGSTOP past --step_timeout_s) kept its connection, so the launcher
 // never restarted it and the controller re-initialised it forever. Now it is killed and
 // respawned, and the system serves again.
 TEST(SystemTest, FrozenSpawnedAgentIsKilledAndRestarted) {
@@ -456,7 +456,7 @@ TEST(SystemTest, FrozenSpawnedAgentIsKilledAndRestarted) {
 
 int Vampctl(const ControllerServer& server, const std::string& args, std::string* out);
 
-// Issue 14: a wrong --model_path left the controller answering 503 forever with the reason only
+// Regression: a wrong --model_path left the controller answering 503 forever with the reason only
 // in stderr. Spawned agents that fail Init permanently stop the controller with that error (the
 // binary exits non-zero); until then /health, the Admin status and the 503 body carry it.
 TEST(SystemTest, WrongModelPathStopsTheControllerWithTheReason) {
@@ -519,7 +519,7 @@ std::string ProcFile(pid_t pid, const std::string& what) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// Issue 14: with the default settings, a process that reached the gRPC port registered as rank 0
+// Regression: with the default settings, a process that reached the gRPC port registered as rank 0
 // at its own address and received every prompt. Now the spawned agents hold a token the
 // controller generated, and a registration without it is refused.
 TEST(SystemTest, RogueRegistrationWithoutTokenIsRefusedByDefault) {
@@ -605,7 +605,7 @@ TEST(SystemTest, VampctlAgainstLiveSystem) {
   int status = 0;
   Completion(server->http_port(), GreedyBody(g.prompts[0], 4), &status);
   EXPECT_EQ(status, 503);
-  // Issue 14: health agrees with HTTP /health while draining, and undrain admits requests again.
+  // Health agrees with HTTP /health while draining, and undrain admits requests again.
   httplib::Client http("127.0.0.1", server->http_port());
   auto health = http.Get("/health");
   ASSERT_TRUE(health);
@@ -750,7 +750,7 @@ TEST(SystemTest, TlsOnHttpAndGrpcWhenCertificatesAreConfigured) {
   ictx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
   EXPECT_FALSE(insecure->GetStatus(&ictx, {}, &status).ok());
 
-  // Issue 14: vampctl talks to a TLS controller with --ca_file or $VAMPCTL_CA_FILE, and fails
+  // vampctl talks to a TLS controller with --ca_file or $VAMPCTL_CA_FILE, and fails
   // fast (exit 3, naming --ca_file) without.
   std::string out;
   EXPECT_EQ(Vampctl(*server, "--ca_file=" + cert + " status", &out), 0) << out;

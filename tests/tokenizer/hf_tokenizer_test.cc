@@ -194,7 +194,7 @@ TEST_F(ModelFolderTest, TemplateThatOpensThinkingStartsTheOutputInReasoning) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> t = LoadModelTokenizer(dir_.string(), 2000);
   ASSERT_TRUE(t.ok()) << t.status();
   const ServedModel model{"m", 1000, 2000};
-  absl::StatusOr<ServingRequest> r = ParseChatCompletionRequest(
+  absl::StatusOr<OpenAiRequest> r = ParseChatCompletionRequest(
       R"({"messages": [{"role": "user", "content": "<think>a</think>hi"}]})", model, **t);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->response.parse_reasoning);

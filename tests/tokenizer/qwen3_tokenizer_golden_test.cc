@@ -94,7 +94,7 @@ TEST(Qwen3TokenizerGoldenTest, RendersEveryConversationLikeTheReference) {
     if (c.contains("tools")) body["tools"] = c["tools"];
     if (c.contains("kwargs")) body["chat_template_kwargs"] = c["kwargs"];
     body["add_generation_prompt"] = c["add_generation_prompt"];
-    absl::StatusOr<ServingRequest> r = ParseChatCompletionRequest(body.dump(), model, t);
+    absl::StatusOr<OpenAiRequest> r = ParseChatCompletionRequest(body.dump(), model, t);
     ASSERT_TRUE(r.ok()) << "conversation " << i << ": " << r.status();
     const std::string text = t.Decode(r->prompt_token_ids, /*skip_special_tokens=*/false);
     EXPECT_EQ(text, c["text"].get<std::string>()) << "conversation " << i;
@@ -117,7 +117,7 @@ TEST(Qwen3ChatRequestTest, ToolChoiceDecidesParsingAndOpensTheReply) {
             extra + "}",
         model, t);
   };
-  absl::StatusOr<ServingRequest> r = parse("");
+  absl::StatusOr<OpenAiRequest> r = parse("");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->response.parse_tool_calls);
   EXPECT_TRUE(r->response.parse_reasoning);
@@ -147,7 +147,7 @@ TEST(Qwen3ChatRequestTest, ToolChoiceDecidesParsingAndOpensTheReply) {
 TEST(Qwen3ChatRequestTest, DeveloperMessagesAreTheSystemPrompt) {
   const HfTokenizer& t = Qwen3();
   const ServedModel model{"qwen3", 40960, 151936};
-  absl::StatusOr<ServingRequest> r = ParseChatCompletionRequest(
+  absl::StatusOr<OpenAiRequest> r = ParseChatCompletionRequest(
       R"({"messages": [{"role": "developer", "content": "Be brief."},
                        {"role": "user", "content": "Hi"}]})",
       model, t);

@@ -22,13 +22,13 @@ const ConfigSchema& Schema() {
   return *s;
 }
 
-Config Flags(std::vector<std::string> flags) {
+WorkloadFlags Flags(std::vector<std::string> flags) {
   std::vector<const char*> argv = {"vamp-bench"};
   for (const std::string& f : flags) argv.push_back(f.c_str());
   absl::StatusOr<CommandLine> cli =
       ParseCommandLine(Schema(), static_cast<int>(argv.size()), argv.data());
   EXPECT_TRUE(cli.ok()) << cli.status();
-  return cli->config;
+  return WorkloadFlagsFromConfig(cli->config);
 }
 
 bool Same(const workload::Workload& a, const workload::Workload& b) {
@@ -50,8 +50,9 @@ bool Same(const workload::Workload& a, const workload::Workload& b) {
 }
 
 TEST(WorkloadFlagsTest, MultiTurnStructureDeterminismAndSweepOverride) {
-  Config c = Flags({"--sessions=3", "--turns=4", "--first_turn_tokens=100", "--growth_tokens=10",
-                    "--output_tokens=5", "--think_time_s=0.5", "--vocab_size=256"});
+  WorkloadFlags c =
+      Flags({"--sessions=3", "--turns=4", "--first_turn_tokens=100", "--growth_tokens=10",
+             "--output_tokens=5", "--think_time_s=0.5", "--vocab_size=256"});
   absl::StatusOr<workload::Workload> w = BuildWorkload(c, 0, 0);
   ASSERT_TRUE(w.ok()) << w.status();
   ASSERT_EQ(w->sessions.size(), 3u);
@@ -77,14 +78,14 @@ TEST(WorkloadFlagsTest, MultiTurnStructureDeterminismAndSweepOverride) {
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE(Same(*w, *other));
   EXPECT_EQ(other->NumTurns(), w->NumTurns());
-  EXPECT_TRUE(WindowRuleFor(c).exclude_first_turn);
-  EXPECT_FALSE(WindowRuleFor(Flags({"--include_first_turn"})).exclude_first_turn);
+  EXPECT_TRUE(c.window.exclude_first_turn);
+  EXPECT_FALSE(Flags({"--include_first_turn"}).window.exclude_first_turn);
   EXPECT_THAT(DescribeWorkload(c, 5), HasSubstr("5 sessions x 4 turns"));
 }
 
 TEST(WorkloadFlagsTest, MooncakeReplaySharesPrefixesByHashId) {
   // The default --trace is the shared synthetic trace, outside the repository.
-  Config c = Flags({"--workload=mooncake", "--max_requests=50", "--time_scale=0.5"});
+  WorkloadFlags c = Flags({"--workload=mooncake", "--max_requests=50", "--time_scale=0.5"});
   absl::StatusOr<workload::Workload> w = BuildWorkload(c, 0, 0);
   if (!w.ok()) GTEST_SKIP() << "no Mooncake trace here: " << w.status();
   ASSERT_EQ(w->sessions.size(), 50u);
@@ -100,11 +101,11 @@ TEST(WorkloadFlagsTest, MooncakeReplaySharesPrefixesByHashId) {
   }
   // Records that start with the same hash id start with the same tokens.
   EXPECT_LT(first_blocks.size(), w->sessions.size());
-  EXPECT_FALSE(WindowRuleFor(c).exclude_first_turn);  // every request is a first turn
+  EXPECT_FALSE(c.window.exclude_first_turn);  // every request is a first turn
 }
 
 TEST(WorkloadFlagsTest, LowReuseAndErrors) {
-  Config c = Flags(
+  WorkloadFlags c = Flags(
       {"--workload=low_reuse", "--num_requests=30", "--prompt_tokens=64", "--vocab_size=256"});
   absl::StatusOr<workload::Workload> w = BuildWorkload(c, 0, 0);
   ASSERT_TRUE(w.ok()) << w.status();
@@ -122,7 +123,7 @@ TEST(WorkloadFlagsTest, LowReuseAndErrors) {
 TEST(WorkloadFlagsTest, LmcacheTextGoesThroughTheModelsTokenizer) {
   const std::string qwen = std::string(VAMP_TEST_DATA_DIR) + "/qwen3-30b-a3b";
   const std::string tiny = std::string(VAMP_TEST_DATA_DIR) + "/tiny-qwen3-moe";  // no tokenizer
-  Config lmcache = Flags({"--workload=lmcache"});
+  WorkloadFlags lmcache = Flags({"--workload=lmcache"});
   // --tokenizer_dir wins; else the model folder when it has a tokenizer.json; else none.
   EXPECT_EQ(TokenizerDirFor(Flags({"--workload=lmcache", "--tokenizer_dir=/x"}), qwen), "/x");
   EXPECT_EQ(TokenizerDirFor(lmcache, tiny), "");
@@ -141,7 +142,7 @@ TEST(WorkloadFlagsTest, LmcacheTextGoesThroughTheModelsTokenizer) {
               HasSubstr("text through the tokenizer of " + qwen));
   const std::string traces =
       std::string(VAMP_SOURCE_DIR) + "/../shared/traces/lmcache-agent-trace/miniswe";
-  Config two = Flags({"--workload=lmcache", "--sessions=2", "--trace_dir=" + traces});
+  WorkloadFlags two = Flags({"--workload=lmcache", "--sessions=2", "--trace_dir=" + traces});
   absl::StatusOr<workload::Workload> by_chars = BuildWorkload(two, 0, 0);
   absl::StatusOr<workload::Workload> by_qwen = BuildWorkload(two, 0, 0, 0, qwen);
   if (!by_chars.ok())

@@ -26,7 +26,7 @@ class OpenAiApiTest : public ::testing::Test {
 };
 
 TEST_F(OpenAiApiTest, CompletionWithTextAndSampling) {
-  absl::StatusOr<ServingRequest> r = ParseCompletionRequest(
+  absl::StatusOr<OpenAiRequest> r = ParseCompletionRequest(
       R"({"model": "tiny", "prompt": "Hi", "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
           "top_k": 7, "seed": 42, "stream": true, "stream_options": {"include_usage": true},
           "stop_token_ids": [2], "ignore_eos": true, "cache_salt": "s1"})",
@@ -46,7 +46,7 @@ TEST_F(OpenAiApiTest, CompletionWithTextAndSampling) {
 }
 
 TEST_F(OpenAiApiTest, StopStringsChoicesAndEcho) {
-  absl::StatusOr<ServingRequest> r = ParseCompletionRequest(
+  absl::StatusOr<OpenAiRequest> r = ParseCompletionRequest(
       R"({"prompt": "Hi", "stop": "\n", "n": 3, "echo": true})", model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->response.stop, (std::vector<std::string>{"\n"}));
@@ -63,7 +63,7 @@ TEST_F(OpenAiApiTest, StopStringsChoicesAndEcho) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->response.stop.empty());
   EXPECT_EQ(r->response.n, 2);
-  absl::StatusOr<ServingRequest> over = ParseChatCompletionRequest(
+  absl::StatusOr<OpenAiRequest> over = ParseChatCompletionRequest(
       R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", model_, *tokenizer_,
       RequestLimits{.max_n = 2});
   EXPECT_EQ(Param(over.status()), "n");
@@ -71,7 +71,7 @@ TEST_F(OpenAiApiTest, StopStringsChoicesAndEcho) {
 }
 
 TEST_F(OpenAiApiTest, PenaltiesMinPAndMinTokensReachTheSamplingParams) {
-  absl::StatusOr<ServingRequest> r = ParseCompletionRequest(
+  absl::StatusOr<OpenAiRequest> r = ParseCompletionRequest(
       R"({"prompt": "Hi", "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
           "repetition_penalty": 1.2, "min_tokens": 3, "max_tokens": 8})",
       model_, *tokenizer_);
@@ -84,7 +84,7 @@ TEST_F(OpenAiApiTest, PenaltiesMinPAndMinTokensReachTheSamplingParams) {
 }
 
 TEST_F(OpenAiApiTest, LogprobsOfTheChosenTokens) {
-  absl::StatusOr<ServingRequest> r =
+  absl::StatusOr<OpenAiRequest> r =
       ParseCompletionRequest(R"({"prompt": "Hi", "logprobs": 0})", model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->response.logprobs);
@@ -125,7 +125,7 @@ TEST_F(OpenAiApiTest, LogprobsOfTheChosenTokens) {
       {R"(, "top_logprobs": 0})", "top_logprobs"},                     // without logprobs
       {R"(, "logprobs": 1})", "logprobs"}};                            // chat's is a bool
   for (const auto& [fields, param] : bad) {
-    absl::StatusOr<ServingRequest> e =
+    absl::StatusOr<OpenAiRequest> e =
         ParseChatCompletionRequest("{" + messages + fields, model_, *tokenizer_);
     EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << fields;
     EXPECT_EQ(Param(e.status()), param) << fields;
@@ -133,7 +133,7 @@ TEST_F(OpenAiApiTest, LogprobsOfTheChosenTokens) {
 }
 
 TEST_F(OpenAiApiTest, CompletionDefaultsAndTokenPrompt) {
-  absl::StatusOr<ServingRequest> r =
+  absl::StatusOr<OpenAiRequest> r =
       ParseCompletionRequest(R"({"prompt": [[1, 2, 3]]})", model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->model, "tiny");
@@ -195,7 +195,7 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
   }
 }
 
-// Issue 14: ids past 32 bits were cut to in-vocabulary ids (4294967301 became 5) in prompts and
+// Regression: ids past 32 bits were cut to in-vocabulary ids (4294967301 became 5) in prompts and
 // stop_token_ids. They are refused naming the field and the id as sent.
 TEST_F(OpenAiApiTest, TokenIdsPast32BitsAreRefusedNotTruncated) {
   struct Case {
@@ -227,7 +227,7 @@ TEST_F(OpenAiApiTest, TokenIdsPast32BitsAreRefusedNotTruncated) {
                           .status();
   EXPECT_EQ(Param(chat), "stop_token_ids");
   EXPECT_EQ(HttpStatusFor(chat), 400);
-  absl::StatusOr<ServingRequest> ok =
+  absl::StatusOr<OpenAiRequest> ok =
       ParseCompletionRequest(R"({"prompt": [0, 255], "stop_token_ids": [5]})", model_, *tokenizer_);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->prompt_token_ids, (std::vector<int32_t>{0, 255}));
@@ -245,7 +245,7 @@ TEST_F(OpenAiApiTest, UnknownModelIs404WithOpenAiErrorBody) {
 }
 
 TEST_F(OpenAiApiTest, ChatUsesTemplateAndValidatesMessages) {
-  absl::StatusOr<ServingRequest> r = ParseChatCompletionRequest(
+  absl::StatusOr<OpenAiRequest> r = ParseChatCompletionRequest(
       R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Yo"}]}],
           "max_completion_tokens": 3})",
       model_, *tokenizer_);
@@ -254,7 +254,7 @@ TEST_F(OpenAiApiTest, ChatUsesTemplateAndValidatesMessages) {
   EXPECT_EQ(r->prompt_token_ids, tokenizer_->Encode("<|user|>\nYo\n<|assistant|>\n"));
   EXPECT_EQ(r->sampling.max_tokens, 3);
   // Chat requests without a limit run to the context length (the scheduler's default).
-  absl::StatusOr<ServingRequest> unlimited = ParseChatCompletionRequest(
+  absl::StatusOr<OpenAiRequest> unlimited = ParseChatCompletionRequest(
       R"({"messages": [{"role": "user", "content": "Yo"}]})", model_, *tokenizer_);
   ASSERT_TRUE(unlimited.ok());
   EXPECT_FALSE(unlimited->sampling.max_tokens.has_value());
@@ -313,7 +313,7 @@ TEST_F(OpenAiApiTest, ChatToolFieldsAreValidatedNotIgnored) {
     EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.body;
   }
   // tool_choice "none" without tools, and an assistant turn with null content, are fine.
-  absl::StatusOr<ServingRequest> r = ParseChatCompletionRequest(
+  absl::StatusOr<OpenAiRequest> r = ParseChatCompletionRequest(
       R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null},
           {"role": "user", "content": "x"}], "tool_choice": "none", "max_tokens": 2})",
       model_, *tokenizer_);

@@ -238,7 +238,7 @@ TEST_F(HttpServerTest, StopClosesOpenExchangesRunningTheirCallbacks) {
   for (const auto& e : handler_.held()) e->Post([] { ADD_FAILURE() << "ran after Stop"; });
 }
 
-// Issue 14: the old front end served 8 streams at a time (a thread per connection). One loop
+// The old front end served 8 streams at a time (a thread per connection). One loop
 // thread holds a thousand open streams and feeds all of them.
 TEST_F(HttpServerTest, OneLoopThreadHoldsAThousandStreams) {
   const int n = static_cast<int>(std::min<int64_t>(1000, (testing::RaiseOpenFileLimit() - 64) / 2));

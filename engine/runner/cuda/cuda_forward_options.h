@@ -1,0 +1,48 @@
+// How the GPU forward pass of Qwen3-MoE runs (CudaQwen3MoeModel, engine/runner/cuda/
+// cuda_qwen3_moe.h): precision, the tensor-parallel sum, the grouped-GEMM crossover, CUDA graphs.
+// Plain C++ without CUDA headers, so that the agent's flags (agent/agent_options.h) take their
+// defaults from here in every build, CPU-only ones included.
+#ifndef VAMP_ENGINE_RUNNER_CUDA_CUDA_FORWARD_OPTIONS_H_
+#define VAMP_ENGINE_RUNNER_CUDA_CUDA_FORWARD_OPTIONS_H_
+
+#include <cstdint>
+
+#include "engine/model/dtype.h"
+
+namespace vamp {
+
+class DeviceAllReduce;  // engine/runner/cuda/device_all_reduce.h
+
+struct CudaForwardOptions {
+  // Rows of logits computed per LM-head launch (return_all_logits asks for every position; they
+  // are computed in chunks of this many rows). 0 = the runner's max_num_seqs.
+  int64_t max_logits_rows = 0;
+  // Element type of weights, activations and KV cache (cuda_qwen3_moe.h, "Precision").
+  DType dtype = DType::kBFloat16;
+  // The tensor-parallel sum; required when the host model's tp_size > 1 (and of that size), must
+  // outlive the model. Ignored for tp_size 1.
+  DeviceAllReduce* all_reduce = nullptr;
+  // bfloat16 MoE layers with at most this many (token, expert) rows per expert on average run the
+  // device-side grouped GEMM (w13 with SiLU-and-mul fused); busier ones cuBLAS's grouped GEMM
+  // (cublasGemmGroupedBatchedEx, one host synchronisation per layer for the row offsets). -1:
+  // always the device kernel; 0: always cuBLAS. The default is the crossover measured on an H200
+  // (bench/results/2026-11-29-cuda-backend): the device kernel is faster up to 64 rows per expert
+  // (Qwen3-30B-A3B at 1024 tokens, Qwen3-Next at 2048), cuBLAS from 80-128 rows per expert.
+  int64_t device_gemm_max_rows_per_expert = 64;
+  // Decode-only steps (one token per sequence, sampled on the device without logits processing,
+  // bfloat16, device-side expert GEMMs, tensor parallel size 1, nothing staged this pass) run as
+  // CUDA graphs: captured once per (batch size, context bucket, alternatives asked for or not)
+  // and replayed, so the ~15 launches per layer cost one launch.
+  bool cuda_graphs = true;
+  // Block-table stride bucket: every step's block table is laid out on a stride rounded up to a
+  // multiple of this many blocks (and attention's context bound to stride x block_size), so a
+  // growing context re-captures a graph only every this-many blocks, and graph and launch-by-launch
+  // steps plan attention identically (bit-identical results).
+  int64_t graph_stride_bucket_blocks = 64;
+  // Captured graphs kept; beyond this the cache is cleared and refilled.
+  int64_t max_cuda_graphs = 64;
+};
+
+}  // namespace vamp
+
+#endif  // VAMP_ENGINE_RUNNER_CUDA_CUDA_FORWARD_OPTIONS_H_

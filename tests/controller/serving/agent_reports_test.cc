@@ -1,0 +1,117 @@
+// The controller's checks of what agents report (controller/serving/agent_reports.h).
+#include "controller/serving/agent_reports.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace vamp {
+namespace {
+
+using ::testing::HasSubstr;
+
+vamp::v1::InitRequest Request() {
+  vamp::v1::InitRequest r;
+  r.mutable_memory()->set_block_size(16);
+  return r;
+}
+
+// What an honest agent on 1 GiB serving a small model says.
+vamp::v1::InitResponse Honest() {
+  vamp::v1::InitResponse r;
+  r.set_num_layers(4);
+  r.set_num_experts(8);
+  r.set_experts_per_group(2);
+  r.set_vocab_size(256);
+  r.set_eos_token_id(1);
+  r.set_max_position_embeddings(2048);
+  vamp::v1::RankMemory& m = *r.mutable_memory();
+  m.set_device("cpu");
+  m.set_device_total_bytes(uint64_t{1} << 30);
+  m.set_page_bytes(4096);
+  m.set_resident_expert_bytes(100 << 20);
+  m.set_other_weight_bytes(10 << 20);
+  m.set_kv_pool_bytes(500 << 20);
+  m.set_kv_blocks(1000);
+  m.set_max_offload_groups(3);
+  return r;
+}
+
+TEST(AgentReportsTest, HonestInitPasses) {
+  absl::StatusOr<AgentReportLimits> limits = CheckInitResponses(Request(), {Honest(), Honest()});
+  ASSERT_TRUE(limits.ok()) << limits.status();
+  EXPECT_EQ(limits->groups_per_layer, 4);
+  ASSERT_EQ(limits->max_kv_blocks.size(), 2u);
+  // 1 GiB / (2 * 16 tokens * 4 layers) bytes per block at the least.
+  EXPECT_EQ(limits->max_kv_blocks[0], (int64_t{1} << 30) / 128);
+}
+
+// Regression: kv_blocks = 2^31 - 1 from one agent ended in std::bad_alloc in the controller.
+TEST(AgentReportsTest, LiesRefuseTheAgentNamingRankAndField) {
+  struct Case {
+    const char* name;
+    std::function<void(vamp::v1::InitResponse*)> lie;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"kv_blocks", [](auto* r) { r->mutable_memory()->set_kv_blocks(2147483647); },
+       "memory.kv_blocks"},
+      {"no blocks", [](auto* r) { r->mutable_memory()->set_kv_blocks(0); }, "memory.kv_blocks"},
+      {"memory", [](auto* r) { r->mutable_memory()->set_device_total_bytes(uint64_t{1} << 62); },
+       "memory.device_total_bytes"},
+      {"kv pool", [](auto* r) { r->mutable_memory()->set_kv_pool_bytes(uint64_t{2} << 30); },
+       "memory.kv_pool_bytes"},
+      {"groups", [](auto* r) { r->mutable_memory()->set_max_offload_groups(5); },
+       "memory.max_offload_groups"},
+      {"offloaded", [](auto* r) { r->mutable_memory()->set_offloaded_groups(4); },
+       "memory.offloaded_groups"},
+      {"experts", [](auto* r) { r->set_num_experts(-3); }, "num_experts"},
+      {"per group", [](auto* r) { r->set_experts_per_group(0); }, "experts_per_group"},
+      {"layers", [](auto* r) { r->set_num_layers(1 << 20); }, "num_layers"},
+      {"vocab", [](auto* r) { r->set_vocab_size(0); }, "vocab_size"},
+      {"eos", [](auto* r) { r->set_eos_token_id(256); }, "eos_token_id"},
+      {"context", [](auto* r) { r->set_max_position_embeddings(-1); }, "max_position_embeddings"},
+      {"shape", [](auto* r) { r->set_num_layers(5); }, "unlike rank 0"},
+  };
+  for (const Case& c : cases) {
+    vamp::v1::InitResponse liar = Honest();
+    c.lie(&liar);
+    absl::StatusOr<AgentReportLimits> limits = CheckInitResponses(Request(), {Honest(), liar});
+    ASSERT_FALSE(limits.ok()) << c.name;
+    EXPECT_THAT(limits.status().message(), HasSubstr("agent rank 1")) << c.name;
+    EXPECT_THAT(limits.status().message(), HasSubstr(c.field)) << c.name;
+  }
+}
+
+TEST(AgentReportsTest, CapacityAndTimingsAreBounded) {
+  absl::StatusOr<AgentReportLimits> limits = CheckInitResponses(Request(), {Honest()});
+  ASSERT_TRUE(limits.ok()) << limits.status();
+  vamp::v1::CapacityResponse ok;
+  ok.set_kv_blocks_now(1000);
+  ok.set_kv_blocks_after(1100);
+  ok.set_max_offload_groups(3);
+  ok.set_staged_bytes_per_group(1 << 20);
+  EXPECT_TRUE(CheckCapacityResponse(ok, 0, *limits).ok());
+  vamp::v1::CapacityResponse lie = ok;
+  lie.set_kv_blocks_now(2147483647);
+  absl::Status s = CheckCapacityResponse(lie, 0, *limits);
+  EXPECT_THAT(s.message(), HasSubstr("kv_blocks_now"));
+  lie = ok;
+  lie.set_kv_blocks_after(-1);
+  EXPECT_THAT(CheckCapacityResponse(lie, 0, *limits).message(), HasSubstr("kv_blocks_after"));
+  lie = ok;
+  lie.set_offloaded_groups(9);
+  EXPECT_THAT(CheckCapacityResponse(lie, 0, *limits).message(), HasSubstr("offloaded_groups"));
+
+  vamp::v1::StepTimings t;
+  t.set_total_us(1500);
+  t.set_forward_us(1200);
+  EXPECT_TRUE(CheckStepTimings(t, 0).ok());
+  t.set_staging_stall_us(-5);
+  EXPECT_THAT(CheckStepTimings(t, 2).message(), HasSubstr("agent rank 2 reported timings.staging"));
+  t.set_staging_stall_us(0);
+  t.set_total_us(INT64_MAX);
+  EXPECT_THAT(CheckStepTimings(t, 0).message(), HasSubstr("timings.total_us"));
+}
+
+}  // namespace
+}  // namespace vamp

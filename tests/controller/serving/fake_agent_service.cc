@@ -1,0 +1,241 @@
+#include "tests/controller/serving/fake_agent_service.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace vamp::testing {
+
+vamp::v1::InitRequest FakeInitRequest() {
+  vamp::v1::InitRequest r;
+  r.set_model_path("/models/fake");
+  r.set_load_format("dummy");
+  r.mutable_memory()->set_block_size(16);
+  r.mutable_parallel()->set_host_transport_address("127.0.0.1:1");
+  return r;
+}
+
+void FakeAgentService::FillMemoryLocked(vamp::v1::RankMemory* m) const {
+  m->set_rank(rank_);
+  m->set_device("cpu");
+  m->set_device_total_bytes(spec_.device_total_bytes);
+  m->set_kv_blocks(used_blocks_);
+  m->set_max_offload_groups(spec_.max_offload_groups);
+  m->set_offloaded_groups(offloaded_);
+}
+
+grpc::Status FakeAgentService::Init(grpc::ServerContext*, const vamp::v1::InitRequest*,
+                                    vamp::v1::InitResponse* response) {
+  absl::MutexLock lock(&mu_);
+  offloaded_ = 0;
+  used_blocks_ = spec_.kv_blocks;
+  remap_history_.clear();
+  requests_.clear();
+  FillMemoryLocked(response->mutable_memory());
+  response->set_num_layers(spec_.num_layers);
+  response->set_num_experts(spec_.num_experts);
+  response->set_experts_per_group(spec_.experts_per_group);
+  response->set_vocab_size(spec_.vocab_size);
+  response->set_eos_token_id(spec_.eos_token_id);
+  response->set_max_position_embeddings(spec_.max_position_embeddings);
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeAgentService::Capacity(grpc::ServerContext*,
+                                        const vamp::v1::CapacityRequest* request,
+                                        vamp::v1::CapacityResponse* response) {
+  absl::MutexLock lock(&mu_);
+  const int32_t after =
+      std::clamp(offloaded_ + request->delta_groups(), 0, spec_.max_offload_groups);
+  response->set_kv_blocks_now(lie_kv_blocks_now_.value_or(used_blocks_));
+  response->set_kv_blocks_after(request->delta_groups() == 0 ? used_blocks_
+                                                             : OwnBlocksLocked(after));
+  response->set_offloaded_groups(offloaded_);
+  response->set_max_offload_groups(spec_.max_offload_groups);
+  response->set_staged_bytes_per_group(spec_.staged_bytes_per_group);
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeAgentService::GetStats(grpc::ServerContext*, const vamp::v1::GetStatsRequest*,
+                                        vamp::v1::GetStatsResponse* response) {
+  absl::MutexLock lock(&mu_);
+  FillMemoryLocked(response->mutable_memory());
+  return grpc::Status::OK;
+}
+
+vamp::v1::StepResponse FakeAgentService::ApplyLocked(const vamp::v1::StepRequest& request) {
+  vamp::v1::StepResponse response;
+  response.set_step_id(request.step_id());
+  response.set_rank(rank_);
+  for (const std::string& id : request.rollback_remap_ids()) {
+    rollbacks_.push_back(id);
+    auto it = remap_history_.find(id);
+    if (it == remap_history_.end()) continue;  // never applied here: nothing to undo
+    offloaded_ -= it->second;
+    used_blocks_ = OwnBlocksLocked(offloaded_);
+    remap_history_.erase(it);
+  }
+  for (const vamp::v1::RemapCommand& remap : request.remaps()) {
+    if (fail_next_remap_.has_value()) {
+      response.set_error_message(*fail_next_remap_);
+      fail_next_remap_.reset();
+      FillMemoryLocked(response.mutable_memory());
+      return response;
+    }
+    const int32_t delta = remap.action() == vamp::v1::RemapCommand::ACTION_OFFLOAD
+                              ? remap.num_groups()
+                              : -remap.num_groups();
+    if (offloaded_ + delta < 0 || offloaded_ + delta > spec_.max_offload_groups) {
+      response.set_error_message(absl::StrCat("rank ", rank_, ": cannot move ", delta,
+                                              " groups with ", offloaded_, " offloaded"));
+      FillMemoryLocked(response.mutable_memory());
+      return response;
+    }
+    offloaded_ += delta;
+    remap_history_[remap.remap_id()] = delta;
+    const int64_t own = OwnBlocksLocked(offloaded_);
+    if (remap.expected_kv_blocks() > own) {
+      response.set_error_message(absl::StrCat("rank ", rank_, ": expected ",
+                                              remap.expected_kv_blocks(), " KV blocks, has ",
+                                              own));
+    }
+    used_blocks_ = remap.expected_kv_blocks() > 0 ? std::min(own, remap.expected_kv_blocks())
+                                                  : own;
+  }
+  for (uint64_t id : request.finished_request_ids()) {
+    finished_.push_back(id);
+    requests_.erase(id);
+  }
+  for (uint64_t id : request.preempted_request_ids()) requests_[id].computed = 0;
+  std::vector<uint64_t> scheduled;
+  for (const vamp::v1::NewRequest& r : request.new_requests()) {
+    RequestState& s = requests_[r.request_id()];
+    s.tokens = r.prompt_token_ids_size();
+    s.computed = r.num_computed_tokens() + r.num_scheduled_tokens();
+    scheduled.push_back(r.request_id());
+  }
+  for (const vamp::v1::CachedRequest& r : request.cached_requests()) {
+    RequestState& s = requests_[r.request_id()];
+    s.computed = r.num_computed_tokens() + r.num_scheduled_tokens();
+    scheduled.push_back(r.request_id());
+  }
+  for (uint64_t id : scheduled) {
+    RequestState& s = requests_[id];
+    if (s.computed < s.tokens) continue;  // a prefill chunk short of the end
+    ++s.tokens;
+    if (rank_ != 0) continue;  // only rank 0 returns tokens
+    vamp::v1::SampledTokens* sampled = response.add_sampled();
+    sampled->set_request_id(id);
+    sampled->add_token_ids(sampled_token_);
+  }
+  FillMemoryLocked(response.mutable_memory());
+  return response;
+}
+
+grpc::Status FakeAgentService::Step(
+    grpc::ServerContext*,
+    grpc::ServerReaderWriter<vamp::v1::StepResponse, vamp::v1::StepRequest>* stream) {
+  vamp::v1::StepRequest request;
+  while (stream->Read(&request)) {
+    vamp::v1::StepResponse response;
+    {
+      absl::MutexLock lock(&mu_);
+      steps_.push_back(request);
+      if (break_stream_) {
+        break_stream_ = false;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake agent went away");
+      }
+      response = ApplyLocked(request);
+    }
+    if (!stream->Write(response)) break;
+  }
+  return grpc::Status::OK;
+}
+
+void FakeAgentService::FailNextRemap(std::string error) {
+  absl::MutexLock lock(&mu_);
+  fail_next_remap_ = std::move(error);
+}
+
+void FakeAgentService::ReportKvBlocksNow(int64_t blocks) {
+  absl::MutexLock lock(&mu_);
+  lie_kv_blocks_now_ = blocks;
+}
+
+void FakeAgentService::BreakStreamAtNextStep() {
+  absl::MutexLock lock(&mu_);
+  break_stream_ = true;
+}
+
+void FakeAgentService::SetSampledToken(int32_t token) {
+  absl::MutexLock lock(&mu_);
+  sampled_token_ = token;
+}
+
+int32_t FakeAgentService::offloaded_groups() {
+  absl::MutexLock lock(&mu_);
+  return offloaded_;
+}
+
+std::vector<vamp::v1::StepRequest> FakeAgentService::steps() {
+  absl::MutexLock lock(&mu_);
+  return steps_;
+}
+
+std::vector<std::string> FakeAgentService::rollbacks() {
+  absl::MutexLock lock(&mu_);
+  return rollbacks_;
+}
+
+std::vector<uint64_t> FakeAgentService::finished_ids() {
+  absl::MutexLock lock(&mu_);
+  return finished_;
+}
+
+int64_t FakeAgentService::kv_blocks() {
+  absl::MutexLock lock(&mu_);
+  return used_blocks_;
+}
+
+FakeAgentGroup::FakeAgentGroup(std::vector<FakeRankSpec> ranks, AgentGroupOptions options) {
+  std::vector<AgentEndpoint> endpoints;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    agents_.push_back(std::make_unique<FakeAgentService>(static_cast<int>(r), ranks[r]));
+    absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+        GrpcServer::Start("127.0.0.1:0", {agents_.back().get()});
+    if (!server.ok()) {
+      status_ = server.status();
+      return;
+    }
+    endpoints.push_back({static_cast<int>(r), absl::StrCat("127.0.0.1:", (*server)->port())});
+    servers_.push_back(*std::move(server));
+  }
+  absl::StatusOr<std::unique_ptr<AgentGroup>> group =
+      AgentGroup::Connect(std::move(endpoints), options);
+  if (!group.ok()) {
+    status_ = group.status();
+    return;
+  }
+  group_ = *std::move(group);
+  const vamp::v1::InitRequest init = FakeInitRequest();
+  absl::StatusOr<std::vector<vamp::v1::InitResponse>> responses = group_->Init(init);
+  if (!responses.ok()) {
+    status_ = responses.status();
+    return;
+  }
+  responses_ = *std::move(responses);
+  absl::StatusOr<AgentReportLimits> limits = CheckInitResponses(init, responses_);
+  if (!limits.ok()) {
+    status_ = limits.status();
+    return;
+  }
+  limits_ = *std::move(limits);
+}
+
+FakeAgentGroup::~FakeAgentGroup() {
+  group_.reset();  // ends the step streams first
+  for (auto& server : servers_) server->Shutdown(0);
+}
+
+}  // namespace vamp::testing

@@ -1,0 +1,138 @@
+// In-process stand-ins for vamp-agents, for unit tests of the controller's serving layer
+// (ServingEngine, RemoteExpander, and the frontends over them) without agent processes or a
+// model. FakeAgentService speaks agent.proto's Agent service the way an agent does at the level
+// the controller can observe: Init reports a memory plan, Capacity reports what n more or fewer
+// offloaded groups would leave, Step applies rollbacks and remaps (each rank up to the
+// controller's expected_kv_blocks), keeps each request's token count from the step's diffs and,
+// on rank 0, "samples" one token for every request whose scheduled tokens reach its end. Faults
+// are scripted: a remap that fails on this rank, a Capacity answer that lies, a step stream that
+// breaks.
+#ifndef VAMP_TESTS_CONTROLLER_SERVING_FAKE_AGENT_SERVICE_H_
+#define VAMP_TESTS_CONTROLLER_SERVING_FAKE_AGENT_SERVICE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_server.h"
+#include "controller/serving/agent_group.h"
+#include "controller/serving/agent_reports.h"
+#include "vamp/v1/agent.grpc.pb.h"
+
+namespace vamp::testing {
+
+// What one fake rank has and reports.
+struct FakeRankSpec {
+  int64_t kv_blocks = 64;        // KV blocks before any offload
+  int64_t blocks_per_group = 8;  // KV blocks one offloaded group adds on this rank
+  int32_t max_offload_groups = 4;
+  uint64_t device_total_bytes = uint64_t{1} << 30;
+  uint64_t staged_bytes_per_group = uint64_t{1} << 20;
+  // The model every rank reports (identical on all ranks, as agents loading one checkpoint do).
+  int32_t num_layers = 2;
+  int32_t num_experts = 8;
+  int32_t experts_per_group = 1;
+  int32_t vocab_size = 256;
+  int32_t eos_token_id = -1;  // none: requests end by max_tokens
+  int32_t max_position_embeddings = 4096;
+};
+
+class FakeAgentService final : public vamp::v1::Agent::Service {
+ public:
+  FakeAgentService(int rank, FakeRankSpec spec) : rank_(rank), spec_(spec) {}
+
+  grpc::Status Init(grpc::ServerContext*, const vamp::v1::InitRequest* request,
+                    vamp::v1::InitResponse* response) override;
+  grpc::Status Capacity(grpc::ServerContext*, const vamp::v1::CapacityRequest* request,
+                        vamp::v1::CapacityResponse* response) override;
+  grpc::Status GetStats(grpc::ServerContext*, const vamp::v1::GetStatsRequest*,
+                        vamp::v1::GetStatsResponse* response) override;
+  grpc::Status Step(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<vamp::v1::StepResponse, vamp::v1::StepRequest>* stream) override;
+
+  // The next remap this rank receives answers `error` in error_message and changes nothing.
+  void FailNextRemap(std::string error);
+  // Capacity answers claim kv_blocks_now = `blocks` from now on (an agent that lies).
+  void ReportKvBlocksNow(int64_t blocks);
+  // The next step ends this rank's step stream with an error (the agent died mid-run).
+  void BreakStreamAtNextStep();
+  // The token rank 0 "samples" for every request (default 7).
+  void SetSampledToken(int32_t token);
+
+  int32_t offloaded_groups();
+  // Every StepRequest received, in order.
+  std::vector<vamp::v1::StepRequest> steps();
+  // Rollback ids received, in order.
+  std::vector<std::string> rollbacks();
+  // Ids seen in finished_request_ids.
+  std::vector<uint64_t> finished_ids();
+  // KV blocks this rank uses now: what its pages hold, capped by the controller's last
+  // expected_kv_blocks.
+  int64_t kv_blocks();
+
+ private:
+  struct RequestState {
+    int32_t tokens = 0;    // prompt plus sampled
+    int32_t computed = 0;  // tokens in the KV cache
+  };
+  int64_t OwnBlocksLocked(int32_t offloaded) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return spec_.kv_blocks + offloaded * spec_.blocks_per_group;
+  }
+  void FillMemoryLocked(vamp::v1::RankMemory* m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies one step; returns the response (error_message set on a failed remap).
+  vamp::v1::StepResponse ApplyLocked(const vamp::v1::StepRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int rank_;
+  const FakeRankSpec spec_;
+  absl::Mutex mu_;
+  int32_t offloaded_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t used_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until Init
+  std::map<std::string, int32_t> remap_history_ ABSL_GUARDED_BY(mu_);  // remap id -> delta
+  std::map<uint64_t, RequestState> requests_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::string> fail_next_remap_ ABSL_GUARDED_BY(mu_);
+  std::optional<int64_t> lie_kv_blocks_now_ ABSL_GUARDED_BY(mu_);
+  bool break_stream_ ABSL_GUARDED_BY(mu_) = false;
+  int32_t sampled_token_ ABSL_GUARDED_BY(mu_) = 7;
+  std::vector<vamp::v1::StepRequest> steps_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> rollbacks_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+};
+
+// One FakeAgentService per spec, each on its own loopback gRPC server, and an AgentGroup
+// connected to them and initialised (its Init answers checked as the controller checks them).
+class FakeAgentGroup {
+ public:
+  explicit FakeAgentGroup(std::vector<FakeRankSpec> ranks, AgentGroupOptions options = {});
+  ~FakeAgentGroup();
+
+  // Whether every rank started and Init succeeded (tests ASSERT on it first).
+  const absl::Status& status() const { return status_; }
+  AgentGroup* group() { return group_.get(); }
+  FakeAgentService& agent(int rank) { return *agents_[rank]; }
+  const std::vector<vamp::v1::InitResponse>& init_responses() const { return responses_; }
+  // CheckInitResponses over the Init answers.
+  const AgentReportLimits& limits() const { return limits_; }
+
+ private:
+  absl::Status status_;
+  std::vector<std::unique_ptr<FakeAgentService>> agents_;
+  std::vector<std::unique_ptr<GrpcServer>> servers_;
+  std::unique_ptr<AgentGroup> group_;
+  std::vector<vamp::v1::InitResponse> responses_;
+  AgentReportLimits limits_;
+};
+
+// The InitRequest the fakes are initialised with (block size 16).
+vamp::v1::InitRequest FakeInitRequest();
+
+}  // namespace vamp::testing
+
+#endif  // VAMP_TESTS_CONTROLLER_SERVING_FAKE_AGENT_SERVICE_H_

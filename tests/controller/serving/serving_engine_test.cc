@@ -1,0 +1,249 @@
+// ServingEngine (controller/serving/serving_engine.h) against fake agents on loopback: requests
+// are admitted or refused with the scheduler's reason, stream their tokens one event per step
+// and end with usage; Abort ends one and tells the agents; drain refuses new work until undrain;
+// forced offloads and restores change the pool on every rank, and one that a rank fails is rolled
+// back without hurting serving; a rank that dies fails every live request with an error naming
+// it, and the engine then refuses work instead of hanging.
+#include "controller/serving/serving_engine.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/controller/serving/fake_agent_service.h"
+
+namespace vamp {
+namespace {
+
+using ::testing::Each;
+using testing::FakeAgentGroup;
+using testing::FakeRankSpec;
+using ::testing::HasSubstr;
+
+// The events one request's sink received.
+class EventLog {
+ public:
+  EngineSink Sink() {
+    return [this](const EngineEvent& e) {
+      absl::MutexLock lock(&mu_);
+      events_.push_back(e);
+    };
+  }
+  // Waits until the request finished; false after `timeout` without.
+  bool WaitFinished(absl::Duration timeout = absl::Seconds(20)) {
+    absl::MutexLock lock(&mu_);
+    auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return !events_.empty() && events_.back().finished;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&finished), timeout);
+  }
+  // Waits for at least `n` events.
+  bool WaitEvents(size_t n, absl::Duration timeout = absl::Seconds(20)) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return events_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+  std::vector<EngineEvent> events() {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  std::vector<int32_t> tokens() {
+    std::vector<int32_t> out;
+    for (const EngineEvent& e : events())
+      out.insert(out.end(), e.token_ids.begin(), e.token_ids.end());
+    return out;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<EngineEvent> events_ ABSL_GUARDED_BY(mu_);
+};
+
+ServingRequest Request(int32_t prompt_tokens, int32_t max_tokens) {
+  ServingRequest r;
+  for (int32_t i = 0; i < prompt_tokens; ++i) r.prompt_token_ids.push_back(10 + i % 50);
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return done();
+}
+
+class ServingEngineTest : public ::testing::Test {
+ protected:
+  // Two ranks with different memory; rank 0 samples token 7 for everyone.
+  ServingEngineTest() : agents_({Rank(64, 8), Rank(60, 6)}) {}
+
+  static FakeRankSpec Rank(int64_t kv_blocks, int64_t blocks_per_group) {
+    FakeRankSpec r;
+    r.kv_blocks = kv_blocks;
+    r.blocks_per_group = blocks_per_group;
+    return r;
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(agents_.status().ok()) << agents_.status();
+    ServingEngineOptions options;
+    options.scheduler.max_model_len = 512;  // 32 of the 60 blocks
+    options.arbiter = "static";             // no offload but the ones a test forces
+    options.report_limits = agents_.limits();
+    options.model_name = "fake-model";
+    absl::StatusOr<std::unique_ptr<ServingEngine>> engine =
+        ServingEngine::Start(agents_.group(), options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+  }
+
+  void TearDown() override { engine_.reset(); }
+
+  int32_t PoolBlocks() {
+    vamp::v1::GetStatusResponse status;
+    engine_->Snapshot(&status);
+    return static_cast<int32_t>(status.kv_pool().total_blocks());
+  }
+
+  FakeAgentGroup agents_;
+  std::unique_ptr<ServingEngine> engine_;
+};
+
+TEST_F(ServingEngineTest, StreamsEveryStepsTokenAndEndsWithUsage) {
+  EventLog log;
+  absl::StatusOr<RequestId> id = engine_->Submit(Request(20, 4), log.Sink());
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(log.WaitFinished());
+  const std::vector<EngineEvent> events = log.events();
+  ASSERT_EQ(events.size(), 4u) << "one token a step, the last one finishing";
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].token_ids.size(), 1u);
+    EXPECT_EQ(events[i].completion_tokens, static_cast<int32_t>(i + 1));
+    EXPECT_EQ(events[i].prompt_tokens, 20);
+    EXPECT_EQ(events[i].finished, i + 1 == events.size());
+    EXPECT_TRUE(events[i].error.empty());
+  }
+  EXPECT_THAT(log.tokens(), Each(7)) << "the agents' sampled tokens, unchanged";
+  EXPECT_EQ(events.back().finish_reason, FinishReason::kLength);
+  // The agents got the prompt once, as a new request.
+  std::vector<int32_t> prompt;
+  for (const vamp::v1::StepRequest& s : agents_.agent(1).steps()) {
+    for (const vamp::v1::NewRequest& r : s.new_requests()) {
+      if (r.request_id() == *id)
+        prompt.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+    }
+  }
+  EXPECT_EQ(prompt, Request(20, 4).prompt_token_ids);
+}
+
+TEST_F(ServingEngineTest, ARequestTheSchedulerRefusesEndsWithItsReason) {
+  EventLog refused;
+  ASSERT_TRUE(engine_->Submit(Request(600, 4), refused.Sink()).ok()) << "refused when admitted";
+  ASSERT_TRUE(refused.WaitFinished());
+  const std::vector<EngineEvent> events = refused.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish_reason, FinishReason::kAbort);
+  EXPECT_THAT(events[0].error, HasSubstr("max_model_len is 512"));
+  EXPECT_EQ(events[0].prompt_tokens, 600);
+  // The engine keeps serving others.
+  EventLog ok;
+  ASSERT_TRUE(engine_->Submit(Request(8, 2), ok.Sink()).ok());
+  ASSERT_TRUE(ok.WaitFinished());
+  EXPECT_EQ(ok.events().back().finish_reason, FinishReason::kLength);
+  EXPECT_TRUE(engine_->healthy());
+}
+
+TEST_F(ServingEngineTest, AbortEndsTheRequestAndTellsTheAgents) {
+  EventLog log;
+  absl::StatusOr<RequestId> id = engine_->Submit(Request(8, 400), log.Sink());
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(log.WaitEvents(2));
+  engine_->Abort(*id);
+  // Another request keeps the engine stepping: the step after the abort frees the aborted one on
+  // the agents, and from then on its sink hears nothing, never a finish.
+  EventLog other;
+  ASSERT_TRUE(engine_->Submit(Request(8, 3), other.Sink()).ok());
+  ASSERT_TRUE(other.WaitFinished());
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<uint64_t> f = agents_.agent(r).finished_ids();
+    EXPECT_NE(std::find(f.begin(), f.end(), *id), f.end()) << "rank " << r;
+  }
+  const size_t delivered = log.events().size();
+  EXPECT_LT(delivered, 400u);
+  EventLog third;
+  ASSERT_TRUE(engine_->Submit(Request(8, 3), third.Sink()).ok());
+  ASSERT_TRUE(third.WaitFinished());
+  EXPECT_EQ(log.events().size(), delivered);
+  for (const EngineEvent& e : log.events()) EXPECT_FALSE(e.finished);
+}
+
+TEST_F(ServingEngineTest, DrainRefusesNewRequestsUntilUndrain) {
+  engine_->Drain();
+  EXPECT_TRUE(engine_->draining());
+  EventLog log;
+  absl::StatusOr<RequestId> refused = engine_->Submit(Request(8, 2), log.Sink());
+  EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("draining"));
+  engine_->Undrain();
+  ASSERT_TRUE(engine_->Submit(Request(8, 2), log.Sink()).ok());
+  EXPECT_TRUE(log.WaitFinished());
+}
+
+TEST_F(ServingEngineTest, ForcedOffloadAndRestoreResizeThePoolOnEveryRank) {
+  EXPECT_EQ(PoolBlocks(), 60) << "the cross-rank minimum";
+  ASSERT_TRUE(engine_->ForceRemap(2).ok());
+  EXPECT_EQ(PoolBlocks(), 72) << "min(64 + 2 x 8, 60 + 2 x 6)";
+  EXPECT_EQ(agents_.agent(0).offloaded_groups(), 2);
+  EXPECT_EQ(agents_.agent(1).offloaded_groups(), 2);
+  ASSERT_TRUE(engine_->ForceRemap(-2).ok());
+  EXPECT_EQ(PoolBlocks(), 60);
+  EXPECT_EQ(agents_.agent(0).offloaded_groups(), 0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(engine_->ForceRemap(-1))) << "nothing is offloaded";
+  EXPECT_TRUE(absl::IsInvalidArgument(engine_->ForceRemap(0)));
+}
+
+TEST_F(ServingEngineTest, AnOffloadOneRankFailsIsRolledBackAndServingGoesOn) {
+  agents_.agent(1).FailNextRemap("cannot map the expert pages");
+  absl::Status s = engine_->ForceRemap(1);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("agent rank 1"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cannot map the expert pages"));
+  EXPECT_EQ(agents_.agent(0).rollbacks().size(), 1u);
+  EXPECT_EQ(agents_.agent(0).offloaded_groups(), 0) << "rank 0's applied remap was undone";
+  EXPECT_EQ(PoolBlocks(), 60);
+  EXPECT_TRUE(engine_->healthy());
+  EventLog log;
+  ASSERT_TRUE(engine_->Submit(Request(8, 3), log.Sink()).ok());
+  ASSERT_TRUE(log.WaitFinished());
+  EXPECT_EQ(log.events().back().finish_reason, FinishReason::kLength);
+}
+
+TEST_F(ServingEngineTest, ARankThatDiesFailsEveryLiveRequestNamingIt) {
+  EventLog first, second;
+  ASSERT_TRUE(engine_->Submit(Request(8, 400), first.Sink()).ok());
+  ASSERT_TRUE(engine_->Submit(Request(12, 400), second.Sink()).ok());
+  ASSERT_TRUE(first.WaitEvents(1));
+  agents_.agent(1).BreakStreamAtNextStep();
+  for (EventLog* log : {&first, &second}) {
+    ASSERT_TRUE(log->WaitFinished()) << "failed, not hung";
+    const EngineEvent last = log->events().back();
+    EXPECT_EQ(last.finish_reason, FinishReason::kAbort);
+    EXPECT_THAT(last.error, HasSubstr("agent rank 1"));
+  }
+  EXPECT_TRUE(WaitUntil([&] { return !engine_->healthy(); }));
+  EventLog late;
+  absl::StatusOr<RequestId> refused = engine_->Submit(Request(8, 2), late.Sink());
+  EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+  EXPECT_TRUE(absl::IsUnavailable(engine_->ForceRemap(1)));
+}
+
+}  // namespace
+}  // namespace vamp
