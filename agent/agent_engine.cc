@@ -196,6 +196,7 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   response.set_experts_per_group(static_cast<int32_t>(plan.experts.group_experts));
   response.set_vocab_size(static_cast<int32_t>(config.vocab_size));
   response.set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
+  response.set_prefix_caching_unsupported(in->rank->model().RecurrentStateFloatsPerSlot() > 0);
   response.set_eos_token_id(
       config.eos_token_ids.empty() ? -1 : static_cast<int32_t>(config.eos_token_ids.front()));
   instance_ = std::move(in);

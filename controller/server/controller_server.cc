@@ -443,6 +443,11 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
                    << " exceeds the model's context; using " << first.max_position_embeddings();
     scheduler.max_model_len = first.max_position_embeddings();
   }
+  if (first.prefix_caching_unsupported() && scheduler.enable_prefix_caching) {
+    VAMP_LOG(WARNING) << "prefix caching off: the model keeps per-request linear-attention state "
+                         "that a prefix-cache hit cannot restore yet (no state snapshots)";
+    scheduler.enable_prefix_caching = false;
+  }
   ServingEngineOptions engine_options;
   engine_options.scheduler = scheduler;
   engine_options.arbiter = options_.arbiter;

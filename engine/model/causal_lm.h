@@ -38,6 +38,10 @@ struct ForwardBatch {
   int64_t block_table_stride = 0;
   // Token rows whose logits are computed, in output order (typically each sequence's last token).
   absl::Span<const int32_t> logits_indices;
+  // [num_seqs]: the recurrent-state slot of each sequence (CausalLm::ReserveRecurrentStates),
+  // distinct within a step; read only by models with recurrent state (Qwen3-Next's linear
+  // attention), may be empty for the others.
+  absl::Span<const int32_t> state_slots;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(seq_lens.size()); }
@@ -193,6 +197,17 @@ class CausalLm {
   // Decoder layers with KV (ascending) and with routed experts (ascending).
   virtual const std::vector<int>& attention_layers() const = 0;
   virtual const std::vector<int>& moe_layers() const = 0;
+
+  // Per-sequence recurrent state (linear-attention layers), held by the model in slots that
+  // ForwardBatch::state_slots names. A sequence whose step starts at context 0 starts from a zero
+  // state; one that continues must use the slot its previous step used, and no other sequence
+  // may have used that slot in between. Models without recurrent state keep none.
+  //
+  // Floats of one slot on this rank (0: no recurrent state).
+  virtual int64_t RecurrentStateFloatsPerSlot() const { return 0; }
+  // Holds `num_slots` slots (discarding every state held). Models without recurrent state accept
+  // any count and hold nothing.
+  virtual absl::Status ReserveRecurrentStates(int64_t num_slots) { return absl::OkStatus(); }
 
   // Runs every layer over `batch`: writes the new tokens' K/V into `kv`, reads experts through
   // `experts`, all-reduces through `comm` (may be null when tp_size == 1), and writes logits

@@ -80,6 +80,21 @@ class Fields {
     return j->get<std::string>();
   }
 
+  // A list of strings, or nullopt when absent.
+  absl::StatusOr<std::optional<std::vector<std::string>>> StringList(absl::string_view name) const {
+    const Json* j = Get(name);
+    if (j == nullptr) return std::nullopt;
+    std::vector<std::string> out;
+    if (j->is_array()) {
+      for (const Json& e : *j) {
+        if (!e.is_string()) break;
+        out.push_back(e.get<std::string>());
+      }
+      if (out.size() == j->size()) return out;
+    }
+    return Error(name, absl::StrCat("must be a list of strings, got ", Abbreviate(*j)));
+  }
+
   // An integer or a list of integers (HF allows both for eos_token_id), each in [min, max].
   absl::StatusOr<std::vector<int64_t>> IntOrIntList(absl::string_view name, int64_t min,
                                                     int64_t max) const {
@@ -136,7 +151,14 @@ constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxPositions = int64_t{1} << 26;
 
-absl::Status ReadQwen3Moe(const Fields& f, ModelConfig* c) {
+// What differs between the Qwen3 MoE architectures in the fields they share: HF's defaults.
+struct Qwen3Defaults {
+  std::optional<int64_t> head_dim;  // nullopt: hidden_size / num_attention_heads
+  bool norm_topk_prob = false;
+};
+
+// The fields qwen3_moe and qwen3_next share: sizes, attention, experts, norms, RoPE, tokens.
+absl::Status ReadQwen3Common(const Fields& f, const Qwen3Defaults& defaults, ModelConfig* c) {
   VAMP_ASSIGN_OR_RETURN(c->vocab_size, f.RequiredInt("vocab_size", 1, kMaxVocab));
   VAMP_ASSIGN_OR_RETURN(c->hidden_size, f.RequiredInt("hidden_size", 1, kMaxDim));
   VAMP_ASSIGN_OR_RETURN(c->num_hidden_layers, f.RequiredInt("num_hidden_layers", 1, kMaxLayers));
@@ -148,7 +170,8 @@ absl::Status ReadQwen3Moe(const Fields& f, ModelConfig* c) {
                    absl::StrCat("(", c->num_key_value_heads, ") must divide num_attention_heads (",
                                 c->num_attention_heads, ")"));
   }
-  const int64_t default_head_dim = c->hidden_size / c->num_attention_heads;
+  const int64_t default_head_dim =
+      defaults.head_dim.value_or(c->hidden_size / c->num_attention_heads);
   VAMP_ASSIGN_OR_RETURN(c->head_dim, f.Int("head_dim", default_head_dim, 2, 4096));
   if (c->head_dim % 2 != 0) return f.Error("head_dim", "must be even (rotary embedding)");
   VAMP_ASSIGN_OR_RETURN(c->moe_intermediate_size,
@@ -156,7 +179,7 @@ absl::Status ReadQwen3Moe(const Fields& f, ModelConfig* c) {
   VAMP_ASSIGN_OR_RETURN(c->num_experts, f.RequiredInt("num_experts", 1, 65536));
   VAMP_ASSIGN_OR_RETURN(c->num_experts_per_tok,
                         f.RequiredInt("num_experts_per_tok", 1, c->num_experts));
-  VAMP_ASSIGN_OR_RETURN(c->norm_topk_prob, f.Bool("norm_topk_prob", false));
+  VAMP_ASSIGN_OR_RETURN(c->norm_topk_prob, f.Bool("norm_topk_prob", defaults.norm_topk_prob));
   VAMP_ASSIGN_OR_RETURN(c->decoder_sparse_step,
                         f.Int("decoder_sparse_step", 1, 1, c->num_hidden_layers));
   VAMP_ASSIGN_OR_RETURN(std::vector<int64_t> mlp_only,
@@ -210,6 +233,99 @@ absl::Status ReadQwen3Moe(const Fields& f, ModelConfig* c) {
     VAMP_ASSIGN_OR_RETURN(c->torch_dtype, f.String("dtype", ""));
   }
   c->qk_norm = true;
+  c->rotary_dim = c->head_dim;
+  c->layer_types.assign(c->num_hidden_layers, LayerType::kFullAttention);
+  return absl::OkStatus();
+}
+
+absl::Status ReadQwen3Moe(const Fields& f, ModelConfig* c) {
+  return ReadQwen3Common(f, Qwen3Defaults{}, c);
+}
+
+// Qwen3NextConfig: the shared fields (HF defaults head_dim to 256 and norm_topk_prob to true),
+// the layer layout, the partial rotary embedding, the shared expert and Gated DeltaNet's sizes.
+// Sizes HF would default are required here (every released config writes them), so a truncated
+// config fails naming the field instead of silently taking a 48-layer model's widths; the two
+// exceptions follow HF: partial_rotary_factor (0.25, HF's default for configs that predate it)
+// and linear_conv_kernel_dim (4).
+absl::Status ReadQwen3Next(const Fields& f, ModelConfig* c) {
+  VAMP_RETURN_IF_ERROR(
+      ReadQwen3Common(f, Qwen3Defaults{.head_dim = 256, .norm_topk_prob = true}, c));
+  c->attention_output_gate = true;
+
+  // partial_rotary_factor at the top level (transformers 4.x) or in rope_parameters (5.x).
+  VAMP_ASSIGN_OR_RETURN(double factor, f.Double("partial_rotary_factor", 0.25, 0.0, 1.0));
+  if (const Json* rope = f.Get("rope_parameters"); rope != nullptr) {
+    Fields rf(*rope, "rope_parameters in config");
+    VAMP_ASSIGN_OR_RETURN(factor, rf.Double("partial_rotary_factor", factor, 0.0, 1.0));
+  }
+  // HF: int(head_dim * partial_rotary_factor), rotated in pairs.
+  c->rotary_dim = static_cast<int64_t>(static_cast<double>(c->head_dim) * factor);
+  if (c->rotary_dim < 2 || c->rotary_dim % 2 != 0) {
+    return f.Error(
+        "partial_rotary_factor",
+        absl::StrCat("(", factor, ") times head_dim (", c->head_dim,
+                     ") must give an even rotary dimension of at least 2, got ", c->rotary_dim));
+  }
+
+  // The layer layout: layer_types (as transformers 5 writes it) or full_attention_interval (the
+  // released checkpoints); both given must agree. Neither is an error, not HF's interval of 4: a
+  // layout is the one thing a reader must not guess.
+  const int64_t L = c->num_hidden_layers;
+  VAMP_ASSIGN_OR_RETURN(std::optional<std::vector<std::string>> names, f.StringList("layer_types"));
+  const bool has_interval = f.Get("full_attention_interval") != nullptr;
+  VAMP_ASSIGN_OR_RETURN(int64_t interval, f.Int("full_attention_interval", 4, 1, kMaxLayers));
+  if (!names.has_value() && !has_interval) {
+    return f.Error("layer_types",
+                   "is missing (and so is 'full_attention_interval'): the layer layout is needed");
+  }
+  std::vector<LayerType> from_interval(L);
+  for (int64_t l = 0; l < L; ++l) {
+    from_interval[l] =
+        (l + 1) % interval == 0 ? LayerType::kFullAttention : LayerType::kLinearAttention;
+  }
+  if (names.has_value()) {
+    if (static_cast<int64_t>(names->size()) != L) {
+      return f.Error("layer_types",
+                     absl::StrCat("has ", names->size(), " entries; num_hidden_layers is ", L));
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string& t = (*names)[l];
+      if (t == "full_attention") {
+        c->layer_types[l] = LayerType::kFullAttention;
+      } else if (t == "linear_attention") {
+        c->layer_types[l] = LayerType::kLinearAttention;
+      } else {
+        return f.Error("layer_types",
+                       absl::StrCat("entry ", l, " is '", t,
+                                    "'; only 'full_attention' and 'linear_attention' exist"));
+      }
+    }
+    if (has_interval && c->layer_types != from_interval) {
+      return f.Error("full_attention_interval",
+                     absl::StrCat("(", interval, ") disagrees with 'layer_types'"));
+    }
+  } else {
+    c->layer_types = from_interval;
+  }
+
+  VAMP_ASSIGN_OR_RETURN(c->shared_expert_intermediate_size,
+                        f.RequiredInt("shared_expert_intermediate_size", 0, kMaxDim));
+  bool any_linear = false;
+  for (LayerType t : c->layer_types) any_linear |= t == LayerType::kLinearAttention;
+  if (!any_linear) return absl::OkStatus();
+  VAMP_ASSIGN_OR_RETURN(c->linear_num_key_heads, f.RequiredInt("linear_num_key_heads", 1, 4096));
+  VAMP_ASSIGN_OR_RETURN(c->linear_num_value_heads,
+                        f.RequiredInt("linear_num_value_heads", 1, 4096));
+  if (c->linear_num_value_heads % c->linear_num_key_heads != 0) {
+    return f.Error("linear_num_value_heads",
+                   absl::StrCat("(", c->linear_num_value_heads,
+                                ") must be a multiple of linear_num_key_heads (",
+                                c->linear_num_key_heads, ")"));
+  }
+  VAMP_ASSIGN_OR_RETURN(c->linear_key_head_dim, f.RequiredInt("linear_key_head_dim", 1, 4096));
+  VAMP_ASSIGN_OR_RETURN(c->linear_value_head_dim, f.RequiredInt("linear_value_head_dim", 1, 4096));
+  VAMP_ASSIGN_OR_RETURN(c->linear_conv_kernel_dim, f.Int("linear_conv_kernel_dim", 4, 1, 64));
   return absl::OkStatus();
 }
 
@@ -223,6 +339,7 @@ struct ArchitectureEntry {
 // The registry. Add an entry (and a CausalLm implementation) per new architecture.
 constexpr ArchitectureEntry kArchitectures[] = {
     {"Qwen3MoeForCausalLM", "qwen3_moe", Architecture::kQwen3Moe, &ReadQwen3Moe},
+    {"Qwen3NextForCausalLM", "qwen3_next", Architecture::kQwen3Next, &ReadQwen3Next},
 };
 
 }  // namespace
@@ -231,6 +348,19 @@ bool ModelConfig::IsMoeLayer(int layer) const {
   if (num_experts <= 0) return false;
   if (std::binary_search(mlp_only_layers.begin(), mlp_only_layers.end(), layer)) return false;
   return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::LinearAttentionParamsPerLayer() const {
+  if (linear_num_key_heads == 0) return 0;
+  const int64_t key_dim = linear_num_key_heads * linear_key_head_dim;
+  const int64_t value_dim = linear_num_value_heads * linear_value_head_dim;
+  const int64_t conv_dim = 2 * key_dim + value_dim;
+  return hidden_size * (conv_dim + value_dim)        // in_proj_qkvz
+         + hidden_size * 2 * linear_num_value_heads  // in_proj_ba
+         + conv_dim * linear_conv_kernel_dim         // conv1d
+         + value_dim * hidden_size                   // out_proj
+         + 2 * linear_num_value_heads                // A_log, dt_bias
+         + linear_value_head_dim;                    // the gated norm
 }
 
 ModelShape ModelConfig::ToModelShape(int64_t dtype_bytes) const {
@@ -248,7 +378,7 @@ ModelShape ModelConfig::ToModelShape(int64_t dtype_bytes) const {
     } else {
       any_dense = true;
     }
-    s.attention_layers.push_back(l);
+    if (IsFullAttentionLayer(l)) s.attention_layers.push_back(l);
   }
   s.num_q_heads = num_attention_heads;
   s.num_kv_heads = num_key_value_heads;
@@ -257,6 +387,9 @@ ModelShape ModelConfig::ToModelShape(int64_t dtype_bytes) const {
   s.vocab_size = vocab_size;
   s.tie_word_embeddings = tie_word_embeddings;
   s.dense_intermediate_size = any_dense ? intermediate_size : 0;
+  s.shared_expert_intermediate_size = shared_expert_intermediate_size;
+  s.attention_output_gate = attention_output_gate;
+  s.linear_attention_params_per_layer = LinearAttentionParamsPerLayer();
   return s;
 }
 

@@ -21,7 +21,14 @@
 namespace vamp {
 
 enum class Architecture {
-  kQwen3Moe,  // HF Qwen3MoeForCausalLM (model_type "qwen3_moe")
+  kQwen3Moe,   // HF Qwen3MoeForCausalLM (model_type "qwen3_moe")
+  kQwen3Next,  // HF Qwen3NextForCausalLM (model_type "qwen3_next")
+};
+
+// The token mixer of a decoder layer.
+enum class LayerType {
+  kFullAttention,    // softmax attention over the paged KV cache
+  kLinearAttention,  // Gated DeltaNet: per-sequence recurrent state, no KV
 };
 
 struct ModelConfig {
@@ -52,12 +59,38 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   // Per-head RMSNorm of q and k before RoPE (Qwen3).
   bool qk_norm = true;
+  // Leading elements of each head the rotary embedding rotates: head_dim * partial_rotary_factor
+  // (Qwen3-Next: 0.25 of 256 = 64); head_dim for qwen3_moe.
+  int64_t rotary_dim = 0;
+  // Per decoder layer. All full attention for qwen3_moe; for qwen3_next from `layer_types` or
+  // `full_attention_interval` (layer i is full attention iff (i + 1) % interval == 0).
+  std::vector<LayerType> layer_types;
+
+  // ---- Qwen3-Next (zero / false for qwen3_moe) ----
+  // q_proj also projects a sigmoid gate of the attention output (twice as wide).
+  bool attention_output_gate = false;
+  // Width of the sigmoid-gated shared expert of every MoE layer (0: none).
+  int64_t shared_expert_intermediate_size = 0;
+  // Gated DeltaNet: key heads (q and k) and value heads (a multiple of the key heads), their
+  // dimensions, and the kernel size of the causal depthwise convolution over q, k and v.
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
   // The checkpoint's declared dtype ("bfloat16", "float32", ...); informational.
   std::string torch_dtype;
 
   bool IsMoeLayer(int layer) const;
+  // Layers past layer_types (a config not made by the parser) count as full attention.
+  bool IsFullAttentionLayer(int layer) const {
+    return layer < 0 || static_cast<size_t>(layer) >= layer_types.size() ||
+           layer_types[layer] == LayerType::kFullAttention;
+  }
+  // Parameters of one Gated DeltaNet layer (all ranks together); 0 without linear attention.
+  int64_t LinearAttentionParamsPerLayer() const;
   // The memory layer's view of this model (engine/memory/model_shape.h) for weights and KV of
   // `dtype_bytes` per element.
   ModelShape ToModelShape(int64_t dtype_bytes) const;

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/model/qwen3_moe.h"
+#include "engine/model/qwen3_next.h"
 
 namespace vamp {
 
@@ -32,6 +33,11 @@ absl::StatusOr<std::unique_ptr<CausalLm>> LoadModelFromSource(const ModelConfig&
     case Architecture::kQwen3Moe: {
       VAMP_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3MoeModel> model,
                             Qwen3MoeModel::Load(config, parallel, source, experts));
+      return std::unique_ptr<CausalLm>(std::move(model));
+    }
+    case Architecture::kQwen3Next: {
+      VAMP_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3NextModel> model,
+                            Qwen3NextModel::Load(config, parallel, source, experts));
       return std::unique_ptr<CausalLm>(std::move(model));
     }
   }

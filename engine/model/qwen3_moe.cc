@@ -7,10 +7,10 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "engine/model/weight_reading.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/moe.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
 
@@ -23,35 +23,6 @@ template <typename T>
 T* Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
   return v.data();
-}
-
-// Reads the whole tensor `name` of `shape`.
-absl::Status ReadFull(WeightSource& source, const std::string& name, std::vector<int64_t> shape,
-                      std::vector<float>* out) {
-  std::vector<DimRange> ranges;
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    ranges.push_back({0, d});
-    n *= d;
-  }
-  out->resize(n);
-  return source.Read(name, shape, ranges, out->data());
-}
-
-// Reads rows [row_begin, row_end) of the 2-D tensor `name` of shape [rows, cols] into `out`.
-absl::Status ReadRows(WeightSource& source, const std::string& name, int64_t rows, int64_t cols,
-                      int64_t row_begin, int64_t row_end, float* out) {
-  const int64_t shape[] = {rows, cols};
-  const DimRange ranges[] = {{row_begin, row_end}, {0, cols}};
-  return source.Read(name, shape, ranges, out);
-}
-
-// Reads columns [col_begin, col_end) of the 2-D tensor `name` of shape [rows, cols].
-absl::Status ReadCols(WeightSource& source, const std::string& name, int64_t rows, int64_t cols,
-                      int64_t col_begin, int64_t col_end, float* out) {
-  const int64_t shape[] = {rows, cols};
-  const DimRange ranges[] = {{0, rows}, {col_begin, col_end}};
-  return source.Read(name, shape, ranges, out);
 }
 
 }  // namespace
@@ -152,7 +123,8 @@ absl::Status Qwen3MoeModel::LoadWeights(WeightSource& source, ExpertWeightSink& 
                                   first_q_head_ * hd + q_rows, L.o_proj.data()));
     if (L.moe) {
       VAMP_RETURN_IF_ERROR(ReadFull(source, p + "mlp.gate.weight", {c.num_experts, H}, &L.router));
-      VAMP_RETURN_IF_ERROR(LoadExperts(l, source, experts));
+      VAMP_RETURN_IF_ERROR(LoadRoutedExperts(source, l, c.num_experts, c.moe_intermediate_size,
+                                             expert_layout_, parallel_.tp_rank, experts));
     } else {
       const int64_t I = c.intermediate_size, Il = dense_inter_, r = parallel_.tp_rank;
       L.mlp_w13.resize(2 * Il * H);
@@ -171,47 +143,6 @@ absl::Status Qwen3MoeModel::LoadWeights(WeightSource& source, ExpertWeightSink& 
                       << "e.g. "
                       << absl::StrJoin(unread.begin(),
                                        unread.begin() + std::min<size_t>(unread.size(), 5), ", ");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Qwen3MoeModel::LoadExperts(int layer, WeightSource& source,
-                                        ExpertWeightSink& experts) {
-  const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts;
-  const int64_t Il = expert_layout_.inter, r = parallel_.tp_rank;
-  const std::string prefix = absl::StrCat("model.layers.", layer, ".mlp.experts.");
-  // Fused layout (transformers >= 5): gate_up_proj [E, 2I, H] (gate rows first), down_proj
-  // [E, H, I]. Per-expert layout: experts.{e}.{gate,up,down}_proj.weight.
-  const bool fused = source.Has(prefix + "gate_up_proj");
-  if (!fused && !source.Has(prefix + "0.gate_proj.weight")) {
-    return absl::NotFoundError(absl::StrCat("checkpoint has no experts for layer ", layer,
-                                            ": neither '", prefix, "gate_up_proj' (fused) nor '",
-                                            prefix, "0.gate_proj.weight' (per expert)"));
-  }
-  std::vector<float> shard(expert_layout_.Elements());
-  float* gate = shard.data();
-  float* up = gate + Il * H;
-  float* down = shard.data() + expert_layout_.W13Elements();
-  for (int64_t e = 0; e < E; ++e) {
-    if (fused) {
-      const int64_t gu_shape[] = {E, 2 * I, H};
-      const DimRange gate_ranges[] = {{e, e + 1}, {r * Il, (r + 1) * Il}, {0, H}};
-      const DimRange up_ranges[] = {{e, e + 1}, {I + r * Il, I + (r + 1) * Il}, {0, H}};
-      VAMP_RETURN_IF_ERROR(source.Read(prefix + "gate_up_proj", gu_shape, gate_ranges, gate));
-      VAMP_RETURN_IF_ERROR(source.Read(prefix + "gate_up_proj", gu_shape, up_ranges, up));
-      const int64_t d_shape[] = {E, H, I};
-      const DimRange d_ranges[] = {{e, e + 1}, {0, H}, {r * Il, (r + 1) * Il}};
-      VAMP_RETURN_IF_ERROR(source.Read(prefix + "down_proj", d_shape, d_ranges, down));
-    } else {
-      const std::string ep = absl::StrCat(prefix, e, ".");
-      VAMP_RETURN_IF_ERROR(
-          ReadRows(source, ep + "gate_proj.weight", I, H, r * Il, (r + 1) * Il, gate));
-      VAMP_RETURN_IF_ERROR(ReadRows(source, ep + "up_proj.weight", I, H, r * Il, (r + 1) * Il, up));
-      VAMP_RETURN_IF_ERROR(
-          ReadCols(source, ep + "down_proj.weight", H, I, r * Il, (r + 1) * Il, down));
-    }
-    VAMP_RETURN_IF_ERROR(experts.StoreExpertShard(layer, static_cast<int>(e), shard));
   }
   return absl::OkStatus();
 }
@@ -261,6 +192,8 @@ absl::Status Qwen3MoeModel::Forward(const ForwardBatch& batch, const KvCacheView
   }
   float* x = Grow(hidden_, n * H);
   float* res = Grow(residual_, n * H);
+  const RoutedExpertsShape routed_shape{H, c.num_experts, c.num_experts_per_tok, c.norm_topk_prob,
+                                        expert_layout_.inter};
   k::GatherRows(embed_.data(), H, batch.token_ids.data(), n, H, res, H);
 
   if (experts != nullptr) VAMP_RETURN_IF_ERROR(experts->BeginPass());
@@ -280,9 +213,9 @@ absl::Status Qwen3MoeModel::Forward(const ForwardBatch& batch, const KvCacheView
     if (!status.ok()) break;
     k::FusedAddRmsNorm(x, H, res, H, L.post_norm.data(), eps, n, H);
     if (L.moe) {
-      status = Moe(l, n, experts);
+      status = feed_forward_.Routed(l, L.router.data(), routed_shape, x, n, experts, x);
     } else {
-      DenseMlp(l, n);
+      feed_forward_.Dense(L.mlp_w13.data(), L.mlp_w2.data(), H, dense_inter_, x, n, x);
     }
     if (status.ok() && comm != nullptr && parallel_.tp_size > 1)
       status = comm->AllReduceSum(x, n * H);
@@ -350,54 +283,6 @@ absl::Status Qwen3MoeModel::Attention(int layer, const ForwardBatch& batch, cons
   // o_proj of this rank's heads: a partial sum over heads when tensor parallel.
   k::Gemm(out, q_cols, L.o_proj.data(), q_cols, hidden_.data(), H, n, H, q_cols);
   return absl::OkStatus();
-}
-
-absl::Status Qwen3MoeModel::Moe(int layer, int64_t n, ExpertWeights* experts) {
-  const ModelConfig& c = config_;
-  const Layer& L = layers_[layer];
-  const int64_t H = c.hidden_size, E = c.num_experts, top_k = c.num_experts_per_tok;
-  const int64_t Il = expert_layout_.inter, rows = n * top_k;
-  float* x = hidden_.data();
-  float* router_logits = Grow(router_logits_, n * E);
-  k::Gemm(x, H, L.router.data(), H, router_logits, E, n, E, H);
-  int32_t* ids = Grow(topk_ids_, rows);
-  float* weights = Grow(topk_weights_, rows);
-  k::RouterTopK(router_logits, E, n, E, top_k, c.norm_topk_prob, ids, weights);
-  int32_t* offsets = Grow(expert_offsets_, E + 1);
-  int32_t* row_token = Grow(row_token_, rows);
-  int32_t* pair_row = Grow(pair_row_, rows);
-  k::MoePermute(ids, n, top_k, E, offsets, row_token, pair_row);
-  float* xs = Grow(permuted_, rows * H);
-  k::GatherRows(x, H, row_token, rows, H, xs, H);
-
-  VAMP_ASSIGN_OR_RETURN(const ExpertLayerTable table, experts->AcquireLayer(layer));
-  w13_table_.assign(E, nullptr);
-  w2_table_.assign(E, nullptr);
-  for (int64_t e = 0; e < E; ++e) {
-    w13_table_[e] = static_cast<const float*>(table.w13[e]);
-    w2_table_[e] = static_cast<const float*>(table.w2[e]);
-  }
-  float* h13 = Grow(h13_, rows * 2 * Il);
-  k::ExpertGemm(xs, H, w13_table_.data(), 0, H, offsets, E, h13, 2 * Il, 2 * Il, H);
-  float* act = Grow(act_, rows * Il);
-  k::SiluAndMul(h13, 2 * Il, rows, Il, act, Il);
-  float* y = Grow(expert_out_, rows * H);
-  k::ExpertGemm(act, Il, w2_table_.data(), 0, Il, offsets, E, y, H, H, Il);
-  VAMP_RETURN_IF_ERROR(experts->ReleaseLayer(layer));
-
-  k::MoeUnpermute(y, H, pair_row, weights, n, top_k, H, x, H);
-  return absl::OkStatus();
-}
-
-void Qwen3MoeModel::DenseMlp(int layer, int64_t n) {
-  const Layer& L = layers_[layer];
-  const int64_t H = config_.hidden_size, Il = dense_inter_;
-  float* x = hidden_.data();
-  float* h13 = Grow(h13_, n * 2 * Il);
-  k::Gemm(x, H, L.mlp_w13.data(), H, h13, 2 * Il, n, 2 * Il, H);
-  float* act = Grow(act_, n * Il);
-  k::SiluAndMul(h13, 2 * Il, n, Il, act, Il);
-  k::Gemm(act, Il, L.mlp_w2.data(), Il, x, H, n, H, Il);
 }
 
 }  // namespace vamp

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/model/causal_lm.h"
+#include "engine/model/feed_forward.h"
 #include "engine/model/weight_source.h"
 
 namespace vamp {
@@ -60,11 +61,8 @@ class Qwen3MoeModel : public CausalLm {
 
   Qwen3MoeModel(const ModelConfig& config, const ParallelConfig& parallel);
   absl::Status LoadWeights(WeightSource& source, ExpertWeightSink& experts);
-  absl::Status LoadExperts(int layer, WeightSource& source, ExpertWeightSink& experts);
 
   absl::Status Attention(int layer, const ForwardBatch& batch, const KvCacheView& kv);
-  absl::Status Moe(int layer, int64_t num_tokens, ExpertWeights* experts);
-  void DenseMlp(int layer, int64_t num_tokens);
 
   ModelConfig config_;
   ParallelConfig parallel_;
@@ -85,9 +83,7 @@ class Qwen3MoeModel : public CausalLm {
 
   // Step workspaces, grown on demand (Forward is single-threaded by contract).
   std::vector<float> hidden_, residual_, qkv_buf_, attn_out_, attn_ws_;
-  std::vector<float> router_logits_, topk_weights_, permuted_, h13_, act_, expert_out_;
-  std::vector<int32_t> topk_ids_, expert_offsets_, row_token_, pair_row_;
-  std::vector<const float*> w13_table_, w2_table_;  // the acquired layer's table, typed
+  FeedForward feed_forward_;
   std::vector<float> sel_hidden_, sel_residual_;
 };
 

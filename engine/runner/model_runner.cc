@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/integer_math.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/sampling.h"
 
@@ -63,6 +64,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
   RunnerConfig c = config;
   if (c.max_model_len == 0) c.max_model_len = mc.max_position_embeddings;
   const int64_t max_blocks = CeilDiv(c.max_model_len, c.block_size);
+  // A model with recurrent state (Qwen3-Next's linear attention) keeps one slot per persistent-
+  // batch slot: a request's state lives in its slot from its first token to its last.
+  if (const int64_t floats = model->RecurrentStateFloatsPerSlot(); floats > 0) {
+    VAMP_RETURN_IF_ERROR(model->ReserveRecurrentStates(c.max_num_seqs));
+    VAMP_LOG(INFO) << mc.model_type << " keeps per-request recurrent state: " << floats * 4 / 1024
+                   << " KiB per request, " << c.max_num_seqs
+                   << " requests (not in the memory plan yet); prefix caching is off for it until "
+                      "state snapshots exist: a prefix-cache hit is refused";
+  }
   return std::unique_ptr<ModelRunner>(
       new ModelRunner(c, model, experts, comm, std::move(kv), max_blocks));
 }
@@ -83,6 +93,18 @@ absl::Status ModelRunner::SetKvCache(KvCacheView kv) {
   }
   kv_ = std::move(kv);
   return absl::OkStatus();
+}
+
+absl::Status ModelRunner::CheckNoPrefixHit(absl::string_view what, RunnerRequestId id,
+                                           int32_t num_computed_tokens) const {
+  if (num_computed_tokens == 0 || model_->RecurrentStateFloatsPerSlot() == 0) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " ", id, ": num_computed_tokens ", num_computed_tokens,
+      " (a prefix-cache hit) cannot be served: ", model_->config().model_type,
+      " keeps per-request linear-attention state that a hit cannot restore yet; serve it with "
+      "prefix caching off"));
 }
 
 absl::Status ModelRunner::Validate(const StepInput& input) const {
@@ -159,6 +181,7 @@ absl::Status ModelRunner::Validate(const StepInput& input) const {
                                                 r.num_computed_tokens,
                                                 " exceeds its tokens or blocks"));
     }
+    VAMP_RETURN_IF_ERROR(CheckNoPrefixHit("new request", r.id, r.num_computed_tokens));
     if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "new request ", r.id, ": sampling.top_p must be in (0, 1], got ", r.sampling.top_p));
@@ -205,6 +228,7 @@ absl::Status ModelRunner::Validate(const StepInput& input) const {
                                                   ": num_computed_tokens ", r.num_computed_tokens,
                                                   " exceeds its tokens or blocks"));
       }
+      VAMP_RETURN_IF_ERROR(CheckNoPrefixHit("resumed request", r.id, r.num_computed_tokens));
     } else if (r.num_computed_tokens != s.num_computed) {
       return absl::FailedPreconditionError(
           absl::StrCat("cached request ", r.id, ": num_computed_tokens ", r.num_computed_tokens,
@@ -289,11 +313,13 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   int64_t max_blocks = 1;
   int32_t max_seq_len = 0;
   std::vector<int> slots(num_seqs);
+  state_slots_.resize(num_seqs);
   // Per sequence: whether it samples, and the row of its last token among the logits rows.
   std::vector<int> sample_row(num_seqs, -1);
   for (size_t i = 0; i < num_seqs; ++i) {
     const int slot = batch_.SlotOf(input.scheduled[i].id);
     slots[i] = slot;
+    state_slots_[i] = slot;
     const int32_t nc = batch_.num_computed(slot);
     const int32_t n = input.scheduled[i].num_tokens;
     const std::vector<int32_t>& tokens = batch_.tokens(slot);
@@ -335,6 +361,7 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   fb.block_tables = block_tables_;
   fb.block_table_stride = max_blocks;
   fb.logits_indices = logits_indices_;
+  fb.state_slots = state_slots_;
 
   // Sampling parameters of the sequences that sample, in logits-row order (they do not depend on
   // the logits: the draw index is the position of the token being generated, stable across

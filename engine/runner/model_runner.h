@@ -7,6 +7,13 @@
 // Every rank of a tensor-parallel group runs its own ModelRunner over the same StepInputs; they
 // sample identical tokens (identical logits after the all-reduce, identical per-request seeds).
 //
+// A model with recurrent state (CausalLm::RecurrentStateFloatsPerSlot, Qwen3-Next) gets one state
+// slot per persistent-batch slot (reserved by Create, so a fresh runner forgets every state) and
+// each sequence's slot in ForwardBatch::state_slots. Such a model cannot start a request past
+// token 0 yet: a prefix-cache hit (new or resumed request with num_computed_tokens > 0) is
+// rejected; the controller turns prefix caching off for it
+// (InitResponse.prefix_caching_unsupported).
+//
 // Not thread-safe: one thread calls ExecuteStep at a time.
 #ifndef VAMP_ENGINE_RUNNER_MODEL_RUNNER_H_
 #define VAMP_ENGINE_RUNNER_MODEL_RUNNER_H_
@@ -65,6 +72,10 @@ class ModelRunner {
   ModelRunner(const RunnerConfig& config, CausalLm* model, ExpertWeights* experts,
               Communicator* comm, KvCacheView kv, int64_t max_blocks_per_seq);
   absl::Status Validate(const StepInput& input) const;
+  // FailedPrecondition when a request would start past token 0 (a prefix-cache hit) on a model
+  // with recurrent state, which the runner cannot restore.
+  absl::Status CheckNoPrefixHit(absl::string_view what, RunnerRequestId id,
+                                int32_t num_computed_tokens) const;
   absl::Status ApplyDiffs(const StepInput& input);
 
   const RunnerConfig config_;
@@ -76,6 +87,8 @@ class ModelRunner {
 
   // Step metadata, reused across steps.
   std::vector<int32_t> token_ids_, query_start_loc_, seq_lens_, block_tables_, logits_indices_;
+  // The persistent-batch slot of each scheduled request: its recurrent-state slot.
+  std::vector<int32_t> state_slots_;
   std::vector<int64_t> positions_, slot_mapping_;
   std::vector<float> logits_;
   // Sampling inputs and workspaces.

@@ -25,6 +25,17 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float eps, i
   }
 }
 
+void RmsNormGated(const float* x, int64_t x_stride, const float* z, int64_t z_stride,
+                  const float* weight, float eps, int64_t num_rows, int64_t dim, float* out,
+                  int64_t out_stride) {
+  for (int64_t i = 0; i < num_rows; ++i) {
+    float* o = out + i * out_stride;
+    const float* zr = z + i * z_stride;
+    NormalizeRow(x + i * x_stride, weight, eps, dim, o);
+    for (int64_t j = 0; j < dim; ++j) o[j] = o[j] * (zr[j] / (1.0f + std::exp(-zr[j])));
+  }
+}
+
 void FusedAddRmsNorm(float* x, int64_t x_stride, float* residual, int64_t residual_stride,
                      const float* weight, float eps, int64_t num_rows, int64_t hidden) {
   for (int64_t i = 0; i < num_rows; ++i) {

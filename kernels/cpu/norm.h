@@ -20,6 +20,15 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float eps, i
 void FusedAddRmsNorm(float* x, int64_t x_stride, float* residual, int64_t residual_stride,
                      const float* weight, float eps, int64_t num_rows, int64_t hidden);
 
+// Gated RMSNorm (HF Qwen3NextRMSNormGated, the output norm of Gated DeltaNet), per row of `dim`
+// elements (one value head of one token):
+//   out[i, :] = (weight * RMSNorm(x[i, :])) * silu(z[i, :]),  silu(z) = z / (1 + exp(-z)),
+// normalised exactly as RmsNorm above, then multiplied by the gate. `out` may equal `x` (same
+// strides); z must not overlap out.
+void RmsNormGated(const float* x, int64_t x_stride, const float* z, int64_t z_stride,
+                  const float* weight, float eps, int64_t num_rows, int64_t dim, float* out,
+                  int64_t out_stride);
+
 // bfloat16 activations around a float32 residual stream (the bf16 model keeps the residual, the
 // norm weights and the reduction in float32):
 //   residual[i, :] += float(x[i, :]);  x[i, :] = bf16(RMSNorm(residual[i, :]) * weight).

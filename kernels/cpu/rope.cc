@@ -10,7 +10,8 @@
 namespace vamp::kernels::cpu {
 namespace {
 
-// Rotates one head by the angles whose cos/sin start at `cs` (half = head_dim / 2 entries each).
+// Rotates the first 2 * half elements of one head by the angles whose cos/sin start at `cs` (half
+// entries each; half = rotary_dim / 2).
 inline void RotateHead(float* x, const float* cs, int64_t half) {
   const float* cos = cs;
   const float* sin = cs + half;
@@ -40,15 +41,18 @@ void BuildRopeCache(float theta, int64_t rotary_dim, int64_t max_positions, floa
   }
 }
 
-void QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t num_tokens,
-                int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                const float* q_norm_weight, const float* k_norm_weight, float eps,
-                const int64_t* positions, const float* cos_sin_cache, int64_t max_positions) {
-  const int64_t half = head_dim / 2;
+void QkNormPartialRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t num_tokens,
+                       int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                       int64_t rotary_dim, const float* q_norm_weight, const float* k_norm_weight,
+                       float eps, const int64_t* positions, const float* cos_sin_cache,
+                       int64_t max_positions) {
+  VAMP_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim)
+      << "rotary_dim " << rotary_dim << " for head_dim " << head_dim;
+  const int64_t half = rotary_dim / 2;
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t pos = positions[t];
     VAMP_CHECK(pos >= 0 && pos < max_positions) << "position " << pos << " outside the rope cache";
-    const float* cs = cos_sin_cache + pos * head_dim;
+    const float* cs = cos_sin_cache + pos * rotary_dim;
     for (int64_t h = 0; h < num_q_heads; ++h) {
       float* x = q + t * q_stride + h * head_dim;
       if (q_norm_weight != nullptr)
@@ -62,6 +66,15 @@ void QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t 
       RotateHead(x, cs, half);
     }
   }
+}
+
+void QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t num_tokens,
+                int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                const float* q_norm_weight, const float* k_norm_weight, float eps,
+                const int64_t* positions, const float* cos_sin_cache, int64_t max_positions) {
+  QkNormPartialRope(q, q_stride, k, k_stride, num_tokens, num_q_heads, num_kv_heads, head_dim,
+                    head_dim, q_norm_weight, k_norm_weight, eps, positions, cos_sin_cache,
+                    max_positions);
 }
 
 void QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride, int64_t num_tokens,

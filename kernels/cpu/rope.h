@@ -26,6 +26,18 @@ void QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t 
                 const float* q_norm_weight, const float* k_norm_weight, float eps,
                 const int64_t* positions, const float* cos_sin_cache, int64_t max_positions);
 
+// QkNormRope with a partial rotary embedding (HF partial_rotary_factor, Qwen3-Next: a quarter of
+// each head): every head is normalised over all head_dim elements as above, then only its first
+// rotary_dim elements are rotated (element i with i + rotary_dim / 2, the rotate_half pairing
+// within them); the rest pass through. cos_sin_cache is [max_positions, rotary_dim], built by
+// BuildRopeCache for rotary_dim (even, <= head_dim). QkNormRope is this with rotary_dim ==
+// head_dim.
+void QkNormPartialRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t num_tokens,
+                       int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                       int64_t rotary_dim, const float* q_norm_weight, const float* k_norm_weight,
+                       float eps, const int64_t* positions, const float* cos_sin_cache,
+                       int64_t max_positions);
+
 // bfloat16 q and k (norm weights and the cos/sin cache stay float32): each head is widened, normed
 // and rotated in float32 exactly as above, and rounded to bf16 once.
 void QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride, int64_t num_tokens,

@@ -171,5 +171,151 @@ TEST(ModelConfigTest, MalformedTextIsAnErrorNotACrash) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
 }
 
+// ---- qwen3_next ----
+
+// The published Qwen3-Next-80B-A3B dimensions (shared/DESIGN.md "Model shapes"), in the
+// transformers 4.x form of the released checkpoints (full_attention_interval, top-level
+// partial_rotary_factor and rope_theta).
+nlohmann::json Qwen3Next80BConfig() {
+  return {{"architectures", {"Qwen3NextForCausalLM"}},
+          {"model_type", "qwen3_next"},
+          {"vocab_size", 151936},
+          {"hidden_size", 2048},
+          {"intermediate_size", 5120},
+          {"num_hidden_layers", 48},
+          {"full_attention_interval", 4},
+          {"num_attention_heads", 16},
+          {"num_key_value_heads", 2},
+          {"head_dim", 256},
+          {"partial_rotary_factor", 0.25},
+          {"rope_theta", 10000000},
+          {"linear_num_key_heads", 16},
+          {"linear_num_value_heads", 32},
+          {"linear_key_head_dim", 128},
+          {"linear_value_head_dim", 128},
+          {"linear_conv_kernel_dim", 4},
+          {"num_experts", 512},
+          {"num_experts_per_tok", 10},
+          {"moe_intermediate_size", 512},
+          {"shared_expert_intermediate_size", 512},
+          {"norm_topk_prob", true},
+          {"decoder_sparse_step", 1},
+          {"mlp_only_layers", nlohmann::json::array()},
+          {"max_position_embeddings", 262144},
+          {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false},
+          {"mtp_num_hidden_layers", 1}};
+}
+
+TEST(ModelConfigTest, Qwen3Next80BConfigGivesTheMemoryLayersPreset) {
+  auto c = ParseModelConfig(Qwen3Next80BConfig().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3Next);
+  EXPECT_EQ(c->rotary_dim, 64);
+  EXPECT_TRUE(c->attention_output_gate);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e7);
+  for (int l = 0; l < 48; ++l) EXPECT_EQ(c->IsFullAttentionLayer(l), l % 4 == 3) << l;
+  const ModelShape got = c->ToModelShape(2);
+  const ModelShape want = Qwen3Next_80B_A3B_Shape();
+  EXPECT_TRUE(got.Validate().ok()) << got.Validate();
+  EXPECT_EQ(got.moe_layers, want.moe_layers);
+  EXPECT_EQ(got.attention_layers, want.attention_layers);
+  EXPECT_EQ(got.shared_expert_intermediate_size, want.shared_expert_intermediate_size);
+  EXPECT_EQ(got.attention_output_gate, want.attention_output_gate);
+  EXPECT_EQ(got.linear_attention_params_per_layer, want.linear_attention_params_per_layer);
+  for (int tp : {1, 2, 4}) {
+    EXPECT_EQ(got.ExpertBytesPerRank(tp), want.ExpertBytesPerRank(tp));
+    EXPECT_EQ(got.KvBytesPerTokenPerRank(tp), want.KvBytesPerTokenPerRank(tp));
+    EXPECT_EQ(got.NonExpertWeightBytesPerRank(tp), want.NonExpertWeightBytesPerRank(tp));
+  }
+}
+
+TEST(ModelConfigTest, Qwen3NextVariants) {
+  // transformers 5 writes layer_types and keeps partial_rotary_factor in rope_parameters.
+  auto j = Qwen3Next80BConfig();
+  j.erase("full_attention_interval");
+  j.erase("partial_rotary_factor");
+  j.erase("rope_theta");
+  j["num_hidden_layers"] = 3;
+  j["layer_types"] = {"full_attention", "linear_attention", "full_attention"};
+  j["rope_parameters"] = {
+      {"rope_type", "default"}, {"rope_theta", 5e6}, {"partial_rotary_factor", 0.5}};
+  j.erase("head_dim");        // HF's default: 256
+  j.erase("norm_topk_prob");  // HF's default for qwen3_next: true
+  auto c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->rotary_dim, 128);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 5e6);
+  EXPECT_EQ(c->ToModelShape(2).attention_layers, (std::vector<int>{0, 2}));
+  // Both forms of the layout, agreeing.
+  j["layer_types"] = {"linear_attention", "full_attention", "linear_attention"};
+  j["full_attention_interval"] = 2;
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ToModelShape(2).attention_layers, (std::vector<int>{1}));
+  // Full attention only: the linear-attention fields are not needed.
+  j["layer_types"] = {"full_attention", "full_attention", "full_attention"};
+  j.erase("full_attention_interval");
+  j.erase("linear_num_key_heads");
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ToModelShape(2).linear_attention_params_per_layer, 0);
+}
+
+TEST(ModelConfigTest, BadQwen3NextConfigsNameTheField) {
+  const std::vector<BadCase> cases = {
+      {"no layout", [](auto& j) { j.erase("full_attention_interval"); },
+       "field 'layer_types' is missing (and so is 'full_attention_interval')"},
+      {"layer_types length", [](auto& j) { j["layer_types"] = {"full_attention"}; },
+       "field 'layer_types' has 1 entries; num_hidden_layers is 48"},
+      {"layer_types entry",
+       [](auto& j) {
+         j["num_hidden_layers"] = 2;
+         j.erase("full_attention_interval");
+         j["layer_types"] = {"linear_attention", "sliding_attention"};
+       },
+       "field 'layer_types' entry 1 is 'sliding_attention'"},
+      {"layer_types not strings",
+       [](auto& j) {
+         j["layer_types"] = {1, 2};
+       },
+       "field 'layer_types' must be a list of strings"},
+      {"disagreeing interval",
+       [](auto& j) {
+         j["num_hidden_layers"] = 2;
+         j["layer_types"] = {"linear_attention", "full_attention"};
+         j["full_attention_interval"] = 1;
+       },
+       "field 'full_attention_interval' (1) disagrees with 'layer_types'"},
+      {"missing key heads", [](auto& j) { j.erase("linear_num_key_heads"); },
+       "field 'linear_num_key_heads' is missing"},
+      {"missing value dim", [](auto& j) { j.erase("linear_value_head_dim"); },
+       "field 'linear_value_head_dim' is missing"},
+      {"value heads", [](auto& j) { j["linear_num_value_heads"] = 24; },
+       "field 'linear_num_value_heads' (24) must be a multiple of linear_num_key_heads (16)"},
+      {"missing shared expert", [](auto& j) { j.erase("shared_expert_intermediate_size"); },
+       "field 'shared_expert_intermediate_size' is missing"},
+      {"odd rotary", [](auto& j) { j["partial_rotary_factor"] = 0.02; },
+       "field 'partial_rotary_factor' (0.02) times head_dim (256) must give an even rotary "
+       "dimension"},
+      {"rotary above 1", [](auto& j) { j["partial_rotary_factor"] = 1.5; },
+       "field 'partial_rotary_factor' must be a number in [0, 1]"},
+      {"conv kernel", [](auto& j) { j["linear_conv_kernel_dim"] = 0; },
+       "field 'linear_conv_kernel_dim' must be an integer in [1, 64]"},
+      {"interval", [](auto& j) { j["full_attention_interval"] = 0; },
+       "field 'full_attention_interval' must be an integer"},
+  };
+  for (const BadCase& c : cases) {
+    auto j = Qwen3Next80BConfig();
+    c.edit(j);
+    auto parsed = ParseModelConfig(j.dump(), "m/config.json");
+    ASSERT_FALSE(parsed.ok()) << c.what;
+    EXPECT_NE(std::string(parsed.status().message()).find(c.expect), std::string::npos)
+        << c.what << ": " << parsed.status();
+  }
+}
+
 }  // namespace
 }  // namespace vamp

@@ -64,7 +64,8 @@ inline void WriteFile(const std::string& path, const std::string& bytes) {
 
 // The goldens: prompts, 16-token greedy continuations and the logits of every prompt position
 // (HF transformers float32 on the CPU; `logits_file` names another set of logits for the same
-// prompts, e.g. tiny-qwen3-moe-goldens-bf16.safetensors, HF in bfloat16 on a GPU).
+// prompts, e.g. tiny-qwen3-moe-goldens-bf16.safetensors, HF in bfloat16 on a GPU; `meta_file`
+// another model's goldens, e.g. tiny-qwen3-next-goldens.json).
 struct Goldens {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::vector<int32_t>> continuations;
@@ -72,9 +73,10 @@ struct Goldens {
   int64_t vocab = 0;
 };
 
-inline Goldens LoadGoldens(const std::string& logits_file = "tiny-qwen3-moe-goldens.safetensors") {
+inline Goldens LoadGoldens(const std::string& logits_file = "tiny-qwen3-moe-goldens.safetensors",
+                           const std::string& meta_file = "tiny-qwen3-moe-goldens.json") {
   Goldens g;
-  const auto meta = nlohmann::json::parse(ReadFile(TestDataDir() + "/tiny-qwen3-moe-goldens.json"));
+  const auto meta = nlohmann::json::parse(ReadFile(TestDataDir() + "/" + meta_file));
   for (const auto& p : meta["prompts"]) g.prompts.push_back(p.get<std::vector<int32_t>>());
   for (const auto& c : meta["greedy_continuations"]) {
     g.continuations.push_back(c.get<std::vector<int32_t>>());
