@@ -187,20 +187,33 @@ std::string QualifiedThroughputSection(const ReportSpec& spec, bool sweep) {
       "with TTFT ≤ T and TPOT ≤ P, per second of window (§VI-E), by the statistics vamp-bench "
       "applies to measured runs (bench/stats). T: ",
       list(ttft_limits, 1), " s; P: ", list(tpot_limits, 1e3),
-      " ms (percentiles 25/50/75/90/99 of all runs' values).\n\nCells won (highest Q, ties "
-      "shared) out of ",
+      " ms (percentiles 25/50/75/90/99 of all runs' values).\n\nCells won (highest Q; within "
+      "2 % of it counts as a tie) out of ",
       ttft_limits.size() * tpot_limits.size(), ":\n\n| ", sweep ? "c" : "workload", " |");
   for (const std::string& p : spec.policies) absl::StrAppend(&md, " ", p, " |");
   absl::StrAppend(&md, "\n|---:|");
   for (size_t k = 0; k < spec.policies.size(); ++k) absl::StrAppend(&md, "---:|");
   absl::StrAppend(&md, "\n");
   const std::vector<int32_t> points = sweep ? spec.concurrencies : std::vector<int32_t>{0};
+  std::string against;  // Q of each policy against the first, by concurrency
   for (int32_t c : points) {
     std::vector<const bench::QGrid*> at;
     for (const std::string& p : spec.policies) at.push_back(grid_of(p, c));
     absl::StrAppend(&md, "| ", sweep ? absl::StrCat(c) : std::string("–"), " |");
     for (int w : bench::CellsWon(at)) absl::StrAppend(&md, " ", w, " |");
     absl::StrAppend(&md, "\n");
+    for (size_t k = 1; k < at.size() && at[0] != nullptr; ++k) {
+      if (at[k] == nullptr) continue;
+      absl::StrAppend(&against, "| ", sweep ? absl::StrCat(c) : std::string("–"), " | ",
+                      spec.policies[k], " | ",
+                      bench::DescribeQComparison(bench::CompareQ(*at[k], *at[0])), " |\n");
+    }
+  }
+  if (!against.empty()) {
+    absl::StrAppend(&md, "\nQ against ", spec.policies[0],
+                    ", cell by cell (geometric mean of Q ÷ its Q where both qualified "
+                    "someone):\n\n| ", sweep ? "c" : "workload", " | policy | Q ratio |\n|---:|---|---|\n",
+                    against);
   }
   const int32_t focus = points.back();
   absl::StrAppend(&md, "\nQ(T, P) in turns/s", sweep ? absl::StrCat(" at c = ", focus) : "",

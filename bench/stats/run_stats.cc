@@ -4,6 +4,9 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
 namespace vamp::bench {
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -107,7 +110,7 @@ QGrid QualifiedThroughput(const std::vector<RequestRecord>& records, const Windo
   return g;
 }
 
-std::vector<int> CellsWon(const std::vector<const QGrid*>& grids) {
+std::vector<int> CellsWon(const std::vector<const QGrid*>& grids, double tie) {
   std::vector<int> wins(grids.size(), 0);
   const QGrid* shape = nullptr;
   for (const QGrid* g : grids) shape = shape != nullptr ? shape : g;
@@ -120,11 +123,46 @@ std::vector<int> CellsWon(const std::vector<const QGrid*>& grids) {
       }
       if (!(best > 0)) continue;
       for (size_t k = 0; k < grids.size(); ++k) {
-        if (grids[k] != nullptr && grids[k]->q_per_s[i][j] >= best - 1e-12) ++wins[k];
+        if (grids[k] != nullptr && grids[k]->q_per_s[i][j] >= best * (1 - tie) - 1e-12) {
+          ++wins[k];
+        }
       }
     }
   }
   return wins;
+}
+
+QComparison CompareQ(const QGrid& candidate, const QGrid& baseline) {
+  QComparison c;
+  double log_sum = 0;
+  for (size_t i = 0; i < baseline.q_per_s.size() && i < candidate.q_per_s.size(); ++i) {
+    for (size_t j = 0; j < baseline.q_per_s[i].size() && j < candidate.q_per_s[i].size(); ++j) {
+      const double a = candidate.q_per_s[i][j], b = baseline.q_per_s[i][j];
+      if (a > 0 && b > 0) {
+        const double r = a / b;
+        log_sum += std::log(r);
+        c.worst_ratio = c.cells == 0 ? r : std::min(c.worst_ratio, r);
+        c.best_ratio = c.cells == 0 ? r : std::max(c.best_ratio, r);
+        ++c.cells;
+      } else if (a > 0) {
+        ++c.only_candidate;
+      } else if (b > 0) {
+        ++c.only_baseline;
+      }
+    }
+  }
+  if (c.cells > 0) c.geomean_ratio = std::exp(log_sum / c.cells);
+  return c;
+}
+
+std::string DescribeQComparison(const QComparison& c) {
+  if (c.cells == 0 && c.only_candidate == 0 && c.only_baseline == 0) return "–";
+  std::string s = c.cells == 0 ? std::string("no common cell")
+                               : absl::StrFormat("×%.3f (worst ×%.3f, best ×%.3f)",
+                                                 c.geomean_ratio, c.worst_ratio, c.best_ratio);
+  if (c.only_candidate > 0) absl::StrAppend(&s, absl::StrFormat("; %d cells only it", c.only_candidate));
+  if (c.only_baseline > 0) absl::StrAppend(&s, absl::StrFormat("; %d cells only the baseline", c.only_baseline));
+  return s;
 }
 
 namespace {

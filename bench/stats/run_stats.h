@@ -83,8 +83,26 @@ QGrid QualifiedThroughput(const std::vector<RequestRecord>& records, const Windo
                           const std::vector<double>& tpot_limits_s);
 
 // For grids over the same limits (one per configuration; null = not measured): in how many
-// cells each has the highest Q, ties shared; a cell where nobody qualified counts for nobody.
-std::vector<int> CellsWon(const std::vector<const QGrid*>& grids);
+// cells each has the highest Q, where a Q within `tie` (relative) of the highest ties with it
+// (run-to-run noise on the GPU is about 2 %: a 0.5 % difference is not a win); a cell where
+// nobody qualified counts for nobody.
+std::vector<int> CellsWon(const std::vector<const QGrid*>& grids, double tie = 0.02);
+
+// Q of `candidate` against `baseline` over the same limits, cell by cell: the geometric mean and
+// the worst of candidate ÷ baseline over the cells where both qualified someone, and the cells
+// where only one of them did. "Never worse than static" reads as worst >= 0.95 and no cell lost.
+struct QComparison {
+  int cells = 0;  // both > 0
+  double geomean_ratio = 0;
+  double worst_ratio = 0;
+  double best_ratio = 0;
+  int only_candidate = 0;  // the baseline qualified nobody there
+  int only_baseline = 0;   // the candidate qualified nobody there
+};
+QComparison CompareQ(const QGrid& candidate, const QGrid& baseline);
+// "×1.02 (worst ×0.95, best ×1.30)" plus the one-sided cells when there are any; "–" when no
+// cell compares.
+std::string DescribeQComparison(const QComparison& c);
 
 // A 5-limit axis for Q(T, P) when none is given: the 25th, 50th, 75th, 90th and 99th
 // percentiles of `values` pooled over every run (so the grid spans what was measured, and is

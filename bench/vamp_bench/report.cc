@@ -470,12 +470,13 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
       absl::StrJoin(tpot_limits, ", ",
                     [](std::string* o, double v) { absl::StrAppend(o, Fmt(v * 1e3, "%.4g")); }),
       " ms", spec.ttft_limits_s.empty() ? " (percentiles 25/50/75/90/99 of all runs' values)" : "",
-      ".\n\nCells won (highest mean Q, ties shared) out of ",
+      ".\n\nCells won (highest mean Q; within 2 % of it counts as a tie) out of ",
       ttft_limits.size() * tpot_limits.size(), ":\n\n| sessions |");
   for (const std::string& c : configs) absl::StrAppend(&md, " ", c, " |");
   absl::StrAppend(&md, "\n|---:|");
   for (size_t k = 0; k < configs.size(); ++k) absl::StrAppend(&md, "---:|");
   absl::StrAppend(&md, "\n");
+  std::string against;  // Q of each configuration against the first, by sessions
   for (int32_t n : sessions) {
     // Each configuration's grid at this point: Q averaged over its runs.
     std::vector<QGrid> means(configs.size());
@@ -495,6 +496,16 @@ RenderedReport RenderReport(const ReportSpec& spec, const std::vector<RunResult>
     absl::StrAppend(&md, "| ", n, " |");
     for (int w : wins) absl::StrAppend(&md, " ", w, " |");
     absl::StrAppend(&md, "\n");
+    for (size_t k = 1; k < configs.size() && measured[0] != nullptr; ++k) {
+      if (measured[k] == nullptr) continue;
+      absl::StrAppend(&against, "| ", n, " | ", configs[k], " | ",
+                      DescribeQComparison(CompareQ(*measured[k], *measured[0])), " |\n");
+    }
+  }
+  if (!against.empty()) {
+    absl::StrAppend(&md, "\nQ against `", configs[0],
+                    "`, cell by cell (geometric mean of Q ÷ its Q where both qualified "
+                    "someone):\n\n| sessions | config | Q ratio |\n|---:|---|---|\n", against);
   }
   if (!sessions.empty()) {
     const int32_t n = sessions.back();

@@ -134,6 +134,29 @@ TEST(QGridTest, CellsWonShareTiesAndSkipEmptyCells) {
   EXPECT_EQ(CellsWon({nullptr}), (std::vector<int>{0}));
 }
 
+TEST(QGridTest, NearlyEqualCellsTie) {
+  QGrid a{{1}, {1}, {{1.000}}}, b{{1}, {1}, {{0.995}}}, c{{1}, {1}, {{0.97}}};
+  EXPECT_EQ(CellsWon({&a, &b, &c}), (std::vector<int>{1, 1, 0}));  // 0.5 % behind ties; 3 % loses
+  EXPECT_EQ(CellsWon({&a, &b, &c}, 0.0), (std::vector<int>{1, 0, 0}));
+}
+
+TEST(QGridTest, CompareQCellByCell) {
+  // 2x2: ratios 2 and 0.5 where both qualify; one cell only the candidate, one only the baseline.
+  QGrid cand{{1, 2}, {1, 2}, {{2.0, 1.0}, {0.5, 0.0}}};
+  QGrid base{{1, 2}, {1, 2}, {{1.0, 0.0}, {1.0, 3.0}}};
+  QComparison q = CompareQ(cand, base);
+  EXPECT_EQ(q.cells, 2);
+  EXPECT_DOUBLE_EQ(q.geomean_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(q.worst_ratio, 0.5);
+  EXPECT_DOUBLE_EQ(q.best_ratio, 2.0);
+  EXPECT_EQ(q.only_candidate, 1);
+  EXPECT_EQ(q.only_baseline, 1);
+  EXPECT_EQ(CompareQ(base, base).worst_ratio, 1.0);
+  EXPECT_EQ(DescribeQComparison(q),
+            "×1.000 (worst ×0.500, best ×2.000); 1 cells only it; 1 cells only the baseline");
+  EXPECT_EQ(DescribeQComparison(QComparison{}), "–");
+}
+
 TEST(AutoLimitsTest, PooledPercentilesRoundedToTwoDigitsAndIncreasing) {
   std::vector<double> v;
   for (int i = 1; i <= 101; ++i) v.push_back(i * 0.0123);
