@@ -68,6 +68,8 @@ class KvBlockPool {
   int32_t EvictCached(int32_t n);
   // The block cached under `hash`, or kNoBlock.
   BlockId Lookup(const BlockHash& hash) const;
+  // Starts loading the cache-table slots a later Lookup(hash) reads (a hint; changes nothing).
+  void PrefetchLookup(const BlockHash& hash) const { cache_.prefetch(hash); }
   // Adds a user to a block found by Lookup (taking it out of the free queue if it had none).
   void Acquire(BlockId id);
   // Removes a user. At zero users the block becomes free: cached blocks join the back of the queue

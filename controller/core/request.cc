@@ -45,7 +45,8 @@ Request::Request(RequestSpec spec, int64_t arrival_micros, uint64_t seq)
       arrival_micros_(arrival_micros),
       num_prompt_tokens_(static_cast<int32_t>(spec.prompt_token_ids.size())),
       tokens_(std::move(spec.prompt_token_ids)),
-      queued_since_micros_(arrival_micros) {}
+      queued_since_micros_(arrival_micros),
+      block_hashes_(std::move(spec.prompt_block_hashes)) {}
 
 int32_t Request::RemainingOutputBudget(int32_t max_model_len) const {
   int32_t limit = max_model_len - num_prompt_tokens_;
