@@ -760,12 +760,8 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   const KvBlockPool& pool = context.pool();
   const int64_t reuse_age = std::max<int64_t>(r.working_set_min_age_steps,
                                               reuse_->ReuseAgeSteps(now, r.working_set_quantile));
-  int64_t idle_cached = 0;
-  pool.ForEachCachedFree([&](const KvBlock& b) {
-    if (step - b.last_used_step <= reuse_age) return false;  // LRU order: the rest are younger
-    ++idle_cached;
-    return true;
-  });
+  // (Counted from the pool's step index: walking the blocks cost up to 0.6 ms per check.)
+  const int64_t idle_cached = pool.CountCachedFreeUsedBefore(step - reuse_age);
   const int64_t working = int64_t{pool.num_blocks()} - pool.num_free_uncached() - idle_cached;
   // Over the whole restore steps: the one with the most net saving by the window's evidence, and
   // the largest that leaves the working set room (the pool only shrinks as g grows).
