@@ -426,6 +426,28 @@ Victims ChooseVictims(const ArbiterContext& context, const MemoryGap& gap,
   return out;
 }
 
+// Index of the first block of `table` at or above `first` (>= 0), or table.size(). Ids and
+// `first` are non-negative, so id >= first exactly when id - first has its sign bit clear, and a
+// run of ids holds none at or above `first` when the AND of those differences is negative: a few
+// vector instructions per 4 ids and no branch per id. The restore's holder check runs this over
+// every running request's table: 1,024 × 2,048 ids at 32k contexts took 0.82 ms id by id on the
+// dev box, 0.52 ms so (then bound by reading the 8 MiB of tables).
+size_t FirstBlockAtOrAbove(const std::vector<BlockId>& table, BlockId first) {
+  constexpr size_t kChunk = 64;
+  const BlockId* ids = table.data();
+  const size_t n = table.size();
+  for (size_t begin = 0; begin < n; begin += kChunk) {
+    const size_t end = std::min(n, begin + kChunk);
+    BlockId all_below = -1;
+    for (size_t k = begin; k < end; ++k) all_below &= ids[k] - first;
+    if (all_below < 0) continue;
+    for (size_t k = begin; k < end; ++k) {
+      if (ids[k] >= first) return k;
+    }
+  }
+  return n;
+}
+
 // What still makes progress when no plan covers the gap: the static arbiter's plan (evict what is
 // cached, preempt the newest running request — the requester itself if it is the newest).
 ArbiterPlan StaticFallback(const ArbiterContext& context, const MemoryGap& gap, ArbiterPlan plan) {
@@ -760,12 +782,8 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   const KvBlockPool& pool = context.pool();
   const int64_t reuse_age = std::max<int64_t>(r.working_set_min_age_steps,
                                               reuse_->ReuseAgeSteps(now, r.working_set_quantile));
-  int64_t idle_cached = 0;
-  pool.ForEachCachedFree([&](const KvBlock& b) {
-    if (step - b.last_used_step <= reuse_age) return false;  // LRU order: the rest are younger
-    ++idle_cached;
-    return true;
-  });
+  // (Counted from the pool's step index: walking the blocks cost up to 0.6 ms per check.)
+  const int64_t idle_cached = pool.CountCachedFreeUsedBefore(step - reuse_age);
   const int64_t working = int64_t{pool.num_blocks()} - pool.num_free_uncached() - idle_cached;
   // Over the whole restore steps: the one with the most net saving by the window's evidence, and
   // the largest that leaves the working set room (the pool only shrinks as g grows).
@@ -839,18 +857,15 @@ ArbiterPlan VampArbiter::PreemptForRestore(const ArbiterContext& context) {
     // A request still in prefill has its first token ahead of it: preempting it would put that
     // on the line (TTFT weighs more than the tax), and its prefill ends soon anyway.
     if (q.num_computed_tokens() < q.num_prompt_tokens()) continue;
-    const std::vector<BlockId>& table = q.block_ids();
-    for (size_t k = 0; k < table.size(); ++k) {
-      if (table[k] < pool.shrink_begin()) continue;
-      // Its blocks before the first withdrawn one stay cached and are hit again on resume.
-      const int64_t recompute =
-          std::max<int64_t>(0, q.num_computed_tokens() - static_cast<int64_t>(k) * block_size);
-      const int64_t remaining = std::min<int64_t>(
-          q.RemainingOutputBudget(context.config().max_model_len), r.benefit_horizon_steps);
-      holders.push_back(
-          {q.id(), remaining, static_cast<double>(recompute) * t_prefill * recompute_weight});
-      break;
-    }
+    const size_t k = FirstBlockAtOrAbove(q.block_ids(), pool.shrink_begin());
+    if (k == q.block_ids().size()) continue;  // holds nothing of the tail
+    // Its blocks before the first withdrawn one stay cached and are hit again on resume.
+    const int64_t recompute =
+        std::max<int64_t>(0, q.num_computed_tokens() - static_cast<int64_t>(k) * block_size);
+    const int64_t remaining = std::min<int64_t>(
+        q.RemainingOutputBudget(context.config().max_model_len), r.benefit_horizon_steps);
+    holders.push_back(
+        {q.id(), remaining, static_cast<double>(recompute) * t_prefill * recompute_weight});
   }
   if (holders.empty()) return plan;
   std::sort(holders.begin(), holders.end(),

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -76,9 +77,19 @@ class BlockHasher {
   // Hash of a full block. `parent` is the previous block's hash or BlockHash{} for the first block;
   // `tokens` are exactly the block's tokens; `extra` are extra keys (empty for most blocks).
   // Input layout (unambiguous for a fixed block size): parent.lo, parent.hi, tokens as int32 LE,
-  // extra length as u32 LE, extra bytes.
+  // extra length as u32 LE, extra bytes. Thread-safe (const, no state).
   BlockHash Hash(const BlockHash& parent, absl::Span<const TokenId> tokens,
                  absl::string_view extra) const;
+
+  // The chain rule over a token sequence, the one place it is written down: full block i hashes
+  // block i-1's hash (BlockHash{} for i = 0), its `block_size` tokens and, for block 0 only,
+  // `cache_salt`, which thereby separates the whole chain. Extends `chain` (the hashes of the first
+  // chain->size() full blocks of `tokens`) to the first `num_blocks` full blocks; requires
+  // num_blocks * block_size <= tokens.size(). The result depends on the tokens alone, not on how
+  // they arrived: a chain extended a block at a time as tokens come equals one computed at once.
+  void ExtendChain(absl::Span<const TokenId> tokens, int32_t block_size,
+                   absl::string_view cache_salt, size_t num_blocks,
+                   std::vector<BlockHash>* chain) const;
 
  private:
   uint64_t key0_;

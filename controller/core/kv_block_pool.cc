@@ -1,6 +1,8 @@
 #include "controller/core/kv_block_pool.h"
 
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -40,6 +42,7 @@ int32_t KvBlockPool::EvictCached(int32_t n) {
   int32_t evicted = 0;
   while (evicted < n && free_.num_cached() > 0) {
     KvBlock& b = blocks_[free_.DemoteOldestCached()];
+    cached_steps_.Remove(b.lru_seq);
     if (on_evict_) on_evict_(b.hash);
     Uncache(b);
     ++evicted;
@@ -57,6 +60,7 @@ void KvBlockPool::Acquire(BlockId id) {
   KvBlock& b = blocks_[id];
   VAMP_CHECK(!b.withdrawn) << "block " << id << " is withdrawn";
   if (b.ref_count == 0) {
+    if (free_.ContainsCached(id)) cached_steps_.Remove(b.lru_seq);
     free_.Remove(id);
     ++num_used_;
   }
@@ -85,6 +89,7 @@ void KvBlockPool::Release(BlockId id) {
   } else if (b.cached) {
     b.lru_seq = ++lru_clock_;
     free_.PushCached(id);
+    cached_steps_.Push(b.lru_seq, b.last_used_step);
   } else {
     free_.PushUncachedFront(id);
   }
@@ -130,6 +135,7 @@ absl::Status KvBlockPool::BeginShrink(int32_t n) {
   for (BlockId id = shrink_begin_; id < num_blocks(); ++id) {
     KvBlock& b = blocks_[id];
     if (b.ref_count == 0) {
+      if (free_.ContainsCached(id)) cached_steps_.Remove(b.lru_seq);
       free_.Remove(id);
       Withdraw(b);
     } else if (b.cached) {
@@ -227,6 +233,7 @@ absl::Status KvBlockPool::CheckInvariants() const {
   // Queue layout: all uncached blocks, then cached ones in non-decreasing last-use order.
   bool seen_cached = false;
   int64_t last_step = std::numeric_limits<int64_t>::min();
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (step, blocks) of the cached segment
   for (BlockId id : free_.ToVector()) {
     const KvBlock& b = blocks_[id];
     if (b.cached) {
@@ -234,10 +241,24 @@ absl::Status KvBlockPool::CheckInvariants() const {
       if (b.last_used_step < last_step) {
         return absl::InternalError(absl::StrCat("cached free block ", id, " out of LRU order"));
       }
+      if (runs.empty() || b.last_used_step != last_step) runs.emplace_back(b.last_used_step, 0);
+      ++runs.back().second;
       last_step = b.last_used_step;
     } else if (seen_cached) {
       return absl::InternalError(absl::StrCat("uncached block ", id, " behind cached ones"));
     }
+  }
+  // The step index agrees with the queue (neighbouring runs of one step merged on both sides).
+  std::vector<std::pair<int64_t, int64_t>> indexed;
+  cached_steps_.ForEachRun([&](int64_t step, int64_t count) {
+    if (!indexed.empty() && indexed.back().first == step) {
+      indexed.back().second += count;
+    } else {
+      indexed.emplace_back(step, count);
+    }
+  });
+  if (indexed != runs || cached_steps_.size() != free_.num_cached()) {
+    return absl::InternalError("the LRU step index disagrees with the cached free blocks");
   }
   return absl::OkStatus();
 }

@@ -22,6 +22,7 @@
 #include "controller/core/block_hash.h"
 #include "controller/core/free_block_queue.h"
 #include "controller/core/kv_block.h"
+#include "controller/core/lru_step_index.h"
 
 namespace vamp {
 
@@ -68,6 +69,8 @@ class KvBlockPool {
   int32_t EvictCached(int32_t n);
   // The block cached under `hash`, or kNoBlock.
   BlockId Lookup(const BlockHash& hash) const;
+  // Starts loading the cache-table slots a later Lookup(hash) reads (a hint; changes nothing).
+  void PrefetchLookup(const BlockHash& hash) const { cache_.prefetch(hash); }
   // Adds a user to a block found by Lookup (taking it out of the free queue if it had none).
   void Acquire(BlockId id);
   // Removes a user. At zero users the block becomes free: cached blocks join the back of the queue
@@ -98,6 +101,13 @@ class KvBlockPool {
   // ---- Read-only views (arbiters, stats, tests) ----
   const KvBlock& block(BlockId id) const { return blocks_[id]; }
   const FreeBlockQueue& free_queue() const { return free_; }
+  // Cached free blocks counted from the LRU end up to the first one last used at or after `step`,
+  // in O(distinct last-use steps) rather than one random access per block (LruStepIndex): what a
+  // ForEachCachedFree walk stopping at that block counts. The queue is in non-decreasing last-use
+  // order (CheckInvariants), so these are all cached free blocks last used before `step`.
+  int64_t CountCachedFreeUsedBefore(int64_t step) const {
+    return cached_steps_.CountFromOldestBefore(step);
+  }
   // Calls fn(const KvBlock&) for cached free blocks in eviction order (least recently used first)
   // until fn returns false.
   template <typename Fn>
@@ -132,6 +142,7 @@ class KvBlockPool {
   int64_t step_ = 0;
   int64_t num_evicted_ = 0;
   int64_t lru_clock_ = 0;  // blocks that have joined the cached segment so far
+  LruStepIndex cached_steps_;  // the cached segment's last-use steps, by lru_seq
   EvictionListener on_evict_;
 };
 

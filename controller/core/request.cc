@@ -45,7 +45,8 @@ Request::Request(RequestSpec spec, int64_t arrival_micros, uint64_t seq)
       arrival_micros_(arrival_micros),
       num_prompt_tokens_(static_cast<int32_t>(spec.prompt_token_ids.size())),
       tokens_(std::move(spec.prompt_token_ids)),
-      queued_since_micros_(arrival_micros) {}
+      queued_since_micros_(arrival_micros),
+      block_hashes_(std::move(spec.prompt_block_hashes)) {}
 
 int32_t Request::RemainingOutputBudget(int32_t max_model_len) const {
   int32_t limit = max_model_len - num_prompt_tokens_;
@@ -59,14 +60,7 @@ void Request::EnsureBlockHashes(int32_t n, int32_t block_size, const BlockHasher
       << "request " << id_ << ": " << n << " full blocks of " << block_size << " need more than "
       << num_tokens() << " tokens";
   if (static_cast<int32_t>(block_hashes_.size()) >= n) return;
-  const absl::Span<const TokenId> tokens = tokens_;
-  for (int32_t i = static_cast<int32_t>(block_hashes_.size()); i < n; ++i) {
-    const BlockHash parent = i == 0 ? BlockHash{} : block_hashes_[i - 1];
-    // The salt separates tenants; hashing it into the first block separates the whole chain.
-    const absl::string_view extra = i == 0 ? absl::string_view(cache_salt_) : absl::string_view();
-    block_hashes_.push_back(hasher.Hash(
-        parent, tokens.subspan(static_cast<size_t>(i) * block_size, block_size), extra));
-  }
+  hasher.ExtendChain(tokens_, block_size, cache_salt_, static_cast<size_t>(n), &block_hashes_);
 }
 
 void Request::Finish(FinishReason reason, std::optional<TokenId> stop_token) {

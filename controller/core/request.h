@@ -49,6 +49,13 @@ struct RequestSpec {
   int32_t priority = 0;
   // Extra prefix-cache key: requests share cached KV only when their salts are equal.
   std::string cache_salt;
+  // Optional: the prefix-cache hashes of every full block of the prompt, computed where the prompt
+  // arrives (Scheduler::HashPromptBlocks, on a frontend thread) so that the scheduling thread does
+  // not spend its step on them (a 32k-token prompt is 2,048 blocks, ≈ 0.1 ms). Empty: the
+  // scheduler hashes the blocks itself, as far as it needs them. The hashes must be those of
+  // exactly this prompt and cache_salt under the scheduler's block size and hash key; AddRequest
+  // checks their number and recomputes the first and last block's to catch a mismatch.
+  std::vector<BlockHash> prompt_block_hashes;
   // When the request arrived (µs, the scheduler clock's timebase); unset means "now".
   std::optional<int64_t> arrival_micros;
 };
@@ -108,7 +115,9 @@ class Request {
   const std::vector<BlockId>& block_ids() const { return block_ids_; }
   // Leading blocks already offered to the prefix cache.
   int32_t num_cached_blocks() const { return num_cached_blocks_; }
-  // Chained hashes of the leading full blocks computed so far (extended lazily).
+  // Chained hashes of the leading full blocks computed so far: the spec's prompt_block_hashes,
+  // extended lazily (BlockHasher::ExtendChain, so the same tokens give the same chain however
+  // they arrived).
   const std::vector<BlockHash>& block_hashes() const { return block_hashes_; }
   // Extends block_hashes() to the first `n` full blocks; requires n * block_size <= num_tokens().
   void EnsureBlockHashes(int32_t n, int32_t block_size, const BlockHasher& hasher);

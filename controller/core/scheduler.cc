@@ -45,6 +45,17 @@ void Scheduler::SyncReuseGeometry() {
 // ---------------------------------------------------------------------------------------------
 // Requests
 
+std::vector<BlockHash> Scheduler::HashPromptBlocks(const SchedulerConfig& config,
+                                                   absl::Span<const TokenId> prompt,
+                                                   absl::string_view cache_salt) {
+  std::vector<BlockHash> hashes;
+  if (!config.enable_prefix_caching || config.block_size <= 0) return hashes;
+  const BlockHasher hasher(config.prefix_cache_hash_key0, config.prefix_cache_hash_key1);
+  hasher.ExtendChain(prompt, config.block_size, cache_salt, prompt.size() / config.block_size,
+                     &hashes);
+  return hashes;
+}
+
 absl::Status Scheduler::AddRequest(RequestSpec spec) {
   if (requests_.contains(spec.id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", spec.id, " is already live"));
@@ -59,14 +70,45 @@ absl::Status Scheduler::AddRequest(RequestSpec spec) {
         "request ", spec.id, ": prompt_token_ids has ", prompt_len, " tokens; max_model_len is ",
         config_.max_model_len, " and at least one output token must fit"));
   }
-  for (size_t i = 0; i < prompt_len; ++i) {
-    if (spec.prompt_token_ids[i] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request ", spec.id, ": prompt_token_ids[", i, "] is negative"));
+  // Any negative id sets the sign bit of the OR of all ids: a branch-free pass that vectorizes
+  // (a 32k-token prompt is checked on the scheduling thread), then the first one for the message.
+  TokenId any_sign = 0;
+  for (TokenId t : spec.prompt_token_ids) any_sign |= t;
+  if (any_sign < 0) {
+    for (size_t i = 0; i < prompt_len; ++i) {
+      if (spec.prompt_token_ids[i] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("request ", spec.id, ": prompt_token_ids[", i, "] is negative"));
+      }
     }
   }
   if (absl::Status s = spec.sampling_params.Validate(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("request ", spec.id, ": ", s.message()));
+  }
+  if (const std::vector<BlockHash>& hashes = spec.prompt_block_hashes; !hashes.empty()) {
+    const size_t bs = static_cast<size_t>(config_.block_size);
+    const size_t full = prompt_len / bs;
+    if (hashes.size() != full) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", spec.id, ": prompt_block_hashes has ", hashes.size(),
+                       " hashes; the prompt has ", full, " full blocks of ", bs, " tokens"));
+    }
+    // Two block hashes (≈ 0.1 µs) instead of all: the first covers the hash key and the cache
+    // salt, the last the prompt's tail, so hashes computed with another key, salt, block size or
+    // prompt are caught unless the prompts differ only in between.
+    const absl::Span<const TokenId> prompt = spec.prompt_token_ids;
+    const BlockHasher& hasher = kv_.hasher();
+    const bool first_ok =
+        hasher.Hash(BlockHash{}, prompt.subspan(0, bs), spec.cache_salt) == hashes.front();
+    const bool last_ok =
+        full == 1 ||
+        hasher.Hash(hashes[full - 2], prompt.subspan((full - 1) * bs, bs), "") == hashes.back();
+    if (!first_ok || !last_ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", spec.id,
+          ": prompt_block_hashes are not the hashes of this prompt and cache_salt under the "
+          "scheduler's block_size and prefix_cache_hash_key (Scheduler::HashPromptBlocks)"));
+    }
   }
   const int64_t arrival = spec.arrival_micros.value_or(clock_->NowMicros());
   const RequestId id = spec.id;

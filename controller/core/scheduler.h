@@ -58,9 +58,16 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // ---- Requests ----
+  // The prefix-cache hashes of every full block of `prompt` under `cache_salt`, as a scheduler
+  // created with `config` computes them (its block size and hash key): RequestSpec's
+  // prompt_block_hashes. Empty when prefix caching is off. A pure function, safe on any thread:
+  // callers hash where prompts arrive, off the scheduling thread.
+  static std::vector<BlockHash> HashPromptBlocks(const SchedulerConfig& config,
+                                                 absl::Span<const TokenId> prompt,
+                                                 absl::string_view cache_salt);
   // Queues a request. AlreadyExists for a live id; InvalidArgument naming the field for an empty
-  // prompt, negative token ids, a prompt that leaves no room for output under max_model_len, or
-  // bad sampling parameters.
+  // prompt, negative token ids, a prompt that leaves no room for output under max_model_len, bad
+  // sampling parameters, or prompt_block_hashes that are not the prompt's.
   absl::Status AddRequest(RequestSpec spec);
   // Finishes a live request with FinishReason::kAbort and frees its blocks; its id goes to the
   // next plan's finished_ids if agents know it. NotFound if not live. Safe while a step is in

@@ -215,9 +215,14 @@ absl::StatusOr<RequestId> ServingEngine::Submit(ServingRequest request, EngineSi
     return absl::UnavailableError("the model's agents are not available; retry later");
   }
   if (draining_) return absl::UnavailableError("the server is draining and admits no requests");
+  // Hashing the prompt's blocks here keeps it off the engine thread's step (≈ 0.1 ms per 32k
+  // tokens). options_.scheduler is not changed after Start.
+  std::vector<BlockHash> hashes =
+      Scheduler::HashPromptBlocks(options_.scheduler, request.prompt_token_ids, request.cache_salt);
   absl::MutexLock lock(&mu_);
   const RequestId id = next_request_id_++;
-  pending_.push_back({id, std::move(request), std::move(sink), SteadyClock::Get().NowMicros()});
+  pending_.push_back(
+      {id, std::move(request), std::move(sink), SteadyClock::Get().NowMicros(), std::move(hashes)});
   work_ = true;
   return id;
 }
@@ -330,6 +335,7 @@ void ServingEngine::AdmitPending() {
     spec.priority = p.request.priority;
     spec.cache_salt = std::move(p.request.cache_salt);
     spec.arrival_micros = p.arrival_micros;
+    spec.prompt_block_hashes = std::move(p.prompt_block_hashes);
     const int32_t prompt_tokens = static_cast<int32_t>(spec.prompt_token_ids.size());
     absl::Status s = scheduler_->AddRequest(std::move(spec));
     if (!s.ok()) {

@@ -118,6 +118,7 @@ class ServingEngine {
     ServingRequest request;
     EngineSink sink;
     int64_t arrival_micros;
+    std::vector<BlockHash> prompt_block_hashes;  // hashed by Submit, on the caller's thread
   };
   struct Live {
     EngineSink sink;

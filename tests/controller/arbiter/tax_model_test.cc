@@ -283,6 +283,22 @@ TEST_F(RestoreHolderTest, PreemptsAHolderWhoseRecomputeCostsLessThanTheWait) {
   EXPECT_DOUBLE_EQ(plan.tax.value_micros, 321 * 15);
 }
 
+// The holder check finds the first withdrawn block however deep in a long table it lies (it skips
+// whole runs of blocks below the tail), and only in tables that hold one.
+TEST_F(RestoreHolderTest, FindsTheFirstWithdrawnBlockDeepInALongTable) {
+  Warm(2);
+  Request* other = AddRunning(2, 150, 0, 100);  // ids below the tail only
+  other->set_num_computed_tokens(other->num_prompt_tokens());
+  Request* r = AddRunning(1, 200, 0, 100);  // prompt 3,201 tokens
+  r->set_num_computed_tokens(r->num_prompt_tokens());
+  ASSERT_TRUE(pool().BeginShrink(pool().num_blocks() - r->block_ids()[130]).ok());
+  const ArbiterPlan plan = arbiter_.PreemptForRestore(Context(200, Pending()));
+  ASSERT_EQ(plan.preempt.size(), 1u);
+  EXPECT_EQ(plan.preempt[0], r->id());
+  // Recompute from its 131st block: 3,201 − 130 × 16 = 1,121 tokens × 15 µs.
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 1121 * 15);
+}
+
 TEST_F(RestoreHolderTest, WaitsForAHolderAboutToFinish) {
   Warm(2);
   DecodingHolder(/*budget=*/3);  // 4,500 µs of tax left < 1.25 × 4,815 µs of recompute

@@ -2,6 +2,9 @@
 
 #include <cstdint>
 #include <map>
+#include <numeric>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -116,6 +119,100 @@ TEST(BlockHasherTest, DependsOnParentTokensOrderExtraAndKey) {
   EXPECT_NE(hasher.Hash(BlockHash{}, a, "tenant-a"), hasher.Hash(BlockHash{}, a, "tenant-b"));
   EXPECT_NE(base, BlockHasher(1, 2).Hash(BlockHash{}, a, ""));
   EXPECT_EQ(base.ToHex().size(), 32u);
+}
+
+// The reference's streaming layout (parent, tokens as int32 LE, extra length as u32 LE, extra).
+BlockHash StreamingReference(uint64_t k0, uint64_t k1, const BlockHash& parent,
+                             const std::vector<TokenId>& tokens, const std::string& extra) {
+  SipHash128 h(k0, k1);
+  h.AddU64(parent.lo);
+  h.AddU64(parent.hi);
+  for (TokenId t : tokens) h.AddU32(static_cast<uint32_t>(t));
+  h.AddU32(static_cast<uint32_t>(extra.size()));
+  h.AddBytes(extra.data(), extra.size());
+  return h.Finish();
+}
+
+TEST(BlockHasherTest, RegisterPathEqualsTheStreamingLayoutForAnyBlockLength) {
+  // Unsalted blocks take BlockHasher's register-resident path; salted ones the streaming one.
+  const BlockHasher hasher(11, 13);
+  std::mt19937 rng(5);
+  for (int n = 0; n <= 33; ++n) {
+    std::vector<TokenId> tokens(n);
+    for (TokenId& t : tokens) t = static_cast<TokenId>(rng());  // negative ones too
+    const BlockHash parent{rng(), rng()};
+    for (const std::string& extra : {std::string(), std::string("x"), std::string("salt-123")}) {
+      EXPECT_EQ(hasher.Hash(parent, tokens, extra),
+                StreamingReference(11, 13, parent, tokens, extra))
+          << n << " tokens, extra '" << extra << "'";
+    }
+  }
+}
+
+TEST(BlockHasherTest, DefaultKeyHashesArePinned) {
+  // Independently computed (a Python SipHash-2-4-128 that matches the reference vectors above):
+  // the scheme (layout, key, chain rule) must not change across releases or processes.
+  std::vector<TokenId> tokens(47);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  std::vector<BlockHash> chain;
+  const BlockHasher hasher;
+  hasher.ExtendChain(tokens, 16, "tenant", 2, &chain);
+  ASSERT_EQ(chain.size(), 2u);
+  EXPECT_EQ(chain[0].ToHex(), "e9f09f10cf1c5bfb649dae5d27d383ad");
+  EXPECT_EQ(chain[1].ToHex(), "8018219fbf276072b0aeb0080315cbdc");
+  // An odd token count (15) through the register path.
+  const std::vector<TokenId> odd(tokens.begin() + 32, tokens.end());
+  EXPECT_EQ(hasher.Hash(chain[1], odd, "").ToHex(), "746481ae0de429a0f8f443095eb67252");
+}
+
+TEST(BlockHasherTest, ChainGrownBlockByBlockEqualsOneComputedAtOnce) {
+  const BlockHasher hasher;
+  constexpr int32_t kBlock = 4;
+  std::vector<TokenId> tokens(41);
+  std::iota(tokens.begin(), tokens.end(), 1000);
+  std::vector<BlockHash> at_once;
+  hasher.ExtendChain(tokens, kBlock, "salt", tokens.size() / kBlock, &at_once);
+  ASSERT_EQ(at_once.size(), 10u);
+  // The same tokens arriving one at a time, the chain extended whenever a block fills.
+  std::vector<TokenId> arriving;
+  std::vector<BlockHash> incremental;
+  for (TokenId t : tokens) {
+    arriving.push_back(t);
+    hasher.ExtendChain(arriving, kBlock, "salt", arriving.size() / kBlock, &incremental);
+  }
+  EXPECT_EQ(incremental, at_once);
+  // And in uneven steps (a prompt prefix first, then the rest), extending to fewer blocks than
+  // are already there changing nothing.
+  std::vector<BlockHash> uneven;
+  hasher.ExtendChain(tokens, kBlock, "salt", 3, &uneven);
+  hasher.ExtendChain(tokens, kBlock, "salt", 1, &uneven);
+  hasher.ExtendChain(tokens, kBlock, "salt", 10, &uneven);
+  EXPECT_EQ(uneven, at_once);
+  // Each link is Hash(parent, its tokens, salt on the first block only).
+  EXPECT_EQ(at_once[0], hasher.Hash(BlockHash{}, {1000, 1001, 1002, 1003}, "salt"));
+  EXPECT_EQ(at_once[1], hasher.Hash(at_once[0], {1004, 1005, 1006, 1007}, ""));
+}
+
+TEST(BlockHasherTest, SaltAndKeySeparateWholeChains) {
+  std::vector<TokenId> tokens(32);
+  std::iota(tokens.begin(), tokens.end(), 7);
+  auto chain = [&](const BlockHasher& hasher, const std::string& salt) {
+    std::vector<BlockHash> c;
+    hasher.ExtendChain(tokens, 4, salt, 8, &c);
+    return c;
+  };
+  const BlockHasher hasher;
+  const std::vector<BlockHash> plain = chain(hasher, "");
+  const std::vector<BlockHash> a = chain(hasher, "tenant-a");
+  const std::vector<BlockHash> b = chain(hasher, "tenant-b");
+  const std::vector<BlockHash> other_key = chain(BlockHasher(1, 2), "");
+  EXPECT_EQ(chain(hasher, "tenant-a"), a);  // deterministic
+  for (size_t i = 0; i < plain.size(); ++i) {
+    // The salt enters the first block only, yet no block of the chains is shared.
+    EXPECT_NE(plain[i], a[i]) << i;
+    EXPECT_NE(a[i], b[i]) << i;
+    EXPECT_NE(plain[i], other_key[i]) << i;
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "controller/core/request.h"
 
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -88,6 +89,44 @@ TEST(RequestTest, BlockHashesChainAndIncludeTheSalt) {
   const std::vector<TokenId> first = {1, 2, 3, 4}, second = {5, 6, 7, 8};
   EXPECT_EQ(r.block_hashes()[0], hasher.Hash(BlockHash{}, first, "s"));
   EXPECT_EQ(r.block_hashes()[1], hasher.Hash(r.block_hashes()[0], second, ""));
+}
+
+TEST(RequestTest, SamePrefixHasSameBlockHashesHoweverItArrived) {
+  // Tokens 0..22 with salt "s", blocks of 4: as one 23-token prompt; as a 6-token prompt whose
+  // outputs bring the rest one token at a time (hashed as blocks fill, the way the scheduler
+  // caches computed blocks); and as a prompt whose hashes came with the spec (computed where it
+  // arrived).
+  constexpr int32_t kBlock = 4;
+  const BlockHasher hasher;
+  std::vector<TokenId> tokens(23);
+  for (int i = 0; i < 23; ++i) tokens[i] = 40 + i;
+  auto spec_of = [&](std::vector<TokenId> prompt) {
+    RequestSpec spec;
+    spec.id = 1;
+    spec.prompt_token_ids = std::move(prompt);
+    spec.cache_salt = std::string(1, 's');
+    return spec;
+  };
+  Request whole(spec_of(tokens), 0, 0);
+  whole.EnsureBlockHashes(5, kBlock, hasher);
+
+  Request grown(spec_of({tokens.begin(), tokens.begin() + 6}), 0, 1);
+  for (size_t i = 6; i < tokens.size(); ++i) {
+    ASSERT_FALSE(grown.AppendOutputToken(tokens[i], kMaxLen));
+    grown.EnsureBlockHashes(grown.num_tokens() / kBlock, kBlock, hasher);
+  }
+  EXPECT_EQ(grown.block_hashes(), whole.block_hashes());
+
+  RequestSpec handed = spec_of(tokens);
+  hasher.ExtendChain(tokens, kBlock, "s", 5, &handed.prompt_block_hashes);
+  Request given(std::move(handed), 0, 2);
+  EXPECT_EQ(given.block_hashes(), whole.block_hashes());
+  // A different salt separates every block.
+  RequestSpec other = spec_of(tokens);
+  other.cache_salt = std::string(1, 't');
+  Request salted(std::move(other), 0, 3);
+  salted.EnsureBlockHashes(5, kBlock, hasher);
+  for (int i = 0; i < 5; ++i) EXPECT_NE(salted.block_hashes()[i], whole.block_hashes()[i]) << i;
 }
 
 TEST(SamplingParamsTest, ValidateNamesTheField) {

@@ -1,8 +1,11 @@
 #include "controller/core/scheduler.h"
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/controller/core/scheduler_test_util.h"
@@ -198,6 +201,80 @@ TEST(SchedulerTest, AddRequestValidatesInput) {
   absl::Status bad_params = s.AddRequest(Spec(5, Iota(3), 0));
   EXPECT_NE(bad_params.message().find("sampling_params.max_tokens"), absl::string_view::npos);
   EXPECT_EQ(s.num_waiting(), 1);
+}
+
+// The same requests with their prompt hashes handed over (as the serving engine's Submit does)
+// and without (hashed by the scheduler as far as it needs): identical plans, outputs and cache.
+TEST(SchedulerTest, HandedOverPromptHashesChangeNothing) {
+  auto run = [](bool hand_over) {
+    const SchedulerConfig config = SmallConfig();
+    Harness h(config);
+    std::string log;
+    const std::vector<std::vector<TokenId>> prompts = {Iota(13), Iota(17), Iota(9, 50), Iota(16)};
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestSpec spec = Spec(static_cast<RequestId>(i + 1), prompts[i], 3);
+      spec.cache_salt = i == 3 ? "other-tenant" : "";
+      if (hand_over) {
+        spec.prompt_block_hashes =
+            Scheduler::HashPromptBlocks(config, spec.prompt_token_ids, spec.cache_salt);
+        EXPECT_EQ(spec.prompt_block_hashes.size(), prompts[i].size() / 4);
+      }
+      EXPECT_TRUE(h.scheduler().AddRequest(std::move(spec)).ok());
+      // One step between arrivals, so that later prompts hit what earlier ones cached.
+      auto step = h.Step();
+      absl::StrAppend(&log, testing::PlanSummary(step.plan), "\n");
+    }
+    while (h.scheduler().has_unfinished_requests()) {
+      absl::StrAppend(&log, testing::PlanSummary(h.Step().plan), "\n");
+    }
+    const PrefixCacheStats pc = h.scheduler().counters().prefix_cache;
+    absl::StrAppend(&log, "hit ", pc.hit_tokens, " of ", pc.query_tokens, " cached ",
+                    h.scheduler().Stats().num_cached_blocks);
+    return std::make_pair(log, pc.hit_tokens);
+  };
+  const auto [lazy, lazy_hits] = run(false);
+  EXPECT_EQ(run(true).first, lazy);
+  EXPECT_GT(lazy_hits, 0) << lazy;  // the comparison covers prefix hits
+}
+
+TEST(SchedulerTest, HandedOverPromptHashesMustBeThePrompts) {
+  const SchedulerConfig config = SmallConfig();
+  Harness h(config);
+  Scheduler& s = h.scheduler();
+  const std::vector<TokenId> prompt = Iota(13);
+  auto spec_with = [&](RequestId id, std::vector<BlockHash> hashes) {
+    RequestSpec spec = Spec(id, prompt, 2);
+    spec.cache_salt = std::string(1, 'a');  // (GCC 12 -Wrestrict false positive on "a")
+    spec.prompt_block_hashes = std::move(hashes);
+    return spec;
+  };
+  const std::vector<BlockHash> good = Scheduler::HashPromptBlocks(config, prompt, "a");
+  ASSERT_EQ(good.size(), 3u);
+  auto expect_rejected = [&](RequestSpec spec) {
+    const absl::Status status = s.AddRequest(std::move(spec));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("prompt_block_hashes"), absl::string_view::npos) << status;
+  };
+  // Too few (a prefix of the chain), another salt, another key, another block size, a prompt
+  // that differs in its last block.
+  expect_rejected(spec_with(1, {good.begin(), good.end() - 1}));
+  expect_rejected(spec_with(2, Scheduler::HashPromptBlocks(config, prompt, "b")));
+  SchedulerConfig other_key = config;
+  other_key.prefix_cache_hash_key0 ^= 1;
+  expect_rejected(spec_with(3, Scheduler::HashPromptBlocks(other_key, prompt, "a")));
+  SchedulerConfig other_size = config;
+  other_size.block_size = 3;
+  expect_rejected(spec_with(4, Scheduler::HashPromptBlocks(other_size, prompt, "a")));
+  std::vector<TokenId> edited = prompt;
+  edited[10] = 99;
+  expect_rejected(spec_with(5, Scheduler::HashPromptBlocks(config, edited, "a")));
+  EXPECT_EQ(s.num_waiting(), 0);
+  EXPECT_TRUE(s.AddRequest(spec_with(6, good)).ok());
+  EXPECT_EQ(s.FindRequest(6)->block_hashes(), good);
+  // Without prefix caching there is nothing to hash.
+  SchedulerConfig no_cache = config;
+  no_cache.enable_prefix_caching = false;
+  EXPECT_TRUE(Scheduler::HashPromptBlocks(no_cache, prompt, "a").empty());
 }
 
 TEST(SchedulerTest, AbortWaitingRunningAndInFlightRequests) {
