@@ -37,15 +37,19 @@ absl::StatusOr<PolicySpec> ParsePolicy(absl::string_view label, const VampArbite
   std::vector<std::string> parts = absl::StrSplit(label, '+');
   const absl::string_view head = parts[0];
   double percent = 0;
-  if (!absl::StartsWith(head, "vamp-") || !absl::SimpleAtod(head.substr(5), &percent) ||
-      !(percent >= 0 && percent <= 100)) {
+  absl::StatusOr<OffloadCap> cap = absl::InvalidArgumentError("not vamp-<r>");
+  if (absl::StartsWith(head, "vamp-") && absl::SimpleAtod(head.substr(5), &percent)) {
+    cap = OffloadCap::FromRatio(percent / 100.0, "r / 100");
+  }
+  if (!cap.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("policy '", label,
                      "': expected 'static' or 'vamp-<r>' with 0 <= r <= 100, optionally "
-                     "followed by +paper, +restore, +norestore, +calib, +nocalib"));
+                     "followed by +paper, +restore, +norestore, +calib, +nocalib (",
+                     cap.status().message(), ")"));
   }
   p.arbiter = "vamp";
-  p.max_offload_ratio = percent / 100.0;
+  p.offload_cap = *cap;
   for (size_t i = 1; i < parts.size(); ++i) {
     if (parts[i] == "paper") {
       // The paper's arbiter as published: its cost model, no restore, no self-calibration.
@@ -174,7 +178,7 @@ absl::Status Simulation::Setup() {
   result_.turns_total = workload_.NumTurns();
   vocab_ = std::max(2, workload_.vocab_size);
   OffloadOptions offload = options_.offload;
-  offload.max_offload_ratio = policy_.max_offload_ratio;
+  offload.cap = policy_.offload_cap;
   offload.block_size = options_.scheduler.block_size;
   VAMP_ASSIGN_OR_RETURN(result_.geometry,
                         ComputeOffloadGeometry(options_.calibration.model, offload));

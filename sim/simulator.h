@@ -32,7 +32,7 @@ namespace vamp::sim {
 struct PolicySpec {
   std::string label;               // as given: "static", "vamp-15", "vamp-25+restore"
   std::string arbiter = "static";  // "static" | "vamp"
-  double max_offload_ratio = 0;    // VAMP-r as a fraction
+  OffloadCap offload_cap;          // VAMP-r
   VampArbiterConfig vamp;
 };
 
@@ -46,7 +46,7 @@ struct SimOptions {
   Calibration calibration;
   // num_blocks is ignored: the baseline pool comes from `offload.base_kv_bytes`.
   SchedulerConfig scheduler;
-  // max_offload_ratio is ignored: it comes from the policy.
+  // cap is ignored: it comes from the policy.
   OffloadOptions offload;
   RemapCosts remap;
   // Leave each session's turn 0 out of the TTFT figures (the paper's steady-state rule).

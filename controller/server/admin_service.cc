@@ -6,6 +6,7 @@
 #include "common/clock.h"
 #include "common/grpc_auth.h"
 #include "common/grpc_server.h"
+#include "common/offload_cap.h"
 
 namespace vamp {
 bool AdminService::Authorized(grpc::CallbackServerContext* context,
@@ -39,9 +40,10 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
 
 vamp::v1::Policy AdminService::CurrentPolicy(
     const std::shared_ptr<const ServingContext>& ctx) const {
-  vamp::v1::Policy policy = backend_.policy;
+  vamp::v1::Policy policy = backend_.configured_policy;
   if (ctx != nullptr) {
     policy.set_arbiter(ctx->engine->arbiter_name());
+    policy.set_max_offload_ratio(ctx->engine->offload_cap().ratio());
     policy.set_restore_enabled(ctx->engine->vamp_config().restore.enabled);
   }
   return policy;
@@ -70,12 +72,19 @@ grpc::ServerUnaryReactor* AdminService::SetPolicy(grpc::CallbackServerContext* c
                                      "' is not one of static, vamp"));
     return reactor;
   }
-  // The cap sizes the agents' staging buffers and pinned copies at Init.
-  if (request->max_offload_ratio() != backend_.policy.max_offload_ratio()) {
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("max_offload_ratio: changing the cap (", backend_.policy.max_offload_ratio(),
-                     ") needs a restart with --max_offload_ratio")));
+  absl::StatusOr<OffloadCap> cap =
+      OffloadCap::FromRatio(request->max_offload_ratio(), "max_offload_ratio");
+  if (!cap.ok()) {
+    reactor->Finish(ToGrpcStatus(cap.status()));
+    return reactor;
+  }
+  // The cap sizes the agents' staging buffers and pinned copies at Init: the one in force is the
+  // one the serving agents were initialised with.
+  if (const OffloadCap in_force = ctx->engine->offload_cap(); *cap != in_force) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     absl::StrCat("max_offload_ratio: changing the cap (", in_force.ratio(), " to ",
+                                  cap->ratio(), ") needs a restart with --max_offload_ratio")));
     return reactor;
   }
   VampArbiterConfig vamp = ctx->engine->vamp_config();

@@ -191,9 +191,9 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   AdminBackend admin;
   admin.status = [self](vamp::v1::GetStatusResponse* s) { self->FillStatus(s); };
   admin.context = context;
-  admin.policy.set_arbiter(options.arbiter);
-  admin.policy.set_max_offload_ratio(options.max_offload_ratio);
-  admin.policy.set_restore_enabled(options.vamp.restore.enabled);
+  admin.configured_policy.set_arbiter(options.arbiter);
+  admin.configured_policy.set_max_offload_ratio(options.offload_cap.ratio());
+  admin.configured_policy.set_restore_enabled(options.vamp.restore.enabled);
   admin.auth_token = server->admin_token_;
   server->admin_ = std::make_unique<AdminService>(std::move(admin));
 
@@ -415,7 +415,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   vamp::v1::MemorySpec* memory = init.mutable_memory();
   memory->set_gpu_memory_utilization(options_.gpu_memory_utilization);
   memory->set_block_size(scheduler.block_size);
-  memory->set_max_offload_ratio(options_.max_offload_ratio);
+  memory->set_max_offload_ratio(options_.offload_cap.ratio());
   memory->set_max_num_batched_tokens(scheduler.max_num_batched_tokens);
   memory->set_max_num_seqs(scheduler.max_num_seqs);
   VAMP_LOG(INFO) << "initialising " << endpoints.size() << " agent(s) with " << init.model_path()
@@ -457,6 +457,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   engine_options.report_limits = std::move(limits);
   engine_options.model_name = ServedModelName();
   engine_options.vamp = options_.vamp;
+  engine_options.offload_cap = options_.offload_cap;
   auto context = std::make_shared<ServingContext>();
   context->model =
       ServedModel{ServedModelName(), scheduler.max_model_len, first.vocab_size()};

@@ -4,6 +4,8 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "common/offload_cap.h"
+#include "common/status_macros.h"
 
 namespace vamp {
 namespace {
@@ -27,6 +29,10 @@ absl::StatusOr<AgentReportLimits> CheckInitResponses(
     const vamp::v1::InitRequest& request, const std::vector<vamp::v1::InitResponse>& responses) {
   if (responses.empty()) return absl::InternalError("no Init answers to check");
   const int64_t block_size = std::max(1, request.memory().block_size());
+  // The cap the agents were asked for bounds the groups any of them may declare offloadable.
+  VAMP_ASSIGN_OR_RETURN(
+      const OffloadCap cap,
+      OffloadCap::FromRatio(request.memory().max_offload_ratio(), "memory.max_offload_ratio"));
   AgentReportLimits limits;
   const vamp::v1::InitResponse& first = responses.front();
   for (size_t i = 0; i < responses.size(); ++i) {
@@ -68,7 +74,9 @@ absl::StatusOr<AgentReportLimits> CheckInitResponses(
     }
     s.Update(InRange<uint64_t>(rank, "memory.offloaded_expert_bytes", m.offloaded_expert_bytes(), 0,
                                kMaxAgentDeviceBytes));
-    s.Update(InRange(rank, "memory.max_offload_groups", m.max_offload_groups(), 0, groups));
+    const int32_t cap_groups = static_cast<int32_t>(
+        std::min<int64_t>(groups, cap.MaxExperts(r.num_experts()) / r.experts_per_group()));
+    s.Update(InRange(rank, "memory.max_offload_groups", m.max_offload_groups(), 0, cap_groups));
     s.Update(InRange(rank, "memory.offloaded_groups", m.offloaded_groups(), 0,
                      std::max(0, m.max_offload_groups())));
     if (!s.ok()) return s;

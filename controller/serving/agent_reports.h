@@ -40,7 +40,8 @@ struct AgentReportLimits {
 // Checks every rank's InitResponse (in rank order) against `request` and against each other: the
 // model's shape within bounds and the same on every rank, the memory split within the declared
 // device memory, KV blocks that fit in it (each block holds at least one byte of K and of V per
-// layer and token), group counts within the model's experts.
+// layer and token), group counts within the model's experts and under the cap the request asked
+// for (memory.max_offload_ratio).
 absl::StatusOr<AgentReportLimits> CheckInitResponses(
     const vamp::v1::InitRequest& request, const std::vector<vamp::v1::InitResponse>& responses);
 

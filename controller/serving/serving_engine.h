@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/offload_cap.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/scheduler.h"
 #include "controller/serving/agent_group.h"
@@ -65,6 +66,8 @@ struct ServingEngineOptions {
   std::optional<int32_t> eos_token_id;
   // The cost model's configuration (used when arbiter is "vamp", and by SetArbiter).
   VampArbiterConfig vamp;
+  // VAMP-r the agents were initialised with (InitRequest.memory.max_offload_ratio).
+  OffloadCap offload_cap;
   // Rank-local expert geometry from the agents' Init answers (for the cost model).
   int32_t experts_per_group = 1;
   int32_t experts_per_layer = 0;
@@ -100,6 +103,8 @@ class ServingEngine {
   // The arbiter in force and the cost-model configuration the engine holds.
   std::string arbiter_name() const;
   VampArbiterConfig vamp_config() const;
+  // The offload cap in force (fixed for the engine's life: it sized the agents' memory).
+  OffloadCap offload_cap() const { return options_.offload_cap; }
   // Stops admitting requests; running ones finish.
   void Drain();
   // Admits requests again after Drain.

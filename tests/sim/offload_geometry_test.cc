@@ -15,7 +15,7 @@ OffloadGeometry NextTp2(double ratio, int32_t staging_buffer_experts = 0) {
   absl::StatusOr<Calibration> c = CalibrationPreset("qwen3-next-80b-a3b-tp2");
   EXPECT_TRUE(c.ok());
   OffloadOptions o;
-  o.max_offload_ratio = ratio;
+  o.cap = *OffloadCap::FromRatio(ratio, "ratio");
   o.staging_buffer_experts = staging_buffer_experts;
   absl::StatusOr<OffloadGeometry> g = ComputeOffloadGeometry(c->model, o);
   EXPECT_TRUE(g.ok()) << g.status();
@@ -49,7 +49,7 @@ TEST(OffloadGeometryTest, CapIsTheRatioOrTheStagingBufferInWholeGroups) {
 
 TEST(OffloadGeometryTest, Qwen30bGroupsOfTwo) {
   OffloadOptions o;
-  o.max_offload_ratio = 0.25;
+  o.cap = OffloadCap::Constant(0.25);
   absl::StatusOr<OffloadGeometry> g = ComputeOffloadGeometry(SimModelShape{}, o);
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->experts_per_group, 2);  // 2 × 9 MiB
@@ -59,9 +59,7 @@ TEST(OffloadGeometryTest, Qwen30bGroupsOfTwo) {
 
 TEST(OffloadGeometryTest, BadOptionsNameTheOption) {
   OffloadOptions o;
-  o.max_offload_ratio = 1.5;
-  EXPECT_FALSE(ComputeOffloadGeometry(SimModelShape{}, o).ok());
-  o.max_offload_ratio = 0.1;
+  o.cap = OffloadCap::Constant(0.1);
   o.base_kv_bytes = 10;
   EXPECT_FALSE(ComputeOffloadGeometry(SimModelShape{}, o).ok());
 }

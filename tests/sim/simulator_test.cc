@@ -200,7 +200,7 @@ TEST(SimulatorTest, ParsePolicy) {
   absl::StatusOr<PolicySpec> p = ParsePolicy("vamp-15", VampArbiterConfig{});
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->arbiter, "vamp");
-  EXPECT_DOUBLE_EQ(p->max_offload_ratio, 0.15);
+  EXPECT_DOUBLE_EQ(p->offload_cap.ratio(), 0.15);
   EXPECT_EQ(p->vamp.cost_model, VampCostModel::kTax);  // the shipped defaults
   EXPECT_TRUE(p->vamp.restore.enabled);
   p = ParsePolicy("vamp-25+paper", VampArbiterConfig{});
@@ -213,8 +213,10 @@ TEST(SimulatorTest, ParsePolicy) {
   EXPECT_TRUE(p->vamp.restore.enabled);
   EXPECT_TRUE(p->vamp.self_calibration.enabled);
   EXPECT_EQ(ParsePolicy("static", VampArbiterConfig{})->arbiter, "static");
-  EXPECT_DOUBLE_EQ(ParsePolicy("vamp-0", {})->max_offload_ratio, 0);
+  EXPECT_DOUBLE_EQ(ParsePolicy("vamp-0", {})->offload_cap.ratio(), 0);
+  EXPECT_DOUBLE_EQ(ParsePolicy("vamp-100", {})->offload_cap.ratio(), 1);
   EXPECT_THAT(ParsePolicy("vamp-101", {}).status().message(), HasSubstr("0 <= r <= 100"));
+  EXPECT_THAT(ParsePolicy("vamp-101", {}).status().message(), HasSubstr("must be in [0, 1]"));
   EXPECT_THAT(ParsePolicy("lru", {}).status().message(), HasSubstr("policy 'lru'"));
   EXPECT_THAT(ParsePolicy("vamp-10+turbo", {}).status().message(), HasSubstr("+turbo"));
 }

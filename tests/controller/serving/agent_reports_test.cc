@@ -12,6 +12,7 @@ using ::testing::HasSubstr;
 vamp::v1::InitRequest Request() {
   vamp::v1::InitRequest r;
   r.mutable_memory()->set_block_size(16);
+  r.mutable_memory()->set_max_offload_ratio(0.75);  // 6 of 8 experts: 3 groups of 2
   return r;
 }
 
@@ -80,6 +81,19 @@ TEST(AgentReportsTest, LiesRefuseTheAgentNamingRankAndField) {
     EXPECT_THAT(limits.status().message(), HasSubstr("agent rank 1")) << c.name;
     EXPECT_THAT(limits.status().message(), HasSubstr(c.field)) << c.name;
   }
+}
+
+TEST(AgentReportsTest, TheRequestedCapBoundsTheOffloadableGroups) {
+  vamp::v1::InitRequest half = Request();
+  half.mutable_memory()->set_max_offload_ratio(0.5);  // 4 of 8 experts: 2 groups of 2
+  absl::StatusOr<AgentReportLimits> limits = CheckInitResponses(half, {Honest()});
+  ASSERT_FALSE(limits.ok()) << "3 groups declared under a cap of 2";
+  EXPECT_THAT(limits.status().message(), HasSubstr("memory.max_offload_groups = 3"));
+  vamp::v1::InitRequest bad = Request();
+  bad.mutable_memory()->set_max_offload_ratio(1.5);
+  limits = CheckInitResponses(bad, {Honest()});
+  EXPECT_TRUE(absl::IsInvalidArgument(limits.status())) << limits.status();
+  EXPECT_THAT(limits.status().message(), HasSubstr("memory.max_offload_ratio"));
 }
 
 TEST(AgentReportsTest, CapacityAndTimingsAreBounded) {

@@ -12,6 +12,7 @@ vamp::v1::InitRequest FakeInitRequest() {
   r.set_model_path("/models/fake");
   r.set_load_format("dummy");
   r.mutable_memory()->set_block_size(16);
+  r.mutable_memory()->set_max_offload_ratio(0.5);  // 4 of 8 experts
   r.mutable_parallel()->set_host_transport_address("127.0.0.1:1");
   return r;
 }

@@ -130,7 +130,7 @@ class FakeAgentGroup {
   AgentReportLimits limits_;
 };
 
-// The InitRequest the fakes are initialised with (block size 16).
+// The InitRequest the fakes are initialised with (block size 16, VAMP-r 0.5).
 vamp::v1::InitRequest FakeInitRequest();
 
 }  // namespace vamp::testing
