@@ -105,7 +105,7 @@ vamp::v1::RankMemory AgentEngine::MemoryLocked() {
   m.set_kv_pool_bytes(in->rank->memory.kv->mapped_bytes());
   m.set_staging_bytes(in->rank->memory.experts->staging_mapped_bytes());
   m.set_activation_bytes(in->rank->plan.activation_bytes);
-  m.set_offloaded_groups(static_cast<int32_t>(in->rank->memory.repartitioner->offloaded_groups()));
+  m.set_offloaded_groups(static_cast<int32_t>(in->rank->memory.page_remapper->offloaded_groups()));
   m.set_max_offload_groups(static_cast<int32_t>(in->rank->plan.experts.max_groups));
   m.set_kv_blocks(in->remapper->usable_blocks());
   return m;

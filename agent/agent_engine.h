@@ -29,7 +29,7 @@
 // Step (one StepRequest, in order; controller/core/step_plan.h is the contract):
 //   1. rollback_remap_ids: undo remaps this rank applied (an id it does not know failed here, or
 //      never arrived; nothing to undo);
-//   2. remaps: offload / restore n groups through the MemoryRepartitioner; afterwards the rank uses
+//   2. remaps: offload / restore n groups through the PageRemapper; afterwards the rank uses
 //      exactly expected_kv_blocks blocks (when > 0; never more than it has, never fewer than its
 //      requests occupy) and the runner gets the new KV view (on CUDA, once the device has
 //      finished the weight writes of a restore);

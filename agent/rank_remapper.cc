@@ -54,7 +54,7 @@ RankRemapper::RankRemapper(Rank* rank, int max_history, AgentMetrics* metrics)
       usable_blocks_(rank->memory.kv->num_blocks()) {}
 
 vamp::v1::CapacityResponse RankRemapper::Capacity(const vamp::v1::CapacityRequest& request) const {
-  MemoryRepartitioner& rep = *rank_->memory.repartitioner;
+  PageRemapper& rep = *rank_->memory.page_remapper;
   vamp::v1::CapacityResponse response;
   const int64_t now = usable_blocks_;
   const int64_t region = rank_->memory.kv->num_blocks();
@@ -79,7 +79,7 @@ absl::Status RankRemapper::Apply(int index, const vamp::v1::RemapCommand& comman
   const std::string what =
       absl::StrCat("remaps[", index, "] (remap_id '", command.remap_id(), "')");
   const auto start = Steady::now();
-  MemoryRepartitioner& rep = *rank_->memory.repartitioner;
+  PageRemapper& rep = *rank_->memory.page_remapper;
   const bool offload = command.action() == vamp::v1::RemapCommand::ACTION_OFFLOAD;
   if (!offload && command.action() != vamp::v1::RemapCommand::ACTION_RESTORE) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": action must be OFFLOAD or RESTORE"));
@@ -152,7 +152,7 @@ absl::Status RankRemapper::Rollback(const std::string& remap_id) {
   }
   const RemapRecord record = *it;
   const std::string what = absl::StrCat("rollback_remap_ids '", remap_id, "'");
-  MemoryRepartitioner& rep = *rank_->memory.repartitioner;
+  PageRemapper& rep = *rank_->memory.page_remapper;
   const bool undo_offload = record.action == vamp::v1::RemapCommand::ACTION_OFFLOAD;
   int64_t target = 0;
   if (undo_offload) {

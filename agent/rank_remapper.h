@@ -1,6 +1,6 @@
 // Remaps with rollback: one rank's side of the controller's remap commands (shared/DESIGN.md,
 // "Offload", "Restore"). Apply offloads or restores groups through the rank's
-// MemoryRepartitioner and sets the KV blocks the runner may use; Rollback undoes a remap this rank
+// PageRemapper and sets the KV blocks the runner may use; Rollback undoes a remap this rank
 // applied (the last max_history are remembered); Capacity answers what a remap would give.
 //
 // The usable KV blocks (what the controller's pool uses on this rank, <= the region's blocks) are

@@ -27,7 +27,7 @@ struct OffloadOptions {
   OffloadCap cap;
   // E_buffer: experts one staging buffer holds; 0 = exactly what the cap needs.
   int32_t staging_buffer_experts = 0;
-  // Baseline KV pool per rank (bytes), before any expansion.
+  // Baseline KV pool per rank (bytes), before any offload.
   int64_t base_kv_bytes = 8LL << 30;
   // Tokens per KV block.
   int32_t block_size = 16;

@@ -387,11 +387,13 @@ RenderedReport RenderReport(const ReportSpec& spec) {
                                          : absl::StrFormat("%.2f", Median(r.evict_choice_cc_ms)),
             r.evict_choice_ce_ms.empty() ? "–"
                                          : absl::StrFormat("%.2f", Median(r.evict_choice_ce_ms)),
-            r.expand_choice_cc_ms.size(),
-            r.expand_choice_cc_ms.empty() ? "–"
-                                          : absl::StrFormat("%.2f", Median(r.expand_choice_cc_ms)),
-            r.expand_choice_ce_ms.empty() ? "–"
-                                          : absl::StrFormat("%.2f", Median(r.expand_choice_ce_ms)),
+            r.offload_choice_cc_ms.size(),
+            r.offload_choice_cc_ms.empty()
+                ? "–"
+                : absl::StrFormat("%.2f", Median(r.offload_choice_cc_ms)),
+            r.offload_choice_ce_ms.empty()
+                ? "–"
+                : absl::StrFormat("%.2f", Median(r.offload_choice_ce_ms)),
             100 * r.live->hit_rate, r.live->t_queue_micros, r.live->t_prefill_micros,
             r.live->c_eff_micros));
   }
@@ -399,10 +401,10 @@ RenderedReport RenderReport(const ReportSpec& spec) {
     absl::StrAppend(
         &md, "## Cost-model scores (§VI-D) and learned coefficients at the end\n\n",
         "Medians of the logged scores (ms) over the decisions that chose eviction and over those "
-        "that chose expansion (where both were evaluated); then r_hit (window), t_queue (µs), "
+        "that chose to offload (where both were evaluated); then r_hit (window), t_queue (µs), "
         "t_prefill (µs/token) and c_eff (µs) as the arbiter priced them last.\n\n| ",
         sweep ? "c | " : "",
-        "policy | evict choices | median C_c | median C_e | expand choices | median C_c | "
+        "policy | evict choices | median C_c | median C_e | offload choices | median C_c | "
         "median C_e | r_hit | t_queue | t_prefill | c_eff |\n|",
         sweep ? " ---: |" : "",
         " --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n", scores,

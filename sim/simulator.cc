@@ -154,7 +154,7 @@ class Simulation {
   StepTimeModel model_;
   int32_t vocab_ = 1;
   ManualClock clock_;
-  std::unique_ptr<SimPoolExpander> expander_;
+  std::unique_ptr<SimOffloader> offloader_;
   std::unique_ptr<Scheduler> scheduler_;
   VampArbiter* vamp_ = nullptr;
   std::vector<SessionState> sessions_;
@@ -190,10 +190,10 @@ absl::Status Simulation::Setup() {
                         CreateArbiter(policy_.arbiter, policy_.vamp));
   if (policy_.arbiter == "vamp") {
     vamp_ = static_cast<VampArbiter*>(arbiter.get());
-    expander_ = std::make_unique<SimPoolExpander>(result_.geometry, options_.remap);
+    offloader_ = std::make_unique<SimOffloader>(result_.geometry, options_.remap);
   }
   VAMP_ASSIGN_OR_RETURN(scheduler_,
-                        Scheduler::Create(config, &clock_, std::move(arbiter), expander_.get()));
+                        Scheduler::Create(config, &clock_, std::move(arbiter), offloader_.get()));
   sessions_.resize(workload_.sessions.size());
   result_.first_arrival_s = -1;
   for (size_t s = 0; s < workload_.sessions.size(); ++s) {
@@ -287,13 +287,13 @@ void Simulation::RecordDecisions() {
   log_.AppendAll(clock_.NowMicros(), scheduler_->step_decisions());
   for (const ArbiterRecord& r : scheduler_->step_decisions()) {
     const ArbiterCosts& c = r.plan.costs;
-    if (c.evict_micros < 0 || c.expand_micros < 0) continue;
+    if (c.evict_micros < 0 || c.offload_micros < 0) continue;
     if (r.plan.choice == "evict") {
       result_.evict_choice_cc_ms.push_back(c.evict_micros * 1e-3);
-      result_.evict_choice_ce_ms.push_back(c.expand_micros * 1e-3);
-    } else if (r.plan.choice == "expand") {
-      result_.expand_choice_cc_ms.push_back(c.evict_micros * 1e-3);
-      result_.expand_choice_ce_ms.push_back(c.expand_micros * 1e-3);
+      result_.evict_choice_ce_ms.push_back(c.offload_micros * 1e-3);
+    } else if (r.plan.choice == "offload") {
+      result_.offload_choice_cc_ms.push_back(c.evict_micros * 1e-3);
+      result_.offload_choice_ce_ms.push_back(c.offload_micros * 1e-3);
     }
   }
 }
@@ -304,9 +304,9 @@ void Simulation::Sample(int64_t now) {
   TimeSample t;
   t.t_s = now * 1e-6;
   t.num_blocks = pool.num_blocks();
-  t.offload_ratio = expander_ ? static_cast<double>(expander_->offloaded_experts_per_layer()) /
-                                    result_.geometry.experts_per_layer
-                              : 0;
+  t.offload_ratio = offloader_ ? static_cast<double>(offloader_->offloaded_experts_per_layer()) /
+                                     result_.geometry.experts_per_layer
+                               : 0;
   t.kv_usage = pool.Usage();
   t.running = scheduler_->num_running();
   t.waiting = scheduler_->num_waiting();
@@ -348,7 +348,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
     absl::StatusOr<StepPlan> plan = scheduler_->Schedule();
     if (!plan.ok()) return plan.status();
     RecordDecisions();
-    const double remap_us = expander_ ? expander_->TakeRemapMicros() : 0;
+    const double remap_us = offloader_ ? offloader_->TakeRemapMicros() : 0;
     result_.max_blocks = std::max(result_.max_blocks, plan->num_blocks);
     if (plan->empty()) {
       // Nothing could run now. Without anything running, only an arrival can change that —
@@ -400,7 +400,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
     for (const CachedRequestPlan& p : plan->cached_requests) {
       run(p.request_id, p.num_computed_tokens, p.num_scheduled_tokens);
     }
-    const int32_t offloaded = expander_ ? expander_->offloaded_experts_per_layer() : 0;
+    const int32_t offloaded = offloader_ ? offloader_->offloaded_experts_per_layer() : 0;
     const StepTime t = model_.Estimate(batch_, offloaded);
     const double step_us = t.total_us + remap_us;
     clock_.AdvanceMicros(std::max<int64_t>(1, std::llround(step_us)));
@@ -416,10 +416,10 @@ absl::StatusOr<SimResult> Simulation::Run() {
       timing.decode_tokens = decode_tokens;
       timing.offloaded_experts_per_layer = offloaded;
       timing.end_micros = clock_.NowMicros();
-      if (expander_) {
+      if (offloader_) {
         timing.staged_bytes = static_cast<int64_t>(
-            static_cast<double>(offloaded) / std::max(1, expander_->ExpertsPerGroup()) *
-            static_cast<double>(expander_->StagedBytesPerGroup()));
+            static_cast<double>(offloaded) / std::max(1, offloader_->ExpertsPerGroup()) *
+            static_cast<double>(offloader_->StagedBytesPerGroup()));
       }
       vamp_->ObserveStep(timing);
     }
@@ -448,7 +448,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
   if (options_.decision_log_capacity > 0) {
     result_.recent_decisions = log_.Recent(options_.decision_log_capacity);
   }
-  if (expander_) result_.max_groups = expander_->max_groups_reached();
+  if (offloader_) result_.max_groups = offloader_->max_groups_reached();
   if (vamp_ != nullptr) result_.live = vamp_->live();
   if (result_.first_arrival_s < 0) result_.first_arrival_s = 0;
   result_.wall_s =

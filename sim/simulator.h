@@ -24,7 +24,7 @@
 #include "controller/core/scheduler_stats.h"
 #include "sim/calibration.h"
 #include "sim/offload_geometry.h"
-#include "sim/sim_expander.h"
+#include "sim/sim_offloader.h"
 
 namespace vamp::sim {
 
@@ -108,9 +108,9 @@ struct SimResult {
   std::map<std::string, int64_t> decisions;        // arbiter records by choice
   std::vector<DecisionLogEntry> recent_decisions;  // the newest, oldest first
   // Scores of §VI-D: the eviction and offload costs logged with decisions that chose eviction,
-  // and with those that chose expansion (ms; only where both were evaluated).
+  // and with those that chose to offload (ms; only where both were evaluated).
   std::vector<double> evict_choice_cc_ms, evict_choice_ce_ms;
-  std::vector<double> expand_choice_cc_ms, expand_choice_ce_ms;
+  std::vector<double> offload_choice_cc_ms, offload_choice_ce_ms;
   std::vector<TimeSample> series;
 
   OffloadGeometry geometry;

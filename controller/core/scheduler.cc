@@ -13,19 +13,19 @@ namespace vamp {
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerConfig& config,
                                                              const Clock* clock,
                                                              std::unique_ptr<MemoryArbiter> arbiter,
-                                                             PoolExpander* expander) {
+                                                             ExpertOffloader* offloader) {
   VAMP_RETURN_IF_ERROR(config.Validate());
   if (clock == nullptr) return absl::InvalidArgumentError("Scheduler: clock is null");
   if (arbiter == nullptr) return absl::InvalidArgumentError("Scheduler: arbiter is null");
-  return std::unique_ptr<Scheduler>(new Scheduler(config, clock, std::move(arbiter), expander));
+  return std::unique_ptr<Scheduler>(new Scheduler(config, clock, std::move(arbiter), offloader));
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, const Clock* clock,
-                     std::unique_ptr<MemoryArbiter> arbiter, PoolExpander* expander)
+                     std::unique_ptr<MemoryArbiter> arbiter, ExpertOffloader* offloader)
     : config_(config),
       clock_(clock),
       arbiter_(std::move(arbiter)),
-      expander_(expander),
+      offloader_(offloader),
       kv_(config.num_blocks, config.block_size, config.enable_prefix_caching,
           BlockHasher(config.prefix_cache_hash_key0, config.prefix_cache_hash_key1)),
       waiting_(config.policy) {
@@ -38,7 +38,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Clock* clock,
 void Scheduler::SyncReuseGeometry() {
   ReuseTracker* tracker = arbiter_->reuse_tracker();
   if (tracker == nullptr) return;
-  const ExpansionInfo e = Expansion();
+  const OffloadState e = OffloadStateNow();
   tracker->SetGeometry(e.blocks_per_group, e.offloaded_groups, e.max_groups);
 }
 
@@ -147,20 +147,20 @@ const Request* Scheduler::FindRequest(RequestId id) const {
 // ---------------------------------------------------------------------------------------------
 // Scheduling
 
-ExpansionInfo Scheduler::Expansion() const {
-  ExpansionInfo info;
-  if (expander_ == nullptr) return info;
-  info.experts_per_group = expander_->ExpertsPerGroup();
-  info.experts_per_layer = expander_->ExpertsPerLayer();
-  info.offloaded_groups = expander_->OffloadedGroups();
+OffloadState Scheduler::OffloadStateNow() const {
+  OffloadState info;
+  if (offloader_ == nullptr) return info;
+  info.experts_per_group = offloader_->ExpertsPerGroup();
+  info.experts_per_layer = offloader_->ExpertsPerLayer();
+  info.offloaded_groups = offloader_->OffloadedGroups();
   info.restore_pending = restore_pending_groups_ > 0;
   info.restore_pending_groups = restore_pending_groups_;
-  info.blocks_per_group = expander_->BlocksPerGroup();
-  info.max_groups = info.offloaded_groups + expander_->RemainingGroups();
-  info.staged_bytes_per_group = expander_->StagedBytesPerGroup();
+  info.blocks_per_group = offloader_->BlocksPerGroup();
+  info.max_groups = info.offloaded_groups + offloader_->RemainingGroups();
+  info.staged_bytes_per_group = offloader_->StagedBytesPerGroup();
   if (kv_.pool().shrink_pending()) return info;
   info.available = true;
-  info.remaining_groups = expander_->RemainingGroups();
+  info.remaining_groups = offloader_->RemainingGroups();
   return info;
 }
 
@@ -188,7 +188,7 @@ void Scheduler::StepBoundary() {
       // Requests still hold blocks of the withdrawn tail: the arbiter may preempt them rather
       // than keep paying the offload tax until they finish.
       const ArbiterContext context(pool, running_, counters_, config_, step_, clock_->NowMicros(),
-                                   Expansion(), num_waiting());
+                                   OffloadStateNow(), num_waiting());
       ArbiterRecord record;
       record.step = step_;
       record.plan = arbiter_->PreemptForRestore(context);
@@ -216,7 +216,7 @@ void Scheduler::StepBoundary() {
     counters_.num_restored_blocks += before - pool.num_blocks();
     s = RestoreReleasedGroups(restore_pending_groups_);
     if (!s.ok()) {
-      // The blocks have left the pool already; their pages stay unused until the expander can
+      // The blocks have left the pool already; their pages stay unused until the offloader can
       // take them. Nothing else depends on them, so serving goes on.
       VAMP_LOG(ERROR) << "restoring " << restore_pending_groups_ << " expert groups failed: " << s;
     } else {
@@ -226,13 +226,13 @@ void Scheduler::StepBoundary() {
     return;  // one capacity change per step boundary
   }
   const ArbiterContext context(pool, running_, counters_, config_, step_, clock_->NowMicros(),
-                               Expansion(), num_waiting());
+                               OffloadStateNow(), num_waiting());
   const int32_t groups = arbiter_->OnStepBoundary(context);
-  if (groups <= 0 || expander_ == nullptr || pool.shrink_pending()) return;
-  const int32_t offloaded = context.expansion().offloaded_groups;
+  if (groups <= 0 || offloader_ == nullptr || pool.shrink_pending()) return;
+  const int32_t offloaded = context.offload().offloaded_groups;
   if (offloaded <= 0) return;
   const int32_t n = std::min(groups, offloaded);
-  const int32_t blocks = expander_->BlocksToRelease(n);
+  const int32_t blocks = offloader_->BlocksRemovedByRestore(n);
   if (blocks <= 0) return;
   if (absl::Status s = BeginShrinkPool(blocks); !s.ok()) {
     VAMP_LOG(WARNING) << arbiter_->name() << " arbiter asked to restore " << n
@@ -289,7 +289,7 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
     }
     ++counters_.num_arbiter_calls;
     const ArbiterContext context(kv_.pool(), running_, counters_, config_, step_,
-                                 clock_->NowMicros(), Expansion(), num_waiting());
+                                 clock_->NowMicros(), OffloadStateNow(), num_waiting());
     MemoryGap need;
     need.blocks = gap;
     need.requester = request;
@@ -308,23 +308,22 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
       CancelRestore();
       restore_cancelled = true;
     }
-    if (plan.expand_groups > 0) {
-      const ExpansionInfo info = Expansion();
+    if (plan.offload_groups > 0) {
+      const OffloadState info = OffloadStateNow();
       if (!info.available || info.remaining_groups <= 0) {
-        VAMP_LOG(WARNING) << arbiter_->name() << " arbiter asked to expand by "
-                          << plan.expand_groups << " groups but no expansion is available";
+        VAMP_LOG(WARNING) << arbiter_->name() << " arbiter asked to offload " << plan.offload_groups
+                          << " groups but offloading is unavailable";
       } else {
-        const int32_t groups = std::min(plan.expand_groups, info.remaining_groups);
-        absl::StatusOr<int32_t> added = expander_->Expand(groups);
+        const int32_t groups = std::min(plan.offload_groups, info.remaining_groups);
+        absl::StatusOr<int32_t> added = offloader_->Offload(groups);
         if (!added.ok()) {
-          VAMP_LOG(WARNING) << "pool expansion by " << groups
-                            << " groups failed: " << added.status();
+          VAMP_LOG(WARNING) << "offloading " << groups << " groups failed: " << added.status();
         } else if (*added > 0) {
           absl::Status grown = kv_.pool().Grow(*added);
-          VAMP_CHECK(grown.ok()) << grown;  // no shrink is pending (Expansion() checked)
+          VAMP_CHECK(grown.ok()) << grown;  // no shrink is pending (OffloadStateNow() checked)
           record.blocks_added = *added;
-          ++counters_.num_expansions;
-          counters_.num_expanded_blocks += *added;
+          ++counters_.num_offloads;
+          counters_.num_offloaded_blocks += *added;
           SyncReuseGeometry();
         }
       }
@@ -659,13 +658,13 @@ absl::Status Scheduler::CommitShrinkPool() {
 }
 
 absl::Status Scheduler::RestoreReleasedGroups(int32_t groups) {
-  if (expander_ == nullptr) {
-    return absl::FailedPreconditionError("RestoreReleasedGroups: no pool expander");
+  if (offloader_ == nullptr) {
+    return absl::FailedPreconditionError("RestoreReleasedGroups: no pool offloader");
   }
   PendingReleases releases;
   releases.finished = pending_finished_ids_;
   releases.preempted = step_preempted_ids_;
-  VAMP_RETURN_IF_ERROR(expander_->Restore(groups, releases));
+  VAMP_RETURN_IF_ERROR(offloader_->Restore(groups, releases));
   // Delivered with the restore. On failure they stay queued: agents skip finished ids they no
   // longer know and accept a preemption they already applied.
   pending_finished_ids_.clear();

@@ -17,10 +17,10 @@
 //
 // Restore (expert groups back from the KV pool, optional): at the start of each Schedule() the
 // arbiter may ask for groups back (MemoryArbiter::OnStepBoundary). The scheduler then withdraws
-// the pool's tail (BlocksToRelease blocks, KvBlockPool::BeginShrink); once no request holds any
-// of them, at a later step boundary, it commits the shrink and calls PoolExpander::Restore. While
-// a restore is pending the arbiter may cancel it to cover a gap (ArbiterPlan::cancel_restore): the
-// withdrawn blocks come back and the arbiter is asked again.
+// the pool's tail (BlocksRemovedByRestore blocks, KvBlockPool::BeginShrink); once no request holds
+// any of them, at a later step boundary, it commits the shrink and calls ExpertOffloader::Restore.
+// While a restore is pending the arbiter may cancel it to cover a gap
+// (ArbiterPlan::cancel_restore): the withdrawn blocks come back and the arbiter is asked again.
 //
 // Not thread-safe: one thread (the engine loop) owns the scheduler; other threads hand requests to
 // that thread. Deterministic: the same calls with the same clock readings give the same plans.
@@ -47,12 +47,12 @@ namespace vamp {
 
 class Scheduler {
  public:
-  // `clock` (queue times) must outlive the scheduler. `expander` may be null (the pool never
-  // expands); otherwise it must outlive the scheduler.
+  // `clock` (queue times) must outlive the scheduler. `offloader` may be null (the pool never
+  // grows by offloading); otherwise it must outlive the scheduler.
   static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerConfig& config,
                                                            const Clock* clock,
                                                            std::unique_ptr<MemoryArbiter> arbiter,
-                                                           PoolExpander* expander = nullptr);
+                                                           ExpertOffloader* offloader = nullptr);
 
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -95,10 +95,10 @@ class Scheduler {
   absl::Status BeginShrinkPool(int32_t blocks);
   absl::Status CommitShrinkPool();
   absl::Status CancelShrinkPool();
-  // Gives the last `groups` groups back through the expander once their blocks have left the
+  // Gives the last `groups` groups back through the offloader once their blocks have left the
   // pool (CommitShrinkPool), carrying the requests finished or preempted since the last plan:
   // the agents may still hold those in the withdrawn tail. Delivered releases are not repeated in
-  // the next plan. FailedPrecondition without an expander.
+  // the next plan. FailedPrecondition without an offloader.
   absl::Status RestoreReleasedGroups(int32_t groups);
 
   // ---- Read-only state ----
@@ -128,7 +128,7 @@ class Scheduler {
 
  private:
   Scheduler(const SchedulerConfig& config, const Clock* clock,
-            std::unique_ptr<MemoryArbiter> arbiter, PoolExpander* expander);
+            std::unique_ptr<MemoryArbiter> arbiter, ExpertOffloader* offloader);
 
   // A request scheduled in the step being planned.
   struct Scheduled {
@@ -147,8 +147,8 @@ class Scheduler {
 
   // Makes room (via the arbiter) for `request`'s table to cover `num_total_tokens`, then allocates.
   Room EnsureBlocks(Request* request, int32_t num_total_tokens, bool running);
-  ExpansionInfo Expansion() const;
-  // Hands the expansion geometry to the arbiter's reuse tracker (if it keeps one).
+  OffloadState OffloadStateNow() const;
+  // Hands the offload geometry to the arbiter's reuse tracker (if it keeps one).
   void SyncReuseGeometry();
   // Step-boundary work for restores: commits a pending one whose blocks are all released, or asks
   // the arbiter whether to start one.
@@ -160,7 +160,7 @@ class Scheduler {
   SchedulerConfig config_;
   const Clock* clock_;
   std::unique_ptr<MemoryArbiter> arbiter_;
-  PoolExpander* expander_;
+  ExpertOffloader* offloader_;
   KvCacheManager kv_;
 
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;  // every live request

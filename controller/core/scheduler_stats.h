@@ -37,8 +37,8 @@ struct SchedulerCounters {
   int64_t num_preemptions = 0;
   int64_t num_arbiter_calls = 0;
   int64_t num_evicted_blocks = 0;  // cached blocks evicted on the arbiter's order
-  int64_t num_expansions = 0;      // successful pool expansions
-  int64_t num_expanded_blocks = 0;
+  int64_t num_offloads = 0;        // successful offloads
+  int64_t num_offloaded_blocks = 0;
   int64_t num_restores_started = 0;       // restores the arbiter asked for
   int64_t num_restores = 0;               // restores completed (groups back with the experts)
   int64_t num_restores_cancelled = 0;     // restores abandoned because a gap arose meanwhile

@@ -137,7 +137,7 @@ void ToProto(const VampArbiterConfig& c, vamp::v1::CostCoefficients* out) {
   out->set_t_sched_us(c.costs.t_sched_micros);
   out->set_t_queue_us(c.costs.t_queue_micros);
   out->set_c_eff_us(c.costs.c_eff_micros);
-  out->set_expansion_step_groups(c.expansion_step_groups);
+  out->set_offload_step_groups(c.offload_step_groups);
 }
 
 }  // namespace
@@ -169,7 +169,7 @@ grpc::ServerUnaryReactor* AdminService::SetCoefficients(grpc::CallbackServerCont
   vamp.costs.t_sched_micros = request->t_sched_us();
   vamp.costs.t_queue_micros = request->t_queue_us();
   vamp.costs.c_eff_micros = request->c_eff_us();
-  vamp.expansion_step_groups = request->expansion_step_groups();
+  vamp.offload_step_groups = request->offload_step_groups();
   if (absl::Status s = vamp.Validate(); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
@@ -255,11 +255,11 @@ grpc::ServerUnaryReactor* AdminService::ListDecisions(grpc::CallbackServerContex
       d->set_step_id(r.step);
       d->set_gap_blocks(r.gap_blocks);
       d->set_cost_evict_us(r.plan.costs.evict_micros);
-      d->set_cost_offload_us(r.plan.costs.expand_micros);
+      d->set_cost_offload_us(r.plan.costs.offload_micros);
       d->set_cost_preempt_us(r.plan.costs.preempt_micros);
       d->set_cost_combined_us(r.plan.costs.combined_micros);
       d->set_action(r.plan.choice);
-      d->set_groups(r.plan.expand_groups);
+      d->set_groups(r.plan.offload_groups);
       d->set_evicted_blocks(r.blocks_evicted);
       d->set_preempted_requests(r.requests_preempted);
       if (r.restore_groups > 0) d->set_groups(-r.restore_groups);

@@ -172,12 +172,12 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* 
                                                                    ServingEngineOptions options) {
   std::unique_ptr<ServingEngine> engine(new ServingEngine(group, std::move(options)));
   ServingEngine* e = engine.get();
-  e->expander_ = std::make_unique<RemoteExpander>(group, [e] { return e->NextStepId(); });
-  e->expander_->SetGeometry(e->options_.experts_per_group, e->options_.experts_per_layer);
-  e->expander_->SetLimits(e->options_.report_limits);
-  if (absl::Status s = e->expander_->Refresh(); !s.ok()) return s;
+  e->offloader_ = std::make_unique<RemoteOffloader>(group, [e] { return e->NextStepId(); });
+  e->offloader_->SetGeometry(e->options_.experts_per_group, e->options_.experts_per_layer);
+  e->offloader_->SetLimits(e->options_.report_limits);
+  if (absl::Status s = e->offloader_->Refresh(); !s.ok()) return s;
   SchedulerConfig config = e->options_.scheduler;
-  config.num_blocks = static_cast<int32_t>(e->expander_->kv_blocks());
+  config.num_blocks = static_cast<int32_t>(e->offloader_->kv_blocks());
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<MemoryArbiter> arbiter,
                         CreateArbiter(e->options_.arbiter, e->options_.vamp));
   {
@@ -186,13 +186,12 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* 
     e->vamp_config_ = e->options_.vamp;
   }
   e->vamp_arbiter_ = dynamic_cast<VampArbiter*>(arbiter.get());
-  VAMP_ASSIGN_OR_RETURN(
-      e->scheduler_,
-      Scheduler::Create(config, &SteadyClock::Get(), std::move(arbiter), e->expander_.get()));
-  VAMP_LOG(INFO) << "serving engine: " << config.num_blocks << " KV blocks of "
-                 << config.block_size << " tokens, arbiter " << e->scheduler_->arbiter().name()
-                 << ", up to " << e->expander_->max_groups() << " expert groups offloadable ("
-                 << e->expander_->BlocksPerGroup() << " blocks each)";
+  VAMP_ASSIGN_OR_RETURN(e->scheduler_, Scheduler::Create(config, &SteadyClock::Get(),
+                                                         std::move(arbiter), e->offloader_.get()));
+  VAMP_LOG(INFO) << "serving engine: " << config.num_blocks << " KV blocks of " << config.block_size
+                 << " tokens, arbiter " << e->scheduler_->arbiter().name() << ", up to "
+                 << e->offloader_->max_groups() << " expert groups offloadable ("
+                 << e->offloader_->BlocksPerGroup() << " blocks each)";
   e->PublishSnapshot();
   e->thread_ = std::thread([e] { e->Loop(); });
   return engine;
@@ -376,22 +375,22 @@ void ServingEngine::RunCommands() {
 
 std::optional<absl::Status> ServingEngine::Remap(int32_t groups) {
   if (groups > 0) {
-    if (groups > expander_->RemainingGroups()) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot offload ", groups, " groups: ",
-                                                        expander_->RemainingGroups(),
+    if (groups > offloader_->RemainingGroups()) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot offload ", groups,
+                                                        " groups: ", offloader_->RemainingGroups(),
                                                         " remain under the cap"));
     }
-    absl::StatusOr<int32_t> added = expander_->Expand(groups);
+    absl::StatusOr<int32_t> added = offloader_->Offload(groups);
     if (!added.ok()) return added.status();
     return scheduler_->GrowPool(*added);
   }
   groups = -groups;
-  if (groups > expander_->offloaded_groups()) {
+  if (groups > offloader_->offloaded_groups()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cannot restore ", groups, " groups: ", expander_->offloaded_groups(), " are offloaded"));
+        "cannot restore ", groups, " groups: ", offloader_->offloaded_groups(), " are offloaded"));
   }
   if (!scheduler_->pool().shrink_pending()) {
-    if (absl::Status s = scheduler_->BeginShrinkPool(expander_->BlocksToRelease(groups));
+    if (absl::Status s = scheduler_->BeginShrinkPool(offloader_->BlocksRemovedByRestore(groups));
         !s.ok()) {
       return s;
     }
@@ -510,7 +509,7 @@ void ServingEngine::RunStep() {
       (decoding ? timing.decode_tokens : timing.prefill_tokens) += c.num_scheduled_tokens;
     }
     timing.offloaded_experts_per_layer =
-        expander_->offloaded_groups() * expander_->ExpertsPerGroup();
+        offloader_->offloaded_groups() * offloader_->ExpertsPerGroup();
     timing.end_micros = SteadyClock::Get().NowMicros();
     vamp_arbiter_->ObserveStep(timing);
   }
@@ -617,11 +616,11 @@ void ServingEngine::PublishSnapshot() {
                                              : static_cast<double>(stats.num_used_blocks) /
                                                    stats.num_blocks);
   metrics.kv_blocks.Set(stats.num_blocks);
-  metrics.offloaded_groups.Set(expander_->offloaded_groups());
-  metrics.offload_ratio.Set(expander_->max_groups() == 0
+  metrics.offloaded_groups.Set(offloader_->offloaded_groups());
+  metrics.offload_ratio.Set(offloader_->max_groups() == 0
                                 ? 0.0
-                                : static_cast<double>(expander_->offloaded_groups()) /
-                                      expander_->max_groups());
+                                : static_cast<double>(offloader_->offloaded_groups()) /
+                                      offloader_->max_groups());
   // Counters are cumulative in the scheduler; the Prometheus counters follow by the difference.
   auto follow = [](prometheus::Counter& counter, int64_t total) {
     const double delta = static_cast<double>(total) - counter.Value();
@@ -651,7 +650,7 @@ void ServingEngine::PublishSnapshot() {
   q->set_waiting(stats.num_waiting - stats.num_waiting_preempted);
   q->set_preempted(stats.num_waiting_preempted);
   q->set_finished_total(c.num_finished + c.num_aborted);
-  s.set_offloaded_groups(expander_->offloaded_groups());
+  s.set_offloaded_groups(offloader_->offloaded_groups());
   s.set_offload_ratio(metrics.offload_ratio.Value());
   absl::MutexLock lock(&mu_);
   snapshot_ = std::move(s);

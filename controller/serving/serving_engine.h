@@ -1,7 +1,7 @@
 // ServingEngine: the controller's engine loop. One thread owns the Scheduler and drives the agent
 // group step by step: it admits submitted requests, plans a step, sends it to every rank, applies
 // the sampled tokens and hands each request's new tokens to its sink. Memory pressure reaches the
-// arbiter inside Schedule(); an offload it chooses becomes a synchronized remap (RemoteExpander).
+// arbiter inside Schedule(); an offload it chooses becomes a synchronized remap (RemoteOffloader).
 //
 // Threads: Submit/Abort/ForceRemap/Drain/Snapshot are thread-safe and never block on a step; sinks
 // run on the engine thread and must not block (they queue to their client).
@@ -31,7 +31,7 @@
 #include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/scheduler.h"
 #include "controller/serving/agent_group.h"
-#include "controller/serving/remote_expander.h"
+#include "controller/serving/remote_offloader.h"
 #include "controller/serving/serving_request.h"
 #include "vamp/v1/admin.pb.h"
 
@@ -166,11 +166,11 @@ class ServingEngine {
   AgentGroup* group_;
   ServingEngineOptions options_;
   std::unique_ptr<ServingSeries> series_;
-  std::unique_ptr<RemoteExpander> expander_;
+  std::unique_ptr<RemoteOffloader> offloader_;
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
   VampArbiter* vamp_arbiter_ = nullptr;    // the scheduler's arbiter when it is the cost model
   absl::flat_hash_map<RequestId, Live> live_;  // engine thread only
-  int64_t next_step_id_ = 1;  // engine thread only (and the expander, called from it)
+  int64_t next_step_id_ = 1;  // engine thread only (and the offloader, called from it)
 
   std::atomic<bool> healthy_{true};
   std::atomic<bool> draining_{false};

@@ -110,19 +110,19 @@ TEST(RankRemapperTest, OffloadRestoreAndRollbackMoveTheUsableBlocks) {
   ASSERT_TRUE(remapper.Apply(0, offload).ok());
   EXPECT_EQ(remapper.usable_blocks(), capacity.kv_blocks_after());
   EXPECT_EQ(rank->runner->kv_cache().num_blocks, capacity.kv_blocks_after());
-  EXPECT_EQ(rank->memory.repartitioner->offloaded_groups(), 2);
+  EXPECT_EQ(rank->memory.page_remapper->offloaded_groups(), 2);
 
   ASSERT_TRUE(remapper.Rollback("r1").ok());
   EXPECT_EQ(remapper.usable_blocks(), baseline);
   EXPECT_EQ(rank->runner->kv_cache().num_blocks, baseline);
-  EXPECT_EQ(rank->memory.repartitioner->offloaded_groups(), 0);
+  EXPECT_EQ(rank->memory.page_remapper->offloaded_groups(), 0);
   EXPECT_TRUE(remapper.Rollback("r1").ok()) << "a remap this rank does not know: nothing to undo";
 
   offload.set_num_groups(0);
   const absl::Status bad = remapper.Apply(3, offload);
   EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
   EXPECT_THAT(bad.message(), HasSubstr("remaps[3] (remap_id 'r1'): num_groups must be >= 1"));
-  EXPECT_TRUE(rank->memory.repartitioner->Audit().ok());
+  EXPECT_TRUE(rank->memory.page_remapper->Audit().ok());
 }
 
 }  // namespace

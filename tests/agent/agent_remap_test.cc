@@ -30,7 +30,7 @@ TEST(AgentTest, OffloadMidDecodeThenRestoreKeepsTokens) {
     controller.Apply(*r);
   }
 
-  // Offload 3 groups between two decode steps, as the controller's RemoteExpander does.
+  // Offload 3 groups between two decode steps, as the controller's RemoteOffloader does.
   vamp::v1::CapacityResponse capacity;
   ASSERT_TRUE(client.Capacity(3, &capacity).ok());
   EXPECT_EQ(capacity.kv_blocks_now(), baseline);

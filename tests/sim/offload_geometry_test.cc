@@ -1,9 +1,9 @@
 // The simulator's restatement of the expert/KV geometry against shared/DESIGN.md's numbers, and
-// the simulated expander built on it.
+// the simulated offloader built on it.
 #include "sim/offload_geometry.h"
 
 #include "gtest/gtest.h"
-#include "sim/sim_expander.h"
+#include "sim/sim_offloader.h"
 
 namespace vamp::sim {
 namespace {
@@ -64,25 +64,25 @@ TEST(OffloadGeometryTest, BadOptionsNameTheOption) {
   EXPECT_FALSE(ComputeOffloadGeometry(SimModelShape{}, o).ok());
 }
 
-TEST(SimPoolExpanderTest, ExpandsRestoresAndChargesRemapTime) {
+TEST(SimOffloaderTest, OffloadsRestoresAndChargesRemapTime) {
   const OffloadGeometry g = NextTp2(0.15);
   RemapCosts costs;
   costs.per_group_layer_micros = 100;
   costs.h2d_bytes_per_s = 6e9;
-  SimPoolExpander x(g, costs);
+  SimOffloader x(g, costs);
   EXPECT_EQ(x.RemainingGroups(), 38);
   EXPECT_EQ(x.BlocksPerGroup(), 1504);
   EXPECT_EQ(x.ExpertsPerGroup(), 2);
   EXPECT_EQ(x.ExpertsPerLayer(), 512);
-  absl::StatusOr<int32_t> added = x.Expand(4);
+  absl::StatusOr<int32_t> added = x.Offload(4);
   ASSERT_TRUE(added.ok());
   EXPECT_EQ(*added, 4 * 1504);
   EXPECT_EQ(x.offloaded_experts_per_layer(), 8);
   EXPECT_EQ(x.OffloadedGroups(), 4);
   EXPECT_DOUBLE_EQ(x.TakeRemapMicros(), 4 * 47 * 100.0);
   EXPECT_DOUBLE_EQ(x.TakeRemapMicros(), 0);
-  EXPECT_FALSE(x.Expand(35).ok());  // 34 left
-  EXPECT_EQ(x.BlocksToRelease(2), 2 * 1504);
+  EXPECT_FALSE(x.Offload(35).ok());  // 34 left
+  EXPECT_EQ(x.BlocksRemovedByRestore(2), 2 * 1504);
   ASSERT_TRUE(x.Restore(2, {}).ok());
   EXPECT_EQ(x.OffloadedGroups(), 2);
   // Remap plus copying 2 × 47 groups of 6 MiB back at 6 GB/s.

@@ -105,7 +105,7 @@ TEST(SimulatorTest, VampAvoidsTheCliffTheStaticArbiterFallsOff) {
   EXPECT_GT(vamp.max_groups, 0);
   EXPECT_LE(vamp.max_groups, vamp.geometry.max_groups);
   EXPECT_GT(vamp.max_blocks, vamp.base_blocks);
-  EXPECT_GE(vamp.decisions.at("expand"), 1);
+  EXPECT_GE(vamp.decisions.at("offload"), 1);
   // The staging of offloaded experts is VAMP's price: slower decode.
   EXPECT_GT(vamp.MeanTpotMs(), base.MeanTpotMs());
   EXPECT_GT(vamp.exposed_copy_s, 0);
@@ -119,7 +119,7 @@ TEST(SimulatorTest, BelowTheCliffVampNeverOffloads) {
   const SimResult vamp = Simulated(w, "vamp-25");
   EXPECT_EQ(vamp.max_groups, 0);
   EXPECT_EQ(vamp.max_blocks, vamp.base_blocks);
-  EXPECT_EQ(vamp.counters.num_expansions, 0);
+  EXPECT_EQ(vamp.counters.num_offloads, 0);
   EXPECT_EQ(vamp.exposed_copy_s, 0);
   EXPECT_EQ(vamp.counters.num_preemptions, 0);
   // Without pressure both policies behave alike.
@@ -135,7 +135,7 @@ TEST(SimulatorTest, DeterministicAcrossRuns) {
   EXPECT_EQ(a.tpot_ms, b.tpot_ms);
   EXPECT_EQ(a.steps, b.steps);
   EXPECT_EQ(a.decisions, b.decisions);
-  EXPECT_EQ(a.counters.num_expanded_blocks, b.counters.num_expanded_blocks);
+  EXPECT_EQ(a.counters.num_offloaded_blocks, b.counters.num_offloaded_blocks);
 }
 
 TEST(SimulatorTest, ExtensionsRunAndRestoreGivesExpertsBack) {

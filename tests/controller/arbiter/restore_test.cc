@@ -17,14 +17,14 @@ using testing::Harness;
 using testing::Iota;
 using testing::Spec;
 
-// Expands and restores whole groups of `blocks_per_group`.
-class RestorableExpander : public PoolExpander {
+// Offloads and restores whole groups of `blocks_per_group`.
+class RestorableOffloader : public ExpertOffloader {
  public:
-  RestorableExpander(int32_t groups, int32_t blocks_per_group)
+  RestorableOffloader(int32_t groups, int32_t blocks_per_group)
       : limit_(groups), blocks_per_group_(blocks_per_group) {}
   int32_t RemainingGroups() const override { return limit_ - offloaded_; }
   int32_t BlocksPerGroup() const override { return blocks_per_group_; }
-  absl::StatusOr<int32_t> Expand(int32_t groups) override {
+  absl::StatusOr<int32_t> Offload(int32_t groups) override {
     offloaded_ += groups;
     return groups * blocks_per_group_;
   }
@@ -47,24 +47,24 @@ class RestorableExpander : public PoolExpander {
   int32_t offloaded_ = 0;
 };
 
-// Expands by one group per gap (cancelling a pending restore first); asks for `restore` groups
+// Offloads one group per gap (cancelling a pending restore first); asks for `restore` groups
 // back at the next step boundary.
 class ScriptedArbiter : public MemoryArbiter {
  public:
   absl::string_view name() const override { return "scripted"; }
   ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) override {
     ArbiterPlan plan;
-    if (context.expansion().restore_pending) {
+    if (context.offload().restore_pending) {
       plan.cancel_restore = true;
       plan.choice = "cancel-restore";
-    } else if (context.expansion().available && context.expansion().remaining_groups > 0) {
-      plan.expand_groups = 1;
-      plan.choice = "expand";
+    } else if (context.offload().available && context.offload().remaining_groups > 0) {
+      plan.offload_groups = 1;
+      plan.choice = "offload";
     }
     return plan;
   }
   int32_t OnStepBoundary(const ArbiterContext& context) override {
-    last_offloaded = context.expansion().offloaded_groups;
+    last_offloaded = context.offload().offloaded_groups;
     const int32_t r = restore;
     restore = 0;
     return r;
@@ -100,18 +100,18 @@ SchedulerConfig SmallConfig() {
 }
 
 TEST(RestoreTest, RestoreCommitsOnceTheTailIsFree) {
-  RestorableExpander expander(4, 4);
+  RestorableOffloader offloader(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
-  Harness h(SmallConfig(), std::move(owned), &expander);
-  expander.agent = &h.agent();
+  Harness h(SmallConfig(), std::move(owned), &offloader);
+  offloader.agent = &h.agent();
   // Two 12-token prompts need 6 blocks, plus decode: the pool grows by a group.
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(12), 2)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(12, 100), 2)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(3, Iota(8, 200), 2)).ok());
   h.RunToCompletion();
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 12);
-  EXPECT_EQ(expander.OffloadedGroups(), 1);
+  EXPECT_EQ(offloader.OffloadedGroups(), 1);
 
   arbiter->restore = 1;
   h.Step();  // begins: the tail (blocks 8..11) is free, so it is withdrawn at once
@@ -125,8 +125,8 @@ TEST(RestoreTest, RestoreCommitsOnceTheTailIsFree) {
   h.Step();                                             // commits
   EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 8);
-  EXPECT_EQ(expander.restores, 1);
-  EXPECT_EQ(expander.OffloadedGroups(), 0);
+  EXPECT_EQ(offloader.restores, 1);
+  EXPECT_EQ(offloader.OffloadedGroups(), 0);
   const SchedulerCounters& c = h.scheduler().counters();
   EXPECT_EQ(c.num_restores_started, 1);
   EXPECT_EQ(c.num_restores, 1);
@@ -157,11 +157,11 @@ SchedulerConfig LongerConfig() {
 }
 
 TEST(RestoreTest, GapCancelsAPendingRestore) {
-  RestorableExpander expander(4, 4);
+  RestorableOffloader offloader(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
-  Harness h(LongerConfig(), std::move(owned), &expander);
-  expander.agent = &h.agent();
+  Harness h(LongerConfig(), std::move(owned), &offloader);
+  offloader.agent = &h.agent();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
   // A fourth request needs blocks: the gap cancels the restore and the withdrawn blocks serve it.
@@ -173,17 +173,17 @@ TEST(RestoreTest, GapCancelsAPendingRestore) {
   EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
   EXPECT_EQ(h.scheduler().counters().num_restores_cancelled, 1);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 12);
-  EXPECT_EQ(expander.restores, 0);
+  EXPECT_EQ(offloader.restores, 0);
   h.RunToCompletion();
   EXPECT_EQ(h.scheduler().counters().num_finished, 4);
 }
 
 TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
-  RestorableExpander expander(4, 4);
+  RestorableOffloader offloader(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
-  Harness h(LongerConfig(), std::move(owned), &expander);
-  expander.agent = &h.agent();
+  Harness h(LongerConfig(), std::move(owned), &offloader);
+  offloader.agent = &h.agent();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
   arbiter->preempt_holders = true;
@@ -193,11 +193,11 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
   EXPECT_EQ(h.scheduler().step_decisions()[0].requests_preempted, 1);
   // The agents learn of the preemption with the restore, before they unmap the tail the holder
   // used; the step after it does not repeat it.
-  EXPECT_EQ(expander.last_releases.preempted, std::vector<RequestId>{3});
+  EXPECT_EQ(offloader.last_releases.preempted, std::vector<RequestId>{3});
   EXPECT_TRUE(s.plan.preempted_ids.empty());
   EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 8);
-  EXPECT_EQ(expander.restores, 1);
+  EXPECT_EQ(offloader.restores, 1);
   EXPECT_EQ(h.scheduler().counters().num_preemptions, 1);
   EXPECT_TRUE(h.scheduler().CheckInvariants().ok());
   arbiter->preempt_holders = false;
@@ -208,41 +208,41 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
 // The restore commits at the boundary after the holder's last step, before any step request has
 // told the agents it finished: the restore carries that, and the next plan does not repeat it.
 TEST(RestoreTest, RequestsFinishedSinceTheLastPlanRideOnTheRestore) {
-  RestorableExpander expander(4, 4);
+  RestorableOffloader offloader(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
-  Harness h(LongerConfig(), std::move(owned), &expander);
-  expander.agent = &h.agent();
+  Harness h(LongerConfig(), std::move(owned), &offloader);
+  offloader.agent = &h.agent();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
-  for (int i = 0; i < 10 && expander.restores == 0; ++i) {
+  for (int i = 0; i < 10 && offloader.restores == 0; ++i) {
     auto s = h.Step();
-    if (expander.restores == 1) {
-      EXPECT_THAT(expander.last_releases.finished, ::testing::Contains(3));
+    if (offloader.restores == 1) {
+      EXPECT_THAT(offloader.last_releases.finished, ::testing::Contains(3));
       EXPECT_THAT(s.plan.finished_ids, ::testing::Not(::testing::Contains(3)));
     }
   }
-  ASSERT_EQ(expander.restores, 1);
-  EXPECT_TRUE(expander.last_releases.preempted.empty());
+  ASSERT_EQ(offloader.restores, 1);
+  EXPECT_TRUE(offloader.last_releases.preempted.empty());
   h.RunToCompletion();
   EXPECT_EQ(h.scheduler().counters().num_finished, 3);
 }
 
 TEST(RestoreTest, VampArbiterRestoresAfterPressureAndLogsIt) {
   VampArbiterConfig config = testing::PaperArbiterConfig();
-  config.expansion_step_groups = 1;
+  config.offload_step_groups = 1;
   config.restore.enabled = true;
   config.restore.quiet_steps = 5;
   config.restore.cold_age_steps = 3;
   config.restore.check_interval_steps = 1;
   config.costs.c_eff_micros = 0.01;                      // offloading is always cheapest here,
   config.restore.benefit_horizon_steps = 1'000'000'000;  // and so is restoring
-  RestorableExpander expander(4, 4);
-  Harness h(SmallConfig(), std::make_unique<VampArbiter>(config), &expander);
-  expander.agent = &h.agent();
+  RestorableOffloader offloader(4, 4);
+  Harness h(SmallConfig(), std::make_unique<VampArbiter>(config), &offloader);
+  offloader.agent = &h.agent();
   DecisionLog log(16);
   SchedulerConfig c = SmallConfig();
-  // Turn 1 of three sessions, then their second turns: reuse makes the arbiter expand.
+  // Turn 1 of three sessions, then their second turns: reuse makes the arbiter offload.
   for (RequestId id = 1; id <= 3; ++id) {
     ASSERT_TRUE(h.scheduler().AddRequest(Spec(id, Iota(8, 100 * id), 4)).ok());
   }
@@ -258,18 +258,18 @@ TEST(RestoreTest, VampArbiterRestoresAfterPressureAndLogsIt) {
     h.Step();
     log.AppendAll(h.clock().NowMicros(), h.scheduler().step_decisions());
   }
-  const int32_t expanded = expander.OffloadedGroups();
-  ASSERT_GT(expanded, 0) << "the workload should have needed an expansion";
+  const int32_t offloaded = offloader.OffloadedGroups();
+  ASSERT_GT(offloaded, 0) << "the workload should have needed an offload";
   // Idle steps: once quiet and the cached blocks are cold, groups go back one at a time.
   for (int i = 0; i < 60; ++i) {
     h.scheduler().Schedule().IgnoreError();  // nothing runs: empty plans
     log.AppendAll(h.clock().NowMicros(), h.scheduler().step_decisions());
   }
-  EXPECT_EQ(expander.OffloadedGroups(), 0);
+  EXPECT_EQ(offloader.OffloadedGroups(), 0);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), c.num_blocks);
   const DecisionCounts counts = log.Counts();
-  EXPECT_EQ(counts.by_choice.at("restore"), expanded);
-  EXPECT_GE(counts.by_choice.at("expand"), 1);
+  EXPECT_EQ(counts.by_choice.at("restore"), offloaded);
+  EXPECT_GE(counts.by_choice.at("offload"), 1);
   EXPECT_TRUE(h.scheduler().CheckInvariants().ok());
 }
 

@@ -30,7 +30,7 @@ class FakeAgent {
 
   // Applies the plan; returns the tokens sampled, or an error describing a contract violation.
   absl::StatusOr<StepOutput> Execute(const StepPlan& plan, int32_t block_size);
-  // Applies releases a restore delivered before `step` (PoolExpander::Restore), as a plan's
+  // Applies releases a restore delivered before `step` (ExpertOffloader::Restore), as a plan's
   // finished and preempted ids.
   absl::Status Release(int64_t step, const PendingReleases& releases);
 

@@ -1,6 +1,6 @@
 // Randomised property tests: random configurations, workloads, aborts (also while a step is in
 // flight), pool growth and shrink, and both the static arbiter and a random one that exercises
-// every arbiter action (preempting any running request, evicting arbitrary amounts, expanding).
+// every arbiter action (preempting any running request, evicting arbitrary amounts, offloading).
 // After every step:
 //  - pool and scheduler invariants hold (reference counts equal block-table holders; no block both
 //    free and in use; used + free + withdrawn = total; LRU order; cache map consistent);
@@ -26,13 +26,13 @@ namespace {
 
 using testing::FakeAgent;
 
-class RandomExpander : public PoolExpander {
+class RandomOffloader : public ExpertOffloader {
  public:
-  RandomExpander(int32_t groups, int32_t blocks_per_group)
+  RandomOffloader(int32_t groups, int32_t blocks_per_group)
       : groups_(groups), blocks_per_group_(blocks_per_group) {}
   int32_t RemainingGroups() const override { return groups_; }
   int32_t BlocksPerGroup() const override { return blocks_per_group_; }
-  absl::StatusOr<int32_t> Expand(int32_t groups) override {
+  absl::StatusOr<int32_t> Offload(int32_t groups) override {
     EXPECT_LE(groups, groups_);
     groups_ -= groups;
     return groups * blocks_per_group_;
@@ -65,8 +65,8 @@ class RandomArbiter : public MemoryArbiter {
         }
         break;
       case 3:
-        if (context.expansion().available && context.expansion().remaining_groups > 0) {
-          plan.expand_groups = 1 + static_cast<int32_t>(rng_() % 2);
+        if (context.offload().available && context.offload().remaining_groups > 0) {
+          plan.offload_groups = 1 + static_cast<int32_t>(rng_() % 2);
         }
         plan.evict_blocks = static_cast<int32_t>(rng_() % 2);
         break;
@@ -87,7 +87,7 @@ struct Coverage {
   int64_t resumes = 0;
   int64_t hit_tokens = 0;
   int64_t evictions = 0;
-  int64_t expansions = 0;
+  int64_t offloads = 0;
   int64_t aborts = 0;
   int64_t in_flight_aborts = 0;
   int64_t shrink_commits = 0;
@@ -120,10 +120,10 @@ class PropertyRun {
       arbiter = std::make_unique<StaticArbiter>();
     } else {
       arbiter = std::make_unique<RandomArbiter>(seed_);
-      expander_ = std::make_unique<RandomExpander>(static_cast<int32_t>(rng_() % 20),
-                                                   1 + static_cast<int32_t>(rng_() % 4));
+      offloader_ = std::make_unique<RandomOffloader>(static_cast<int32_t>(rng_() % 20),
+                                                     1 + static_cast<int32_t>(rng_() % 4));
     }
-    auto s = Scheduler::Create(c, &clock_, std::move(arbiter), expander_.get());
+    auto s = Scheduler::Create(c, &clock_, std::move(arbiter), offloader_.get());
     ASSERT_TRUE(s.ok()) << s.status();
     sched_ = std::move(s).value();
     agent_ = std::make_unique<FakeAgent>([this](RequestId id, int32_t pos) {
@@ -160,7 +160,7 @@ class PropertyRun {
     coverage_.resumes = k.num_resumed;
     coverage_.hit_tokens = k.prefix_cache.hit_tokens + k.prefix_cache.preempted_hit_tokens;
     coverage_.evictions = k.num_evicted_blocks;
-    coverage_.expansions = k.num_expansions;
+    coverage_.offloads = k.num_offloads;
     coverage_.aborts = k.num_aborted;
     coverage_.finished = k.num_finished;
   }
@@ -314,7 +314,7 @@ class PropertyRun {
   SchedulerConfig config_;
   BlockHasher hasher_;
   ManualClock clock_;
-  std::unique_ptr<RandomExpander> expander_;
+  std::unique_ptr<RandomOffloader> offloader_;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<FakeAgent> agent_;
   std::vector<std::vector<TokenId>> prefixes_;
@@ -343,7 +343,7 @@ TEST(SchedulerPropertyCoverageTest, RandomWorkloadsReachEveryPath) {
     total.resumes += c.resumes;
     total.hit_tokens += c.hit_tokens;
     total.evictions += c.evictions;
-    total.expansions += c.expansions;
+    total.offloads += c.offloads;
     total.aborts += c.aborts;
     total.in_flight_aborts += c.in_flight_aborts;
     total.shrink_commits += c.shrink_commits;
@@ -353,14 +353,14 @@ TEST(SchedulerPropertyCoverageTest, RandomWorkloadsReachEveryPath) {
   EXPECT_GT(total.resumes, 20);
   EXPECT_GT(total.hit_tokens, 1000);
   EXPECT_GT(total.evictions, 20);
-  EXPECT_GT(total.expansions, 5);
+  EXPECT_GT(total.offloads, 5);
   EXPECT_GT(total.aborts, 20);
   EXPECT_GT(total.in_flight_aborts, 5);
   EXPECT_GT(total.shrink_commits, 5);
   EXPECT_GT(total.finished, 500);
   std::cout << "coverage over 20 seeds: preemptions " << total.preemptions << ", resumes "
             << total.resumes << ", hit tokens " << total.hit_tokens << ", evictions "
-            << total.evictions << ", expansions " << total.expansions << ", aborts " << total.aborts
+            << total.evictions << ", offloads " << total.offloads << ", aborts " << total.aborts
             << " (in flight " << total.in_flight_aborts << "), shrink commits "
             << total.shrink_commits << ", finished " << total.finished << "\n";
 }

@@ -426,14 +426,14 @@ TEST(SchedulerTest, WithoutChunkedPrefillAPromptWaitsForAWholeBudget) {
   EXPECT_EQ(s2.plan.new_requests[0].num_scheduled_tokens, 10);
 }
 
-// Expands by whole groups of `blocks_per_group`.
-class FakeExpander : public PoolExpander {
+// Offloads whole groups of `blocks_per_group`.
+class FakeOffloader : public ExpertOffloader {
  public:
-  FakeExpander(int32_t groups, int32_t blocks_per_group)
+  FakeOffloader(int32_t groups, int32_t blocks_per_group)
       : groups_(groups), blocks_per_group_(blocks_per_group) {}
   int32_t RemainingGroups() const override { return groups_; }
   int32_t BlocksPerGroup() const override { return blocks_per_group_; }
-  absl::StatusOr<int32_t> Expand(int32_t groups) override {
+  absl::StatusOr<int32_t> Offload(int32_t groups) override {
     groups_ -= groups;
     ++calls;
     return groups * blocks_per_group_;
@@ -445,52 +445,52 @@ class FakeExpander : public PoolExpander {
   int32_t blocks_per_group_;
 };
 
-// Covers every gap by expansion alone.
-class ExpandingArbiter : public MemoryArbiter {
+// Covers every gap by offloading alone.
+class OffloadingArbiter : public MemoryArbiter {
  public:
-  absl::string_view name() const override { return "expand-only"; }
+  absl::string_view name() const override { return "offload-only"; }
   ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) override {
     ArbiterPlan plan;
-    const ExpansionInfo& e = context.expansion();
+    const OffloadState& e = context.offload();
     if (e.available && e.blocks_per_group > 0) {
-      plan.expand_groups = (gap.blocks + e.blocks_per_group - 1) / e.blocks_per_group;
-      plan.choice = "expand";
+      plan.offload_groups = (gap.blocks + e.blocks_per_group - 1) / e.blocks_per_group;
+      plan.choice = "offload";
     }
     return plan;
   }
 };
 
-TEST(SchedulerTest, ArbiterExpansionGrowsThePool) {
+TEST(SchedulerTest, ArbiterOffloadGrowsThePool) {
   SchedulerConfig c;
   c.block_size = 4;
   c.num_blocks = 4;
   c.max_num_batched_tokens = 64;
   c.max_model_len = 16;
-  FakeExpander expander(10, 2);
-  Harness h(c, std::make_unique<ExpandingArbiter>(), &expander);
+  FakeOffloader offloader(10, 2);
+  Harness h(c, std::make_unique<OffloadingArbiter>(), &offloader);
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(12), 1)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(12, 100), 1)).ok());
   auto s = h.Step();
   EXPECT_EQ(s.plan.new_requests.size(), 2u);
   EXPECT_EQ(s.plan.num_blocks, 6);
-  EXPECT_EQ(expander.calls, 1);
+  EXPECT_EQ(offloader.calls, 1);
   ASSERT_EQ(h.scheduler().step_decisions().size(), 1u);
   const ArbiterRecord& rec = h.scheduler().step_decisions()[0];
   EXPECT_EQ(rec.requester, 2u);
   EXPECT_FALSE(rec.requester_running);
   EXPECT_EQ(rec.gap_blocks, 2);
   EXPECT_EQ(rec.blocks_added, 2);
-  EXPECT_EQ(rec.plan.choice, "expand");
-  EXPECT_EQ(h.scheduler().counters().num_expanded_blocks, 2);
+  EXPECT_EQ(rec.plan.choice, "offload");
+  EXPECT_EQ(h.scheduler().counters().num_offloaded_blocks, 2);
 }
 
-TEST(SchedulerTest, ExpansionWithoutAnExpanderMakesTheRequestWait) {
+TEST(SchedulerTest, OffloadWithoutAnOffloaderMakesTheRequestWait) {
   SchedulerConfig c;
   c.block_size = 4;
   c.num_blocks = 4;
   c.max_num_batched_tokens = 64;
   c.max_model_len = 16;
-  Harness h(c, std::make_unique<ExpandingArbiter>());
+  Harness h(c, std::make_unique<OffloadingArbiter>());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(12), 1)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(12, 100), 1)).ok());
   auto s = h.Step();
@@ -499,7 +499,7 @@ TEST(SchedulerTest, ExpansionWithoutAnExpanderMakesTheRequestWait) {
   ASSERT_EQ(h.scheduler().step_decisions().size(), 1u);
   EXPECT_TRUE(h.scheduler().step_decisions()[0].plan.empty());
   // Request 1 finishes, but its 3 full blocks stay cached and this arbiter neither evicts nor
-  // expands: request 2 keeps waiting with a gap of 2.
+  // offloads: request 2 keeps waiting with a gap of 2.
   for (int i = 0; i < 4; ++i) h.Step();
   EXPECT_EQ(h.scheduler().counters().num_finished, 1);
   EXPECT_EQ(h.scheduler().num_waiting(), 1);
@@ -515,7 +515,7 @@ TEST(SchedulerTest, StalledRunningRequestBlocksNewAdmissions) {
   c.max_num_batched_tokens = 64;
   c.max_model_len = 16;
   c.long_prefill_token_threshold = 8;
-  Harness h(c, std::make_unique<ExpandingArbiter>());  // no expander: it can only say "wait"
+  Harness h(c, std::make_unique<OffloadingArbiter>());  // no offloader: it can only say "wait"
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(15), 1)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(8, 100), 5)).ok());
   EXPECT_EQ(h.Step().plan.new_requests.size(), 2u);                      // 2 + 2 blocks, 1 free

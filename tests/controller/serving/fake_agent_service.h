@@ -1,5 +1,5 @@
 // In-process stand-ins for vamp-agents, for unit tests of the controller's serving layer
-// (ServingEngine, RemoteExpander, and the frontends over them) without agent processes or a
+// (ServingEngine, RemoteOffloader, and the frontends over them) without agent processes or a
 // model. FakeAgentService speaks agent.proto's Agent service the way an agent does at the level
 // the controller can observe: Init reports a memory plan, Capacity reports what n more or fewer
 // offloaded groups would leave, Step applies rollbacks and remaps (each rank up to the

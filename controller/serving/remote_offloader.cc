@@ -1,4 +1,4 @@
-#include "controller/serving/remote_expander.h"
+#include "controller/serving/remote_offloader.h"
 
 #include <algorithm>
 
@@ -7,10 +7,10 @@
 
 namespace vamp {
 
-RemoteExpander::RemoteExpander(AgentGroup* group, std::function<int64_t()> next_step_id)
+RemoteOffloader::RemoteOffloader(AgentGroup* group, std::function<int64_t()> next_step_id)
     : group_(group), next_step_id_(std::move(next_step_id)) {}
 
-absl::Status RemoteExpander::Refresh() {
+absl::Status RemoteOffloader::Refresh() {
   absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> now = group_->Capacity(0);
   if (!now.ok()) return now.status();
   absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> one = group_->Capacity(1);
@@ -54,10 +54,9 @@ absl::Status RemoteExpander::Refresh() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> RemoteExpander::Remap(int32_t delta_groups,
-                                              const PendingReleases* releases) {
-  absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> capacity =
-      group_->Capacity(delta_groups);
+absl::StatusOr<int32_t> RemoteOffloader::Remap(int32_t delta_groups,
+                                               const PendingReleases* releases) {
+  absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> capacity = group_->Capacity(delta_groups);
   if (!capacity.ok()) return capacity.status();
   int64_t target = INT64_MAX;
   for (const auto& c : *capacity) target = std::min(target, c.kv_blocks_after());
@@ -71,8 +70,7 @@ absl::StatusOr<int32_t> RemoteExpander::Remap(int32_t delta_groups,
   command->set_remap_id(absl::StrCat("remap-", ++next_remap_));
   if (releases != nullptr) {
     // Agents drop these before remapping: they may hold blocks of the tail a restore unmaps.
-    remap.mutable_finished_request_ids()->Add(releases->finished.begin(),
-                                              releases->finished.end());
+    remap.mutable_finished_request_ids()->Add(releases->finished.begin(), releases->finished.end());
     remap.mutable_preempted_request_ids()->Add(releases->preempted.begin(),
                                                releases->preempted.end());
   }
@@ -84,8 +82,8 @@ absl::StatusOr<int32_t> RemoteExpander::Remap(int32_t delta_groups,
       rollback.set_step_id(next_step_id_());
       rollback.add_rollback_remap_ids(command->remap_id());
       absl::StatusOr<std::vector<vamp::v1::StepResponse>> undone = group_->Step(rollback);
-      if (!undone.ok()) VAMP_LOG(ERROR) << "rolling back " << command->remap_id() << ": "
-                                        << undone.status();
+      if (!undone.ok())
+        VAMP_LOG(ERROR) << "rolling back " << command->remap_id() << ": " << undone.status();
     }
     VAMP_LOG(ERROR) << "remap of " << delta_groups << " groups failed: " << done.status();
     if (absl::Status s = Refresh(); !s.ok()) VAMP_LOG(ERROR) << "after rollback: " << s;
@@ -98,15 +96,15 @@ absl::StatusOr<int32_t> RemoteExpander::Remap(int32_t delta_groups,
   return static_cast<int32_t>(std::abs(kv_blocks_ - before));
 }
 
-absl::StatusOr<int32_t> RemoteExpander::Expand(int32_t groups) {
+absl::StatusOr<int32_t> RemoteOffloader::Offload(int32_t groups) {
   if (groups <= 0 || groups > RemainingGroups()) {
-    return absl::InvalidArgumentError(absl::StrCat("expand: ", groups, " groups requested, ",
+    return absl::InvalidArgumentError(absl::StrCat("offload: ", groups, " groups requested, ",
                                                    RemainingGroups(), " remain under the cap"));
   }
   return Remap(groups, nullptr);
 }
 
-int32_t RemoteExpander::BlocksToRelease(int32_t groups) const {
+int32_t RemoteOffloader::BlocksRemovedByRestore(int32_t groups) const {
   absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> capacity = group_->Capacity(-groups);
   if (!capacity.ok()) {
     VAMP_LOG(WARNING) << "capacity query for a restore of " << groups
@@ -118,7 +116,7 @@ int32_t RemoteExpander::BlocksToRelease(int32_t groups) const {
   return static_cast<int32_t>(std::max<int64_t>(0, kv_blocks_ - after));
 }
 
-absl::Status RemoteExpander::Restore(int32_t groups, const PendingReleases& releases) {
+absl::Status RemoteOffloader::Restore(int32_t groups, const PendingReleases& releases) {
   if (groups <= 0 || groups > offloaded_groups_) {
     return absl::InvalidArgumentError(absl::StrCat("restore: ", groups, " groups requested, ",
                                                    offloaded_groups_, " are offloaded"));

@@ -1,4 +1,4 @@
-// MemoryRepartitioner: one agent's side of expert <-> KV remapping (shared/DESIGN.md, "Offload",
+// PageRemapper: one agent's side of expert <-> KV remapping (shared/DESIGN.md, "Offload",
 // "Restore"; paper §IV-C, §V-A). Physical pages move between the expert regions and the end of the
 // KV region; no virtual address ever moves.
 //
@@ -18,8 +18,8 @@
 // regions minus the offloaded pages.
 //
 // Thread-safe; remaps are serialised.
-#ifndef VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_
-#define VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_
+#ifndef VAMP_ENGINE_KV_PAGE_REMAPPER_H_
+#define VAMP_ENGINE_KV_PAGE_REMAPPER_H_
 
 #include <cstdint>
 #include <memory>
@@ -46,11 +46,11 @@ struct RemapResult {
   double total_us = 0;
 };
 
-class MemoryRepartitioner {
+class PageRemapper {
  public:
-  // None of the pointers is owned; all must outlive the repartitioner. `experts` and `kv` must use
+  // None of the pointers is owned; all must outlive the page remapper. `experts` and `kv` must use
   // the same pool.
-  MemoryRepartitioner(PagePool* pool, ExpertStore* experts, KvRegion* kv, InFlightFence* fence);
+  PageRemapper(PagePool* pool, ExpertStore* experts, KvRegion* kv, InFlightFence* fence);
 
   int64_t offloaded_groups() const { return experts_->offloaded_groups(); }
   int64_t remaining_groups() const { return experts_->remaining_groups(); }
@@ -79,4 +79,4 @@ class MemoryRepartitioner {
 
 }  // namespace vamp
 
-#endif  // VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_
+#endif  // VAMP_ENGINE_KV_PAGE_REMAPPER_H_

@@ -1,9 +1,9 @@
-// RemoteExpander, the controller's offload driver (controller/serving/remote_expander.h), against
+// RemoteOffloader, the controller's offload driver (controller/serving/remote_offloader.h), against
 // fake agents on loopback: the pool every rank uses is the cross-rank minimum and every remap
 // carries it; a rank whose capacity report is impossible is refused, naming it; a remap that
-// fails on one rank is rolled back on all of them, leaving every rank and the expander where they
+// fails on one rank is rolled back on all of them, leaving every rank and the offloader where they
 // were.
-#include "controller/serving/remote_expander.h"
+#include "controller/serving/remote_offloader.h"
 
 #include <memory>
 #include <string>
@@ -33,16 +33,16 @@ FakeRankSpec Rank(int64_t kv_blocks, int64_t blocks_per_group, int32_t max_group
 
 // Two ranks whose memory differs, as ranks of one group do when their devices differ in free
 // memory: rank 0 has 64 blocks (+8 a group, 4 groups), rank 1 60 (+6 a group, 3 groups).
-class RemoteExpanderTest : public ::testing::Test {
+class RemoteOffloaderTest : public ::testing::Test {
  protected:
-  RemoteExpanderTest()
+  RemoteOffloaderTest()
       : agents_({Rank(64, 8, 4, 1 << 20), Rank(60, 6, 3, 3 << 20)}),
-        expander_(agents_.group(), [this] { return ++step_; }) {}
+        offloader_(agents_.group(), [this] { return ++step_; }) {}
 
   void SetUp() override {
     ASSERT_TRUE(agents_.status().ok()) << agents_.status();
-    expander_.SetLimits(agents_.limits());
-    ASSERT_TRUE(expander_.Refresh().ok());
+    offloader_.SetLimits(agents_.limits());
+    ASSERT_TRUE(offloader_.Refresh().ok());
   }
 
   // The remap commands rank `r` received, in order.
@@ -56,22 +56,22 @@ class RemoteExpanderTest : public ::testing::Test {
 
   int64_t step_ = 0;
   FakeAgentGroup agents_;
-  RemoteExpander expander_;
+  RemoteOffloader offloader_;
 };
 
-TEST_F(RemoteExpanderTest, EveryRankUsesTheCrossRankMinimum) {
-  EXPECT_EQ(expander_.kv_blocks(), 60);
-  EXPECT_EQ(expander_.BlocksPerGroup(), 6) << "min(64+8, 60+6) - 60";
-  EXPECT_EQ(expander_.max_groups(), 3);
-  EXPECT_EQ(expander_.RemainingGroups(), 3);
-  EXPECT_EQ(expander_.StagedBytesPerGroup(), 3 << 20) << "the largest over ranks";
+TEST_F(RemoteOffloaderTest, EveryRankUsesTheCrossRankMinimum) {
+  EXPECT_EQ(offloader_.kv_blocks(), 60);
+  EXPECT_EQ(offloader_.BlocksPerGroup(), 6) << "min(64+8, 60+6) - 60";
+  EXPECT_EQ(offloader_.max_groups(), 3);
+  EXPECT_EQ(offloader_.RemainingGroups(), 3);
+  EXPECT_EQ(offloader_.StagedBytesPerGroup(), 3 << 20) << "the largest over ranks";
 
-  absl::StatusOr<int32_t> added = expander_.Expand(2);
+  absl::StatusOr<int32_t> added = offloader_.Offload(2);
   ASSERT_TRUE(added.ok()) << added.status();
   EXPECT_EQ(*added, 12);
-  EXPECT_EQ(expander_.kv_blocks(), 72);
-  EXPECT_EQ(expander_.offloaded_groups(), 2);
-  EXPECT_EQ(expander_.RemainingGroups(), 1);
+  EXPECT_EQ(offloader_.kv_blocks(), 72);
+  EXPECT_EQ(offloader_.offloaded_groups(), 2);
+  EXPECT_EQ(offloader_.RemainingGroups(), 1);
   for (int r = 0; r < 2; ++r) {
     const std::vector<vamp::v1::RemapCommand> remaps = Remaps(r);
     ASSERT_EQ(remaps.size(), 1u) << "rank " << r;
@@ -85,15 +85,15 @@ TEST_F(RemoteExpanderTest, EveryRankUsesTheCrossRankMinimum) {
   EXPECT_EQ(Remaps(0)[0].remap_id(), Remaps(1)[0].remap_id());
 }
 
-TEST_F(RemoteExpanderTest, RestoreCarriesTheReleasesAndGivesTheBlocksBack) {
-  ASSERT_TRUE(expander_.Expand(1).ok());
-  EXPECT_EQ(expander_.BlocksToRelease(1), 6);
+TEST_F(RemoteOffloaderTest, RestoreCarriesTheReleasesAndGivesTheBlocksBack) {
+  ASSERT_TRUE(offloader_.Offload(1).ok());
+  EXPECT_EQ(offloader_.BlocksRemovedByRestore(1), 6);
   PendingReleases releases;
   releases.finished = {41};
   releases.preempted = {42};
-  ASSERT_TRUE(expander_.Restore(1, releases).ok());
-  EXPECT_EQ(expander_.kv_blocks(), 60);
-  EXPECT_EQ(expander_.offloaded_groups(), 0);
+  ASSERT_TRUE(offloader_.Restore(1, releases).ok());
+  EXPECT_EQ(offloader_.kv_blocks(), 60);
+  EXPECT_EQ(offloader_.offloaded_groups(), 0);
   for (int r = 0; r < 2; ++r) {
     const vamp::v1::StepRequest last = agents_.agent(r).steps().back();
     ASSERT_EQ(last.remaps_size(), 1);
@@ -104,9 +104,9 @@ TEST_F(RemoteExpanderTest, RestoreCarriesTheReleasesAndGivesTheBlocksBack) {
   }
 }
 
-TEST_F(RemoteExpanderTest, AFailedRemapIsRolledBackOnEveryRank) {
+TEST_F(RemoteOffloaderTest, AFailedRemapIsRolledBackOnEveryRank) {
   agents_.agent(1).FailNextRemap("no free pages in the expert region");
-  absl::StatusOr<int32_t> added = expander_.Expand(1);
+  absl::StatusOr<int32_t> added = offloader_.Offload(1);
   ASSERT_FALSE(added.ok());
   EXPECT_THAT(std::string(added.status().message()), HasSubstr("agent rank 1"));
   EXPECT_THAT(std::string(added.status().message()), HasSubstr("no free pages"));
@@ -117,42 +117,42 @@ TEST_F(RemoteExpanderTest, AFailedRemapIsRolledBackOnEveryRank) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(agents_.agent(r).offloaded_groups(), 0) << "rank " << r;
   }
-  EXPECT_EQ(expander_.offloaded_groups(), 0);
-  EXPECT_EQ(expander_.kv_blocks(), 60);
+  EXPECT_EQ(offloader_.offloaded_groups(), 0);
+  EXPECT_EQ(offloader_.kv_blocks(), 60);
   EXPECT_TRUE(agents_.group()->healthy()) << "a refused remap leaves the agents in step";
 
   // The next offload works as if nothing had happened.
-  absl::StatusOr<int32_t> again = expander_.Expand(1);
+  absl::StatusOr<int32_t> again = offloader_.Offload(1);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(*again, 6);
   EXPECT_EQ(agents_.agent(0).offloaded_groups(), 1);
   EXPECT_EQ(agents_.agent(1).offloaded_groups(), 1);
 }
 
-TEST_F(RemoteExpanderTest, ARankClaimingImpossibleCapacityIsRefusedByName) {
+TEST_F(RemoteOffloaderTest, ARankClaimingImpossibleCapacityIsRefusedByName) {
   agents_.agent(1).ReportKvBlocksNow(int64_t{1} << 31);
-  absl::Status s = expander_.Refresh();
+  absl::Status s = offloader_.Refresh();
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("kv_blocks_now"));
   // Every remap re-reads the reports: the liar fails it too, by name.
-  absl::StatusOr<int32_t> added = expander_.Expand(1);
+  absl::StatusOr<int32_t> added = offloader_.Offload(1);
   ASSERT_FALSE(added.ok());
   EXPECT_THAT(std::string(added.status().message()), HasSubstr("agent rank 1"));
 }
 
-TEST_F(RemoteExpanderTest, WithoutInitLimitsTheHardCeilingStillApplies) {
-  RemoteExpander unlimited(agents_.group(), [this] { return ++step_; });
+TEST_F(RemoteOffloaderTest, WithoutInitLimitsTheHardCeilingStillApplies) {
+  RemoteOffloader unlimited(agents_.group(), [this] { return ++step_; });
   agents_.agent(0).ReportKvBlocksNow(0);
   absl::Status s = unlimited.Refresh();
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("agent rank 0 reported kv_blocks_now = 0"));
 }
 
-TEST_F(RemoteExpanderTest, RefusesMoreThanTheCapAndNothing) {
-  EXPECT_TRUE(absl::IsInvalidArgument(expander_.Expand(0).status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(expander_.Expand(4).status())) << "3 remain under the cap";
-  EXPECT_TRUE(absl::IsInvalidArgument(expander_.Restore(1, {}))) << "nothing is offloaded";
+TEST_F(RemoteOffloaderTest, RefusesMoreThanTheCapAndNothing) {
+  EXPECT_TRUE(absl::IsInvalidArgument(offloader_.Offload(0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(offloader_.Offload(4).status())) << "3 remain under the cap";
+  EXPECT_TRUE(absl::IsInvalidArgument(offloader_.Restore(1, {}))) << "nothing is offloaded";
   EXPECT_TRUE(Remaps(0).empty());
 }
 
