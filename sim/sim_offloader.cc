@@ -30,7 +30,7 @@ int32_t SimOffloader::BlocksRemovedByRestore(int32_t groups) const {
   return g_.BlocksWithGroups(groups_) - g_.BlocksWithGroups(groups_ - groups);
 }
 
-absl::Status SimOffloader::Restore(int32_t groups, const PendingReleases& /*releases*/) {
+absl::Status SimOffloader::Restore(int32_t groups) {
   if (groups <= 0 || groups > groups_) {
     return absl::InvalidArgumentError(
         absl::StrCat("Restore: ", groups, " groups, ", groups_, " offloaded"));

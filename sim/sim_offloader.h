@@ -3,13 +3,14 @@
 // pool gains BlocksWithGroups(k + n) − BlocksWithGroups(k) blocks (the same on every simulated
 // rank); later steps stage the offloaded experts (StepTimeModel). Restore is the reverse.
 // Every remap costs virtual time (pages unmapped and mapped per group and layer, plus the
-// host→device copy of the restored experts), which the simulator charges to the next step.
+// host→device copy of the restored experts), which the simulator charges to the next step. The
+// simulated agents never refuse a remap.
 #ifndef VAMP_SIM_SIM_OFFLOADER_H_
 #define VAMP_SIM_SIM_OFFLOADER_H_
 
 #include <cstdint>
 
-#include "controller/core/memory_arbiter.h"
+#include "controller/core/expert_offloader.h"
 #include "sim/offload_geometry.h"
 
 namespace vamp::sim {
@@ -35,7 +36,7 @@ class SimOffloader final : public ExpertOffloader {
   int64_t StagedBytesPerGroup() const override { return g_.bytes_per_group(); }
   int32_t OffloadedGroups() const override { return groups_; }
   int32_t BlocksRemovedByRestore(int32_t groups) const override;
-  absl::Status Restore(int32_t groups, const PendingReleases& releases) override;
+  absl::Status Restore(int32_t groups) override;
 
   // Experts above the residency boundary in each eligible layer.
   int32_t offloaded_experts_per_layer() const { return groups_ * g_.experts_per_group; }

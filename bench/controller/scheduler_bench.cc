@@ -92,7 +92,7 @@ class BenchOffloader final : public ExpertOffloader {
   int32_t ExpertsPerLayer() const override { return 128; }
   int64_t StagedBytesPerGroup() const override { return staged_bytes_per_group_; }
   int32_t OffloadedGroups() const override { return groups_; }
-  absl::Status Restore(int32_t groups, const PendingReleases& /*releases*/) override {
+  absl::Status Restore(int32_t groups) override {
     groups_ -= groups;
     return absl::OkStatus();
   }

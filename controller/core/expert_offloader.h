@@ -13,35 +13,33 @@
 #define VAMP_CONTROLLER_CORE_EXPERT_OFFLOADER_H_
 
 #include <cstdint>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "controller/core/request.h"
 
 namespace vamp {
 
-// Requests the scheduler finished or preempted since its last plan. Their KV blocks are free in
-// the controller's pool, but the agents still hold them until a step request names them, so a
-// restore must deliver them before the agents give the withdrawn tail's pages back.
-struct PendingReleases {
-  std::vector<RequestId> finished;
-  std::vector<RequestId> preempted;
-  bool empty() const { return finished.empty() && preempted.empty(); }
-};
-
-// Offloads expert groups into the KV pool and restores them. Called at a step boundary, between
-// steps.
+// Offloads expert groups into the KV pool and restores them, for the scheduler, at a step
+// boundary. Both take effect in the scheduler's view at once: Offload returns the blocks the pool
+// gains, which the very step being planned may hand out, and Restore is called once the blocks
+// BlocksRemovedByRestore named have left the pool. The agents carry the remap out before they
+// run the next step, which is the plan being built (or, between steps, the next one): its
+// finished and preempted ids reach them first, so a restore never unmaps a block an agent still
+// holds for a request the scheduler already released. An implementation that drives agents
+// learns only when that step is answered whether they could; if they refused it, the scheduler
+// undoes the plan (Scheduler::RevertStep) and plans it again while Ready() says no.
 class ExpertOffloader {
  public:
   virtual ~ExpertOffloader() = default;
-  // Groups that can still be moved (0 at the offload limit).
+  // Groups that can still be offloaded (0 at the cap).
   virtual int32_t RemainingGroups() const = 0;
-  // KV blocks one group adds (for sizing plans; the real count comes from Offload).
+  // KV blocks the next group adds (for sizing plans; Offload returns the real count).
   virtual int32_t BlocksPerGroup() const = 0;
-  // Moves `groups` groups (<= RemainingGroups()) and returns how many KV blocks were added: the
-  // minimum over all ranks, the same on every rank.
+  // Offloads `groups` groups (<= RemainingGroups()) and returns how many KV blocks the pool
+  // gains: the minimum over all ranks, the same on every rank.
   virtual absl::StatusOr<int32_t> Offload(int32_t groups) = 0;
+  // False while offloads and restores must wait (a refused remap is being rolled back).
+  virtual bool Ready() const { return true; }
 
   // ---- Geometry for cost models (defaults: unknown) ----
   // g: rank-local expert shards per group.
@@ -53,15 +51,14 @@ class ExpertOffloader {
   virtual int64_t StagedBytesPerGroup() const { return 0; }
 
   // ---- Restore (the reverse move; optional, default: not supported) ----
-  // Groups moved into the pool so far and not given back.
+  // Groups offloaded so far and not restored.
   virtual int32_t OffloadedGroups() const { return 0; }
   // KV blocks (the pool's highest ids) that must leave the pool before the last `groups` groups
-  // (<= OffloadedGroups()) can go back to the experts.
+  // (<= OffloadedGroups()) can be restored.
   virtual int32_t BlocksRemovedByRestore(int32_t groups) const { return groups * BlocksPerGroup(); }
-  // Moves the last `groups` groups back to the experts. Called after the pool dropped
-  // BlocksRemovedByRestore(groups) blocks, so none of their pages is in use once the agents have
-  // dropped `releases` (which they must do first; on success the releases count as delivered).
-  virtual absl::Status Restore(int32_t groups, const PendingReleases& releases) {
+  // Restores the last `groups` groups. Called after the pool dropped
+  // BlocksRemovedByRestore(groups) blocks.
+  virtual absl::Status Restore(int32_t groups) {
     return absl::UnimplementedError("this offloader cannot restore");
   }
 };

@@ -429,7 +429,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   std::vector<vamp::v1::InitResponse> ranks = *std::move(initialised);
   // Nothing is sized from the agents' answers before they are checked: a lying or buggy agent is
   // refused here (and retried when it registers again) instead of crashing the controller.
-  VAMP_ASSIGN_OR_RETURN(AgentReportLimits limits, CheckInitResponses(init, ranks));
+  VAMP_RETURN_IF_ERROR(CheckInitResponses(init, ranks));
   const vamp::v1::InitResponse& first = ranks.front();
   // Each agent prints its own memory plan; here, one line per rank.
   for (const auto& r : ranks) {
@@ -452,9 +452,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   engine_options.scheduler = scheduler;
   engine_options.arbiter = options_.arbiter;
   if (first.eos_token_id() >= 0) engine_options.eos_token_id = first.eos_token_id();
-  engine_options.experts_per_group = std::max(1, first.experts_per_group());
-  engine_options.experts_per_layer = first.num_experts();
-  engine_options.report_limits = std::move(limits);
+  engine_options.ranks = ranks;
   engine_options.model_name = ServedModelName();
   engine_options.vamp = options_.vamp;
   engine_options.offload_cap = options_.offload_cap;

@@ -172,10 +172,8 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* 
                                                                    ServingEngineOptions options) {
   std::unique_ptr<ServingEngine> engine(new ServingEngine(group, std::move(options)));
   ServingEngine* e = engine.get();
-  e->offloader_ = std::make_unique<RemoteOffloader>(group, [e] { return e->NextStepId(); });
-  e->offloader_->SetGeometry(e->options_.experts_per_group, e->options_.experts_per_layer);
-  e->offloader_->SetLimits(e->options_.report_limits);
-  if (absl::Status s = e->offloader_->Refresh(); !s.ok()) return s;
+  VAMP_ASSIGN_OR_RETURN(e->offloader_,
+                        RemoteOffloader::Create(e->options_.ranks, e->options_.offload));
   SchedulerConfig config = e->options_.scheduler;
   config.num_blocks = static_cast<int32_t>(e->offloader_->kv_blocks());
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<MemoryArbiter> arbiter,
@@ -246,7 +244,8 @@ absl::Status ServingEngine::RunBetweenSteps(std::function<std::optional<absl::St
 
 absl::Status ServingEngine::ForceRemap(int32_t groups) {
   if (groups == 0) return absl::InvalidArgumentError("num_groups must not be 0");
-  return RunBetweenSteps([this, groups] { return Remap(groups); });
+  return RunBetweenSteps(
+      [this, groups, remap_id = std::string()]() mutable { return Remap(groups, &remap_id); });
 }
 
 absl::Status ServingEngine::SetArbiter(const std::string& name, const VampArbiterConfig& vamp) {
@@ -297,7 +296,9 @@ void ServingEngine::Loop() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      const bool busy = healthy_ && scheduler_->has_unfinished_requests();
+      // A command waiting for a step (a forced remap) keeps the loop stepping too.
+      const bool busy = healthy_ && (scheduler_->has_unfinished_requests() || !commands_.empty() ||
+                                     offloader_->has_queued());
       if (!busy) {
         mu_.AwaitWithTimeout(absl::Condition(&work_),
                              absl::Microseconds(options_.idle_wait_micros * 50));
@@ -311,7 +312,7 @@ void ServingEngine::Loop() {
     }
     AdmitPending();
     RunCommands();
-    if (scheduler_->has_unfinished_requests()) RunStep();
+    if (scheduler_->has_unfinished_requests() || offloader_->has_queued()) RunStep();
     PublishSnapshot();
   }
   FailAll(absl::CancelledError("the server is shutting down"));
@@ -373,21 +374,19 @@ void ServingEngine::RunCommands() {
   command->done = true;
 }
 
-std::optional<absl::Status> ServingEngine::Remap(int32_t groups) {
+std::optional<absl::Status> ServingEngine::Remap(int32_t groups, std::string* remap_id) {
+  // Queued: done once the step that carries it was answered (or refused).
+  if (!remap_id->empty()) return offloader_->Outcome(*remap_id);
   if (groups > 0) {
-    if (groups > offloader_->RemainingGroups()) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot offload ", groups,
-                                                        " groups: ", offloader_->RemainingGroups(),
-                                                        " remain under the cap"));
-    }
-    absl::StatusOr<int32_t> added = offloader_->Offload(groups);
+    absl::StatusOr<int32_t> added = scheduler_->OffloadGroups(groups);
     if (!added.ok()) return added.status();
-    return scheduler_->GrowPool(*added);
+    *remap_id = offloader_->last_remap_id();
+    return std::nullopt;
   }
   groups = -groups;
-  if (groups > offloader_->offloaded_groups()) {
+  if (groups > offloader_->OffloadedGroups()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cannot restore ", groups, " groups: ", offloader_->offloaded_groups(), " are offloaded"));
+        "cannot restore ", groups, " groups: ", offloader_->OffloadedGroups(), " are offloaded"));
   }
   if (!scheduler_->pool().shrink_pending()) {
     if (absl::Status s = scheduler_->BeginShrinkPool(offloader_->BlocksRemovedByRestore(groups));
@@ -399,7 +398,9 @@ std::optional<absl::Status> ServingEngine::Remap(int32_t groups) {
   // keep running and the command is retried after the next step.
   if (scheduler_->pool().shrink_outstanding() > 0) return std::nullopt;
   if (absl::Status s = scheduler_->CommitShrinkPool(); !s.ok()) return s;
-  return scheduler_->RestoreReleasedGroups(groups);
+  if (absl::Status s = scheduler_->RestoreGroups(groups); !s.ok()) return s;
+  *remap_id = offloader_->last_remap_id();
+  return std::nullopt;
 }
 
 void ServingEngine::RunStep() {
@@ -425,7 +426,7 @@ void ServingEngine::RunStep() {
     if (decisions_.size() > kDecisionLogSize) decisions_.pop_front();
   }
   const bool has_ids = !plan->preempted_ids.empty() || !plan->finished_ids.empty();
-  if (plan->empty() && !has_ids) {
+  if (plan->empty() && !has_ids && !offloader_->has_queued()) {
     // Nothing runnable (e.g. everyone waits for memory held by a pending restore): back off.
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&work_), absl::Microseconds(options_.idle_wait_micros));
@@ -459,10 +460,30 @@ void ServingEngine::RunStep() {
                                                plan->preempted_ids.end());
   request.mutable_finished_request_ids()->Add(plan->finished_ids.begin(),
                                               plan->finished_ids.end());
+  // The offloads and restores this plan's pool already counts (and rollbacks of refused ones).
+  offloader_->AttachTo(&request);
   absl::StatusOr<std::vector<vamp::v1::StepResponse>> responses = group_->Step(request);
   if (!responses.ok()) {
+    if (absl::IsAborted(responses.status()) && group_->healthy()) {
+      // Every rank refused the step: a remap failed on one of them and none ran anything. Roll
+      // the remaps back with the next step and plan this one again on the old pool.
+      absl::StatusOr<int32_t> delta = offloader_->Refused(responses.status());
+      absl::Status reverted = delta.ok() ? scheduler_->RevertStep(*delta) : delta.status();
+      if (reverted.ok()) return;
+      VAMP_LOG(ERROR) << "step " << request.step_id()
+                      << " was refused and cannot be undone: " << reverted;
+      FailAll(reverted);
+      return;
+    }
     healthy_ = group_->healthy();
     FailAll(responses.status());
+    return;
+  }
+  if (absl::Status s = offloader_->Confirm(*responses); !s.ok()) {
+    // The agents' memory is not what the controller sized its pool by: stop serving with this
+    // group; the controller initialises it again and takes the view from the agents.
+    VAMP_LOG(ERROR) << s;
+    FailAll(s);
     return;
   }
   if (plan->empty()) return;
@@ -509,7 +530,7 @@ void ServingEngine::RunStep() {
       (decoding ? timing.decode_tokens : timing.prefill_tokens) += c.num_scheduled_tokens;
     }
     timing.offloaded_experts_per_layer =
-        offloader_->offloaded_groups() * offloader_->ExpertsPerGroup();
+        offloader_->OffloadedGroups() * offloader_->ExpertsPerGroup();
     timing.end_micros = SteadyClock::Get().NowMicros();
     vamp_arbiter_->ObserveStep(timing);
   }
@@ -616,10 +637,10 @@ void ServingEngine::PublishSnapshot() {
                                              : static_cast<double>(stats.num_used_blocks) /
                                                    stats.num_blocks);
   metrics.kv_blocks.Set(stats.num_blocks);
-  metrics.offloaded_groups.Set(offloader_->offloaded_groups());
+  metrics.offloaded_groups.Set(offloader_->OffloadedGroups());
   metrics.offload_ratio.Set(offloader_->max_groups() == 0
                                 ? 0.0
-                                : static_cast<double>(offloader_->offloaded_groups()) /
+                                : static_cast<double>(offloader_->OffloadedGroups()) /
                                       offloader_->max_groups());
   // Counters are cumulative in the scheduler; the Prometheus counters follow by the difference.
   auto follow = [](prometheus::Counter& counter, int64_t total) {
@@ -650,7 +671,7 @@ void ServingEngine::PublishSnapshot() {
   q->set_waiting(stats.num_waiting - stats.num_waiting_preempted);
   q->set_preempted(stats.num_waiting_preempted);
   q->set_finished_total(c.num_finished + c.num_aborted);
-  s.set_offloaded_groups(offloader_->offloaded_groups());
+  s.set_offloaded_groups(offloader_->OffloadedGroups());
   s.set_offload_ratio(metrics.offload_ratio.Value());
   absl::MutexLock lock(&mu_);
   snapshot_ = std::move(s);

@@ -2,8 +2,9 @@
 // "Restore"; paper §IV-C, §V-A). Physical pages move between the expert regions and the end of the
 // KV region; no virtual address ever moves.
 //
-// The agent answers the controller's capacity query (BlocksAddedByOffload, for the minimum across
-// ranks), then applies the remap the controller chose at a step boundary:
+// The controller sizes every remap itself from the geometry the agent declared at Init (KV pages
+// per group, block bytes; BlocksAddedByOffload and BlocksRemovedByRestore are the same
+// arithmetic on this side), and the agent applies the remap it chose at a step boundary:
 //   Offload(n): b moves down by n groups; wait until nothing in flight reads the pages; unmap them
 //               from the expert regions; carved staging buffers take their share (ExpertStore);
 //               map the rest at the end of the KV region; report the blocks.

@@ -83,11 +83,11 @@ TEST(SimOffloaderTest, OffloadsRestoresAndChargesRemapTime) {
   EXPECT_DOUBLE_EQ(x.TakeRemapMicros(), 0);
   EXPECT_FALSE(x.Offload(35).ok());  // 34 left
   EXPECT_EQ(x.BlocksRemovedByRestore(2), 2 * 1504);
-  ASSERT_TRUE(x.Restore(2, {}).ok());
+  ASSERT_TRUE(x.Restore(2).ok());
   EXPECT_EQ(x.OffloadedGroups(), 2);
   // Remap plus copying 2 × 47 groups of 6 MiB back at 6 GB/s.
   EXPECT_NEAR(x.TakeRemapMicros(), 2 * 47 * (100.0 + 1e6 * 6 * kMiB / 6e9), 1e-6);
-  EXPECT_FALSE(x.Restore(3, {}).ok());
+  EXPECT_FALSE(x.Restore(3).ok());
   EXPECT_EQ(x.max_groups_reached(), 4);
 }
 

@@ -29,17 +29,18 @@ class RestorableOffloader : public ExpertOffloader {
     return groups * blocks_per_group_;
   }
   int32_t OffloadedGroups() const override { return offloaded_; }
-  absl::Status Restore(int32_t groups, const PendingReleases& releases) override {
+  // The remap rides on the plan of the step being scheduled (`scheduler` tells which), which
+  // carries the releases the agents apply first; the harness's fake agent checks that nothing
+  // it still holds lies past that plan's pool.
+  absl::Status Restore(int32_t groups) override {
     offloaded_ -= groups;
     ++restores;
-    last_releases = releases;
-    // The agents drop the released requests before remapping (fake_agent: as a plan would).
-    if (agent != nullptr) return agent->Release(-1, releases);
+    restore_step = scheduler != nullptr ? scheduler->step() : -1;
     return absl::OkStatus();
   }
   int restores = 0;
-  PendingReleases last_releases;
-  testing::FakeAgent* agent = nullptr;  // the harness's, told of the releases
+  int64_t restore_step = -1;
+  const Scheduler* scheduler = nullptr;
 
  private:
   int32_t limit_;
@@ -104,7 +105,7 @@ TEST(RestoreTest, RestoreCommitsOnceTheTailIsFree) {
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
   Harness h(SmallConfig(), std::move(owned), &offloader);
-  offloader.agent = &h.agent();
+  offloader.scheduler = &h.scheduler();
   // Two 12-token prompts need 6 blocks, plus decode: the pool grows by a group.
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(12), 2)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(12, 100), 2)).ok());
@@ -150,6 +151,31 @@ void StartRestoreWaitingForAHolder(Harness& h, ScriptedArbiter* arbiter) {
   ASSERT_GT(h.scheduler().pool().shrink_outstanding(), 0);
 }
 
+// An offload forced between steps, then a restore the arbiter begins at the next boundary
+// (withdrawing the new tail), and the agents refuse the step that carried the offload: the
+// restore is given up and the pool is back where it was.
+TEST(RestoreTest, ARefusedOffloadTakesARestoreBegunOverItsTailWithIt) {
+  RestorableOffloader offloader(4, 4);
+  auto owned = std::make_unique<ScriptedArbiter>();
+  ScriptedArbiter* arbiter = owned.get();
+  Harness h(SmallConfig(), std::move(owned), &offloader);
+  offloader.scheduler = &h.scheduler();
+  Scheduler& s = h.scheduler();
+  absl::StatusOr<int32_t> added = s.OffloadGroups(1);
+  ASSERT_TRUE(added.ok()) << added.status();
+  ASSERT_EQ(*added, 4);
+  EXPECT_EQ(s.pool().num_blocks(), 12);
+  arbiter->restore = 1;
+  ASSERT_TRUE(s.Schedule().ok());
+  ASSERT_EQ(s.restore_pending_groups(), 1) << "the restore withdrew the offloaded tail";
+  ASSERT_TRUE(s.RevertStep(*added).ok());
+  EXPECT_EQ(s.restore_pending_groups(), 0);
+  EXPECT_EQ(s.counters().num_restores_cancelled, 1);
+  EXPECT_FALSE(s.pool().shrink_pending());
+  EXPECT_EQ(s.pool().num_blocks(), 8);
+  EXPECT_TRUE(s.CheckInvariants().ok());
+}
+
 SchedulerConfig LongerConfig() {
   SchedulerConfig config = SmallConfig();
   config.max_model_len = 32;
@@ -161,7 +187,7 @@ TEST(RestoreTest, GapCancelsAPendingRestore) {
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
   Harness h(LongerConfig(), std::move(owned), &offloader);
-  offloader.agent = &h.agent();
+  offloader.scheduler = &h.scheduler();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
   // A fourth request needs blocks: the gap cancels the restore and the withdrawn blocks serve it.
@@ -183,7 +209,7 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
   Harness h(LongerConfig(), std::move(owned), &offloader);
-  offloader.agent = &h.agent();
+  offloader.scheduler = &h.scheduler();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
   arbiter->preempt_holders = true;
@@ -191,10 +217,11 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
   ASSERT_GE(h.scheduler().step_decisions().size(), 1u);
   EXPECT_EQ(h.scheduler().step_decisions()[0].plan.choice, "restore-preempt");
   EXPECT_EQ(h.scheduler().step_decisions()[0].requests_preempted, 1);
-  // The agents learn of the preemption with the restore, before they unmap the tail the holder
-  // used; the step after it does not repeat it.
-  EXPECT_EQ(offloader.last_releases.preempted, std::vector<RequestId>{3});
-  EXPECT_TRUE(s.plan.preempted_ids.empty());
+  // The agents learn of the preemption on the step that carries the restore, before they unmap
+  // the tail the holder used (the fake agent would have failed the step otherwise).
+  EXPECT_EQ(offloader.restore_step, s.plan.step);
+  EXPECT_EQ(s.plan.preempted_ids, std::vector<RequestId>{3});
+  EXPECT_EQ(s.plan.num_blocks, 8);
   EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 8);
   EXPECT_EQ(offloader.restores, 1);
@@ -206,24 +233,26 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
 }
 
 // The restore commits at the boundary after the holder's last step, before any step request has
-// told the agents it finished: the restore carries that, and the next plan does not repeat it.
+// told the agents it finished: the plan whose step carries the restore delivers that too, and
+// the agents drop the request before they unmap its blocks.
 TEST(RestoreTest, RequestsFinishedSinceTheLastPlanRideOnTheRestore) {
   RestorableOffloader offloader(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
   Harness h(LongerConfig(), std::move(owned), &offloader);
-  offloader.agent = &h.agent();
+  offloader.scheduler = &h.scheduler();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
   for (int i = 0; i < 10 && offloader.restores == 0; ++i) {
     auto s = h.Step();
     if (offloader.restores == 1) {
-      EXPECT_THAT(offloader.last_releases.finished, ::testing::Contains(3));
-      EXPECT_THAT(s.plan.finished_ids, ::testing::Not(::testing::Contains(3)));
+      EXPECT_EQ(offloader.restore_step, s.plan.step);
+      EXPECT_THAT(s.plan.finished_ids, ::testing::Contains(3));
+      EXPECT_TRUE(s.plan.preempted_ids.empty());
+      EXPECT_EQ(s.plan.num_blocks, 8);
     }
   }
   ASSERT_EQ(offloader.restores, 1);
-  EXPECT_TRUE(offloader.last_releases.preempted.empty());
   h.RunToCompletion();
   EXPECT_EQ(h.scheduler().counters().num_finished, 3);
 }
@@ -239,7 +268,7 @@ TEST(RestoreTest, VampArbiterRestoresAfterPressureAndLogsIt) {
   config.restore.benefit_horizon_steps = 1'000'000'000;  // and so is restoring
   RestorableOffloader offloader(4, 4);
   Harness h(SmallConfig(), std::make_unique<VampArbiter>(config), &offloader);
-  offloader.agent = &h.agent();
+  offloader.scheduler = &h.scheduler();
   DecisionLog log(16);
   SchedulerConfig c = SmallConfig();
   // Turn 1 of three sessions, then their second turns: reuse makes the arbiter offload.

@@ -35,8 +35,14 @@ class RandomOffloader : public ExpertOffloader {
   absl::StatusOr<int32_t> Offload(int32_t groups) override {
     EXPECT_LE(groups, groups_);
     groups_ -= groups;
+    step_groups += groups;
+    step_blocks += groups * blocks_per_group_;
     return groups * blocks_per_group_;
   }
+  // Offloaded while planning the current step: what a refusal gives back.
+  int32_t step_groups = 0;
+  int32_t step_blocks = 0;
+  void Refused() { groups_ += step_groups; }
 
  private:
   int32_t groups_;
@@ -92,6 +98,7 @@ struct Coverage {
   int64_t in_flight_aborts = 0;
   int64_t shrink_commits = 0;
   int64_t finished = 0;
+  int64_t reverts = 0;
 };
 
 class PropertyRun {
@@ -163,6 +170,7 @@ class PropertyRun {
     coverage_.offloads = k.num_offloads;
     coverage_.aborts = k.num_aborted;
     coverage_.finished = k.num_finished;
+    coverage_.reverts = k.num_reverted_steps;
   }
 
   const Coverage& coverage() const { return coverage_; }
@@ -264,6 +272,7 @@ class PropertyRun {
   }
 
   void Step(bool abort_in_flight) {
+    if (offloader_ != nullptr) offloader_->step_groups = offloader_->step_blocks = 0;
     absl::StatusOr<StepPlan> plan = sched_->Schedule();
     ASSERT_TRUE(plan.ok()) << plan.status();
     absl::Status inv = sched_->CheckInvariants();
@@ -282,6 +291,26 @@ class PropertyRun {
       ASSERT_NO_FATAL_FAILURE(AbortRandom());
       ++coverage_.in_flight_aborts;
     }
+    // The agents refuse the step now and then (as if a remap it carried had failed): it is undone
+    // and planned again; the agent never saw it.
+    if (rng_() % 12 == 0) {
+      int32_t delta = 0;
+      if (offloader_ != nullptr) {
+        delta = offloader_->step_blocks;
+        offloader_->Refused();
+      }
+      const int32_t blocks_before = sched_->pool().num_blocks() - delta;
+      absl::Status reverted = sched_->RevertStep(delta);
+      ASSERT_TRUE(reverted.ok()) << "seed " << seed_ << " step " << plan->step << ": " << reverted;
+      ASSERT_EQ(sched_->pool().num_blocks(), blocks_before);
+      EXPECT_FALSE(sched_->RevertStep(0).ok()) << "reverted twice";
+      ++coverage_.reverts;
+      inv = sched_->CheckInvariants();
+      ASSERT_TRUE(inv.ok()) << "seed " << seed_ << " after reverting " << plan->step << ": " << inv;
+      ASSERT_NO_FATAL_FAILURE(CheckAgentTables());
+      clock_.AdvanceMicros(1 + rng_() % 2000);
+      return;
+    }
     absl::StatusOr<StepOutput> out = agent_->Execute(*plan, config_.block_size);
     ASSERT_TRUE(out.ok()) << "seed " << seed_ << ": " << out.status();
     if (!plan->empty()) {
@@ -297,7 +326,12 @@ class PropertyRun {
       inv = sched_->CheckInvariants();
       ASSERT_TRUE(inv.ok()) << "seed " << seed_ << " after step " << plan->step << ": " << inv;
     }
-    // The agent's tables, rebuilt from diffs, match the scheduler's.
+    ASSERT_NO_FATAL_FAILURE(CheckAgentTables());
+    clock_.AdvanceMicros(1 + rng_() % 2000);
+  }
+
+  // The agent's tables, rebuilt from diffs, match the scheduler's.
+  void CheckAgentTables() {
     for (int32_t i = 0; i < sched_->num_running(); ++i) {
       const Request& r = sched_->running(i);
       auto it = agent_->requests().find(r.id());
@@ -306,7 +340,6 @@ class PropertyRun {
       ASSERT_EQ(it->second.computed, r.num_computed_tokens());
     }
     ASSERT_EQ(static_cast<size_t>(sched_->num_running() + sched_->num_waiting()), live_.size());
-    clock_.AdvanceMicros(1 + rng_() % 2000);
   }
 
   const uint64_t seed_;
@@ -348,6 +381,7 @@ TEST(SchedulerPropertyCoverageTest, RandomWorkloadsReachEveryPath) {
     total.in_flight_aborts += c.in_flight_aborts;
     total.shrink_commits += c.shrink_commits;
     total.finished += c.finished;
+    total.reverts += c.reverts;
   }
   EXPECT_GT(total.preemptions, 20);
   EXPECT_GT(total.resumes, 20);
@@ -358,11 +392,13 @@ TEST(SchedulerPropertyCoverageTest, RandomWorkloadsReachEveryPath) {
   EXPECT_GT(total.in_flight_aborts, 5);
   EXPECT_GT(total.shrink_commits, 5);
   EXPECT_GT(total.finished, 500);
+  EXPECT_GT(total.reverts, 100);
   std::cout << "coverage over 20 seeds: preemptions " << total.preemptions << ", resumes "
             << total.resumes << ", hit tokens " << total.hit_tokens << ", evictions "
             << total.evictions << ", offloads " << total.offloads << ", aborts " << total.aborts
             << " (in flight " << total.in_flight_aborts << "), shrink commits "
-            << total.shrink_commits << ", finished " << total.finished << "\n";
+            << total.shrink_commits << ", finished " << total.finished << ", refused steps "
+            << total.reverts << "\n";
 }
 
 }  // namespace
