@@ -74,7 +74,8 @@ int32_t RemoteOffloader::BlocksRemovedByRestore(int32_t groups) const {
 }
 
 bool RemoteOffloader::Ready() const {
-  return rollbacks_.empty() && rollbacks_in_flight_.empty() && steps_until_retry_ == 0;
+  return rollbacks_.empty() && rollbacks_in_flight_.empty() &&
+         options_.clock->NowMicros() >= retry_at_micros_;
 }
 
 void RemoteOffloader::Queue(vamp::v1::RemapCommand::Action action, int32_t groups,
@@ -158,11 +159,7 @@ absl::Status RemoteOffloader::Confirm(const std::vector<vamp::v1::StepResponse>&
                    << " -> " << view_.kv_blocks << " blocks";
   }
   in_flight_.clear();
-  if (!rollbacks_in_flight_.empty()) {
-    rollbacks_in_flight_.clear();
-  } else if (steps_until_retry_ > 0) {
-    --steps_until_retry_;
-  }
+  rollbacks_in_flight_.clear();
   return absl::OkStatus();
 }
 
@@ -184,9 +181,10 @@ absl::StatusOr<int32_t> RemoteOffloader::Refused(const absl::Status& reason) {
   }
   VAMP_LOG(WARNING) << in_flight_.size() << " remap(s) refused (" << reason.message()
                     << "); rolling back on every rank, KV pool back to " << view_.kv_blocks
-                    << " blocks, remaps resume in " << options_.retry_after_steps << " steps";
+                    << " blocks; remaps resume in " << options_.retry_after_micros / 1000
+                    << " ms at the earliest";
   in_flight_.clear();
-  steps_until_retry_ = options_.retry_after_steps;
+  retry_at_micros_ = options_.clock->NowMicros() + options_.retry_after_micros;
   return static_cast<int32_t>(delta);
 }
 

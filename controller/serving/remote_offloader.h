@@ -16,8 +16,10 @@
 // applied one undoes it before anything else; one that did not has nothing to undo), and the
 // returned block delta is what the scheduler gives back (Scheduler::RevertStep) before planning
 // the step again. Offloads and restores then wait (Ready() is false) until the rollback step was
-// answered and Options::retry_after_steps more steps ran. A refused rollback is not recoverable
-// here: the ranks may then differ.
+// answered and Options::retry_after_micros have passed (a rank that just failed to map pages is
+// not asked again at once; time, not steps, so that an idle server, which runs no steps, accepts
+// an operator's offload again too). A refused rollback is not recoverable here: the ranks may
+// then differ.
 //
 // Confirm() checks every answered step: each rank must report the KV blocks, offloaded groups
 // and mapped KV bytes this view expects (before its first remap a rank may use more blocks than
@@ -40,6 +42,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "controller/core/expert_offloader.h"
 #include "vamp/v1/agent.pb.h"
 
@@ -48,9 +51,11 @@ namespace vamp {
 class RemoteOffloader final : public ExpertOffloader {
  public:
   struct Options {
-    // Steps answered after a refused remap's rollback before offloads and restores resume: a
-    // rank that just failed to map pages is not asked again at the next step.
-    int32_t retry_after_steps = 64;
+    // How long offloads and restores wait after a refused remap (µs, from the refusal; at least
+    // until its rollback was answered).
+    int64_t retry_after_micros = 1000000;
+    // The clock of that wait; must outlive the offloader.
+    const Clock* clock = &SteadyClock::Get();
   };
 
   // From the ranks' Init answers in rank order, checked by CheckInitResponses (agent_reports.h).
@@ -137,7 +142,7 @@ class RemoteOffloader final : public ExpertOffloader {
   View before_in_flight_;
   std::vector<std::string> rollbacks_;  // queued, newest remap first
   std::vector<std::string> rollbacks_in_flight_;
-  int32_t steps_until_retry_ = 0;
+  int64_t retry_at_micros_ = 0;  // offloads and restores wait until then (Options::clock)
   std::string last_remap_id_;
   std::deque<std::pair<std::string, absl::Status>> outcomes_;  // oldest first
 };

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/controller/serving/fake_agent_service.h"
@@ -41,7 +42,8 @@ class RemoteOffloaderTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(agents_.status().ok()) << agents_.status();
     RemoteOffloader::Options options;
-    options.retry_after_steps = 2;
+    options.retry_after_micros = 1000;
+    options.clock = &clock_;
     absl::StatusOr<std::unique_ptr<RemoteOffloader>> o =
         RemoteOffloader::Create(agents_.init_responses(), options);
     ASSERT_TRUE(o.ok()) << o.status();
@@ -77,6 +79,7 @@ class RemoteOffloaderTest : public ::testing::Test {
   }
 
   int64_t step_ = 0;
+  ManualClock clock_;
   FakeAgentGroup agents_;
   std::unique_ptr<RemoteOffloader> offloader_;
 };
@@ -163,9 +166,10 @@ TEST_F(RemoteOffloaderTest, ARemapOneRankRefusesIsRefusedByAllAndRolledBackOnThe
     EXPECT_EQ(agents_.agent(rank).kv_blocks(), rank == 0 ? 64 : 60)
         << "rank " << rank << ": as before";
   }
-  EXPECT_FALSE(offloader_->Ready()) << "retry_after_steps = 2";
-  StepAndConfirm();
-  StepAndConfirm();
+  EXPECT_FALSE(offloader_->Ready()) << "retry_after_micros = 1000";
+  clock_.AdvanceMicros(999);
+  EXPECT_FALSE(offloader_->Ready());
+  clock_.AdvanceMicros(1);
   EXPECT_TRUE(offloader_->Ready());
 
   // The next offload works as if nothing had happened.
@@ -183,6 +187,8 @@ TEST_F(RemoteOffloaderTest, ARefusedRollbackIsNotRecoverable) {
   absl::StatusOr<std::vector<vamp::v1::StepResponse>> r = Step();
   ASSERT_TRUE(absl::IsAborted(r.status()));
   ASSERT_TRUE(offloader_->Refused(r.status()).ok());
+  clock_.AdvanceMicros(1000);
+  EXPECT_FALSE(offloader_->Ready()) << "not before the rollback was answered";
   // The step carrying the rollback is refused too (as if a rank could not undo it).
   vamp::v1::StepRequest rollback;
   offloader_->AttachTo(&rollback);

@@ -100,6 +100,7 @@ class ServingEngineTest : public ::testing::Test {
     options.scheduler.max_model_len = 512;  // 32 of the 60 blocks
     options.arbiter = "static";             // no offload but the ones a test forces
     options.ranks = agents_.init_responses();
+    options.offload.retry_after_micros = 60 * 1000000;  // a refusal pauses remaps for the test
     options.model_name = "fake-model";
     absl::StatusOr<std::unique_ptr<ServingEngine>> engine =
         ServingEngine::Start(agents_.group(), options);
@@ -240,8 +241,9 @@ TEST_F(ServingEngineTest, AnOffloadOneRankFailsIsRolledBackAndServingGoesOn) {
   EXPECT_EQ(agents_.agent(0).kv_blocks(), 64) << "as before: its own region";
   EXPECT_EQ(agents_.agent(1).kv_blocks(), 60);
   EXPECT_TRUE(engine_->healthy());
-  EXPECT_TRUE(absl::IsFailedPrecondition(engine_->ForceRemap(1)))
-      << "remaps wait a while after a refusal";
+  const absl::Status paused = engine_->ForceRemap(1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(paused)) << paused;
+  EXPECT_THAT(std::string(paused.message()), HasSubstr("retry later"));
   EventLog log;
   ASSERT_TRUE(engine_->Submit(Request(8, 3), log.Sink()).ok());
   ASSERT_TRUE(log.WaitFinished());
