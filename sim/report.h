@@ -36,6 +36,8 @@ struct ReportSpec {
   std::string svg_prefix;
   // > 0: also tabulate the turns that arrive at or after this virtual time (a late phase).
   double phase_split_s = 0;
+  // The runs left each session's turn 0 out of TTFT (SimOptions::exclude_first_turn).
+  bool exclude_first_turn = false;
   double total_wall_s = 0;
   int threads = 1;
 };
