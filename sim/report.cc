@@ -163,16 +163,18 @@ std::string WindowTable(const ReportSpec& spec, bool sweep) {
           : "The whole run (later phases would fall outside the paper's window)",
       spec.exclude_first_turn ? "; TTFT leaves out each session's turn 0" : "",
       " (bench/stats, the rules vamp-bench applies to GPU runs).\n\n| ", sweep ? "c | " : "",
-      "policy | window (s) | TTFT p50 / p90 / p99 (s) | TPOT mean (ms) | req/s |\n|",
-      sweep ? "---:|" : "", "---|---:|---:|---:|---:|\n");
+      "policy | window (s) | TTFT p50 / p90 / p99 (s) | TPOT mean (ms) | E2E p50 / p99 (s) | "
+      "req/s |\n|",
+      sweep ? "---:|" : "", "---|---:|---:|---:|---:|---:|\n");
   for (const RunRecord& run : spec.runs) {
     const bench::RunStats st = bench::ComputeRunStats(RequestRecords(run.result),
                                                       run.result.turns_per_session, rule);
     absl::StrAppend(&md, "| ", sweep ? absl::StrCat(run.concurrency, " | ") : "",
                     run.result.policy,
-                    absl::StrFormat(" | %.1f | %.2f / %.2f / %.2f | %.1f | %.3f |\n",
+                    absl::StrFormat(" | %.1f | %.2f / %.2f / %.2f | %.1f | %.2f / %.2f | %.3f |\n",
                                     st.window.Duration(), st.ttft_s.p50, st.ttft_s.p90,
-                                    st.ttft_s.p99, 1e3 * st.tpot_s.mean, st.request_throughput));
+                                    st.ttft_s.p99, 1e3 * st.tpot_s.mean, st.e2e_s.p50,
+                                    st.e2e_s.p99, st.request_throughput));
   }
   return absl::StrCat(md, "\n");
 }
