@@ -106,6 +106,11 @@ const ConfigSchema& ControllerConfigSchema() {
         .String("replica", d.replica,
                 "name of this model replica: the 'replica' label of the scrape targets served at "
                 "/metrics/targets (Prometheus HTTP service discovery); empty: the host name")
+        .String("metrics_targets_file", d.metrics_targets_file,
+                "when set, write the scrape targets of /metrics/targets (this controller and every "
+                "registered agent, Prometheus file_sd JSON) to this file at start and whenever an "
+                "agent registers, re-registers or goes away, atomically (temp file + rename), for "
+                "Prometheus file_sd_configs")
         .String("ready_file", d.ready_file,
                 "when set, write the bound ports as JSON to this file once listening (for "
                 "scripts and tests that start the controller on port 0)");
@@ -157,6 +162,7 @@ absl::StatusOr<ControllerOptions> ControllerOptionsFromConfig(const Config& conf
   o.auth_token_file = config.GetString("auth_token_file");
   o.insecure_no_auth = config.GetBool("insecure_no_auth");
   o.replica = config.GetString("replica");
+  o.metrics_targets_file = config.GetString("metrics_targets_file");
   o.ready_file = config.GetString("ready_file");
   o.log = LogOptionsFromConfig(config);
   return o;
