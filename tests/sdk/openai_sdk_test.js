@@ -208,24 +208,63 @@ test('n: choices indexed 0..n-1, choice i seeded seed + i, prompt counted once',
   await expect400(client.completions.create({...body, n: 17}), 'n');
 });
 
-test('n: a client that goes away aborts every choice', async () => {
-  const aborted = await metric('vamp_requests_finished_total', {reason: 'abort'});
-  const controller = new AbortController();
-  const stream = await client.completions.create(
-      {model: MODEL, prompt: 'Long', max_tokens: 1900, ignore_eos: true, n: 2, stream: true},
-      {signal: controller.signal});
-  let received = 0;
-  try {
-    for await (const chunk of stream) {
-      received += chunk.choices.length;
-      controller.abort();  // the SDK ends the stream (or throws, by version)
+test('batch: two prompts x n = 2, choices indexed prompt * n + j, seeds seed + index', async () => {
+  const prompts = ['Once upon a time', 'The robot said'];
+  const body = {model: MODEL, max_tokens: 5, temperature: 1, seed: 40, ignore_eos: true};
+  const r = await client.completions.create({...body, prompt: prompts, n: 2, echo: true});
+  assert.deepEqual(r.choices.map(c => c.index), [0, 1, 2, 3]);
+  // Choice i is prompt i / 2 alone with seed 40 + i.
+  const single = await Promise.all([0, 1, 2, 3].map(
+      i => client.completions.create({...body, prompt: prompts[Math.floor(i / 2)], seed: 40 + i})));
+  single.forEach((s, i) => {
+    assert.equal(r.choices[i].text, prompts[Math.floor(i / 2)] + s.choices[0].text, `choice ${i}`);
+  });
+  assert.equal(
+      r.usage.prompt_tokens, single[0].usage.prompt_tokens + single[2].usage.prompt_tokens);
+  assert.equal(r.usage.completion_tokens, 20);
+  // Streamed: every index, each with the same text as unary (same seeds), usage at the end.
+  const chunks = await collect(await client.completions.create({
+    ...body,
+    prompt: prompts,
+    n: 2,
+    echo: true,
+    stream: true,
+    stream_options: {include_usage: true}
+  }));
+  const got = byIndex(chunks, false);
+  assert.deepEqual(Object.keys(got), ['0', '1', '2', '3']);
+  for (let i = 0; i < 4; ++i) assert.equal(got[i].text, r.choices[i].text, `streamed choice ${i}`);
+  assert.deepEqual(chunks.at(-1).usage, r.usage);
+  // Token-id prompts batch too; a batch over --max_batch_prompts (64) is refused naming prompt.
+  const ids = await client.completions.create({...body, prompt: [[1, 2, 3], [4, 5]]});
+  assert.equal(ids.choices.length, 2);
+  assert.equal(ids.usage.prompt_tokens, 5);
+  await expect400(client.completions.create({...body, prompt: Array(65).fill('x')}), 'prompt');
+  await expect400(client.completions.create({...body, prompt: Array(5).fill('x'), n: 16}), 'n');
+});
+
+test('n: a client that goes away aborts every choice (of every prompt of a batch)', async () => {
+  for (const [prompt, choices] of [['Long', 2], [['Long', 'Longer'], 4]]) {
+    const aborted = await metric('vamp_requests_finished_total', {reason: 'abort'});
+    const controller = new AbortController();
+    const stream = await client.completions.create(
+        {model: MODEL, prompt, max_tokens: 1900, ignore_eos: true, n: 2, stream: true},
+        {signal: controller.signal});
+    let received = 0;
+    try {
+      for await (const chunk of stream) {
+        received += chunk.choices.length;
+        controller.abort();  // the SDK ends the stream (or throws, by version)
+      }
+    } catch (err) {
+      assert.ok(err instanceof OpenAI.APIUserAbortError || err.name === 'AbortError', `${err}`);
     }
-  } catch (err) {
-    assert.ok(err instanceof OpenAI.APIUserAbortError || err.name === 'AbortError', `${err}`);
+    assert.ok(received >= 1);
+    await waitFor(
+        async () =>
+            (await metric('vamp_requests_finished_total', {reason: 'abort'})) === aborted + choices,
+        `all ${choices} choices to be aborted`);
   }
-  assert.ok(received >= 1);
-  await waitFor(async () => (await metric('vamp_requests_finished_total', {reason: 'abort'})) ===
-                            aborted + 2, 'both choices to be aborted');
 });
 
 test('min_p: min_p 1 keeps only the most likely token, so sampling equals greedy', async () => {

@@ -243,7 +243,7 @@ TEST(OpenAiResponseWriterTest, UnaryStopStringAndEcho) {
   auto ctx = Context(*ByteTokenizer::Create(256));
   ResponseOptions options;
   options.stop = {"\n"};
-  options.echo = "Q: ";
+  options.echo = {"Q: "};
   OpenAiResponseWriter writer(ctx, options, 12, 100);
   for (const EngineEvent& e : Events(*ctx->tokenizer, "answer\nmore", 4)) {
     writer.Append(0, e);
@@ -260,7 +260,7 @@ TEST(OpenAiResponseWriterTest, ChoicesAreIndexedAndUsageCountsThePromptOnce) {
   ResponseOptions options;
   options.n = 3;
   options.include_usage = true;
-  options.echo = ">";
+  options.echo = {">"};
   OpenAiResponseWriter streamed(ctx, options, 13, 100);
   OpenAiResponseWriter unary(ctx, options, 14, 100);
   const std::vector<std::string> texts = {"a", "bb", "ccc"};
@@ -295,6 +295,63 @@ TEST(OpenAiResponseWriterTest, ChoicesAreIndexedAndUsageCountsThePromptOnce) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 6);
 }
 
+// A batch of 2 prompts x n = 2: choice i answers prompt i / 2 and echoes it; streamed chunks
+// arrive interleaved by index in whatever order the engine sends them; usage counts each
+// prompt's tokens once (3 + 5) and sums every completion; cached tokens are per prompt.
+TEST(OpenAiResponseWriterTest, BatchChoicesAreIndexedByPromptThenChoice) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  ResponseOptions options;
+  options.num_prompts = 2;
+  options.n = 2;
+  options.include_usage = true;
+  options.echo = {"P0:", "P1:"};
+  OpenAiResponseWriter streamed(ctx, options, 21, 100);
+  OpenAiResponseWriter unary(ctx, options, 22, 100);
+  const std::vector<std::string> texts = {"a", "bb", "ccc", "dddd"};
+  std::vector<std::vector<EngineEvent>> events;
+  for (int i = 0; i < 4; ++i) {
+    events.push_back(Events(*ctx->tokenizer, texts[i], 1));
+    for (EngineEvent& e : events.back()) {
+      e.prompt_tokens = i < 2 ? 3 : 5;
+      e.cached_prompt_tokens = i == 1 ? 2 : (i == 3 ? 4 : 0);
+    }
+  }
+  Streamed s;
+  std::vector<int> order;  // choices of chunks as sent
+  // Later choices first, then interleaved: the writer keeps every choice apart.
+  for (size_t k = 0; k < 4; ++k) {
+    for (int i = 3; i >= 0; --i) {
+      if (k >= events[i].size()) continue;
+      EXPECT_FALSE(s.done);
+      const std::string sse = streamed.StreamChunk(i, events[i][k]);
+      for (const Json& chunk : Chunks(sse)) {
+        if (!chunk["choices"].empty()) order.push_back(chunk["choices"][0]["index"].get<int>());
+      }
+      Collect(sse, &s);
+      unary.Append(i, events[i][k]);
+    }
+  }
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(order, (std::vector<int>{3, 2, 1, 0, 3, 2, 1, 3, 2, 3}));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(s.text[i], (i < 2 ? "P0:" : "P1:") + texts[i]) << i;
+    EXPECT_EQ(s.finish_reason[i], "stop");
+  }
+  ASSERT_TRUE(s.usage.has_value());
+  EXPECT_EQ((*s.usage)["prompt_tokens"], 8);
+  EXPECT_EQ((*s.usage)["completion_tokens"], 10);
+  EXPECT_EQ((*s.usage)["total_tokens"], 18);
+  EXPECT_EQ((*s.usage)["prompt_tokens_details"]["cached_tokens"], 6);
+  ASSERT_TRUE(unary.done());
+  const Json j = Json::parse(*unary.Finish());
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], (i < 2 ? "P0:" : "P1:") + texts[i]);
+  }
+  EXPECT_EQ(j["usage"], *s.usage);
+}
+
 TEST(OpenAiResponseWriterTest, LogprobsInOpenAisShapes) {
   auto ctx = Context(*ByteTokenizer::Create(256));
   auto with_logprobs = [](std::vector<EngineEvent> events) {
@@ -316,6 +373,16 @@ TEST(OpenAiResponseWriterTest, LogprobsInOpenAisShapes) {
   EXPECT_FLOAT_EQ(lp["token_logprobs"][0].get<float>(), -0.5f * ('a' % 3));
   EXPECT_EQ(lp["text_offset"], Json({0, 1, 2, 3}));
   EXPECT_FLOAT_EQ(lp["top_logprobs"][1]["b"].get<float>(), -0.5f * ('b' % 3));
+  // Completions, streamed: text_offset counts from the start of the choice's text, across chunks
+  // (regression: each chunk restarted at 0).
+  OpenAiResponseWriter streamed_text(ctx, options, 18, 100);
+  Json offsets = Json::array();
+  for (const EngineEvent& e : events) {
+    for (const Json& chunk : Chunks(streamed_text.StreamChunk(0, e))) {
+      for (const Json& o : chunk["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+    }
+  }
+  EXPECT_EQ(offsets, Json({0, 1, 2, 3}));
   // Chat, streamed: per chunk, content entries with the token's bytes.
   options.chat = true;
   OpenAiResponseWriter streamed(ctx, options, 16, 100);
