@@ -502,8 +502,13 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view text,
   s = OptionalBool(*body, "echo", &echo);
   if (!s.ok()) return s;
   if (echo && out.response.logprobs) {
-    return FieldError("echo", "echo with logprobs is not supported (it needs the prompt's "
-                              "log-probabilities, which are not computed)");
+    if (!model.prompt_logprobs) {
+      return FieldError("echo",
+                        "echo with logprobs needs the prompt's log-probabilities, which "
+                        "this deployment's agents cannot compute (CUDA agents do not yet); "
+                        "drop echo or logprobs");
+    }
+    out.response.echo_token_ids = out.prompts;
   }
   // Each prompt as text: a text prompt as given, token ids decoded.
   if (echo) {

@@ -23,6 +23,9 @@ struct ServedModel {
   std::string id;            // what clients put in "model"
   int32_t max_model_len = 0; // prompt + output tokens
   int32_t vocab_size = 0;
+  // The agents compute prompt log-probabilities (InitResponse.prompt_logprobs_supported on every
+  // rank): completions may ask for echo with logprobs.
+  bool prompt_logprobs = false;
 };
 
 // How the response writer shapes a request's output (chat requests; completions get raw text).
@@ -55,6 +58,10 @@ struct ResponseOptions {
   // Completions with echo: per prompt, its text, sent before each of its choices' generated
   // text; empty: no echo.
   std::vector<std::string> echo;
+  // Completions with echo and logprobs: per prompt, its token ids, whose log-probabilities (the
+  // first token's null, as OpenAI's) and alternatives come before the output's in each of its
+  // choices' logprobs (the engine requests ask for prompt log-probabilities); empty otherwise.
+  std::vector<std::vector<int32_t>> echo_token_ids;
   // Return each output token's log-probability (chat: logprobs true; completions: logprobs set),
   // in OpenAI's response shapes, with num_top_logprobs alternatives each (chat: top_logprobs
   // 0..20; completions: the logprobs value 0..5).
@@ -95,8 +102,9 @@ struct RequestLimits {
 
 // Completion requests: prompt (a string, an array of token ids, or a batch: an array of up to
 // limits.max_batch_prompts strings or token-id arrays; prompts x n at most max_batch_prompts),
-// echo (each prompt's text before its choices' output; echo with logprobs is refused), stop, n
-// and the sampling fields.
+// echo (each prompt's text before its choices' output; with logprobs, the prompt tokens' log-
+// probabilities too, refused with a 400 naming echo when model.prompt_logprobs is false), stop,
+// n and the sampling fields.
 absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body,
                                                       const ServedModel& model,
                                                       const Tokenizer& tokenizer,

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -473,6 +474,9 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   auto context = std::make_shared<ServingContext>();
   context->model =
       ServedModel{ServedModelName(), scheduler.max_model_len, first.vocab_size()};
+  context->model.prompt_logprobs =
+      std::all_of(ranks.begin(), ranks.end(),
+                  [](const vamp::v1::InitResponse& r) { return r.prompt_logprobs_supported(); });
   if (tokenizer_ != nullptr) {
     const auto* hf = static_cast<const HfTokenizer*>(tokenizer_.get());
     if (hf->max_token_id() >= first.vocab_size()) {

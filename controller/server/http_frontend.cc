@@ -208,6 +208,7 @@ class Handler {
       ServingRequest choice{parsed->prompts[i / response.n], parsed->sampling, parsed->cache_salt,
                             parsed->priority};
       if (seed.has_value()) choice.sampling.seed = *seed + static_cast<uint64_t>(i);
+      choice.prompt_logprobs = !response.echo_token_ids.empty();
       absl::StatusOr<RequestId> id = ctx->engine->Submit(
           std::move(choice), [exchange, pending, drain, i](const EngineEvent& e) {
             if (pending->Push(i, e)) exchange->Post(drain);

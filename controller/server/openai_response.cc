@@ -96,6 +96,12 @@ std::string OpenAiResponseWriter::Consume(Choice& c, const EngineEvent& e) {
   } else {
     c.logprobs_complete = false;
   }
+  if (e.has_prompt_logprobs) {
+    c.has_prompt_logprobs = true;
+    c.prompt_logprobs = e.prompt_logprobs;
+    c.prompt_top_token_ids = e.prompt_top_token_ids;
+    c.prompt_top_logprobs = e.prompt_top_logprobs;
+  }
   c.completion_tokens = e.completion_tokens;
   prompt_tokens_[c.prompt] = e.prompt_tokens;
   cached_prompt_tokens_[c.prompt] =
@@ -191,6 +197,60 @@ Json OpenAiResponseWriter::LogprobsJson(const std::vector<int32_t>& tokens,
           {"text_offset", std::move(offsets)}};
 }
 
+Json OpenAiResponseWriter::PromptLogprobsJson(const Choice& c, int64_t* text_offset) const {
+  const std::vector<int32_t>& ids = options_.echo_token_ids[c.prompt];
+  const size_t k = static_cast<size_t>(options_.num_top_logprobs);
+  const size_t scored = ids.empty() ? 0 : ids.size() - 1;
+  if (!c.has_prompt_logprobs || c.prompt_logprobs.size() != scored ||
+      c.prompt_top_token_ids.size() != scored * k || c.prompt_top_logprobs.size() != scored * k) {
+    return nullptr;
+  }
+  Json strings = Json::array(), values = Json::array(), tops = Json::array(),
+       offsets = Json::array();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::string text;
+    context_->tokenizer->AppendTokenBytes(ids[i], /*skip_special_tokens=*/false, &text);
+    offsets.push_back(*text_offset);
+    *text_offset += static_cast<int64_t>(text.size());
+    if (i == 0) {  // nothing precedes the first token: OpenAI's and vLLM's null
+      values.push_back(nullptr);
+      tops.push_back(nullptr);
+      strings.push_back(std::move(text));
+      continue;
+    }
+    const float logprob = c.prompt_logprobs[i - 1];
+    Json top = {{text, logprob}};
+    for (size_t j = (i - 1) * k; j < i * k; ++j) {
+      std::string alternative;
+      context_->tokenizer->AppendTokenBytes(c.prompt_top_token_ids[j], false, &alternative);
+      top.emplace(alternative, c.prompt_top_logprobs[j]);
+    }
+    values.push_back(logprob);
+    tops.push_back(std::move(top));
+    strings.push_back(std::move(text));
+  }
+  return {{"tokens", std::move(strings)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+Json OpenAiResponseWriter::ChoiceLogprobs(const Choice& c, bool with_prompt,
+                                          const std::vector<int32_t>& tokens,
+                                          const std::vector<float>& logprobs,
+                                          const std::vector<int32_t>& top_token_ids,
+                                          const std::vector<float>& top_logprobs,
+                                          int64_t* text_offset) const {
+  if (!with_prompt) return LogprobsJson(tokens, logprobs, top_token_ids, top_logprobs, text_offset);
+  Json prompt = PromptLogprobsJson(c, text_offset);
+  Json output = LogprobsJson(tokens, logprobs, top_token_ids, top_logprobs, text_offset);
+  if (prompt.is_null() || output.is_null()) return nullptr;
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (Json& v : output[key]) prompt[key].push_back(std::move(v));
+  }
+  return prompt;
+}
+
 std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
   Choice& c = choices_[index];
   if (c.done) return "";
@@ -243,10 +303,11 @@ std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
     choice["finish_reason"] = FinishReasonJson(c.finish_reason);
   }
   if (options_.logprobs) {
-    // Offsets into the choice's whole text: the echoed prompt, then every chunk before this one.
-    if (first_chunk) c.text_offset = static_cast<int64_t>(Echo(c).size());
-    choice["logprobs"] =
-        LogprobsJson(e.token_ids, e.logprobs, e.top_token_ids, e.top_logprobs, &c.text_offset);
+    // Offsets into the choice's whole text (the echoed prompt's tokens come first, in the first
+    // chunk), across chunks.
+    const bool with_prompt = !chat_ && first_chunk && !options_.echo_token_ids.empty();
+    choice["logprobs"] = ChoiceLogprobs(c, with_prompt, e.token_ids, e.logprobs, e.top_token_ids,
+                                        e.top_logprobs, &c.text_offset);
   }
   if (!e.error.empty()) choice["error"] = e.error;
   chunk["choices"] = Json::array({choice});
@@ -277,13 +338,14 @@ absl::StatusOr<std::string> OpenAiResponseWriter::Finish() const {
     if (!c.error.empty()) {
       return absl::UnavailableError(absl::StrCat("request failed: ", c.error));
     }
-    int64_t offset = static_cast<int64_t>(Echo(c).size());
+    int64_t offset = 0;
+    const bool with_prompt = !chat_ && !options_.echo_token_ids.empty();
     Json choice = {{"index", i},
                    {"finish_reason", FinishReasonJson(c.finish_reason)},
                    {"token_ids", c.tokens},
                    {"logprobs", options_.logprobs && c.logprobs_complete
-                                    ? LogprobsJson(c.tokens, c.logprobs, c.top_token_ids,
-                                                   c.top_logprobs, &offset)
+                                    ? ChoiceLogprobs(c, with_prompt, c.tokens, c.logprobs,
+                                                     c.top_token_ids, c.top_logprobs, &offset)
                                     : Json(nullptr)}};
     if (chat_) {
       const ChatOutput parsed = ParseChatOutput(c.text, options_);

@@ -9,7 +9,8 @@
 // (controller/frontend/stop_strings.h); a request's num_prompts x n choices are indexed
 // prompt_index * n + j in one response; completions with echo send each choice's prompt text
 // first; with logprobs asked for, each choice carries its tokens' log-probabilities (token strings
-// are the tokens' own bytes; completions' text_offset counts bytes of the choice's whole text).
+// are the tokens' own bytes; completions' text_offset counts bytes of the choice's whole text),
+// and with echo its prompt's tokens come first (the first one's logprob and top_logprobs null).
 // Not thread-safe: one writer per request, used by one thread at a time.
 #ifndef VAMP_CONTROLLER_SERVER_OPENAI_RESPONSE_H_
 #define VAMP_CONTROLLER_SERVER_OPENAI_RESPONSE_H_
@@ -76,6 +77,11 @@ class OpenAiResponseWriter {
     std::vector<int32_t> top_token_ids;
     std::vector<float> top_logprobs;
     bool logprobs_complete = true;
+    // Echo with logprobs: the prompt's (EngineEvent::prompt_logprobs), once they came.
+    bool has_prompt_logprobs = false;
+    std::vector<float> prompt_logprobs;
+    std::vector<int32_t> prompt_top_token_ids;
+    std::vector<float> prompt_top_logprobs;
     std::string text;          // unary: the output text so far (stop strings applied)
     bool streamed = false;     // a chunk has been sent (the first carries the role / echo)
     int64_t text_offset = 0;   // streamed completions: bytes of the token strings sent so far
@@ -103,6 +109,18 @@ class OpenAiResponseWriter {
                               const std::vector<float>& logprobs,
                               const std::vector<int32_t>& top_token_ids,
                               const std::vector<float>& top_logprobs, int64_t* text_offset) const;
+
+  // Completions' logprobs of choice `c`'s prompt tokens (options.echo_token_ids): token 0 with
+  // null logprob and top_logprobs, then each with its log-probability and alternatives; offsets
+  // from *text_offset, which advances. Null when they are missing.
+  nlohmann::json PromptLogprobsJson(const Choice& c, int64_t* text_offset) const;
+  // Choice `c`'s logprobs object for `tokens` (LogprobsJson), preceded by its prompt's
+  // (PromptLogprobsJson) when `with_prompt`; null when any part is missing.
+  nlohmann::json ChoiceLogprobs(const Choice& c, bool with_prompt,
+                                const std::vector<int32_t>& tokens,
+                                const std::vector<float>& logprobs,
+                                const std::vector<int32_t>& top_token_ids,
+                                const std::vector<float>& top_logprobs, int64_t* text_offset) const;
 
   const std::shared_ptr<const ServingContext> context_;
   const ResponseOptions options_;

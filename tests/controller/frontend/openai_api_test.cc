@@ -185,6 +185,31 @@ TEST_F(OpenAiApiTest, CompletionBatchesOfStringsAndTokenArrays) {
   EXPECT_EQ(HttpStatusFor(s), 400);
 }
 
+// echo with logprobs needs agents that compute prompt log-probabilities: refused naming echo
+// without them; with them, every prompt's token ids go to the response writer.
+TEST_F(OpenAiApiTest, EchoWithLogprobsNeedsAgentsThatScoreThePrompt) {
+  absl::Status refused = ParseCompletionRequest(R"({"prompt": "Hi", "echo": true, "logprobs": 2})",
+                                                model_, *tokenizer_)
+                             .status();
+  EXPECT_EQ(Param(refused), "echo");
+  EXPECT_THAT(refused.message(), HasSubstr("this deployment's agents cannot compute"));
+  ServedModel scoring = model_;
+  scoring.prompt_logprobs = true;
+  absl::StatusOr<OpenAiRequest> r = ParseCompletionRequest(
+      R"({"prompt": ["Hi", "Yo!"], "echo": true, "logprobs": 2})", scoring, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->response.echo_token_ids, r->prompts);
+  EXPECT_EQ(r->response.num_top_logprobs, 2);
+  EXPECT_EQ(r->sampling.num_top_logprobs, 2);
+  // Without logprobs (or without echo), nothing to score.
+  r = ParseCompletionRequest(R"({"prompt": "Hi", "echo": true})", scoring, *tokenizer_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->response.echo_token_ids.empty());
+  r = ParseCompletionRequest(R"({"prompt": "Hi", "logprobs": 1})", scoring, *tokenizer_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->response.echo_token_ids.empty());
+}
+
 TEST_F(OpenAiApiTest, ErrorsNameTheField) {
   struct Case {
     const char* body;

@@ -402,6 +402,79 @@ TEST(OpenAiResponseWriterTest, LogprobsInOpenAisShapes) {
   EXPECT_TRUE(Json::parse(*plain.Finish())["choices"][0]["logprobs"].is_null());
 }
 
+// echo with logprobs: each choice's logprobs cover its prompt's tokens, then the output's, in
+// completions' shapes: the first prompt token with null logprob and top_logprobs (OpenAI's),
+// every other with its log-probability and a map of it and its alternatives; text_offset counts
+// from the start of the echoed prompt. Streamed, the prompt's come in each choice's first chunk.
+// Without the prompt's (an agent that sent none), logprobs are null, not partial.
+TEST(OpenAiResponseWriterTest, EchoWithLogprobsCoversThePromptThenTheOutput) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  ResponseOptions options;
+  options.logprobs = true;
+  options.num_top_logprobs = 1;
+  options.num_prompts = 2;
+  options.echo = {"Hi!", "Yo"};
+  options.echo_token_ids = {{'H', 'i', '!'}, {'Y', 'o'}};
+  // Prompt events: choice 0 (prompt "Hi!") and choice 1 (prompt "Yo"), outputs "ab" and "c".
+  auto output = [&](const std::string& text, std::vector<float> prompt_lps,
+                    std::vector<int32_t> prompt_alt_ids) {
+    std::vector<EngineEvent> events = Events(*ctx->tokenizer, text, 1);
+    for (EngineEvent& e : events) {
+      e.logprobs = {-0.5f};
+      e.top_token_ids = {'z'};
+      e.top_logprobs = {-3.0f};
+    }
+    events[0].has_prompt_logprobs = true;
+    events[0].prompt_logprobs = prompt_lps;
+    events[0].prompt_top_token_ids = prompt_alt_ids;
+    for (float lp : prompt_lps) events[0].prompt_top_logprobs.push_back(lp - 1);
+    return events;
+  };
+  const std::vector<std::vector<EngineEvent>> events = {output("ab", {-1.0f, -2.0f}, {'q', 'r'}),
+                                                        output("c", {-4.0f}, {'s'})};
+  OpenAiResponseWriter unary(ctx, options, 31, 100);
+  OpenAiResponseWriter streamed(ctx, options, 32, 100);
+  std::map<int, Json> chunks_logprobs;  // per choice: the streamed arrays, concatenated
+  for (int i = 0; i < 2; ++i) {
+    for (const EngineEvent& e : events[i]) {
+      unary.Append(i, e);
+      for (const Json& chunk : Chunks(streamed.StreamChunk(i, e))) {
+        if (chunk["choices"].empty()) continue;
+        const Json& lp = chunk["choices"][0]["logprobs"];
+        Json& all = chunks_logprobs[i];
+        for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+          if (!all.contains(key)) all[key] = Json::array();
+          for (const Json& v : lp[key]) all[key].push_back(v);
+        }
+      }
+    }
+  }
+  const Json j = Json::parse(*unary.Finish());
+  const Json& lp0 = j["choices"][0]["logprobs"];
+  EXPECT_EQ(j["choices"][0]["text"], "Hi!ab");
+  EXPECT_EQ(lp0["tokens"], Json({"H", "i", "!", "a", "b"}));
+  EXPECT_EQ(lp0["token_logprobs"], Json({nullptr, -1.0, -2.0, -0.5, -0.5}));
+  EXPECT_TRUE(lp0["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp0["top_logprobs"][1], Json({{"i", -1.0}, {"q", -2.0}}));
+  EXPECT_EQ(lp0["top_logprobs"][2], Json({{"!", -2.0}, {"r", -3.0}}));
+  EXPECT_EQ(lp0["top_logprobs"][3], Json({{"a", -0.5}, {"z", -3.0}}));
+  EXPECT_EQ(lp0["text_offset"], Json({0, 1, 2, 3, 4}));
+  const Json& lp1 = j["choices"][1]["logprobs"];
+  EXPECT_EQ(lp1["tokens"], Json({"Y", "o", "c"}));
+  EXPECT_EQ(lp1["token_logprobs"], Json({nullptr, -4.0, -0.5}));
+  EXPECT_EQ(lp1["text_offset"], Json({0, 1, 2}));
+  EXPECT_EQ(chunks_logprobs[0], lp0);
+  EXPECT_EQ(chunks_logprobs[1], lp1);
+
+  // An agent that sent no prompt log-probabilities: null.
+  std::vector<EngineEvent> missing = events[0];
+  missing[0].has_prompt_logprobs = false;
+  options.num_prompts = 1;
+  OpenAiResponseWriter partial(ctx, options, 33, 100);
+  for (const EngineEvent& e : missing) partial.Append(0, e);
+  EXPECT_TRUE(Json::parse(*partial.Finish())["choices"][0]["logprobs"].is_null());
+}
+
 TEST(OpenAiResponseWriterTest, TopLogprobsInOpenAisShapes) {
   auto ctx = Context(*ByteTokenizer::Create(256));
   // k = 2 alternatives per token: the token itself (-0.25) and 'z' (-2), or 'y' then the token
