@@ -197,6 +197,12 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   response.set_vocab_size(static_cast<int32_t>(config.vocab_size));
   response.set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
   response.set_prefix_caching_unsupported(in->rank->model().RecurrentStateFloatsPerSlot() > 0);
+  // The runner's prompt log-probabilities are backend-independent (a step that computes them
+  // brings its logits to the host and samples there), but that step has not run on a GPU yet:
+  // CUDA agents do not offer them until it has.
+  const bool prompt_logprobs = !in->rank->device->is_cuda();
+  response.set_prompt_logprobs_supported(prompt_logprobs);
+  in->steps.set_options({prompt_logprobs, /*return_prompt_logprobs=*/in->tp_rank() == 0});
   response.set_eos_token_id(
       config.eos_token_ids.empty() ? -1 : static_cast<int32_t>(config.eos_token_ids.front()));
   instance_ = std::move(in);
