@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
@@ -168,11 +167,7 @@ void ToProto(const SamplingParams& sp, vamp::v1::SamplingParams* out) {
 ServingEngine::ServingEngine(AgentGroup* group, ServingEngineOptions options)
     : group_(group),
       options_(std::move(options)),
-      series_(std::make_unique<ServingSeries>(options_.model_name)),
-      private_salt_([] {
-        absl::BitGen gen;
-        return absl::StrFormat("\x1f/prompt-logprobs/%016x/", absl::Uniform<uint64_t>(gen));
-      }()) {}
+      series_(std::make_unique<ServingSeries>(options_.model_name)) {}
 
 absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* group,
                                                                    ServingEngineOptions options) {
@@ -221,12 +216,6 @@ absl::StatusOr<RequestId> ServingEngine::Submit(ServingRequest request, EngineSi
     return absl::UnavailableError("the model's agents are not available; retry later");
   }
   if (draining_) return absl::UnavailableError("the server is draining and admits no requests");
-  // A cached prefix has no logits: a request that needs its prompt's log-probabilities never
-  // shares cached blocks (its own, computed before a preemption, it may find again; the agents
-  // report those positions once more and CollectPromptLogprobs skips them).
-  if (request.prompt_logprobs) {
-    absl::StrAppend(&request.cache_salt, private_salt_, private_salts_.fetch_add(1));
-  }
   // Hashing the prompt's blocks here keeps it off the engine thread's step (≈ 0.1 ms per 32k
   // tokens). options_.scheduler is not changed after Start.
   std::vector<BlockHash> hashes =
@@ -346,6 +335,10 @@ void ServingEngine::AdmitPending() {
     spec.eos_token_id = options_.eos_token_id;
     spec.priority = p.request.priority;
     spec.cache_salt = std::move(p.request.cache_salt);
+    // A cached prefix has no logits: a request that needs its prompt's log-probabilities
+    // computes all of it (after a preemption too: the agents then report positions again and
+    // CollectPromptLogprobs skips those it already has).
+    spec.skip_prefix_cache_reads = p.request.prompt_logprobs;
     spec.arrival_micros = p.arrival_micros;
     spec.prompt_block_hashes = std::move(p.prompt_block_hashes);
     const int32_t prompt_tokens = static_cast<int32_t>(spec.prompt_token_ids.size());

@@ -191,8 +191,6 @@ class ServingEngine {
   // Requests with prompt log-probabilities get the cache salt "<their salt>" + this + a counter,
   // which no other request has (a random 64-bit value per engine): their prompts never hit the
   // prefix cache.
-  const std::string private_salt_;
-  std::atomic<uint64_t> private_salts_{0};
 
   std::atomic<bool> healthy_{true};
   std::atomic<bool> draining_{false};
