@@ -353,7 +353,10 @@ void ServingEngine::AdmitPending() {
       p.sink(event);
       continue;
     }
-    Live& live = live_[p.id] = Live{std::move(p.sink), p.arrival_micros, prompt_tokens};
+    Live& live = live_[p.id];
+    live.sink = std::move(p.sink);
+    live.arrival_micros = p.arrival_micros;
+    live.prompt_tokens = prompt_tokens;
     if (p.request.prompt_logprobs) {
       live.prompt_logprobs = std::make_unique<PromptLogprobsState>();
       live.prompt_logprobs->k = k;

@@ -139,8 +139,8 @@ class ServingEngine {
   };
   struct Live {
     EngineSink sink;
-    int64_t arrival_micros;
-    int32_t prompt_tokens;
+    int64_t arrival_micros = 0;
+    int32_t prompt_tokens = 0;
     // Set when the request asked for prompt log-probabilities.
     std::unique_ptr<PromptLogprobsState> prompt_logprobs;
     int32_t completion_tokens = 0;

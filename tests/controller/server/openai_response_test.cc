@@ -119,7 +119,9 @@ TEST(OpenAiResponseWriterTest, StreamedChatSplitsReasoningAndToolCalls) {
     }
     EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
     EXPECT_EQ(calls[0]["type"], "function");
-    if (calls.size() > 1) EXPECT_EQ(calls[0]["function"]["arguments"], "") << step;
+    if (calls.size() > 1) {
+      EXPECT_EQ(calls[0]["function"]["arguments"], "") << step;
+    }
     // In small events the arguments arrive in pieces; in one event the call comes whole.
     if (step < 200) {
       EXPECT_GT(calls.size(), 2u) << step;
