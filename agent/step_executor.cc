@@ -137,6 +137,13 @@ absl::Status StepExecutor::Run(const vamp::v1::StepRequest& request, int64_t poo
     }
     VAMP_ASSIGN_OR_RETURN(RunnerSamplingParams sampling,
                           ToRunnerSampling(r.sampling(), field + ".sampling"));
+    if (r.prompt_logprobs() && !options_.prompt_logprobs_supported) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field,
+                       ".prompt_logprobs: this agent does not compute prompt log-probabilities (it "
+                       "declared prompt_logprobs_supported = false)"));
+    }
+    sampling.prompt_logprobs = r.prompt_logprobs();
     sampling.min_tokens = r.min_tokens();
     if (r.min_tokens() > 0) {
       std::vector<int32_t>& banned = sampling.min_tokens_banned_ids;
@@ -245,6 +252,16 @@ absl::Status StepExecutor::Run(const vamp::v1::StepRequest& request, int64_t poo
     sampled->add_logprobs(s.logprob);
     sampled->mutable_top_token_ids()->Add(s.top_token_ids.begin(), s.top_token_ids.end());
     sampled->mutable_top_logprobs()->Add(s.top_logprobs.begin(), s.top_logprobs.end());
+  }
+  if (options_.return_prompt_logprobs) {
+    for (const PromptLogprobs& p : out->prompt_logprobs) {
+      vamp::v1::PromptLogprobs* lp = response->add_prompt_logprobs();
+      lp->set_request_id(p.id);
+      lp->set_first_position(p.first_position);
+      lp->mutable_logprobs()->Add(p.logprobs.begin(), p.logprobs.end());
+      lp->mutable_top_token_ids()->Add(p.top_token_ids.begin(), p.top_token_ids.end());
+      lp->mutable_top_logprobs()->Add(p.top_logprobs.begin(), p.top_logprobs.end());
+    }
   }
   response->mutable_timings()->set_forward_us(
       static_cast<int64_t>(out->forward_us + out->sample_us));

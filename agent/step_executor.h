@@ -24,13 +24,24 @@ namespace vamp {
 absl::StatusOr<RunnerSamplingParams> ToRunnerSampling(const vamp::v1::SamplingParams& s,
                                                       const std::string& field);
 
+struct StepExecutorOptions {
+  // Requests may ask for prompt log-probabilities (the agent declared
+  // InitResponse.prompt_logprobs_supported); otherwise a step whose new request asks is refused.
+  bool prompt_logprobs_supported = false;
+  // This rank returns them in StepResponse.prompt_logprobs (rank 0: every rank computes the same
+  // values, the controller reads rank 0's).
+  bool return_prompt_logprobs = true;
+};
+
 class StepExecutor {
  public:
+  void set_options(const StepExecutorOptions& options) { options_ = options; }
+
   // Runs `request`'s request diffs and forward pass on `runner`, whose KV pool has `pool` blocks,
-  // for a vocabulary of `vocab` tokens, appending sampled tokens and the forward time to
-  // `response`. Errors name the field (e.g. "cached_requests[0].request_id 7 is unknown");
-  // nothing of a rejected step is applied. A failure in the forward pass leaves the runner's
-  // diffs applied, and this executor mirrors them.
+  // for a vocabulary of `vocab` tokens, appending sampled tokens, prompt log-probabilities and
+  // the forward time to `response`. Errors name the field (e.g. "cached_requests[0].request_id 7 is
+  // unknown"); nothing of a rejected step is applied. A failure in the forward pass leaves the
+  // runner's diffs applied, and this executor mirrors them.
   absl::Status Run(const vamp::v1::StepRequest& request, int64_t pool, int64_t vocab,
                    ModelRunner& runner, vamp::v1::StepResponse* response);
   // Forgets every request (the runner was replaced).
@@ -49,6 +60,7 @@ class StepExecutor {
     bool in_runner = false;
   };
 
+  StepExecutorOptions options_;
   absl::flat_hash_map<uint64_t, RequestState> requests_;
 };
 

@@ -40,7 +40,8 @@ constexpr char kUsage[] =
     "Commands:\n"
     "  health          whether the controller serves: grpc.health.v1, and not draining, as\n"
     "                  HTTP /health says (exit 4 if not)\n"
-    "  status          version, model, uptime, policy, KV pool, queue and every rank's memory\n"
+    "  status          version, model, uptime, policy, KV pool, queue, every rank's agent and\n"
+    "                  metrics addresses and its memory\n"
     "  policy get      the memory arbiter and offload cap in force\n"
     "  policy set KEY=VALUE...   arbiter=static|vamp, restore=on|off (the cap needs a restart)\n"
     "  coefficients get          the cost model's coefficients\n"
@@ -382,6 +383,17 @@ int Status(const Options& options, const std::shared_ptr<grpc::Channel>& channel
       kv.total_blocks(), kv.used_blocks(), kv.cached_free_blocks(), kv.uncached_free_blocks(),
       kv.block_size(), 100 * kv.prefix_cache_hit_ratio(), response.queue().running(),
       response.queue().waiting(), response.queue().preempted(), response.queue().finished_total());
+  if (response.agents_size() == 0) {
+    std::cout << "agents         none registered\n";
+  } else {
+    std::cout << absl::StrFormat("%-5s %-24s %-24s %s\n", "rank", "agent address",
+                                 "metrics address", "state");
+    for (const auto& a : response.agents()) {
+      std::cout << absl::StrFormat("%-5d %-24s %-24s %s\n", a.rank(), a.agent_address(),
+                                   a.metrics_address().empty() ? "-" : a.metrics_address(),
+                                   a.gone() ? "gone" : "registered");
+    }
+  }
   if (response.ranks_size() == 0) {
     std::cout << "ranks          none attached\n";
     return kExitOk;

@@ -129,7 +129,7 @@ bool SecretEquals(absl::string_view presented, absl::string_view expected) {
   volatile unsigned char diff = presented.size() == expected.size() ? 0 : 1;
   for (size_t i = 0; i < expected.size(); ++i) {
     const unsigned char p = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
-    diff |= p ^ static_cast<unsigned char>(expected[i]);
+    diff = diff | (p ^ static_cast<unsigned char>(expected[i]));
   }
   return diff == 0;
 }

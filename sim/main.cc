@@ -271,6 +271,8 @@ absl::Status Run(const SimConfig& config, int argc, char** argv) {
   const std::filesystem::path md(report_path);
   spec.svg_prefix = md.stem().string();
   spec.phase_split_s = split;
+  spec.exclude_first_turn = options.exclude_first_turn;
+  spec.window_ends_before_drain = config.tail_sessions == 0 && !config.mix_low_reuse;
   spec.total_wall_s = wall;
   spec.threads = threads;
   const RenderedReport rendered = RenderReport(spec);

@@ -36,6 +36,12 @@ struct ReportSpec {
   std::string svg_prefix;
   // > 0: also tabulate the turns that arrive at or after this virtual time (a late phase).
   double phase_split_s = 0;
+  // The runs left each session's turn 0 out of TTFT (SimOptions::exclude_first_turn).
+  bool exclude_first_turn = false;
+  // The window vamp-bench's statistics use: the paper's (ends when the first session completes
+  // after all have started) for one wave of sessions; the whole run when later phases (tail
+  // sessions, mixed low-reuse traffic) would fall outside it.
+  bool window_ends_before_drain = true;
   double total_wall_s = 0;
   int threads = 1;
 };

@@ -25,20 +25,28 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
   const HardwareCalibration& h = c_.hardware;
   StepTime t;
   int64_t tokens = 0;
-  double attention_flops = 0;  // per KV layer, this rank
-  double kv_bytes = 0;         // per KV layer, this rank
+  // Per KV layer, this rank. Decode rows (one new token) and prefill rows run in separate kernels
+  // (split-KV decode, tensor-core prefill), one after the other, each bound by its own FLOPs or
+  // KV reads; a mixed step pays both.
+  double prefill_flops = 0, prefill_kv_bytes = 0, decode_flops = 0, decode_kv_bytes = 0;
   const double q_width = static_cast<double>(m.QHeadsPerRank()) * m.head_dim;
   const double kv_bytes_per_token_layer = 2.0 * m.KvHeadsPerRank() * m.head_dim * m.dtype_bytes;
   for (const SequenceWork& s : batch) {
     tokens += s.new_tokens;
     // QK^T and PV over the cached context plus the causal half of the new tokens.
     const double keys = static_cast<double>(s.context_tokens) + 0.5 * (s.new_tokens + 1);
-    attention_flops += 4.0 * s.new_tokens * keys * q_width;
-    kv_bytes += (static_cast<double>(s.context_tokens) + s.new_tokens) * kv_bytes_per_token_layer;
+    const double flops = 4.0 * s.new_tokens * keys * q_width;
+    const double kv =
+        (static_cast<double>(s.context_tokens) + s.new_tokens) * kv_bytes_per_token_layer;
+    (s.new_tokens > 1 ? prefill_flops : decode_flops) += flops;
+    (s.new_tokens > 1 ? prefill_kv_bytes : decode_kv_bytes) += kv;
   }
   if (tokens == 0) return t;
+  auto kernel_us = [&](double flops, double kv_bytes) {
+    return 1e6 * std::max(flops / h.attention_flops_per_s, kv_bytes / h.kv_read_bytes_per_s);
+  };
   const double attention_us =
-      1e6 * std::max(attention_flops / h.attention_flops_per_s, kv_bytes / h.kv_read_bytes_per_s);
+      kernel_us(prefill_flops, prefill_kv_bytes) + kernel_us(decode_flops, decode_kv_bytes);
   const double dense_bytes = static_cast<double>(m.DenseBytesPerLayer());
   const double dense_us =
       1e6 * std::max(dense_bytes / h.weight_read_bytes_per_s,

@@ -55,34 +55,39 @@ struct Value {
   std::shared_ptr<Dict> dict;  // also a namespace's attributes
   const MacroDef* macro = nullptr;
 
-  static Value None() { return Value{Kind::kNone}; }
+  static Value Of(Kind kind) {
+    Value x;
+    x.kind = kind;
+    return x;
+  }
+  static Value None() { return Of(Kind::kNone); }
   static Value Bool(bool v) {
-    Value x{Kind::kBool};
+    Value x = Of(Kind::kBool);
     x.b = v;
     return x;
   }
   static Value Int(int64_t v) {
-    Value x{Kind::kInt};
+    Value x = Of(Kind::kInt);
     x.i = v;
     return x;
   }
   static Value Float(double v) {
-    Value x{Kind::kFloat};
+    Value x = Of(Kind::kFloat);
     x.f = v;
     return x;
   }
   static Value Str(std::string v) {
-    Value x{Kind::kString};
+    Value x = Of(Kind::kString);
     x.s = std::move(v);
     return x;
   }
   static Value MakeList(List v = {}) {
-    Value x{Kind::kList};
+    Value x = Of(Kind::kList);
     x.list = std::make_shared<List>(std::move(v));
     return x;
   }
   static Value MakeDict(Dict v = {}) {
-    Value x{Kind::kDict};
+    Value x = Of(Kind::kDict);
     x.dict = std::make_shared<Dict>(std::move(v));
     return x;
   }
@@ -1595,7 +1600,7 @@ class Renderer {
           break;
         }
         case Node::kMacro: {
-          Value m{Kind::kMacro};
+          Value m = Value::Of(Kind::kMacro);
           m.macro = node->macro.get();
           Assign(node->macro->name, std::move(m));
           break;
@@ -2063,7 +2068,7 @@ class Renderer {
                                                      : Str(*m));
     }
     if (fn == "namespace" || fn == "dict") {
-      Value ns{fn == "namespace" ? Kind::kNamespace : Kind::kDict};
+      Value ns = Value::Of(fn == "namespace" ? Kind::kNamespace : Kind::kDict);
       ns.dict = std::make_shared<Dict>();
       for (const auto& [n, v] : args->named) ns.dict->emplace_back(n, v);
       return ns;

@@ -42,6 +42,16 @@ for t in miniswe magagent; do
     --workload=lmcache --lmcache_dir=../shared/traces/lmcache-agent-trace/$t --kv_pool_gib=1 \
     --lmcache_stagger_s=1 --max_model_len=65536
 done
+# One H200 at this engine's measured speed (sim/calibrations/h200-vamp-engine.json, which predicts
+# the GPU A/B within 25 %: bench/results/2026-12-02-sim-vs-gpu.md): the A/B's multi-turn shape in
+# one wave, and in two (8 more sessions from t = 30 s). Not tuned on.
+h200=(--calibration=qwen3-30b-a3b --calibration_file=sim/calibrations/h200-vamp-engine.json
+      --kv_pool_gib=7.638 --turns=8 --first_turn_tokens=4096 --growth_tokens=2048
+      --output_tokens=32 --think_time_s=0.5 --max_model_len=65536)
+run h200-engine-one-wave "Tax model vs paper: GPU A/B multi-turn shape, one wave, H200 engine calibration" \
+  "${h200[@]}" --concurrency=4,8,10,12
+run h200-engine-two-waves "Tax model vs paper: GPU A/B multi-turn shape, a second wave of 8 sessions at 30 s, H200 engine calibration" \
+  "${h200[@]}" --concurrency=8,10,12 --tail_sessions=8 --tail_start_s=30
 # Alternating phases: multi-turn (high reuse), then low-reuse traffic from t = 300 s.
 run mixed "Tax model vs paper: 20 multi-turn sessions, then low-reuse traffic from t = 300 s" \
   --concurrency=20 --turns=8 --mix_low_reuse --low_reuse_start_s=300 --low_reuse_requests=1200 \

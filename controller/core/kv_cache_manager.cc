@@ -14,7 +14,9 @@ KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size, bool enab
 
 PrefixHit KvCacheManager::FindCachedPrefix(Request& request) const {
   PrefixHit hit;
-  if (!pool_.caching_enabled() || request.num_tokens() == 0) return hit;
+  if (!pool_.caching_enabled() || request.num_tokens() == 0 || request.skip_prefix_cache_reads()) {
+    return hit;
+  }
   const int32_t max_blocks = (request.num_tokens() - 1) / block_size_;
   // Hashes computed already (handed over at arrival, or from an earlier admission) are looked up
   // a few blocks ahead of the walk: a long prefix's lookups miss the CPU caches in a table of

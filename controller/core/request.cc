@@ -42,6 +42,7 @@ Request::Request(RequestSpec spec, int64_t arrival_micros, uint64_t seq)
       eos_token_id_(spec.eos_token_id),
       priority_(spec.priority),
       cache_salt_(std::move(spec.cache_salt)),
+      skip_prefix_cache_reads_(spec.skip_prefix_cache_reads),
       arrival_micros_(arrival_micros),
       num_prompt_tokens_(static_cast<int32_t>(spec.prompt_token_ids.size())),
       tokens_(std::move(spec.prompt_token_ids)),

@@ -49,6 +49,11 @@ struct RequestSpec {
   int32_t priority = 0;
   // Extra prefix-cache key: requests share cached KV only when their salts are equal.
   std::string cache_salt;
+  // Compute the whole prompt, finding no cached prefix (its blocks still enter the cache for
+  // others): a request that needs its prompt's logits (prompt logprobs) cannot start from cached
+  // KV, which has none. Such admissions are no prefix-cache lookups (PrefixCacheStats) and no
+  // reuse evidence (ReuseTracker).
+  bool skip_prefix_cache_reads = false;
   // Optional: the prefix-cache hashes of every full block of the prompt, computed where the prompt
   // arrives (Scheduler::HashPromptBlocks, on a frontend thread) so that the scheduling thread does
   // not spend its step on them (a 32k-token prompt is 2,048 blocks, ≈ 0.1 ms). Empty: the
@@ -75,6 +80,7 @@ class Request {
   std::optional<TokenId> eos_token_id() const { return eos_token_id_; }
   int32_t priority() const { return priority_; }
   const std::string& cache_salt() const { return cache_salt_; }
+  bool skip_prefix_cache_reads() const { return skip_prefix_cache_reads_; }
   int64_t arrival_micros() const { return arrival_micros_; }
 
   // ---- Tokens ----
@@ -144,6 +150,7 @@ class Request {
   const std::optional<TokenId> eos_token_id_;
   const int32_t priority_;
   const std::string cache_salt_;
+  const bool skip_prefix_cache_reads_;
   const int64_t arrival_micros_;
   const int32_t num_prompt_tokens_;
 

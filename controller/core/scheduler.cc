@@ -377,10 +377,11 @@ void Scheduler::RecordAdmission(const Scheduled& s, int64_t now) {
     tracker->RecordQueueTime(now, queued);
   }
   PrefixCacheStats& pc = counters_.prefix_cache;
+  const bool lookup = kv_.pool().caching_enabled() && !r->skip_prefix_cache_reads();
   if (resumed) {
     ++counters_.num_resumed;
     counters_.total_resume_delay_micros += queued;
-    if (kv_.pool().caching_enabled()) {
+    if (lookup) {
       ++pc.preempted_requests;
       pc.preempted_query_tokens += r->num_tokens();
       pc.preempted_hit_tokens += s.num_computed_before;
@@ -388,7 +389,7 @@ void Scheduler::RecordAdmission(const Scheduled& s, int64_t now) {
   } else {
     ++counters_.num_admitted;
     counters_.total_queue_micros += queued;
-    if (kv_.pool().caching_enabled()) {
+    if (lookup) {
       ++pc.requests;
       pc.query_tokens += r->num_tokens();
       pc.hit_tokens += s.num_computed_before;
@@ -455,7 +456,8 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     // The reuse tracker reads the hit blocks' LRU depths before AcquirePrefix takes them out of
     // the free queue. Resumed requests are left out: their recompute is counted as preemption.
     ReuseTracker* tracker = arbiter_->reuse_tracker();
-    const bool track = tracker != nullptr && r->status() != RequestStatus::kPreempted;
+    const bool track = tracker != nullptr && r->status() != RequestStatus::kPreempted &&
+                       !r->skip_prefix_cache_reads();
     const ReuseTracker::HitNeeds needs =
         track ? tracker->MeasureHit(kv_.pool(), hit, step_) : ReuseTracker::HitNeeds{};
     int32_t n = r->num_tokens() - hit.num_tokens;

@@ -24,9 +24,11 @@ bool IsJsonSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r
 // (kNoMatch), or a prefix of that (kIncomplete).
 struct ArgumentsStart {
   enum State { kIncomplete, kFound, kNoMatch };
-  State state = kNoMatch;
+  ArgumentsStart(State s = kNoMatch, std::string n = "", size_t start = 0)
+      : state(s), name(std::move(n)), value_start(start) {}
+  State state;
   std::string name;
-  size_t value_start = 0;
+  size_t value_start;
 };
 
 ArgumentsStart FindArgumentsStart(absl::string_view body) {

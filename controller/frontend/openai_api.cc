@@ -225,20 +225,28 @@ absl::Status ParseCommon(const Json& body, const ServedModel& model, const Reque
   return absl::OkStatus();
 }
 
+// Every prompt leaves room for output (and for max_tokens of it). `field` names the prompt in
+// errors; a batch's elements are named by their index.
 absl::Status CheckLength(OpenAiRequest* out, const ServedModel& model, absl::string_view field) {
-  if (out->prompt_token_ids.empty()) return FieldError(field, "must not be empty");
-  const int64_t prompt = static_cast<int64_t>(out->prompt_token_ids.size());
-  if (prompt >= model.max_model_len) {
-    return FieldError(field, absl::StrCat("is ", prompt, " tokens; the model's context is ",
-                                          model.max_model_len,
-                                          " tokens and at least one must be left for output"));
-  }
-  const int64_t room = model.max_model_len - prompt;
-  if (out->sampling.max_tokens.has_value() && *out->sampling.max_tokens > room) {
-    return FieldError(out->chat ? "max_tokens" : "max_tokens",
-                      absl::StrCat(*out->sampling.max_tokens, " output tokens do not fit: the ",
-                                   prompt, "-token prompt leaves ", room, " of ",
-                                   model.max_model_len));
+  for (size_t i = 0; i < out->prompts.size(); ++i) {
+    const std::string which =
+        out->prompts.size() > 1 ? absl::StrCat("element ", i, " ") : std::string();
+    if (out->prompts[i].empty()) return FieldError(field, which + "must not be empty");
+    const int64_t prompt = static_cast<int64_t>(out->prompts[i].size());
+    if (prompt >= model.max_model_len) {
+      return FieldError(field, absl::StrCat(which, "is ", prompt,
+                                            " tokens; the model's context is ", model.max_model_len,
+                                            " tokens and at least one must be left for output"));
+    }
+    const int64_t room = model.max_model_len - prompt;
+    if (out->sampling.max_tokens.has_value() && *out->sampling.max_tokens > room) {
+      return FieldError(
+          "max_tokens",
+          absl::StrCat(*out->sampling.max_tokens, " output tokens do not fit: the ", prompt,
+                       "-token prompt",
+                       out->prompts.size() > 1 ? absl::StrCat(" (element ", i, ")") : "",
+                       " leaves ", room, " of ", model.max_model_len));
+    }
   }
   // Validate names the field as "sampling_params.<field>: ..."; the client knows it as <field>.
   absl::Status v = out->sampling.Validate();
@@ -431,38 +439,84 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view text,
   if (!s.ok()) return s;
   if (!body->contains("prompt")) return FieldError("prompt", "is required");
   const Json& prompt = (*body)["prompt"];
-  // A one-element batch is accepted as that element; larger batches are not (n = 1 per request).
-  const Json* p = &prompt;
-  if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
-    p = &prompt[0];
-  }
-  if (p->is_string()) {
-    out.prompt_token_ids = tokenizer.Encode(p->get<std::string>());
-  } else if (p->is_array()) {
-    for (size_t i = 0; i < p->size(); ++i) {
-      if (!(*p)[i].is_number_integer()) {
-        return FieldError("prompt", "must be a string or an array of token ids (one prompt)");
-      }
-      absl::StatusOr<int32_t> id = TokenIdFromJson((*p)[i], model, "prompt", i);
-      if (!id.ok()) return id.status();
-      out.prompt_token_ids.push_back(*id);
+  // One prompt (a string, or token ids), or a batch (strings, or token-id arrays); the element
+  // kind is the first element's.
+  std::vector<const Json*> elements;
+  const bool batch =
+      prompt.is_array() && !prompt.empty() && (prompt[0].is_string() || prompt[0].is_array());
+  if (batch) {
+    if (prompt.size() > static_cast<size_t>(limits.max_batch_prompts)) {
+      return FieldError("prompt", absl::StrCat("a batch of at most ", limits.max_batch_prompts,
+                                               " prompts (the server's --max_batch_prompts), got ",
+                                               prompt.size()));
     }
+    for (const Json& p : prompt) elements.push_back(&p);
+  } else if (prompt.is_string() || prompt.is_array()) {
+    elements.push_back(&prompt);
   } else {
-    return FieldError("prompt", "must be a string or an array of token ids");
+    return FieldError("prompt",
+                      "must be a string, an array of token ids, or an array of strings "
+                      "or of token-id arrays");
   }
-  // Text is encoded by the tokenizer; its ids are checked too.
-  s = CheckTokenIds(out.prompt_token_ids, model, "prompt");
-  if (!s.ok()) return s;
+  const bool strings = elements.front()->is_string();
+  for (size_t e = 0; e < elements.size(); ++e) {
+    const Json& p = *elements[e];
+    const std::string which = batch ? absl::StrCat("element ", e, " ") : std::string();
+    if (strings != p.is_string()) {
+      return FieldError("prompt",
+                        absl::StrCat(which, "must be a ", strings ? "string" : "token-id array",
+                                     " like element 0 (a batch holds one kind)"));
+    }
+    std::vector<int32_t>& ids = out.prompts.emplace_back();
+    if (p.is_string()) {
+      ids = tokenizer.Encode(p.get<std::string>());
+      // Text is encoded by the tokenizer; its ids are checked too.
+      s = CheckTokenIds(ids, model, "prompt");
+      if (!s.ok()) return s;
+      continue;
+    }
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (!p[i].is_number_integer()) {
+        return FieldError("prompt", absl::StrCat(which, batch ? "must be an array of token ids"
+                                                              : "must be a string or an array of "
+                                                                "token ids, or a batch of them"));
+      }
+      absl::StatusOr<int32_t> id = TokenIdFromJson(p[i], model, "prompt", i);
+      if (!id.ok()) {
+        return batch ? FieldError("prompt", absl::StrCat(which, id.status().message().substr(
+                                                                    sizeof("prompt: ") - 1)))
+                     : id.status();
+      }
+      ids.push_back(*id);
+    }
+  }
+  const int64_t choices = static_cast<int64_t>(out.prompts.size()) * out.response.n;
+  if (choices > limits.max_batch_prompts) {
+    return FieldError("n", absl::StrCat(out.prompts.size(), " prompts x n ", out.response.n, " = ",
+                                        choices, " choices exceed the ", limits.max_batch_prompts,
+                                        " one request may start (the server's "
+                                        "--max_batch_prompts)"));
+  }
+  out.response.num_prompts = static_cast<int32_t>(out.prompts.size());
   bool echo = false;
   s = OptionalBool(*body, "echo", &echo);
   if (!s.ok()) return s;
   if (echo && out.response.logprobs) {
-    return FieldError("echo", "echo with logprobs is not supported (it needs the prompt's "
-                              "log-probabilities, which are not computed)");
+    if (!model.prompt_logprobs) {
+      return FieldError("echo",
+                        "echo with logprobs needs the prompt's log-probabilities, which "
+                        "this deployment's agents cannot compute (CUDA agents do not yet); "
+                        "drop echo or logprobs");
+    }
+    out.response.echo_token_ids = out.prompts;
   }
-  // The prompt as text: a text prompt as given, token ids decoded.
-  if (echo) out.response.echo = p->is_string() ? p->get<std::string>()
-                                               : tokenizer.Decode(out.prompt_token_ids);
+  // Each prompt as text: a text prompt as given, token ids decoded.
+  if (echo) {
+    for (size_t e = 0; e < elements.size(); ++e) {
+      out.response.echo.push_back(elements[e]->is_string() ? elements[e]->get<std::string>()
+                                                           : tokenizer.Decode(out.prompts[e]));
+    }
+  }
   s = CheckLength(&out, model, "prompt");
   if (!s.ok()) return s;
   out.response.include_usage = out.include_usage;
@@ -527,7 +581,7 @@ absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view text,
     out.response.reasoning_open =
         open != std::string::npos && (close == std::string::npos || close < open);
   }
-  out.prompt_token_ids = tokenizer.Encode(*prompt + out.response.assistant_prefix);
+  out.prompts.push_back(tokenizer.Encode(*prompt + out.response.assistant_prefix));
   s = CheckLength(&out, model, "messages");
   if (!s.ok()) return s;
   return out;

@@ -23,6 +23,9 @@ struct ServedModel {
   std::string id;            // what clients put in "model"
   int32_t max_model_len = 0; // prompt + output tokens
   int32_t vocab_size = 0;
+  // The agents compute prompt log-probabilities (InitResponse.prompt_logprobs_supported on every
+  // rank): completions may ask for echo with logprobs.
+  bool prompt_logprobs = false;
 };
 
 // How the response writer shapes a request's output (chat requests; completions get raw text).
@@ -42,13 +45,23 @@ struct ResponseOptions {
   // Text the prompt already opened the assistant's reply with (tool_choice "required" or a named
   // function prefill "<tool_call>\n…"); the parsers read it before the generated text.
   std::string assistant_prefix;
-  // Choices per request (n): the front end runs n engine requests, choice i with seed + i.
+  // Choices per prompt (n). A request of num_prompts prompts has num_prompts * n choices, choice
+  // i = prompt_index * n + j for prompt prompt_index (OpenAI's and vLLM's order): the front end
+  // runs each as an engine request, seeded seed + i.
   int32_t n = 1;
+  // Prompts: more than one for a completions batch (a prompt array of strings or of token-id
+  // arrays), else 1.
+  int32_t num_prompts = 1;
   // Stop strings: each choice's text ends before the first of them (not included), finish_reason
   // "stop" (controller/frontend/stop_strings.h).
   std::vector<std::string> stop;
-  // Completions with echo: the prompt's text, sent before each choice's generated text.
-  std::string echo;
+  // Completions with echo: per prompt, its text, sent before each of its choices' generated
+  // text; empty: no echo.
+  std::vector<std::string> echo;
+  // Completions with echo and logprobs: per prompt, its token ids, whose log-probabilities (the
+  // first token's null, as OpenAI's) and alternatives come before the output's in each of its
+  // choices' logprobs (the engine requests ask for prompt log-probabilities); empty otherwise.
+  std::vector<std::vector<int32_t>> echo_token_ids;
   // Return each output token's log-probability (chat: logprobs true; completions: logprobs set),
   // in OpenAI's response shapes, with num_top_logprobs alternatives each (chat: top_logprobs
   // 0..20; completions: the logprobs value 0..5).
@@ -61,7 +74,9 @@ struct ResponseOptions {
 struct OpenAiRequest {
   bool chat = false;
   std::string model;
-  std::vector<int32_t> prompt_token_ids;
+  // The prompts' token ids: one for chat and for a single completions prompt, response.num_prompts
+  // for a completions batch.
+  std::vector<std::vector<int32_t>> prompts;
   SamplingParams sampling;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -78,11 +93,18 @@ inline constexpr int32_t kMaxStopStringBytes = 1024;
 
 // Limits the server applies to requests (flags of vamp-controller).
 struct RequestLimits {
-  int32_t max_n = 16;  // most choices (n) per request
+  int32_t max_n = 16;  // most choices (n) per prompt
+  // Most prompts in one completions request, and most choices (prompts x n) one request may
+  // start: each choice is a scheduler request, so this bounds the work one request creates (the
+  // default is a quarter of the scheduler's default max_num_seqs, 256). At least max_n.
+  int32_t max_batch_prompts = 64;
 };
 
-// Completion requests: prompt (text, or one array of token ids), echo (the prompt's text before
-// the output; echo with logprobs is refused), stop, n and the sampling fields.
+// Completion requests: prompt (a string, an array of token ids, or a batch: an array of up to
+// limits.max_batch_prompts strings or token-id arrays; prompts x n at most max_batch_prompts),
+// echo (each prompt's text before its choices' output; with logprobs, the prompt tokens' log-
+// probabilities too, refused with a 400 naming echo when model.prompt_logprobs is false), stop,
+// n and the sampling fields.
 absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body,
                                                       const ServedModel& model,
                                                       const Tokenizer& tokenizer,

@@ -17,7 +17,8 @@ AgentRegistry::AgentRegistry(int world_size, std::string auth_token)
         return absl::StrFormat("vamp-controller-%016x", absl::Uniform<uint64_t>(gen));
       }()),
       ranks_(world_size),
-      metrics_addresses_(world_size) {}
+      metrics_addresses_(world_size),
+      gone_(world_size, false) {}
 
 grpc::ServerUnaryReactor* AgentRegistry::Register(grpc::CallbackServerContext* context,
                                                   const vamp::v1::RegisterRequest* request,
@@ -62,8 +63,10 @@ grpc::ServerUnaryReactor* AgentRegistry::Register(grpc::CallbackServerContext* c
     }
     ranks_[rank] = AgentEndpoint{rank, request->agent_address()};
     metrics_addresses_[rank] = request->metrics_address();
+    gone_[rank] = false;
     ++generation_;
   }
+  if (on_change_) on_change_();
   VAMP_LOG(INFO) << "agent rank " << rank << " registered: " << request->agent_address() << " ("
                  << request->device() << ", " << request->hostname() << ")";
   response->set_rank(rank);
@@ -106,11 +109,36 @@ std::vector<AgentRegistry::MetricsTarget> AgentRegistry::MetricsTargets() const 
   absl::MutexLock lock(&mu_);
   std::vector<MetricsTarget> targets;
   for (int r = 0; r < world_size_; ++r) {
-    if (ranks_[r].has_value() && !metrics_addresses_[r].empty()) {
+    if (ranks_[r].has_value() && !gone_[r] && !metrics_addresses_[r].empty()) {
       targets.push_back({r, metrics_addresses_[r]});
     }
   }
   return targets;
+}
+
+std::vector<AgentRegistry::Registration> AgentRegistry::Registrations() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Registration> out;
+  for (int r = 0; r < world_size_; ++r) {
+    if (ranks_[r].has_value()) {
+      out.push_back({r, ranks_[r]->address, metrics_addresses_[r], gone_[r]});
+    }
+  }
+  return out;
+}
+
+void AgentRegistry::MarkGone(int rank, const std::string& agent_address) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (rank < 0 || rank >= world_size_ || !ranks_[rank].has_value() ||
+        ranks_[rank]->address != agent_address || gone_[rank]) {
+      return;
+    }
+    gone_[rank] = true;
+  }
+  VAMP_LOG(WARNING) << "agent rank " << rank << " at " << agent_address
+                    << " does not answer: left out of the scrape targets until it registers again";
+  if (on_change_) on_change_();
 }
 
 }  // namespace vamp

@@ -1,10 +1,13 @@
 // AgentRegistry (agent.proto), served by vamp-controller: agents announce themselves at start and
 // again after a controller restart. Ranks are assigned here; a rank that registers again (an
 // agent restarted) replaces its old entry and bumps the generation, which tells the controller to
-// re-initialise the group.
+// re-initialise the group. The controller marks a rank gone when it no longer answers (MarkGone);
+// its next registration brings it back. Every change (a registration, a rank marked gone) is
+// reported to the on_change callback, which keeps the scrape-target file current.
 #ifndef VAMP_CONTROLLER_SERVER_AGENT_REGISTRY_H_
 #define VAMP_CONTROLLER_SERVER_AGENT_REGISTRY_H_
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,8 +46,25 @@ class AgentRegistry final : public vamp::v1::AgentRegistry::CallbackService {
     int rank = 0;
     std::string address;
   };
-  // The registered ranks that serve /metrics, in rank order.
+  // The registered ranks that serve /metrics and are not gone, in rank order.
   std::vector<MetricsTarget> MetricsTargets() const;
+
+  // One registered rank: its Agent service, its /metrics (empty: none) and whether it is gone.
+  struct Registration {
+    int rank = 0;
+    std::string agent_address;
+    std::string metrics_address;
+    bool gone = false;
+  };
+  // Every registered rank, in rank order.
+  std::vector<Registration> Registrations() const;
+  // Marks `rank` gone (it did not answer) unless it has registered again at another address
+  // since `agent_address` was read. Does not change the generation: only a registration brings
+  // the rank back. No-op for a rank already gone.
+  void MarkGone(int rank, const std::string& agent_address);
+  // Called after every registration and every rank newly marked gone, outside the registry's
+  // lock, on the thread that made the change. Set before agents can register.
+  void set_on_change(std::function<void()> on_change) { on_change_ = std::move(on_change); }
 
  private:
   const int world_size_;
@@ -54,6 +74,9 @@ class AgentRegistry final : public vamp::v1::AgentRegistry::CallbackService {
   std::vector<std::optional<AgentEndpoint>> ranks_ ABSL_GUARDED_BY(mu_);
   // By rank: RegisterRequest.metrics_address of the last registration (empty: none).
   std::vector<std::string> metrics_addresses_ ABSL_GUARDED_BY(mu_);
+  // By rank: marked gone since its last registration.
+  std::vector<bool> gone_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_change_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "controller/server/controller_config.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "controller/arbiter/vamp_arbiter.h"
@@ -44,6 +45,9 @@ const ConfigSchema& ControllerConfigSchema() {
                 "a non-streaming request not finished after this long is aborted with 504")
         .Int("max_n", d.http.limits.max_n, 1, 128,
              "most choices (\"n\") one completion or chat request may ask for; more gets 400")
+        .Int("max_batch_prompts", d.http.limits.max_batch_prompts, 1, 4096,
+             "most prompts in one /v1/completions batch (a \"prompt\" array), and most choices "
+             "(prompts x n) one request may start; more gets 400. At least max_n")
         .String("metrics_address", d.metrics_address,
                 "host:port for a dedicated Prometheus /metrics listener; empty = only on HTTP")
         .String("served_model_name", d.served_model_name,
@@ -108,6 +112,11 @@ const ConfigSchema& ControllerConfigSchema() {
         .String("replica", d.replica,
                 "name of this model replica: the 'replica' label of the scrape targets served at "
                 "/metrics/targets (Prometheus HTTP service discovery); empty: the host name")
+        .String("metrics_targets_file", d.metrics_targets_file,
+                "when set, write the scrape targets of /metrics/targets (this controller and every "
+                "registered agent, Prometheus file_sd JSON) to this file at start and whenever an "
+                "agent registers, re-registers or goes away, atomically (temp file + rename), for "
+                "Prometheus file_sd_configs")
         .String("ready_file", d.ready_file,
                 "when set, write the bound ports as JSON to this file once listening (for "
                 "scripts and tests that start the controller on port 0)");
@@ -140,6 +149,13 @@ absl::StatusOr<ControllerOptions> ControllerOptionsFromConfig(const Config& conf
   http.tls_key_file = config.GetString("tls_key_file");
   o.http.request_timeout_s = config.GetDouble("request_timeout_s");
   o.http.limits.max_n = static_cast<int32_t>(config.GetInt("max_n"));
+  o.http.limits.max_batch_prompts = static_cast<int32_t>(config.GetInt("max_batch_prompts"));
+  if (o.http.limits.max_batch_prompts < o.http.limits.max_n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field 'max_batch_prompts' (", o.http.limits.max_batch_prompts,
+                     ") must be at least max_n (", o.http.limits.max_n,
+                     "): it bounds the choices (prompts x n) of every request"));
+  }
   o.api_key_file = config.GetString("api_key_file");
   o.served_model_name = config.GetString("served_model_name");
   o.model_path = config.GetString("model_path");
@@ -160,6 +176,7 @@ absl::StatusOr<ControllerOptions> ControllerOptionsFromConfig(const Config& conf
   o.auth_token_file = config.GetString("auth_token_file");
   o.insecure_no_auth = config.GetBool("insecure_no_auth");
   o.replica = config.GetString("replica");
+  o.metrics_targets_file = config.GetString("metrics_targets_file");
   o.ready_file = config.GetString("ready_file");
   o.log = LogOptionsFromConfig(config);
   return o;

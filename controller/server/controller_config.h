@@ -52,6 +52,9 @@ struct ControllerOptions {
   bool insecure_no_auth = false;
   // The 'replica' label of the scrape targets; empty: the host name.
   std::string replica;
+  // Where the scrape targets (GET /metrics/targets' JSON, Prometheus file_sd format) are written,
+  // atomically, at start and whenever an agent registers or goes away; empty = nowhere.
+  std::string metrics_targets_file;
   // Where vamp-controller writes its bound ports as JSON once listening; empty = nowhere.
   std::string ready_file;
   LogOptions log;

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -11,14 +12,15 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/secret.h"
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "controller/arbiter/vamp_arbiter.h"
-#include "tokenizer/hf_tokenizer.h"
 #include "controller/serving/agent_reports.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/hf_tokenizer.h"
 
 namespace vamp {
 namespace {
@@ -185,6 +187,11 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   const int world_size = spawn > 0 ? spawn : options.world_size;
 
   server->registry_ = std::make_unique<AgentRegistry>(world_size, server->agent_token_);
+  server->registry_->set_on_change([self] {
+    if (absl::Status s = self->WriteMetricsTargetsFile(); !s.ok()) {
+      VAMP_LOG(WARNING) << "metrics_targets_file: " << s.message();
+    }
+  });
   ServingContextProvider context = [self] { return self->Context(); };
   // gRPC Serving is a second door to the same model: the same keys as HTTP.
   server->serving_service_ = std::make_unique<ServingService>(context, http.api_keys);
@@ -209,6 +216,11 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       server->admin_grpc_,
       GrpcServer::Start(options.admin_address, {server->admin_.get()}, credentials));
   VAMP_ASSIGN_OR_RETURN(server->http_, HttpFrontend::Start(http, context));
+  // Ready before the first write, so that a registration racing it writes after it.
+  server->targets_file_ready_ = true;
+  if (absl::Status s = server->WriteMetricsTargetsFile(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics_targets_file: ", s.message()));
+  }
   // Until a full set of agents serves the model, health says so.
   server->grpc_->SetServing("vamp.v1.Serving", false);
   // This process, for agents watching their controller (RegisterResponse.health_service).
@@ -358,6 +370,7 @@ void ControllerServer::Supervise() {
       }
       waiting_since = absl::Now();
       TearDown();
+      MarkUnreachableAgentsGone();
       continue;
     }
     grpc_->SetServing("vamp.v1.Serving", true);
@@ -390,6 +403,7 @@ void ControllerServer::Supervise() {
     grpc_->SetServing("vamp.v1.Serving", false);
     ServingGauge().Set(0);
     TearDown();
+    if (failed_group != nullptr && !failed_group->healthy()) MarkUnreachableAgentsGone();
     waiting_since = absl::Now();
   }
 }
@@ -459,6 +473,9 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   auto context = std::make_shared<ServingContext>();
   context->model =
       ServedModel{ServedModelName(), scheduler.max_model_len, first.vocab_size()};
+  context->model.prompt_logprobs =
+      std::all_of(ranks.begin(), ranks.end(),
+                  [](const vamp::v1::InitResponse& r) { return r.prompt_logprobs_supported(); });
   if (tokenizer_ != nullptr) {
     const auto* hf = static_cast<const HfTokenizer*>(tokenizer_.get());
     if (hf->max_token_id() >= first.vocab_size()) {
@@ -531,6 +548,31 @@ std::string ControllerServer::MetricsTargetsJson(int http_port) const {
   return groups.dump();
 }
 
+absl::Status ControllerServer::WriteMetricsTargetsFile() {
+  if (options_.metrics_targets_file.empty() || !targets_file_ready_.load()) {
+    return absl::OkStatus();
+  }
+  absl::MutexLock lock(&targets_file_mu_);
+  return WriteFileAtomically(options_.metrics_targets_file,
+                             MetricsTargetsJson(http_->port()) + "\n");
+}
+
+void ControllerServer::MarkUnreachableAgentsGone() {
+  std::vector<AgentRegistry::Registration> agents = registry_->Registrations();
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (const AgentRegistry::Registration& a : agents) {
+    channels.push_back(grpc::CreateChannel(a.agent_address, grpc::InsecureChannelCredentials()));
+    channels.back()->GetState(/*try_to_connect=*/true);  // all connect at once
+  }
+  // A process that exited refuses at once; a frozen one never completes the HTTP/2 handshake.
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(1);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (!agents[i].gone && !channels[i]->WaitForConnected(deadline)) {
+      registry_->MarkGone(agents[i].rank, agents[i].agent_address);
+    }
+  }
+}
+
 void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {
   status->set_version(kVersion);
   status->set_model(ServedModelName());
@@ -538,6 +580,13 @@ void ControllerServer::FillStatus(vamp::v1::GetStatusResponse* status) const {
                              1e-6);
   status->set_policy(options_.arbiter);
   status->set_last_error(last_error());
+  for (const AgentRegistry::Registration& a : registry_->Registrations()) {
+    vamp::v1::AgentEndpointStatus* agent = status->add_agents();
+    agent->set_rank(a.rank);
+    agent->set_agent_address(a.agent_address);
+    agent->set_metrics_address(a.metrics_address);
+    agent->set_gone(a.gone);
+  }
   std::shared_ptr<const ServingContext> ctx = Context();
   if (ctx != nullptr) ctx->engine->Snapshot(status);
   std::shared_ptr<AgentGroup> group;

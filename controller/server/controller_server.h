@@ -5,6 +5,7 @@
 #ifndef VAMP_CONTROLLER_SERVER_CONTROLLER_SERVER_H_
 #define VAMP_CONTROLLER_SERVER_CONTROLLER_SERVER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,7 +18,6 @@
 #include "common/config.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
-#include "tokenizer/tokenizer.h"
 #include "controller/server/admin_service.h"
 #include "controller/server/agent_launcher.h"
 #include "controller/server/agent_registry.h"
@@ -25,6 +25,7 @@
 #include "controller/server/http_frontend.h"
 #include "controller/server/serving_service.h"
 #include "controller/serving/serving_context.h"
+#include "tokenizer/tokenizer.h"
 
 namespace vamp {
 
@@ -72,6 +73,12 @@ class ControllerServer {
   std::shared_ptr<const ServingContext> Context() const;
   // GET /metrics/targets: this controller and every registered agent that serves /metrics.
   std::string MetricsTargetsJson(int http_port) const;
+  // Rewrites options_.metrics_targets_file from the registry now (a no-op without one, or before
+  // the HTTP frontend is up).
+  absl::Status WriteMetricsTargetsFile();
+  // Marks every registered agent that does not accept a connection within a second as gone
+  // (AgentRegistry::MarkGone): called when its group broke or could not be brought up.
+  void MarkUnreachableAgentsGone();
   // served_model_name, or the model_path folder's name when that is empty.
   std::string ServedModelName() const;
   void FillStatus(vamp::v1::GetStatusResponse* status) const;
@@ -106,6 +113,10 @@ class ControllerServer {
   std::string fatal_error_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_fatal_;
   std::vector<vamp::v1::RankMemory> rank_memory_ ABSL_GUARDED_BY(mu_);
+  // Set once http_ is up: from then on registry changes rewrite the targets file.
+  std::atomic<bool> targets_file_ready_{false};
+  // Serialises writers of the targets file, so the last write holds the newest registry state.
+  absl::Mutex targets_file_mu_;
   std::thread supervisor_;
 };
 

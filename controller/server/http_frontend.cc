@@ -147,10 +147,11 @@ class Handler {
     exchange.Respond(serving ? 200 : 503, kJson, Dump(body));
   }
 
-  // One request of n choices: n engine requests sharing the prompt (the prefix cache shares its
-  // blocks), choice i seeded seed + i when a seed is given. A choice that a stop string ended
-  // is finished in the engine at once (its KV freed); a client that goes away or a unary request
-  // past its deadline aborts them all.
+  // One request of num_prompts x n choices: an engine request each, choice i = prompt_index * n
+  // + j running its prompt (the n choices of a prompt share its blocks through the prefix cache),
+  // seeded seed + i when a seed is given. A choice that a stop string ended is finished in the
+  // engine at once (its KV freed); a client that goes away or a unary request past its deadline
+  // aborts them all.
   void Generate(const std::shared_ptr<HttpExchange>& exchange, bool chat) {
     std::shared_ptr<const ServingContext> ctx = context_();
     if (ctx == nullptr) {
@@ -167,7 +168,7 @@ class Handler {
     if (!parsed.ok()) return SendError(*exchange, parsed.status());
     const bool stream = parsed->stream;
     const ResponseOptions response = parsed->response;
-    const int n = response.n;
+    const int choices = response.num_prompts * response.n;
     auto pending = std::make_shared<PendingEvents>();
     // Set after the Submits, on this loop thread; drains run on it too, later.
     auto writer = std::make_shared<std::optional<OpenAiResponseWriter>>();
@@ -203,10 +204,11 @@ class Handler {
       }
     };
     const std::optional<uint64_t> seed = parsed->sampling.seed;
-    for (int i = 0; i < n; ++i) {
-      ServingRequest choice{parsed->prompt_token_ids, parsed->sampling, parsed->cache_salt,
+    for (int i = 0; i < choices; ++i) {
+      ServingRequest choice{parsed->prompts[i / response.n], parsed->sampling, parsed->cache_salt,
                             parsed->priority};
       if (seed.has_value()) choice.sampling.seed = *seed + static_cast<uint64_t>(i);
+      choice.prompt_logprobs = !response.echo_token_ids.empty();
       absl::StatusOr<RequestId> id = ctx->engine->Submit(
           std::move(choice), [exchange, pending, drain, i](const EngineEvent& e) {
             if (pending->Push(i, e)) exchange->Post(drain);

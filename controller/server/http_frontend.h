@@ -29,7 +29,7 @@ struct HttpFrontendOptions {
   std::vector<std::string> api_keys;
   // A non-streaming request gives up after this long (s).
   double request_timeout_s = 600;
-  // Limits on request fields (n).
+  // Limits on request fields (n, batch prompts).
   RequestLimits limits;
   // Body of GET /metrics/targets (Prometheus HTTP service discovery JSON), built per request from
   // the port this frontend bound; null: no such route. Open like /metrics: addresses, no secrets.

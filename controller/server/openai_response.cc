@@ -55,9 +55,9 @@ Json ToolCallJson(const ToolCall& c) {
 
 }  // namespace
 
-OpenAiResponseWriter::Choice::Choice(const ServingContext& context,
-                                     const ResponseOptions& options)
-    : decoder(context.tokenizer.get()), stop(options.stop), parser(options) {}
+OpenAiResponseWriter::Choice::Choice(const ServingContext& context, const ResponseOptions& options,
+                                     int prompt)
+    : prompt(prompt), decoder(context.tokenizer.get()), stop(options.stop), parser(options) {}
 
 OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext> context,
                                            const ResponseOptions& options, RequestId request_id,
@@ -68,8 +68,17 @@ OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext>
       include_usage_(options.include_usage),
       response_id_(absl::StrCat(options.chat ? "chatcmpl-" : "cmpl-", request_id)),
       created_(created) {
-  choices_.reserve(std::max(options.n, 1));
-  for (int i = 0; i < std::max(options.n, 1); ++i) choices_.emplace_back(*context_, options_);
+  const int n = std::max(options.n, 1);
+  const int prompts = std::max(options.num_prompts, 1);
+  choices_.reserve(static_cast<size_t>(prompts) * n);
+  for (int i = 0; i < prompts * n; ++i) choices_.emplace_back(*context_, options_, i / n);
+  prompt_tokens_.assign(prompts, 0);
+  cached_prompt_tokens_.assign(prompts, 0);
+}
+
+const std::string& OpenAiResponseWriter::Echo(const Choice& c) const {
+  static const std::string kNone;
+  return c.prompt < static_cast<int>(options_.echo.size()) ? options_.echo[c.prompt] : kNone;
 }
 
 OpenAiResponseWriter::OpenAiResponseWriter(std::shared_ptr<const ServingContext> context,
@@ -87,9 +96,16 @@ std::string OpenAiResponseWriter::Consume(Choice& c, const EngineEvent& e) {
   } else {
     c.logprobs_complete = false;
   }
+  if (e.has_prompt_logprobs) {
+    c.has_prompt_logprobs = true;
+    c.prompt_logprobs = e.prompt_logprobs;
+    c.prompt_top_token_ids = e.prompt_top_token_ids;
+    c.prompt_top_logprobs = e.prompt_top_logprobs;
+  }
   c.completion_tokens = e.completion_tokens;
-  prompt_tokens_ = e.prompt_tokens;
-  cached_prompt_tokens_ = std::max(cached_prompt_tokens_, e.cached_prompt_tokens);
+  prompt_tokens_[c.prompt] = e.prompt_tokens;
+  cached_prompt_tokens_[c.prompt] =
+      std::max(cached_prompt_tokens_[c.prompt], e.cached_prompt_tokens);
   std::string decoded = c.decoder.Next(e.token_ids);
   if (e.finished) decoded += c.decoder.Finish();
   std::string text = c.stop.Next(decoded);
@@ -108,12 +124,14 @@ std::string OpenAiResponseWriter::Consume(Choice& c, const EngineEvent& e) {
 }
 
 Json OpenAiResponseWriter::Usage() const {
-  int32_t completion = 0;
+  int32_t completion = 0, prompt = 0, cached = 0;
   for (const Choice& c : choices_) completion += c.completion_tokens;
-  return {{"prompt_tokens", prompt_tokens_},
+  for (int32_t p : prompt_tokens_) prompt += p;
+  for (int32_t p : cached_prompt_tokens_) cached += p;
+  return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},
-          {"total_tokens", prompt_tokens_ + completion},
-          {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens_}}}};
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 bool OpenAiResponseWriter::HasLogprobs(const EngineEvent& e) const {
@@ -126,7 +144,8 @@ bool OpenAiResponseWriter::HasLogprobs(const EngineEvent& e) const {
 Json OpenAiResponseWriter::LogprobsJson(const std::vector<int32_t>& tokens,
                                         const std::vector<float>& logprobs,
                                         const std::vector<int32_t>& top_token_ids,
-                                        const std::vector<float>& top_logprobs) const {
+                                        const std::vector<float>& top_logprobs,
+                                        int64_t* text_offset) const {
   const size_t k = static_cast<size_t>(options_.num_top_logprobs);
   if (logprobs.size() != tokens.size() || top_token_ids.size() != tokens.size() * k ||
       top_logprobs.size() != tokens.size() * k) {
@@ -146,7 +165,7 @@ Json OpenAiResponseWriter::LogprobsJson(const std::vector<int32_t>& tokens,
   Json content = Json::array();
   Json strings = Json::array(), values = Json::array(), tops = Json::array(),
        offsets = Json::array();
-  int64_t offset = 0;
+  int64_t& offset = *text_offset;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::string text = token_text(tokens[i]);
     if (chat_) {
@@ -176,6 +195,60 @@ Json OpenAiResponseWriter::LogprobsJson(const std::vector<int32_t>& tokens,
           {"token_logprobs", std::move(values)},
           {"top_logprobs", std::move(tops)},
           {"text_offset", std::move(offsets)}};
+}
+
+Json OpenAiResponseWriter::PromptLogprobsJson(const Choice& c, int64_t* text_offset) const {
+  const std::vector<int32_t>& ids = options_.echo_token_ids[c.prompt];
+  const size_t k = static_cast<size_t>(options_.num_top_logprobs);
+  const size_t scored = ids.empty() ? 0 : ids.size() - 1;
+  if (!c.has_prompt_logprobs || c.prompt_logprobs.size() != scored ||
+      c.prompt_top_token_ids.size() != scored * k || c.prompt_top_logprobs.size() != scored * k) {
+    return nullptr;
+  }
+  Json strings = Json::array(), values = Json::array(), tops = Json::array(),
+       offsets = Json::array();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::string text;
+    context_->tokenizer->AppendTokenBytes(ids[i], /*skip_special_tokens=*/false, &text);
+    offsets.push_back(*text_offset);
+    *text_offset += static_cast<int64_t>(text.size());
+    if (i == 0) {  // nothing precedes the first token: OpenAI's and vLLM's null
+      values.push_back(nullptr);
+      tops.push_back(nullptr);
+      strings.push_back(std::move(text));
+      continue;
+    }
+    const float logprob = c.prompt_logprobs[i - 1];
+    Json top = {{text, logprob}};
+    for (size_t j = (i - 1) * k; j < i * k; ++j) {
+      std::string alternative;
+      context_->tokenizer->AppendTokenBytes(c.prompt_top_token_ids[j], false, &alternative);
+      top.emplace(alternative, c.prompt_top_logprobs[j]);
+    }
+    values.push_back(logprob);
+    tops.push_back(std::move(top));
+    strings.push_back(std::move(text));
+  }
+  return {{"tokens", std::move(strings)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+Json OpenAiResponseWriter::ChoiceLogprobs(const Choice& c, bool with_prompt,
+                                          const std::vector<int32_t>& tokens,
+                                          const std::vector<float>& logprobs,
+                                          const std::vector<int32_t>& top_token_ids,
+                                          const std::vector<float>& top_logprobs,
+                                          int64_t* text_offset) const {
+  if (!with_prompt) return LogprobsJson(tokens, logprobs, top_token_ids, top_logprobs, text_offset);
+  Json prompt = PromptLogprobsJson(c, text_offset);
+  Json output = LogprobsJson(tokens, logprobs, top_token_ids, top_logprobs, text_offset);
+  if (prompt.is_null() || output.is_null()) return nullptr;
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (Json& v : output[key]) prompt[key].push_back(std::move(v));
+  }
+  return prompt;
 }
 
 std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
@@ -226,11 +299,15 @@ std::string OpenAiResponseWriter::StreamChunk(int index, const EngineEvent& e) {
     choice["delta"] = std::move(delta);
     choice["finish_reason"] = FinishReasonFor(c.finish_reason, c.parser.called_tools());
   } else {
-    choice["text"] = first_chunk ? options_.echo + text : text;
+    choice["text"] = first_chunk ? Echo(c) + text : text;
     choice["finish_reason"] = FinishReasonJson(c.finish_reason);
   }
   if (options_.logprobs) {
-    choice["logprobs"] = LogprobsJson(e.token_ids, e.logprobs, e.top_token_ids, e.top_logprobs);
+    // Offsets into the choice's whole text (the echoed prompt's tokens come first, in the first
+    // chunk), across chunks.
+    const bool with_prompt = !chat_ && first_chunk && !options_.echo_token_ids.empty();
+    choice["logprobs"] = ChoiceLogprobs(c, with_prompt, e.token_ids, e.logprobs, e.top_token_ids,
+                                        e.top_logprobs, &c.text_offset);
   }
   if (!e.error.empty()) choice["error"] = e.error;
   chunk["choices"] = Json::array({choice});
@@ -261,13 +338,15 @@ absl::StatusOr<std::string> OpenAiResponseWriter::Finish() const {
     if (!c.error.empty()) {
       return absl::UnavailableError(absl::StrCat("request failed: ", c.error));
     }
-    Json choice = {
-        {"index", i},
-        {"finish_reason", FinishReasonJson(c.finish_reason)},
-        {"token_ids", c.tokens},
-        {"logprobs", options_.logprobs && c.logprobs_complete
-                         ? LogprobsJson(c.tokens, c.logprobs, c.top_token_ids, c.top_logprobs)
-                         : Json(nullptr)}};
+    int64_t offset = 0;
+    const bool with_prompt = !chat_ && !options_.echo_token_ids.empty();
+    Json choice = {{"index", i},
+                   {"finish_reason", FinishReasonJson(c.finish_reason)},
+                   {"token_ids", c.tokens},
+                   {"logprobs", options_.logprobs && c.logprobs_complete
+                                    ? ChoiceLogprobs(c, with_prompt, c.tokens, c.logprobs,
+                                                     c.top_token_ids, c.top_logprobs, &offset)
+                                    : Json(nullptr)}};
     if (chat_) {
       const ChatOutput parsed = ParseChatOutput(c.text, options_);
       Json message = {{"role", "assistant"}};
@@ -287,7 +366,7 @@ absl::StatusOr<std::string> OpenAiResponseWriter::Finish() const {
       choice["message"] = std::move(message);
       choice["finish_reason"] = FinishReasonFor(c.finish_reason, !parsed.tool_calls.empty());
     } else {
-      choice["text"] = options_.echo + c.text;
+      choice["text"] = Echo(c) + c.text;
     }
     choices.push_back(std::move(choice));
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -334,9 +335,14 @@ void ServingEngine::AdmitPending() {
     spec.eos_token_id = options_.eos_token_id;
     spec.priority = p.request.priority;
     spec.cache_salt = std::move(p.request.cache_salt);
+    // A cached prefix has no logits: a request that needs its prompt's log-probabilities
+    // computes all of it (after a preemption too: the agents then report positions again and
+    // CollectPromptLogprobs skips those it already has).
+    spec.skip_prefix_cache_reads = p.request.prompt_logprobs;
     spec.arrival_micros = p.arrival_micros;
     spec.prompt_block_hashes = std::move(p.prompt_block_hashes);
     const int32_t prompt_tokens = static_cast<int32_t>(spec.prompt_token_ids.size());
+    const int32_t k = spec.sampling_params.num_top_logprobs;
     absl::Status s = scheduler_->AddRequest(std::move(spec));
     if (!s.ok()) {
       EngineEvent event;
@@ -347,7 +353,14 @@ void ServingEngine::AdmitPending() {
       p.sink(event);
       continue;
     }
-    live_[p.id] = Live{std::move(p.sink), p.arrival_micros, prompt_tokens};
+    Live& live = live_[p.id];
+    live.sink = std::move(p.sink);
+    live.arrival_micros = p.arrival_micros;
+    live.prompt_tokens = prompt_tokens;
+    if (p.request.prompt_logprobs) {
+      live.prompt_logprobs = std::make_unique<PromptLogprobsState>();
+      live.prompt_logprobs->k = k;
+    }
     series_->prompt_tokens.Increment(prompt_tokens);
   }
   for (const auto& [id, reason] : aborts) {
@@ -447,6 +460,10 @@ void ServingEngine::RunStep() {
     r->set_min_tokens(n.sampling_params.min_tokens);
     r->mutable_stop_token_ids()->Add(n.sampling_params.stop_token_ids.begin(),
                                      n.sampling_params.stop_token_ids.end());
+    if (auto it = live_.find(n.request_id);
+        it != live_.end() && it->second.prompt_logprobs != nullptr) {
+      r->set_prompt_logprobs(true);
+    }
   }
   for (const CachedRequestPlan& c : plan->cached_requests) {
     vamp::v1::CachedRequest* r = request.add_cached_requests();
@@ -505,6 +522,7 @@ void ServingEngine::RunStep() {
       }
     }
   }
+  CollectPromptLogprobs((*responses)[0]);
   absl::StatusOr<std::vector<RequestOutput>> outputs = scheduler_->UpdateFromOutput(output);
   if (!outputs.ok()) {
     VAMP_LOG(ERROR) << "agents answered step " << request.step_id()
@@ -540,6 +558,37 @@ void ServingEngine::RunStep() {
   Deliver(*outputs, logprobs);
 }
 
+void ServingEngine::CollectPromptLogprobs(const vamp::v1::StepResponse& response) {
+  for (const vamp::v1::PromptLogprobs& p : response.prompt_logprobs()) {
+    auto it = live_.find(p.request_id());
+    if (it == live_.end() || it->second.prompt_logprobs == nullptr) continue;
+    PromptLogprobsState& state = *it->second.prompt_logprobs;
+    if (state.broken) continue;
+    const int64_t have = 1 + static_cast<int64_t>(state.logprobs.size());  // next position
+    const int64_t first = p.first_position(), count = p.logprobs_size();
+    const size_t k = static_cast<size_t>(state.k);
+    // Positions in [1, prompt_tokens), continuing (or overlapping) what is held, k alternatives
+    // each: anything else is an agent fault, and the request's prompt log-probabilities are void.
+    if (first < 1 || first > have || first + count > it->second.prompt_tokens ||
+        static_cast<size_t>(p.top_token_ids_size()) != count * k ||
+        static_cast<size_t>(p.top_logprobs_size()) != count * k) {
+      VAMP_LOG(WARNING) << "request " << p.request_id() << ": prompt logprobs for positions "
+                        << first << ".." << first + count - 1 << " (" << p.top_token_ids_size()
+                        << " alternatives) do not continue the " << have - 1
+                        << " held; dropping them";
+      state.broken = true;
+      continue;
+    }
+    const int64_t skip = have - first;  // recomputed positions
+    if (skip >= count) continue;
+    state.logprobs.insert(state.logprobs.end(), p.logprobs().begin() + skip, p.logprobs().end());
+    state.top_token_ids.insert(state.top_token_ids.end(), p.top_token_ids().begin() + skip * k,
+                               p.top_token_ids().end());
+    state.top_logprobs.insert(state.top_logprobs.end(), p.top_logprobs().begin() + skip * k,
+                              p.top_logprobs().end());
+  }
+}
+
 void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs,
                             const absl::flat_hash_map<RequestId, StepLogprobs>& logprobs) {
   ServingSeries& metrics = *series_;
@@ -561,6 +610,19 @@ void ServingEngine::Deliver(const std::vector<RequestOutput>& outputs,
       const size_t k = lp.logprobs.empty() ? 0 : lp.top_token_ids.size() / lp.logprobs.size();
       event.top_token_ids.assign(lp.top_token_ids.begin(), lp.top_token_ids.begin() + n * k);
       event.top_logprobs.assign(lp.top_logprobs.begin(), lp.top_logprobs.begin() + n * k);
+    }
+    // The prompt's log-probabilities travel with its first output, once all are there (the step
+    // that samples the first token computed the last prompt positions).
+    if (live.prompt_logprobs != nullptr && live.completion_tokens == 0 &&
+        !event.token_ids.empty()) {
+      PromptLogprobsState& p = *live.prompt_logprobs;
+      if (!p.broken && static_cast<int32_t>(p.logprobs.size()) == live.prompt_tokens - 1) {
+        event.prompt_logprobs = std::move(p.logprobs);
+        event.prompt_top_token_ids = std::move(p.top_token_ids);
+        event.prompt_top_logprobs = std::move(p.top_logprobs);
+        event.has_prompt_logprobs = true;
+      }
+      live.prompt_logprobs.reset();
     }
     const double since_arrival_s = static_cast<double>(now - live.arrival_micros) * 1e-6;
     if (!event.token_ids.empty()) {

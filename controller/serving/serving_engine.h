@@ -54,6 +54,14 @@ struct EngineEvent {
   // agents sent none).
   std::vector<int32_t> top_token_ids;
   std::vector<float> top_logprobs;
+  // With ServingRequest::prompt_logprobs, on the request's first event with tokens: prompt tokens
+  // 1..prompt_tokens-1 (token 0 has none), each one's log-probability and k alternatives each
+  // (token-major), as the agents computed them; has_prompt_logprobs is false when some are
+  // missing.
+  std::vector<float> prompt_logprobs;
+  std::vector<int32_t> prompt_top_token_ids;
+  std::vector<float> prompt_top_logprobs;
+  bool has_prompt_logprobs = false;  // the three above are set (a 1-token prompt has none)
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;  // set when the request failed (finish_reason kAbort)
@@ -129,10 +137,21 @@ class ServingEngine {
     int64_t arrival_micros;
     std::vector<BlockHash> prompt_block_hashes;  // hashed by Submit, on the caller's thread
   };
+  // A request's prompt log-probabilities as the agents' steps report them, position by position.
+  struct PromptLogprobsState {
+    int32_t k = 0;  // alternatives per position
+    // Positions [1, 1 + logprobs.size()) so far; complete at prompt_tokens - 1 entries.
+    std::vector<float> logprobs;
+    std::vector<int32_t> top_token_ids;
+    std::vector<float> top_logprobs;
+    bool broken = false;  // an agent reported positions out of order or of the wrong shape
+  };
   struct Live {
     EngineSink sink;
-    int64_t arrival_micros;
-    int32_t prompt_tokens;
+    int64_t arrival_micros = 0;
+    int32_t prompt_tokens = 0;
+    // Set when the request asked for prompt log-probabilities.
+    std::unique_ptr<PromptLogprobsState> prompt_logprobs;
     int32_t completion_tokens = 0;
     int64_t last_token_micros = 0;
     int32_t cached_prompt_tokens = 0;
@@ -165,6 +184,9 @@ class ServingEngine {
   };
   void Deliver(const std::vector<RequestOutput>& outputs,
                const absl::flat_hash_map<RequestId, StepLogprobs>& logprobs);
+  // Adds rank 0's prompt log-probabilities of a step to their requests (positions already held,
+  // recomputed after a preemption, are skipped).
+  void CollectPromptLogprobs(const vamp::v1::StepResponse& response);
   void PublishSnapshot();
   int64_t NextStepId() { return next_step_id_++; }
 

@@ -20,6 +20,11 @@ struct ServingRequest {
   std::string cache_salt;
   // Lower values are scheduled first under the priority policy (ignored by FCFS).
   int32_t priority = 0;
+  // Return the log-probability of every prompt token after the first, with
+  // sampling.num_top_logprobs alternatives each (EngineEvent::prompt_logprobs). The request skips
+  // the prefix cache (a cached prefix has no logits), as vLLM does. Only for agents that declared
+  // they compute them (ServedModel::prompt_logprobs).
+  bool prompt_logprobs = false;
 };
 
 }  // namespace vamp

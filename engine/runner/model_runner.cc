@@ -316,6 +316,17 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   state_slots_.resize(num_seqs);
   // Per sequence: whether it samples, and the row of its last token among the logits rows.
   std::vector<int> sample_row(num_seqs, -1);
+  // Sequences that asked for prompt log-probabilities and compute prompt positions with a
+  // successor in the prompt: positions [first_position - 1, first_position - 1 + count) give the
+  // log-probabilities of tokens [first_position, first_position + count), from the `count`
+  // logits rows starting at `row`.
+  struct PromptRows {
+    size_t seq;
+    int32_t first_position;
+    int32_t count;
+    int row;
+  };
+  std::vector<PromptRows> prompt_rows;
   for (size_t i = 0; i < num_seqs; ++i) {
     const int slot = batch_.SlotOf(input.scheduled[i].id);
     slots[i] = slot;
@@ -335,13 +346,24 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
     max_seq_len = std::max(max_seq_len, nc + n);
     max_blocks = std::max<int64_t>(max_blocks, batch_.num_blocks(slot));
     const bool samples = nc + n == static_cast<int32_t>(tokens.size());
+    // Prompt positions before the last prompt token: their rows score the prompt's next token
+    // (the last prompt position's row is the sampling row, which scores the first output).
+    const int32_t scored =
+        batch_.sampling(slot).prompt_logprobs
+            ? std::max(0, std::min(nc + n, batch_.num_prompt_tokens(slot) - 1) - nc)
+            : 0;
+    const int first_logits_row = static_cast<int>(logits_indices_.size());
     if (input.return_all_logits) {
       for (int32_t r = 0; r < n; ++r) logits_indices_.push_back(first_row + r);
       if (samples) sample_row[i] = static_cast<int>(logits_indices_.size()) - 1;
-    } else if (samples) {
-      logits_indices_.push_back(first_row + n - 1);
-      sample_row[i] = static_cast<int>(logits_indices_.size()) - 1;
+    } else {
+      for (int32_t r = 0; r < scored; ++r) logits_indices_.push_back(first_row + r);
+      if (samples) {
+        logits_indices_.push_back(first_row + n - 1);
+        sample_row[i] = static_cast<int>(logits_indices_.size()) - 1;
+      }
     }
+    if (scored > 0) prompt_rows.push_back({i, nc + 1, scored, first_logits_row});
   }
   block_tables_.assign(num_seqs * max_blocks, 0);
   for (size_t i = 0; i < num_seqs; ++i) {
@@ -418,9 +440,12 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
                                         repetition_penalties_, frequency_penalties_,
                                         presence_penalties_,  min_ps_};
 
-  // Without return_all_logits the logits rows are exactly the sampling rows, in order: a model
-  // that samples on its device does so and returns only tokens, logprobs and alternatives.
-  const bool device_sampling = !input.return_all_logits && model_->SamplesOnDevice();
+  // Without return_all_logits or prompt rows the logits rows are exactly the sampling rows, in
+  // order: a model that samples on its device does so and returns only tokens, logprobs and
+  // alternatives. Otherwise the step's logits come to the host and it samples there (with the
+  // same semantics, CausalLm::ForwardAndSample).
+  const bool device_sampling =
+      !input.return_all_logits && prompt_rows.empty() && model_->SamplesOnDevice();
   top_ids_.resize(m * max_top);
   top_logprobs_.resize(m * max_top);
   auto start = std::chrono::steady_clock::now();
@@ -479,6 +504,24 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
                                 top_ids_.data(), top_logprobs_.data(), sampled_.data(),
                                 logprobs_.data());
     }
+  }
+  // Prompt log-probabilities: each prompt row scores the prompt token after it, under the raw
+  // logits, as TopLogprobs scores sampled tokens (before AppendToken changes the token lists).
+  for (const PromptRows& p : prompt_rows) {
+    const int slot = slots[p.seq];
+    const int32_t k = static_cast<int32_t>(
+        std::min<int64_t>(batch_.sampling(slot).num_top_logprobs, model_->config().vocab_size));
+    PromptLogprobs& lp = out.prompt_logprobs.emplace_back();
+    lp.id = input.scheduled[p.seq].id;
+    lp.first_position = p.first_position;
+    lp.logprobs.resize(p.count);
+    lp.top_token_ids.resize(static_cast<size_t>(p.count) * k);
+    lp.top_logprobs.resize(static_cast<size_t>(p.count) * k);
+    const std::vector<int32_t> counts(p.count, k);
+    kernels::cpu::TopLogprobs(logits_.data() + static_cast<int64_t>(p.row) * vocab, vocab, p.count,
+                              vocab, counts.data(), k, lp.top_token_ids.data(),
+                              lp.top_logprobs.data(), batch_.tokens(slot).data() + p.first_position,
+                              lp.logprobs.data());
   }
   for (int64_t j = 0; j < m; ++j) {
     const size_t i = sampling_seqs[j];

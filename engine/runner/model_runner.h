@@ -4,6 +4,11 @@
 // forward pass over a mixed batch of prefill chunks and decodes, and samples one token for every
 // request that has consumed all of its known tokens.
 //
+// A request that asks for prompt log-probabilities (RunnerSamplingParams::prompt_logprobs) also
+// gets the logits rows of the prompt positions a step computes, scored against the next prompt
+// token (StepOutput::prompt_logprobs); such a step samples on the host even when the model
+// samples on its device. Nothing else changes: the model computes the rows it is given.
+//
 // Every rank of a tensor-parallel group runs its own ModelRunner over the same StepInputs; they
 // sample identical tokens (identical logits after the all-reduce, identical per-request seeds).
 //

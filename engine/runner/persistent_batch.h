@@ -44,6 +44,8 @@ class PersistentBatch {
   void set_num_computed(int slot, int32_t n) { slots_[slot].num_computed = n; }
   // Appends a sampled token (an output: counted for the penalties and min_tokens).
   void AppendToken(int slot, int32_t token);
+  // The request's prompt tokens (the first of tokens()).
+  int32_t num_prompt_tokens(int slot) const { return slots_[slot].num_prompt_tokens; }
   // Outputs generated so far (tokens past the prompt).
   int32_t num_outputs(int slot) const {
     return static_cast<int32_t>(slots_[slot].tokens.size()) - slots_[slot].num_prompt_tokens;

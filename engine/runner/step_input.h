@@ -35,6 +35,10 @@ struct RunnerSamplingParams {
   std::vector<int32_t> min_tokens_banned_ids;  // distinct, in [0, vocab)
   // Alternatives returned with each sampled token: 0..kernels::cpu::kMaxTopLogprobs.
   int32_t num_top_logprobs = 0;
+  // Return the log-probability of every prompt token after the first (StepOutput::
+  // prompt_logprobs), with num_top_logprobs alternatives each, from the steps that compute the
+  // prompt's positions: their logits rows are computed too, so the step samples on the host.
+  bool prompt_logprobs = false;
 
   // Whether the logits need ProcessLogits before sampling (at some step).
   bool has_penalties() const {
@@ -102,12 +106,28 @@ struct SampledToken {
   std::vector<float> top_logprobs;
 };
 
+// Prompt tokens [first_position, first_position + logprobs.size()) of a request that asked
+// (RunnerSamplingParams::prompt_logprobs): each one's log-probability under the raw logits of the
+// position before it, and num_top_logprobs alternatives each ([count, k], most likely first,
+// ties to the lower id), computed as SampledToken's are.
+struct PromptLogprobs {
+  RunnerRequestId id = 0;
+  int32_t first_position = 0;  // >= 1: position 0 follows no logits
+  std::vector<float> logprobs;
+  std::vector<int32_t> top_token_ids;
+  std::vector<float> top_logprobs;
+};
+
 struct StepOutput {
   // One token per scheduled request that consumed all of its known tokens this step (decodes and
   // final prefill chunks), in batch order. The runner has appended it to the request's tokens.
   std::vector<SampledToken> sampled;
   // With return_all_logits: per scheduled request, in batch order, [num_tokens, vocab] floats.
   std::vector<std::vector<float>> logits;
+  // Per scheduled request that asked for prompt log-probabilities and computed prompt positions
+  // with a successor in the prompt this step, in batch order: the successors' log-probabilities.
+  // A recomputed request (resumed after preemption) reports its positions again.
+  std::vector<PromptLogprobs> prompt_logprobs;
   int64_t num_tokens = 0;
   // Wall time of the forward pass (including device-side sampling when the model samples on its
   // device) and of host-side sampling (bookkeeping only when the device sampled).

@@ -26,6 +26,7 @@ TEST(AgentTest, InitReportsModelAndMemoryPlan) {
   EXPECT_EQ(init.vocab_size(), 256);
   EXPECT_EQ(init.eos_token_id(), 2);
   EXPECT_EQ(init.max_position_embeddings(), 1024);
+  EXPECT_TRUE(init.prompt_logprobs_supported()) << "CPU agents compute prompt logprobs";
   EXPECT_THAT(init.memory_plan_text(), HasSubstr("KV cache:"));
   const vamp::v1::RankMemory& m = init.memory();
   EXPECT_EQ(m.rank(), 0);

@@ -90,6 +90,55 @@ TEST(StepExecutorTest, ARejectedStepNamesTheFieldAndChangesNothing) {
   EXPECT_EQ(steps.size(), 1u);
 }
 
+// NewRequest.prompt_logprobs: refused (naming the field) by an executor that does not offer
+// them; otherwise the prompt positions' log-probabilities, with k alternatives, in the response
+// of the rank that returns them, and in no other rank's.
+TEST(StepExecutorTest, PromptLogprobsOnlyWhereOfferedAndFromTheRankThatReturnsThem) {
+  std::unique_ptr<Rank> rank = TinyRank();
+  ASSERT_NE(rank, nullptr);
+  const Goldens g = LoadGoldens();
+  const std::vector<int32_t>& prompt = g.prompts[1];
+  vamp::v1::StepRequest step;
+  step.set_step_id(1);
+  vamp::v1::NewRequest* fresh = step.add_new_requests();
+  fresh->set_request_id(5);
+  fresh->mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  fresh->add_block_ids(0);
+  fresh->add_block_ids(1);
+  fresh->set_num_scheduled_tokens(static_cast<int32_t>(prompt.size()));
+  fresh->mutable_sampling()->set_num_top_logprobs(2);
+  fresh->set_prompt_logprobs(true);
+  StepExecutor refusing;
+  absl::StatusOr<vamp::v1::StepResponse> r = RunStep(refusing, *rank, step);
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("new_requests[0].prompt_logprobs"));
+  EXPECT_EQ(refusing.size(), 0u);
+
+  StepExecutor silent;
+  silent.set_options({/*prompt_logprobs_supported=*/true, /*return_prompt_logprobs=*/false});
+  r = RunStep(silent, *rank, step);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompt_logprobs_size(), 0);
+  EXPECT_EQ(r->sampled_size(), 1);
+
+  std::unique_ptr<Rank> rank0 = TinyRank();
+  ASSERT_NE(rank0, nullptr);
+  StepExecutor returning;
+  returning.set_options({true, true});
+  r = RunStep(returning, *rank0, step);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompt_logprobs_size(), 1);
+  const vamp::v1::PromptLogprobs& lp = r->prompt_logprobs(0);
+  EXPECT_EQ(lp.request_id(), 5u);
+  EXPECT_EQ(lp.first_position(), 1);
+  EXPECT_EQ(lp.logprobs_size(), static_cast<int>(prompt.size()) - 1);
+  EXPECT_EQ(lp.top_token_ids_size(), 2 * lp.logprobs_size());
+  EXPECT_EQ(lp.top_logprobs_size(), 2 * lp.logprobs_size());
+  for (int i = 0; i < lp.logprobs_size(); ++i) {
+    EXPECT_LE(lp.logprobs(i), lp.top_logprobs(2 * i)) << "the most likely is at least as likely";
+  }
+}
+
 TEST(RankRemapperTest, OffloadRestoreAndRollbackMoveTheUsableBlocks) {
   std::unique_ptr<Rank> rank = TinyRank();
   ASSERT_NE(rank, nullptr);

@@ -9,7 +9,9 @@
 #include "controller/server/controller_config.h"
 #include "controller/server/controller_server.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "vamp/v1/agent.grpc.pb.h"
 
 namespace vamp {
 namespace {
@@ -103,6 +105,50 @@ TEST(VampctlTest, HealthAndStatusAgainstLiveController) {
   EXPECT_EQ(RunVampctl(endpoint + " offload zero").exit_code, 2);
   EXPECT_EQ(RunVampctl(endpoint + " policy set").exit_code, 2);
   EXPECT_EQ(RunVampctl(endpoint + " policy frob").exit_code, 2);
+  EXPECT_THAT(table.output, HasSubstr("agents         none registered"));
+}
+
+// status lists every registered rank's agent and metrics addresses, in the table and in JSON,
+// and says when the controller found an agent gone (here: nothing listens at its address).
+TEST(VampctlTest, StatusListsAgentAddressesAndGoneAgents) {
+  const std::string model = std::string("--model_path=") + VAMP_TEST_DATA_DIR + "/tiny-qwen3-moe";
+  const char* argv[] = {"vamp-controller",
+                        "--grpc_address=127.0.0.1:0",
+                        "--admin_address=127.0.0.1:0",
+                        "--http_address=127.0.0.1:0",
+                        "--metrics_address=",
+                        model.c_str(),
+                        "--insecure_no_auth"};
+  absl::StatusOr<CommandLine> cli = ParseCommandLine(ControllerConfigSchema(), 7, argv);
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto registry = vamp::v1::AgentRegistry::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*server)->grpc_port()), grpc::InsecureChannelCredentials()));
+  vamp::v1::RegisterRequest request;
+  request.set_rank(0);
+  request.set_agent_address("127.0.0.1:1");  // nothing listens there
+  request.set_metrics_address("127.0.0.1:19500");
+  grpc::ClientContext ctx;
+  vamp::v1::RegisterResponse response;
+  ASSERT_TRUE(registry->Register(&ctx, request, &response).ok());
+  const std::string endpoint = "--endpoint 127.0.0.1:" + std::to_string((*server)->admin_port());
+  Result table;
+  for (int i = 0; i < 100; ++i) {
+    table = RunVampctl(endpoint + " status");
+    if (table.output.find(" gone") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_THAT(table.output, HasSubstr("agent address"));
+  EXPECT_THAT(table.output,
+              ::testing::ContainsRegex("0 +127\\.0\\.0\\.1:1 +127\\.0\\.0\\.1:19500 +gone"));
+  Result json = RunVampctl(endpoint + " -o json status");
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_THAT(json.output, HasSubstr("\"agentAddress\": \"127.0.0.1:1\""));
+  EXPECT_THAT(json.output, HasSubstr("\"metricsAddress\": \"127.0.0.1:19500\""));
+  EXPECT_THAT(json.output, HasSubstr("\"gone\": true"));
+  (*server)->Shutdown();
 }
 
 }  // namespace

@@ -17,9 +17,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         chat ? vamp::ParseChatCompletionRequest(body, model, *tokenizer)
              : vamp::ParseCompletionRequest(body, model, *tokenizer);
     if (r.ok()) {
-      if (r->prompt_token_ids.empty() ||
-          static_cast<int64_t>(r->prompt_token_ids.size()) >= model.max_model_len) {
-        std::abort();  // accepted a prompt the parser promised to reject
+      const vamp::RequestLimits limits;
+      if (r->prompts.empty() || r->prompts.size() != static_cast<size_t>(r->response.num_prompts) ||
+          r->prompts.size() * r->response.n > static_cast<size_t>(limits.max_batch_prompts)) {
+        std::abort();  // a batch outside the limits the parser enforces
+      }
+      for (const std::vector<int32_t>& prompt : r->prompts) {
+        if (prompt.empty() || static_cast<int64_t>(prompt.size()) >= model.max_model_len) {
+          std::abort();  // accepted a prompt the parser promised to reject
+        }
       }
       if (r->response.n < 1 || r->response.n > vamp::RequestLimits{}.max_n ||
           r->response.stop.size() > static_cast<size_t>(vamp::kMaxStopStrings)) {

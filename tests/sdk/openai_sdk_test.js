@@ -208,24 +208,63 @@ test('n: choices indexed 0..n-1, choice i seeded seed + i, prompt counted once',
   await expect400(client.completions.create({...body, n: 17}), 'n');
 });
 
-test('n: a client that goes away aborts every choice', async () => {
-  const aborted = await metric('vamp_requests_finished_total', {reason: 'abort'});
-  const controller = new AbortController();
-  const stream = await client.completions.create(
-      {model: MODEL, prompt: 'Long', max_tokens: 1900, ignore_eos: true, n: 2, stream: true},
-      {signal: controller.signal});
-  let received = 0;
-  try {
-    for await (const chunk of stream) {
-      received += chunk.choices.length;
-      controller.abort();  // the SDK ends the stream (or throws, by version)
+test('batch: two prompts x n = 2, choices indexed prompt * n + j, seeds seed + index', async () => {
+  const prompts = ['Once upon a time', 'The robot said'];
+  const body = {model: MODEL, max_tokens: 5, temperature: 1, seed: 40, ignore_eos: true};
+  const r = await client.completions.create({...body, prompt: prompts, n: 2, echo: true});
+  assert.deepEqual(r.choices.map(c => c.index), [0, 1, 2, 3]);
+  // Choice i is prompt i / 2 alone with seed 40 + i.
+  const single = await Promise.all([0, 1, 2, 3].map(
+      i => client.completions.create({...body, prompt: prompts[Math.floor(i / 2)], seed: 40 + i})));
+  single.forEach((s, i) => {
+    assert.equal(r.choices[i].text, prompts[Math.floor(i / 2)] + s.choices[0].text, `choice ${i}`);
+  });
+  assert.equal(
+      r.usage.prompt_tokens, single[0].usage.prompt_tokens + single[2].usage.prompt_tokens);
+  assert.equal(r.usage.completion_tokens, 20);
+  // Streamed: every index, each with the same text as unary (same seeds), usage at the end.
+  const chunks = await collect(await client.completions.create({
+    ...body,
+    prompt: prompts,
+    n: 2,
+    echo: true,
+    stream: true,
+    stream_options: {include_usage: true}
+  }));
+  const got = byIndex(chunks, false);
+  assert.deepEqual(Object.keys(got), ['0', '1', '2', '3']);
+  for (let i = 0; i < 4; ++i) assert.equal(got[i].text, r.choices[i].text, `streamed choice ${i}`);
+  assert.deepEqual(chunks.at(-1).usage, r.usage);
+  // Token-id prompts batch too; a batch over --max_batch_prompts (64) is refused naming prompt.
+  const ids = await client.completions.create({...body, prompt: [[1, 2, 3], [4, 5]]});
+  assert.equal(ids.choices.length, 2);
+  assert.equal(ids.usage.prompt_tokens, 5);
+  await expect400(client.completions.create({...body, prompt: Array(65).fill('x')}), 'prompt');
+  await expect400(client.completions.create({...body, prompt: Array(5).fill('x'), n: 16}), 'n');
+});
+
+test('n: a client that goes away aborts every choice (of every prompt of a batch)', async () => {
+  for (const [prompt, choices] of [['Long', 2], [['Long', 'Longer'], 4]]) {
+    const aborted = await metric('vamp_requests_finished_total', {reason: 'abort'});
+    const controller = new AbortController();
+    const stream = await client.completions.create(
+        {model: MODEL, prompt, max_tokens: 1900, ignore_eos: true, n: 2, stream: true},
+        {signal: controller.signal});
+    let received = 0;
+    try {
+      for await (const chunk of stream) {
+        received += chunk.choices.length;
+        controller.abort();  // the SDK ends the stream (or throws, by version)
+      }
+    } catch (err) {
+      assert.ok(err instanceof OpenAI.APIUserAbortError || err.name === 'AbortError', `${err}`);
     }
-  } catch (err) {
-    assert.ok(err instanceof OpenAI.APIUserAbortError || err.name === 'AbortError', `${err}`);
+    assert.ok(received >= 1);
+    await waitFor(
+        async () =>
+            (await metric('vamp_requests_finished_total', {reason: 'abort'})) === aborted + choices,
+        `all ${choices} choices to be aborted`);
   }
-  assert.ok(received >= 1);
-  await waitFor(async () => (await metric('vamp_requests_finished_total', {reason: 'abort'})) ===
-                            aborted + 2, 'both choices to be aborted');
 });
 
 test('min_p: min_p 1 keeps only the most likely token, so sampling equals greedy', async () => {
@@ -287,8 +326,55 @@ test('logprobs: each chosen token, chat and completions, unary and streaming', a
   assert.equal(lp.token_logprobs.length, 5);
   assert.deepEqual(
       lp.text_offset, lp.tokens.map((_, i) => Buffer.from(lp.tokens.slice(0, i).join('')).length));
-  await expect400(client.completions.create({model: MODEL, prompt: 'x', logprobs: 0, echo: true}),
-                  'echo');
+});
+
+test('echo with logprobs: the prompt\'s tokens scored, then the output\'s', async () => {
+  const body = {model: MODEL, max_tokens: 3, temperature: 0, ignore_eos: true};
+  const r = await client.completions.create(
+      {...body, prompt: 'Once upon a time', echo: true, logprobs: 2});
+  const lp = r.choices[0].logprobs;
+  const n = r.usage.prompt_tokens + 3;
+  assert.equal(lp.tokens.length, n);
+  assert.equal(lp.tokens.join(''), r.choices[0].text);
+  assert.ok(r.choices[0].text.startsWith('Once upon a time'));
+  assert.equal(lp.token_logprobs[0], null);  // nothing precedes the first token
+  assert.equal(lp.top_logprobs[0], null);
+  for (let i = 1; i < n; ++i) {
+    assert.ok(Number.isFinite(lp.token_logprobs[i]) && lp.token_logprobs[i] <= 0, `token ${i}`);
+    const top = Object.values(lp.top_logprobs[i]);
+    assert.ok(top.length >= 1 && top.length <= 3, JSON.stringify(lp.top_logprobs[i]));
+    assert.ok(Math.max(...top) >= lp.token_logprobs[i] - 1e-6);
+  }
+  assert.deepEqual(
+      lp.text_offset, lp.tokens.map((_, i) => Buffer.from(lp.tokens.slice(0, i).join('')).length));
+  // A prompt token's logprob is what the model gave it as the next token of the prefix: the
+  // greedy token after ids, scored as the last token of a longer prompt.
+  const ids = [9707, 11, 1879, 374];
+  const next = await client.completions.create({...body, prompt: ids, max_tokens: 1, logprobs: 0});
+  const nextId = next.choices[0].token_ids[0];
+  const nextLogprob = next.choices[0].logprobs.token_logprobs[0];
+  const scored =
+      await client.completions.create({...body, prompt: [...ids, nextId], echo: true, logprobs: 1});
+  const slp = scored.choices[0].logprobs;
+  assert.ok(
+      Math.abs(slp.token_logprobs[ids.length] - nextLogprob) < 1e-5,
+      `${slp.token_logprobs[ids.length]} vs ${nextLogprob}`);
+  // Batched, n = 2 and streamed: each choice's first chunk starts with its prompt's tokens; the
+  // chunks add up to the unary logprobs.
+  const prompts = ['Once upon a time', 'The robot said'];
+  const unary =
+      await client.completions.create({...body, prompt: prompts, n: 2, echo: true, logprobs: 1});
+  const chunks = await collect(await client.completions.create(
+      {...body, prompt: prompts, n: 2, echo: true, logprobs: 1, stream: true}));
+  for (let i = 0; i < 4; ++i) {
+    const mine = chunks.flatMap(c => c.choices.filter(x => x.index === i));
+    assert.deepEqual(
+        mine.flatMap(c => c.logprobs.token_logprobs), unary.choices[i].logprobs.token_logprobs,
+        `choice ${i}`);
+    assert.deepEqual(
+        mine.flatMap(c => c.logprobs.text_offset), unary.choices[i].logprobs.text_offset);
+    assert.ok(unary.choices[i].text.startsWith(prompts[Math.floor(i / 2)]));
+  }
 });
 
 test('top_logprobs: alternatives, chat and completions, unary and streaming', async () => {

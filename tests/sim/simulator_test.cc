@@ -343,7 +343,9 @@ TEST(LowReuseGeneratorTest, DeterministicWithReuseAsConfigured) {
   for (size_t i = 0; i < a->sessions.size(); ++i) {
     EXPECT_EQ(a->sessions[i].turns[0].new_tokens, b->sessions[i].turns[0].new_tokens);
     EXPECT_EQ(a->sessions[i].turns[0].new_tokens.size(), 256u);
-    if (i > 0) EXPECT_GE(a->sessions[i].start_s, a->sessions[i - 1].start_s);
+    if (i > 0) {
+      EXPECT_GE(a->sessions[i].start_s, a->sessions[i - 1].start_s);
+    }
     for (size_t j = 0; j < i; ++j) {
       if (std::equal(a->sessions[i].turns[0].new_tokens.begin(),
                      a->sessions[i].turns[0].new_tokens.begin() + 128,

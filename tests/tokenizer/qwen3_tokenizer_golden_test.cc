@@ -96,11 +96,11 @@ TEST(Qwen3TokenizerGoldenTest, RendersEveryConversationLikeTheReference) {
     body["add_generation_prompt"] = c["add_generation_prompt"];
     absl::StatusOr<OpenAiRequest> r = ParseChatCompletionRequest(body.dump(), model, t);
     ASSERT_TRUE(r.ok()) << "conversation " << i << ": " << r.status();
-    const std::string text = t.Decode(r->prompt_token_ids, /*skip_special_tokens=*/false);
+    const std::string text = t.Decode(r->prompts[0], /*skip_special_tokens=*/false);
     EXPECT_EQ(text, c["text"].get<std::string>()) << "conversation " << i;
     const std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>();
-    EXPECT_EQ(r->prompt_token_ids, want) << "conversation " << i;
-    ok += text == c["text"].get<std::string>() && r->prompt_token_ids == want;
+    EXPECT_EQ(r->prompts[0], want) << "conversation " << i;
+    ok += text == c["text"].get<std::string>() && r->prompts[0] == want;
   }
   std::cout << "[ goldens ] conversations " << ok << "/" << conversations.size() << "\n";
 }
@@ -129,12 +129,12 @@ TEST(Qwen3ChatRequestTest, ToolChoiceDecidesParsingAndOpensTheReply) {
   r = parse(R"(, "tool_choice": "required", "chat_template_kwargs": {"enable_thinking": false})");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->response.assistant_prefix, "<tool_call>\n");
-  std::string text = t.Decode(r->prompt_token_ids, false);
+  std::string text = t.Decode(r->prompts[0], false);
   EXPECT_TRUE(absl::EndsWith(text, "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n"))
       << text;
   r = parse(R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})");
   ASSERT_TRUE(r.ok()) << r.status();
-  text = t.Decode(r->prompt_token_ids, false);
+  text = t.Decode(r->prompts[0], false);
   EXPECT_TRUE(absl::EndsWith(
       text, "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "))
       << text;
@@ -152,7 +152,7 @@ TEST(Qwen3ChatRequestTest, DeveloperMessagesAreTheSystemPrompt) {
                        {"role": "user", "content": "Hi"}]})",
       model, t);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(t.Decode(r->prompt_token_ids, false),
+  EXPECT_EQ(t.Decode(r->prompts[0], false),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
             "<|im_start|>assistant\n");
 }

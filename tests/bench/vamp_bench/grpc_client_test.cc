@@ -162,7 +162,8 @@ TEST(GrpcClientTest, StreamsTimesTokensAndResendsHistory) {
 }
 
 TEST(GrpcClientTest, SendsTheApiKeyAsMetadata) {
-  FakeServing server({.first_delay_s = 0.01, .token_gap_s = 0.001, .api_key = "secret-key-1234"});
+  FakeServing server(
+      {.first_delay_s = 0.01, .token_gap_s = 0.001, .api_key = "secret-key-1234", .fail = false});
   ClientOptions o = Grpc(server.port());
   absl::StatusOr<ClientRun> run = RunWorkload(Sessions(1, 2), o, BenchClock::now());
   ASSERT_TRUE(run.ok());
@@ -175,7 +176,7 @@ TEST(GrpcClientTest, SendsTheApiKeyAsMetadata) {
 }
 
 TEST(GrpcClientTest, RecordsServerFailuresAndUnreachableServers) {
-  FakeServing failing({.first_delay_s = 0.01, .fail = true});
+  FakeServing failing({.first_delay_s = 0.01, .token_gap_s = 0.01, .api_key = "", .fail = true});
   absl::StatusOr<ClientRun> run =
       RunWorkload(Sessions(2, 2), Grpc(failing.port()), BenchClock::now());
   ASSERT_TRUE(run.ok());
@@ -200,7 +201,7 @@ TEST(GrpcClientTest, RecordsServerFailuresAndUnreachableServers) {
 }
 
 TEST(GrpcClientTest, CutOffCancelsOpenStreams) {
-  FakeServing server({.first_delay_s = 0.02, .token_gap_s = 0.2});  // a turn takes ~0.6 s
+  FakeServing server({.first_delay_s = 0.02, .token_gap_s = 0.2, .api_key = "", .fail = false});  // ~0.6 s a turn
   ClientOptions o = Grpc(server.port());
   o.max_duration_s = 0.3;
   const auto t0 = std::chrono::steady_clock::now();
@@ -218,7 +219,7 @@ TEST(GrpcClientTest, CutOffCancelsOpenStreams) {
 }
 
 TEST(GrpcClientTest, AStreamTheServerLeavesSilentFailsAtTheTimeout) {
-  FakeServing server({.first_delay_s = 5.0});
+  FakeServing server({.first_delay_s = 5.0, .token_gap_s = 0.01, .api_key = "", .fail = false});
   ClientOptions o = Grpc(server.port());
   o.request_timeout_s = 0.5;
   absl::StatusOr<ClientRun> run = RunWorkload(Sessions(1, 1), o, BenchClock::now());
@@ -231,7 +232,7 @@ TEST(GrpcClientTest, AStreamTheServerLeavesSilentFailsAtTheTimeout) {
 
 TEST(GrpcClientTest, HundredSessionsInFlightTogether) {
   // Each first token is held 2 s, so all 100 sessions are in flight together, even when loaded.
-  FakeServing server({.first_delay_s = 2.0, .token_gap_s = 0.001});
+  FakeServing server({.first_delay_s = 2.0, .token_gap_s = 0.001, .api_key = "", .fail = false});
   absl::StatusOr<ClientRun> run =
       RunWorkload(Sessions(100, 2), Grpc(server.port(), 2), BenchClock::now());
   ASSERT_TRUE(run.ok()) << run.status();

@@ -112,6 +112,28 @@ TEST(SchedulerTest, FullyCachedPromptStillComputesItsLastToken) {
   EXPECT_EQ(s.outputs.size(), 1u);
 }
 
+TEST(SchedulerTest, ARequestThatSkipsCacheReadsComputesItsWholePromptAndCachesItForOthers) {
+  Harness h(SmallConfig());
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(10), 2)).ok());
+  h.RunToCompletion();
+  // Its prefix is cached, but it needs logits at every prompt position (prompt logprobs).
+  RequestSpec skip = Spec(2, Iota(10), 1);
+  skip.skip_prefix_cache_reads = true;
+  ASSERT_TRUE(h.scheduler().AddRequest(std::move(skip)).ok());
+  auto s = h.Step();
+  ASSERT_EQ(s.plan.new_requests.size(), 1u);
+  EXPECT_EQ(s.plan.new_requests[0].num_computed_tokens, 0);
+  h.RunToCompletion();
+  // Not a lookup: the hit rate counts request 1 only.
+  PrefixCacheStats pc = h.scheduler().counters().prefix_cache;
+  EXPECT_EQ(pc.requests, 1);
+  EXPECT_EQ(pc.query_tokens, 10);
+  // What it computed is cached under the same hashes: a plain request finds it.
+  ASSERT_TRUE(h.scheduler().AddRequest(Spec(3, Iota(10), 1)).ok());
+  s = h.Step();
+  EXPECT_EQ(s.plan.new_requests[0].num_computed_tokens, 8);
+}
+
 TEST(SchedulerTest, PrefixCachingOffNeverHits) {
   SchedulerConfig c = SmallConfig();
   c.enable_prefix_caching = false;

@@ -33,7 +33,7 @@ TEST_F(OpenAiApiTest, CompletionWithTextAndSampling) {
       model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->chat);
-  EXPECT_EQ(r->prompt_token_ids, (std::vector<int32_t>{'H', 'i'}));
+  EXPECT_EQ(r->prompts[0], (std::vector<int32_t>{'H', 'i'}));
   EXPECT_EQ(r->sampling.max_tokens, 5);
   EXPECT_FLOAT_EQ(r->sampling.temperature, 0.5f);
   EXPECT_EQ(r->sampling.top_k, 7);
@@ -51,12 +51,12 @@ TEST_F(OpenAiApiTest, StopStringsChoicesAndEcho) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->response.stop, (std::vector<std::string>{"\n"}));
   EXPECT_EQ(r->response.n, 3);
-  EXPECT_EQ(r->response.echo, "Hi");
+  EXPECT_EQ(r->response.echo, std::vector<std::string>{"Hi"});
   r = ParseCompletionRequest(R"({"prompt": [72, 105], "stop": ["a", "bc"], "echo": true})",
                              model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->response.stop, (std::vector<std::string>{"a", "bc"}));
-  EXPECT_EQ(r->response.echo, "Hi");  // token ids echo as their text
+  EXPECT_EQ(r->response.echo, std::vector<std::string>{"Hi"});  // token ids echo as their text
   r = ParseChatCompletionRequest(
       R"({"messages": [{"role": "user", "content": "x"}], "stop": null, "n": 2})", model_,
       *tokenizer_, RequestLimits{.max_n = 2});
@@ -137,9 +137,77 @@ TEST_F(OpenAiApiTest, CompletionDefaultsAndTokenPrompt) {
       ParseCompletionRequest(R"({"prompt": [[1, 2, 3]]})", model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->model, "tiny");
-  EXPECT_EQ(r->prompt_token_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r->prompts[0], (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(r->sampling.max_tokens, kDefaultCompletionMaxTokens);
   EXPECT_FALSE(r->stream);
+}
+
+// A prompt array of strings or of token-id arrays is a batch: one prompt each, echoed each, its
+// choices counted against --max_batch_prompts (prompts x n).
+TEST_F(OpenAiApiTest, CompletionBatchesOfStringsAndTokenArrays) {
+  absl::StatusOr<OpenAiRequest> r = ParseCompletionRequest(
+      R"({"prompt": ["Hi", "Yo!"], "n": 2, "echo": true})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_EQ(r->prompts[0], (std::vector<int32_t>{'H', 'i'}));
+  EXPECT_EQ(r->prompts[1], (std::vector<int32_t>{'Y', 'o', '!'}));
+  EXPECT_EQ(r->response.num_prompts, 2);
+  EXPECT_EQ(r->response.n, 2);
+  EXPECT_EQ(r->response.echo, (std::vector<std::string>{"Hi", "Yo!"}));
+  r = ParseCompletionRequest(R"({"prompt": [[72, 105], [5]], "echo": true})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompts, (std::vector<std::vector<int32_t>>{{72, 105}, {5}}));
+  EXPECT_EQ(r->response.echo, (std::vector<std::string>{"Hi", "\x05"}));
+  // Without echo, no texts; a single prompt stays a single prompt.
+  r = ParseCompletionRequest(R"({"prompt": [7, 8]})", model_, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompts, (std::vector<std::vector<int32_t>>{{7, 8}}));
+  EXPECT_EQ(r->response.num_prompts, 1);
+  EXPECT_TRUE(r->response.echo.empty());
+
+  // The limits: prompts, then prompts x n, each named in the error.
+  RequestLimits limits;
+  limits.max_n = 4;
+  limits.max_batch_prompts = 6;
+  EXPECT_TRUE(
+      ParseCompletionRequest(R"({"prompt": ["a", "b", "c"], "n": 2})", model_, *tokenizer_, limits)
+          .ok());
+  absl::Status s = ParseCompletionRequest(R"({"prompt": ["a", "b", "c", "d", "e", "f", "g"]})",
+                                          model_, *tokenizer_, limits)
+                       .status();
+  EXPECT_EQ(Param(s), "prompt");
+  EXPECT_THAT(s.message(),
+              HasSubstr("at most 6 prompts (the server's --max_batch_prompts), got 7"));
+  s = ParseCompletionRequest(R"({"prompt": ["a", "b"], "n": 4})", model_, *tokenizer_, limits)
+          .status();
+  EXPECT_EQ(Param(s), "n");
+  EXPECT_THAT(s.message(), HasSubstr("2 prompts x n 4 = 8 choices exceed the 6"));
+  EXPECT_EQ(HttpStatusFor(s), 400);
+}
+
+// echo with logprobs needs agents that compute prompt log-probabilities: refused naming echo
+// without them; with them, every prompt's token ids go to the response writer.
+TEST_F(OpenAiApiTest, EchoWithLogprobsNeedsAgentsThatScoreThePrompt) {
+  absl::Status refused = ParseCompletionRequest(R"({"prompt": "Hi", "echo": true, "logprobs": 2})",
+                                                model_, *tokenizer_)
+                             .status();
+  EXPECT_EQ(Param(refused), "echo");
+  EXPECT_THAT(refused.message(), HasSubstr("this deployment's agents cannot compute"));
+  ServedModel scoring = model_;
+  scoring.prompt_logprobs = true;
+  absl::StatusOr<OpenAiRequest> r = ParseCompletionRequest(
+      R"({"prompt": ["Hi", "Yo!"], "echo": true, "logprobs": 2})", scoring, *tokenizer_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->response.echo_token_ids, r->prompts);
+  EXPECT_EQ(r->response.num_top_logprobs, 2);
+  EXPECT_EQ(r->sampling.num_top_logprobs, 2);
+  // Without logprobs (or without echo), nothing to score.
+  r = ParseCompletionRequest(R"({"prompt": "Hi", "echo": true})", scoring, *tokenizer_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->response.echo_token_ids.empty());
+  r = ParseCompletionRequest(R"({"prompt": "Hi", "logprobs": 1})", scoring, *tokenizer_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->response.echo_token_ids.empty());
 }
 
 TEST_F(OpenAiApiTest, ErrorsNameTheField) {
@@ -154,7 +222,18 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
       {R"({"max_tokens": 3})", "prompt", "is required"},
       {R"({"prompt": ""})", "prompt", "must not be empty"},
       {R"({"prompt": [1, 999]})", "prompt", "token id 999 at index 1 is outside"},
-      {R"({"prompt": {"a": 1}})", "prompt", "must be a string or an array"},
+      {R"({"prompt": {"a": 1}})", "prompt", "must be a string, an array of token ids, or"},
+      {R"({"prompt": ["a", [1]]})", "prompt", "element 1 must be a string like element 0"},
+      {R"({"prompt": [[1], "a"]})", "prompt", "element 1 must be a token-id array like element 0"},
+      {R"({"prompt": [[1], [2, "x"]]})", "prompt", "element 1 must be an array of token ids"},
+      {R"({"prompt": [[1], [2, 999]]})", "prompt", "element 1 token id 999 at index 1 is outside"},
+      {R"({"prompt": ["a", ""]})", "prompt", "element 1 must not be empty"},
+      {R"({"prompt": ["a", "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"]})",
+       "prompt", "element 1 is 64 tokens"},
+      {R"({"prompt": ["a", "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"],
+           "max_tokens": 5})",
+       "max_tokens", "the 62-token prompt (element 1) leaves 2 of 64"},
+      {R"({"prompt": ["x"], "n": 17})", "n", "must be an integer in [1, 16]"},
       {R"({"prompt": "x", "temperature": 3})", "temperature", "must be in [0, 2]"},
       {R"({"prompt": "x", "temperature": "hot"})", "temperature", "must be a number"},
       {R"({"prompt": "x", "top_p": 0})", "top_p", "must be in"},
@@ -181,8 +260,8 @@ TEST_F(OpenAiApiTest, ErrorsNameTheField) {
       {R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format",
        "only {\"type\": \"text\"}"},
       {R"({"prompt": "x", "guided_json": {}})", "guided_json", "not supported"},
-      {R"({"prompt": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"})", "prompt",
-       "at least one must be left for output"},
+      {R"({"prompt": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"})",
+       "prompt", "at least one must be left for output"},
       {R"({"prompt": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "max_tokens": 5})",
        "max_tokens", "5 output tokens do not fit"},
   };
@@ -230,7 +309,7 @@ TEST_F(OpenAiApiTest, TokenIdsPast32BitsAreRefusedNotTruncated) {
   absl::StatusOr<OpenAiRequest> ok =
       ParseCompletionRequest(R"({"prompt": [0, 255], "stop_token_ids": [5]})", model_, *tokenizer_);
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->prompt_token_ids, (std::vector<int32_t>{0, 255}));
+  EXPECT_EQ(ok->prompts[0], (std::vector<int32_t>{0, 255}));
   EXPECT_EQ(ok->sampling.stop_token_ids, (std::vector<int32_t>{5}));
 }
 
@@ -251,7 +330,7 @@ TEST_F(OpenAiApiTest, ChatUsesTemplateAndValidatesMessages) {
       model_, *tokenizer_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->chat);
-  EXPECT_EQ(r->prompt_token_ids, tokenizer_->Encode("<|user|>\nYo\n<|assistant|>\n"));
+  EXPECT_EQ(r->prompts[0], tokenizer_->Encode("<|user|>\nYo\n<|assistant|>\n"));
   EXPECT_EQ(r->sampling.max_tokens, 3);
   // Chat requests without a limit run to the context length (the scheduler's default).
   absl::StatusOr<OpenAiRequest> unlimited = ParseChatCompletionRequest(

@@ -39,6 +39,8 @@ TEST(ControllerConfigTest, TheFlagsDefaultsAreTheOptionsDefaults) {
   EXPECT_EQ(bound->http.server.max_connections, d.http.server.max_connections);
   EXPECT_EQ(bound->http.request_timeout_s, d.http.request_timeout_s);
   EXPECT_EQ(bound->http.limits.max_n, d.http.limits.max_n);
+  EXPECT_EQ(bound->http.limits.max_batch_prompts, d.http.limits.max_batch_prompts);
+  EXPECT_EQ(bound->metrics_targets_file, d.metrics_targets_file);
   EXPECT_EQ(bound->arbiter, ServingEngineOptions{}.arbiter);
   EXPECT_EQ(bound->step_timeout_s * 1000, AgentGroupOptions{}.step_timeout_ms);
   EXPECT_EQ(bound->offload_cap, d.offload_cap);
@@ -52,9 +54,9 @@ TEST(ControllerConfigTest, EveryFlagLandsInItsField) {
   absl::StatusOr<ControllerOptions> o = Options(
       {"--http_address=0.0.0.0:9", "--http_threads=7", "--request_timeout_s=3", "--max_n=5",
        "--spawn_agents=2", "--agent_device=cuda", "--arbiter=static", "--step_timeout_s=2.5",
-       "--tls_cert_file=/c.pem", "--tls_key_file=/k.pem", "--log_level=debug",
-       "--log_format=json", "--ready_file=/tmp/r.json", "--max_num_seqs=9",
-       "--no-vamp_restore", "--served_model_name=m", "--replica=r1"});
+       "--tls_cert_file=/c.pem", "--tls_key_file=/k.pem", "--log_level=debug", "--log_format=json",
+       "--ready_file=/tmp/r.json", "--max_num_seqs=9", "--no-vamp_restore", "--served_model_name=m",
+       "--replica=r1", "--max_batch_prompts=12", "--metrics_targets_file=/tmp/t.json"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->http.server.address, "0.0.0.0:9");
   EXPECT_EQ(o->http.server.threads, 7);
@@ -73,12 +75,19 @@ TEST(ControllerConfigTest, EveryFlagLandsInItsField) {
   EXPECT_FALSE(o->vamp.restore.enabled);
   EXPECT_EQ(o->served_model_name, "m");
   EXPECT_EQ(o->replica, "r1");
+  EXPECT_EQ(o->http.limits.max_batch_prompts, 12);
+  EXPECT_EQ(o->metrics_targets_file, "/tmp/t.json");
 }
 
 TEST(ControllerConfigTest, ValuesTheRangesCannotCatchAreRefusedByName) {
   absl::StatusOr<ControllerOptions> key = Options({"--prefix_cache_hash_key=xyz"});
   ASSERT_FALSE(key.ok());
   EXPECT_THAT(std::string(key.status().message()), HasSubstr("prefix_cache_hash_key"));
+  // Every request may ask for max_n choices of one prompt, so the choices bound covers them.
+  absl::StatusOr<ControllerOptions> batch = Options({"--max_n=16", "--max_batch_prompts=8"});
+  ASSERT_FALSE(batch.ok());
+  EXPECT_THAT(std::string(batch.status().message()), HasSubstr("'max_batch_prompts' (8)"));
+  EXPECT_THAT(std::string(batch.status().message()), HasSubstr("at least max_n (16)"));
 }
 
 }  // namespace

@@ -4,8 +4,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <thread>
 
 #include "common/grpc_server.h"
 #include "controller/server/controller_config.h"
@@ -341,6 +344,146 @@ TEST(ControllerServerTest, BadTokenFilesFailStartUpNamingTheFileNotTheSecret) {
     EXPECT_THAT(message, HasSubstr(path)) << c.name;
     EXPECT_THAT(message, ::testing::Not(HasSubstr("secret"))) << c.name << ": " << message;
   }
+}
+
+namespace targets_file {
+
+// The targets file's groups, or nullopt when it is missing or not a JSON array (a torn write).
+std::optional<nlohmann::json> ReadTargets(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_array()) return std::nullopt;
+  return j;
+}
+
+// The agent targets ("host:port") the file lists.
+std::vector<std::string> AgentTargets(const nlohmann::json& groups) {
+  std::vector<std::string> out;
+  for (const auto& g : groups) {
+    if (g["labels"]["vamp_role"] == "agent") out.push_back(g["targets"][0].get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace targets_file
+
+// --metrics_targets_file: the /metrics/targets JSON (Prometheus file_sd) at start, rewritten when
+// an agent registers and when it goes away (its group cannot be brought up and it refuses
+// connections), always whole: a reader polling the file never sees a torn one, and no temporary
+// file is left behind.
+TEST(ControllerServerTest, MetricsTargetsFileFollowsAgentsAndIsWrittenAtomically) {
+  using targets_file::AgentTargets;
+  using targets_file::ReadTargets;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("vamp_targets_file_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path file = dir / "vamp-targets.json";
+  absl::StatusOr<CommandLine> cli =
+      Flags({"--insecure_no_auth", "--replica=r1", "--metrics_targets_file=" + file.string()});
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  // At start: the controller alone, the same JSON as GET /metrics/targets.
+  std::optional<nlohmann::json> at_start = ReadTargets(file);
+  ASSERT_TRUE(at_start.has_value());
+  ASSERT_EQ(at_start->size(), 1u);
+  EXPECT_EQ((*at_start)[0]["targets"][0], "127.0.0.1:" + std::to_string((*server)->metrics_port()));
+  EXPECT_EQ((*at_start)[0]["labels"]["replica"], "r1");
+  httplib::Client http("127.0.0.1", (*server)->http_port());
+  auto served = http.Get("/metrics/targets");
+  ASSERT_TRUE(served);
+  EXPECT_EQ(nlohmann::json::parse(served->body), *at_start);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0}, torn{0};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      if (!ReadTargets(file).has_value()) ++torn;
+      ++reads;
+    }
+  });
+
+  // A live agent (it fails Init, so the model is not served, but it answers): registered.
+  LyingAgent agent(LyingAgent::Lie::kInitKvBlocks);
+  absl::StatusOr<std::unique_ptr<GrpcServer>> agent_server =
+      GrpcServer::Start("127.0.0.1:0", {&agent});
+  ASSERT_TRUE(agent_server.ok()) << agent_server.status();
+  const std::string agent_address = "127.0.0.1:" + std::to_string((*agent_server)->port());
+  auto registry = vamp::v1::AgentRegistry::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*server)->grpc_port()), grpc::InsecureChannelCredentials()));
+  vamp::v1::RegisterRequest request;
+  request.set_rank(0);
+  request.set_agent_address(agent_address);
+  request.set_metrics_address("127.0.0.1:19400");
+  {
+    grpc::ClientContext ctx;
+    vamp::v1::RegisterResponse response;
+    ASSERT_TRUE(registry->Register(&ctx, request, &response).ok());
+  }
+  std::optional<nlohmann::json> registered = ReadTargets(file);
+  ASSERT_TRUE(registered.has_value());
+  EXPECT_THAT(AgentTargets(*registered), ::testing::ElementsAre("127.0.0.1:19400"));
+  for (int i = 0; i < 500 && agent.inits() == 0; ++i) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_GT(agent.inits(), 0);
+  absl::SleepFor(absl::Milliseconds(1500));  // the failed bring-up probed it: it answers
+  EXPECT_THAT(AgentTargets(*ReadTargets(file)), ::testing::ElementsAre("127.0.0.1:19400"));
+
+  // The agent goes away: when the controller next tries the registered set (within seconds),
+  // it cannot connect, and the file drops the agent.
+  (*agent_server)->Shutdown(0);
+  bool dropped = false;
+  for (int i = 0; i < 300 && !dropped; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    std::optional<nlohmann::json> now = ReadTargets(file);
+    dropped = now.has_value() && AgentTargets(*now).empty() && now->size() == 1;
+  }
+  EXPECT_TRUE(dropped) << "the targets file still lists the agent that went away";
+  auto admin = vamp::v1::Admin::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*server)->admin_port()), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    vamp::v1::GetStatusResponse status;
+    ASSERT_TRUE(admin->GetStatus(&ctx, {}, &status).ok());
+    ASSERT_EQ(status.agents_size(), 1);
+    EXPECT_EQ(status.agents(0).agent_address(), agent_address);
+    EXPECT_EQ(status.agents(0).metrics_address(), "127.0.0.1:19400");
+    EXPECT_TRUE(status.agents(0).gone());
+  }
+
+  // It registers again (a restarted agent, at a new metrics port): back in the file.
+  request.set_metrics_address("127.0.0.1:19401");
+  {
+    grpc::ClientContext ctx;
+    vamp::v1::RegisterResponse response;
+    ASSERT_TRUE(registry->Register(&ctx, request, &response).ok());
+  }
+  EXPECT_THAT(AgentTargets(*ReadTargets(file)), ::testing::ElementsAre("127.0.0.1:19401"));
+  stop = true;
+  reader.join();
+  EXPECT_GT(reads.load(), 0);
+  EXPECT_EQ(torn.load(), 0) << "a reader saw a missing or partial targets file";
+  (*server)->Shutdown();
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    left.push_back(entry.path().filename().string());
+  }
+  EXPECT_THAT(left, ::testing::ElementsAre("vamp-targets.json")) << "temporary files left over";
+  std::filesystem::remove_all(dir);
+}
+
+// An unwritable --metrics_targets_file stops start-up naming the field.
+TEST(ControllerServerTest, UnwritableMetricsTargetsFileNamesTheField) {
+  absl::StatusOr<CommandLine> cli =
+      Flags({"--insecure_no_auth", "--metrics_targets_file=/nonexistent-dir/targets.json"});
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("metrics_targets_file"));
+  EXPECT_THAT(server.status().message(), HasSubstr("/nonexistent-dir/targets.json"));
 }
 
 }  // namespace

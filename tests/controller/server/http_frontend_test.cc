@@ -4,17 +4,21 @@
 // what it answers while no model is served.
 #include "controller/server/http_frontend.h"
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "tokenizer/tokenizer.h"
 #include "controller/serving/serving_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/controller/serving/fake_agent_service.h"
+#include "tokenizer/tokenizer.h"
 
 namespace vamp {
 namespace {
@@ -208,6 +212,55 @@ TEST_F(HttpFrontendTest, ServesUnaryAndStreamedCompletions) {
   ASSERT_EQ(chat_body["choices"].size(), 2u) << "n choices, one engine request each";
   EXPECT_EQ(chat_body["choices"][1]["message"]["content"], "aa");
   EXPECT_EQ(chat_body["usage"]["completion_tokens"], 4) << "summed over the choices";
+}
+
+// A batch of prompts runs prompts x n engine requests: choices indexed prompt_index * n + j, each
+// echoing its prompt; usage counts each prompt once; streamed chunks carry every index.
+TEST_F(HttpFrontendTest, ServesBatchesOfPromptsWithNChoicesEach) {
+  Start();
+  httplib::Result unary = Post("/v1/completions", R"({"prompt": [[104, 105], [1, 2, 3]], "n": 2,
+                                                      "max_tokens": 2, "echo": true})");
+  ASSERT_TRUE(unary);
+  ASSERT_EQ(unary->status, 200) << unary->body;
+  const Json body = Json::parse(unary->body);
+  ASSERT_EQ(body["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(body["choices"][i]["index"], i);
+    EXPECT_EQ(body["choices"][i]["text"],
+              (i < 2 ? std::string("hi") : std::string("\x01\x02\x03")) + "aa");
+  }
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 5) << "2 + 3, each prompt once";
+  EXPECT_EQ(body["usage"]["completion_tokens"], 8);
+
+  httplib::Result streamed = Post("/v1/completions", R"({"prompt": ["a", "b", "c"], "n": 1,
+      "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200) << streamed->body;
+  std::map<int, std::string> texts;
+  std::optional<Json> usage;
+  for (absl::string_view line : absl::StrSplit(streamed->body, "\n\n", absl::SkipEmpty())) {
+    ASSERT_TRUE(absl::ConsumePrefix(&line, "data: ")) << line;
+    if (line == "[DONE]") continue;
+    const Json chunk = Json::parse(line);
+    if (chunk["choices"].empty()) {
+      usage = chunk["usage"];
+      continue;
+    }
+    texts[chunk["choices"][0]["index"].get<int>()] +=
+        chunk["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(texts, (std::map<int, std::string>{{0, "aa"}, {1, "aa"}, {2, "aa"}}));
+  ASSERT_TRUE(usage.has_value());
+  EXPECT_EQ((*usage)["prompt_tokens"], 3);
+  EXPECT_EQ((*usage)["completion_tokens"], 6);
+
+  // 5 prompts x n 16 = 80 choices: more than the default 64 one request may start.
+  httplib::Result too_many =
+      Post("/v1/completions", R"({"prompt": ["a", "b", "c", "d", "e"], "n": 16})");
+  ASSERT_TRUE(too_many);
+  EXPECT_EQ(too_many->status, 400);
+  EXPECT_EQ(Error(too_many)["param"], "n");
+  EXPECT_THAT(Error(too_many)["message"].get<std::string>(), HasSubstr("80 choices exceed the 64"));
 }
 
 TEST_F(HttpFrontendTest, TheApiNeedsAKeyHealthAndMetricsDoNot) {

@@ -119,7 +119,9 @@ TEST(OpenAiResponseWriterTest, StreamedChatSplitsReasoningAndToolCalls) {
     }
     EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
     EXPECT_EQ(calls[0]["type"], "function");
-    if (calls.size() > 1) EXPECT_EQ(calls[0]["function"]["arguments"], "") << step;
+    if (calls.size() > 1) {
+      EXPECT_EQ(calls[0]["function"]["arguments"], "") << step;
+    }
     // In small events the arguments arrive in pieces; in one event the call comes whole.
     if (step < 200) {
       EXPECT_GT(calls.size(), 2u) << step;
@@ -243,7 +245,7 @@ TEST(OpenAiResponseWriterTest, UnaryStopStringAndEcho) {
   auto ctx = Context(*ByteTokenizer::Create(256));
   ResponseOptions options;
   options.stop = {"\n"};
-  options.echo = "Q: ";
+  options.echo = {"Q: "};
   OpenAiResponseWriter writer(ctx, options, 12, 100);
   for (const EngineEvent& e : Events(*ctx->tokenizer, "answer\nmore", 4)) {
     writer.Append(0, e);
@@ -260,7 +262,7 @@ TEST(OpenAiResponseWriterTest, ChoicesAreIndexedAndUsageCountsThePromptOnce) {
   ResponseOptions options;
   options.n = 3;
   options.include_usage = true;
-  options.echo = ">";
+  options.echo = {">"};
   OpenAiResponseWriter streamed(ctx, options, 13, 100);
   OpenAiResponseWriter unary(ctx, options, 14, 100);
   const std::vector<std::string> texts = {"a", "bb", "ccc"};
@@ -295,6 +297,63 @@ TEST(OpenAiResponseWriterTest, ChoicesAreIndexedAndUsageCountsThePromptOnce) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 6);
 }
 
+// A batch of 2 prompts x n = 2: choice i answers prompt i / 2 and echoes it; streamed chunks
+// arrive interleaved by index in whatever order the engine sends them; usage counts each
+// prompt's tokens once (3 + 5) and sums every completion; cached tokens are per prompt.
+TEST(OpenAiResponseWriterTest, BatchChoicesAreIndexedByPromptThenChoice) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  ResponseOptions options;
+  options.num_prompts = 2;
+  options.n = 2;
+  options.include_usage = true;
+  options.echo = {"P0:", "P1:"};
+  OpenAiResponseWriter streamed(ctx, options, 21, 100);
+  OpenAiResponseWriter unary(ctx, options, 22, 100);
+  const std::vector<std::string> texts = {"a", "bb", "ccc", "dddd"};
+  std::vector<std::vector<EngineEvent>> events;
+  for (int i = 0; i < 4; ++i) {
+    events.push_back(Events(*ctx->tokenizer, texts[i], 1));
+    for (EngineEvent& e : events.back()) {
+      e.prompt_tokens = i < 2 ? 3 : 5;
+      e.cached_prompt_tokens = i == 1 ? 2 : (i == 3 ? 4 : 0);
+    }
+  }
+  Streamed s;
+  std::vector<int> order;  // choices of chunks as sent
+  // Later choices first, then interleaved: the writer keeps every choice apart.
+  for (size_t k = 0; k < 4; ++k) {
+    for (int i = 3; i >= 0; --i) {
+      if (k >= events[i].size()) continue;
+      EXPECT_FALSE(s.done);
+      const std::string sse = streamed.StreamChunk(i, events[i][k]);
+      for (const Json& chunk : Chunks(sse)) {
+        if (!chunk["choices"].empty()) order.push_back(chunk["choices"][0]["index"].get<int>());
+      }
+      Collect(sse, &s);
+      unary.Append(i, events[i][k]);
+    }
+  }
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(order, (std::vector<int>{3, 2, 1, 0, 3, 2, 1, 3, 2, 3}));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(s.text[i], (i < 2 ? "P0:" : "P1:") + texts[i]) << i;
+    EXPECT_EQ(s.finish_reason[i], "stop");
+  }
+  ASSERT_TRUE(s.usage.has_value());
+  EXPECT_EQ((*s.usage)["prompt_tokens"], 8);
+  EXPECT_EQ((*s.usage)["completion_tokens"], 10);
+  EXPECT_EQ((*s.usage)["total_tokens"], 18);
+  EXPECT_EQ((*s.usage)["prompt_tokens_details"]["cached_tokens"], 6);
+  ASSERT_TRUE(unary.done());
+  const Json j = Json::parse(*unary.Finish());
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], (i < 2 ? "P0:" : "P1:") + texts[i]);
+  }
+  EXPECT_EQ(j["usage"], *s.usage);
+}
+
 TEST(OpenAiResponseWriterTest, LogprobsInOpenAisShapes) {
   auto ctx = Context(*ByteTokenizer::Create(256));
   auto with_logprobs = [](std::vector<EngineEvent> events) {
@@ -316,6 +375,16 @@ TEST(OpenAiResponseWriterTest, LogprobsInOpenAisShapes) {
   EXPECT_FLOAT_EQ(lp["token_logprobs"][0].get<float>(), -0.5f * ('a' % 3));
   EXPECT_EQ(lp["text_offset"], Json({0, 1, 2, 3}));
   EXPECT_FLOAT_EQ(lp["top_logprobs"][1]["b"].get<float>(), -0.5f * ('b' % 3));
+  // Completions, streamed: text_offset counts from the start of the choice's text, across chunks
+  // (regression: each chunk restarted at 0).
+  OpenAiResponseWriter streamed_text(ctx, options, 18, 100);
+  Json offsets = Json::array();
+  for (const EngineEvent& e : events) {
+    for (const Json& chunk : Chunks(streamed_text.StreamChunk(0, e))) {
+      for (const Json& o : chunk["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+    }
+  }
+  EXPECT_EQ(offsets, Json({0, 1, 2, 3}));
   // Chat, streamed: per chunk, content entries with the token's bytes.
   options.chat = true;
   OpenAiResponseWriter streamed(ctx, options, 16, 100);
@@ -333,6 +402,79 @@ TEST(OpenAiResponseWriterTest, LogprobsInOpenAisShapes) {
   OpenAiResponseWriter plain(ctx, ResponseOptions{}, 17, 100);
   for (const EngineEvent& e : events) plain.Append(0, e);
   EXPECT_TRUE(Json::parse(*plain.Finish())["choices"][0]["logprobs"].is_null());
+}
+
+// echo with logprobs: each choice's logprobs cover its prompt's tokens, then the output's, in
+// completions' shapes: the first prompt token with null logprob and top_logprobs (OpenAI's),
+// every other with its log-probability and a map of it and its alternatives; text_offset counts
+// from the start of the echoed prompt. Streamed, the prompt's come in each choice's first chunk.
+// Without the prompt's (an agent that sent none), logprobs are null, not partial.
+TEST(OpenAiResponseWriterTest, EchoWithLogprobsCoversThePromptThenTheOutput) {
+  auto ctx = Context(*ByteTokenizer::Create(256));
+  ResponseOptions options;
+  options.logprobs = true;
+  options.num_top_logprobs = 1;
+  options.num_prompts = 2;
+  options.echo = {"Hi!", "Yo"};
+  options.echo_token_ids = {{'H', 'i', '!'}, {'Y', 'o'}};
+  // Prompt events: choice 0 (prompt "Hi!") and choice 1 (prompt "Yo"), outputs "ab" and "c".
+  auto output = [&](const std::string& text, std::vector<float> prompt_lps,
+                    std::vector<int32_t> prompt_alt_ids) {
+    std::vector<EngineEvent> events = Events(*ctx->tokenizer, text, 1);
+    for (EngineEvent& e : events) {
+      e.logprobs = {-0.5f};
+      e.top_token_ids = {'z'};
+      e.top_logprobs = {-3.0f};
+    }
+    events[0].has_prompt_logprobs = true;
+    events[0].prompt_logprobs = prompt_lps;
+    events[0].prompt_top_token_ids = prompt_alt_ids;
+    for (float lp : prompt_lps) events[0].prompt_top_logprobs.push_back(lp - 1);
+    return events;
+  };
+  const std::vector<std::vector<EngineEvent>> events = {output("ab", {-1.0f, -2.0f}, {'q', 'r'}),
+                                                        output("c", {-4.0f}, {'s'})};
+  OpenAiResponseWriter unary(ctx, options, 31, 100);
+  OpenAiResponseWriter streamed(ctx, options, 32, 100);
+  std::map<int, Json> chunks_logprobs;  // per choice: the streamed arrays, concatenated
+  for (int i = 0; i < 2; ++i) {
+    for (const EngineEvent& e : events[i]) {
+      unary.Append(i, e);
+      for (const Json& chunk : Chunks(streamed.StreamChunk(i, e))) {
+        if (chunk["choices"].empty()) continue;
+        const Json& lp = chunk["choices"][0]["logprobs"];
+        Json& all = chunks_logprobs[i];
+        for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+          if (!all.contains(key)) all[key] = Json::array();
+          for (const Json& v : lp[key]) all[key].push_back(v);
+        }
+      }
+    }
+  }
+  const Json j = Json::parse(*unary.Finish());
+  const Json& lp0 = j["choices"][0]["logprobs"];
+  EXPECT_EQ(j["choices"][0]["text"], "Hi!ab");
+  EXPECT_EQ(lp0["tokens"], Json({"H", "i", "!", "a", "b"}));
+  EXPECT_EQ(lp0["token_logprobs"], Json({nullptr, -1.0, -2.0, -0.5, -0.5}));
+  EXPECT_TRUE(lp0["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp0["top_logprobs"][1], Json({{"i", -1.0}, {"q", -2.0}}));
+  EXPECT_EQ(lp0["top_logprobs"][2], Json({{"!", -2.0}, {"r", -3.0}}));
+  EXPECT_EQ(lp0["top_logprobs"][3], Json({{"a", -0.5}, {"z", -3.0}}));
+  EXPECT_EQ(lp0["text_offset"], Json({0, 1, 2, 3, 4}));
+  const Json& lp1 = j["choices"][1]["logprobs"];
+  EXPECT_EQ(lp1["tokens"], Json({"Y", "o", "c"}));
+  EXPECT_EQ(lp1["token_logprobs"], Json({nullptr, -4.0, -0.5}));
+  EXPECT_EQ(lp1["text_offset"], Json({0, 1, 2}));
+  EXPECT_EQ(chunks_logprobs[0], lp0);
+  EXPECT_EQ(chunks_logprobs[1], lp1);
+
+  // An agent that sent no prompt log-probabilities: null.
+  std::vector<EngineEvent> missing = events[0];
+  missing[0].has_prompt_logprobs = false;
+  options.num_prompts = 1;
+  OpenAiResponseWriter partial(ctx, options, 33, 100);
+  for (const EngineEvent& e : missing) partial.Append(0, e);
+  EXPECT_TRUE(Json::parse(*partial.Finish())["choices"][0]["logprobs"].is_null());
 }
 
 TEST(OpenAiResponseWriterTest, TopLogprobsInOpenAisShapes) {

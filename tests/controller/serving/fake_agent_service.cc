@@ -87,15 +87,36 @@ vamp::v1::StepResponse FakeAgentService::ApplyLocked(const vamp::v1::StepRequest
   }
   for (uint64_t id : request.preempted_request_ids()) requests_[id].computed = 0;
   std::vector<uint64_t> scheduled;
+  // Prompt positions [from, to) whose rows score the next prompt token, per request.
+  auto score_prompt = [&](uint64_t id, const RequestState& s, int32_t from) {
+    const int32_t to = std::min(s.computed, s.prompt - 1);
+    from = std::max(0, from - prompt_logprobs_overlap_);
+    if (!s.prompt_logprobs || rank_ != 0 || from >= to) return;
+    vamp::v1::PromptLogprobs* p = response.add_prompt_logprobs();
+    p->set_request_id(id);
+    p->set_first_position(from + 1);
+    for (int32_t row = from; row < to; ++row) {
+      p->add_logprobs(FakePromptLogprob(row + 1, 0));
+      for (int32_t j = 0; j < s.num_top_logprobs; ++j) {
+        p->add_top_token_ids((row + 1 + j) % spec_.vocab_size);
+        p->add_top_logprobs(FakePromptLogprob(row + 1, j + 1));
+      }
+    }
+  };
   for (const vamp::v1::NewRequest& r : request.new_requests()) {
     RequestState& s = requests_[r.request_id()];
     s.tokens = r.prompt_token_ids_size();
+    s.prompt = r.prompt_token_ids_size();
+    s.prompt_logprobs = r.prompt_logprobs();
+    s.num_top_logprobs = r.sampling().num_top_logprobs();
     s.computed = r.num_computed_tokens() + r.num_scheduled_tokens();
+    score_prompt(r.request_id(), s, r.num_computed_tokens());
     scheduled.push_back(r.request_id());
   }
   for (const vamp::v1::CachedRequest& r : request.cached_requests()) {
     RequestState& s = requests_[r.request_id()];
     s.computed = r.num_computed_tokens() + r.num_scheduled_tokens();
+    score_prompt(r.request_id(), s, r.num_computed_tokens());
     scheduled.push_back(r.request_id());
   }
   for (uint64_t id : scheduled) {
@@ -203,6 +224,11 @@ void FakeAgentService::BreakStreamAtNextStep() {
 void FakeAgentService::SetSampledToken(int32_t token) {
   absl::MutexLock lock(&mu_);
   sampled_token_ = token;
+}
+
+void FakeAgentService::SetPromptLogprobsOverlap(int32_t positions) {
+  absl::MutexLock lock(&mu_);
+  prompt_logprobs_overlap_ = positions;
 }
 
 int32_t FakeAgentService::offloaded_groups() {

@@ -6,9 +6,11 @@
 // (each rank exactly the controller's expected_kv_blocks, or it fails), then the ranks of a
 // FakeAgentGroup agree as real agents do (FakeAgreement) and all refuse the step when any of them
 // failed; otherwise it keeps each request's token count from the step's diffs and, on rank 0,
-// "samples" one token for every request whose scheduled tokens reach its end. Faults are
-// scripted: a remap that fails on this rank, a rank that lies about its KV blocks, a step stream
-// that breaks. Every RPC is counted, so tests can pin how many rounds an offload costs.
+// "samples" one token for every request whose scheduled tokens reach its end, and reports prompt
+// log-probabilities (FakePromptLogprob) for the prompt positions a step computes of requests that
+// ask for them. Faults are scripted: a remap that fails on this rank, a rank that lies about its
+// KV blocks, a step stream that breaks. Every RPC is counted, so tests can pin how many rounds an
+// offload costs.
 #ifndef VAMP_TESTS_CONTROLLER_SERVING_FAKE_AGENT_SERVICE_H_
 #define VAMP_TESTS_CONTROLLER_SERVING_FAKE_AGENT_SERVICE_H_
 
@@ -44,6 +46,13 @@ struct FakeRankSpec {
   int32_t eos_token_id = -1;  // none: requests end by max_tokens
   int32_t max_position_embeddings = 4096;
 };
+
+// What the fake reports for prompt position `position` (>= 1): alternative j < k of it is token
+// (position + j) % vocab with log-probability FakePromptLogprob(position, j + 1); the token itself
+// has FakePromptLogprob(position, 0).
+inline float FakePromptLogprob(int32_t position, int32_t j) {
+  return -0.001f * static_cast<float>(position) - static_cast<float>(j);
+}
 
 // The ranks' agreement on a step with remaps (TensorParallelGroup::AllRanksOk of real agents):
 // every rank posts whether its remaps succeeded and waits for the others.
@@ -87,6 +96,9 @@ class FakeAgentService final : public vamp::v1::Agent::Service {
   void BreakStreamAtNextStep();
   // The token rank 0 "samples" for every request (default 7).
   void SetSampledToken(int32_t token);
+  // Prompt log-probabilities start `positions` before the first position a step computes (as an
+  // agent recomputing after a preemption repeats them); default 0.
+  void SetPromptLogprobsOverlap(int32_t positions);
 
   int32_t offloaded_groups();
   // Every StepRequest received, in order.
@@ -105,6 +117,9 @@ class FakeAgentService final : public vamp::v1::Agent::Service {
   struct RequestState {
     int32_t tokens = 0;    // prompt plus sampled
     int32_t computed = 0;  // tokens in the KV cache
+    int32_t prompt = 0;
+    bool prompt_logprobs = false;
+    int32_t num_top_logprobs = 0;
   };
   // One block per page: the KV region of `offloaded` groups holds this many blocks.
   int64_t OwnBlocksLocked(int32_t offloaded) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -135,6 +150,7 @@ class FakeAgentService final : public vamp::v1::Agent::Service {
   int64_t unary_calls_ ABSL_GUARDED_BY(mu_) = 0;
   bool break_stream_ ABSL_GUARDED_BY(mu_) = false;
   int32_t sampled_token_ ABSL_GUARDED_BY(mu_) = 7;
+  int32_t prompt_logprobs_overlap_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<vamp::v1::StepRequest> steps_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> rollbacks_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);

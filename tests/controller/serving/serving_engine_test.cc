@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -318,6 +319,88 @@ TEST_F(ServingEngineTest, ARankThatDiesFailsEveryLiveRequestNamingIt) {
   absl::StatusOr<RequestId> refused = engine_->Submit(Request(8, 2), late.Sink());
   EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
   EXPECT_TRUE(absl::IsUnavailable(engine_->ForceRemap(1)));
+}
+
+namespace prompt_logprobs_test {
+
+// The NewRequest the agents got for request `id`.
+std::optional<vamp::v1::NewRequest> Announced(testing::FakeAgentService& agent, RequestId id) {
+  for (const vamp::v1::StepRequest& s : agent.steps()) {
+    for (const vamp::v1::NewRequest& r : s.new_requests()) {
+      if (r.request_id() == id) return r;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace prompt_logprobs_test
+
+// ServingRequest::prompt_logprobs: the agents are asked for them, the request skips the prefix
+// cache, and the first output event carries the log-probabilities of prompt tokens 1..P-1 with k
+// alternatives, assembled from the steps of a chunked prefill, positions an agent reports again
+// (as after a preemption) counted once; later events and requests that did not ask carry none.
+TEST_F(ServingEngineTest, PromptLogprobsComeWithTheFirstOutputAndSkipThePrefixCache) {
+  using prompt_logprobs_test::Announced;
+  engine_.reset();
+  ServingEngineOptions options;
+  options.scheduler.max_model_len = 512;
+  options.scheduler.max_num_batched_tokens = 16;  // a 40-token prompt takes three steps
+  options.arbiter = "static";
+  options.ranks = agents_.init_responses();
+  options.model_name = "fake-model";
+  absl::StatusOr<std::unique_ptr<ServingEngine>> engine =
+      ServingEngine::Start(agents_.group(), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  engine_ = *std::move(engine);
+  agents_.agent(0).SetPromptLogprobsOverlap(5);
+  constexpr int32_t kPrompt = 40, kTop = 2;
+
+  // A plain request first: its prompt's blocks enter the prefix cache.
+  EventLog plain_log;
+  absl::StatusOr<RequestId> plain = engine_->Submit(Request(kPrompt, 2), plain_log.Sink());
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE(plain_log.WaitFinished());
+  for (const EngineEvent& e : plain_log.events()) EXPECT_FALSE(e.has_prompt_logprobs);
+
+  ServingRequest asks = Request(kPrompt, 3);
+  asks.prompt_logprobs = true;
+  asks.sampling.num_top_logprobs = kTop;
+  EventLog log;
+  absl::StatusOr<RequestId> id = engine_->Submit(asks, log.Sink());
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(log.WaitFinished());
+  const std::vector<EngineEvent> events = log.events();
+  ASSERT_EQ(events.size(), 3u);
+  const EngineEvent& first = events[0];
+  ASSERT_TRUE(first.has_prompt_logprobs);
+  ASSERT_EQ(first.prompt_logprobs.size(), static_cast<size_t>(kPrompt - 1));
+  ASSERT_EQ(first.prompt_top_token_ids.size(), static_cast<size_t>((kPrompt - 1) * kTop));
+  ASSERT_EQ(first.prompt_top_logprobs.size(), first.prompt_top_token_ids.size());
+  for (int32_t pos = 1; pos < kPrompt; ++pos) {
+    EXPECT_EQ(first.prompt_logprobs[pos - 1], testing::FakePromptLogprob(pos, 0)) << pos;
+    for (int32_t j = 0; j < kTop; ++j) {
+      EXPECT_EQ(first.prompt_top_token_ids[(pos - 1) * kTop + j], (pos + j) % 256);
+      EXPECT_EQ(first.prompt_top_logprobs[(pos - 1) * kTop + j],
+                testing::FakePromptLogprob(pos, j + 1));
+    }
+  }
+  EXPECT_FALSE(events[1].has_prompt_logprobs);
+  EXPECT_FALSE(events[2].has_prompt_logprobs);
+  // Asked of the agents; no prefix hit although the same prompt is cached.
+  std::optional<vamp::v1::NewRequest> announced = Announced(agents_.agent(0), *id);
+  ASSERT_TRUE(announced.has_value());
+  EXPECT_TRUE(announced->prompt_logprobs());
+  EXPECT_EQ(announced->num_computed_tokens(), 0);
+  EXPECT_EQ(first.cached_prompt_tokens, 0);
+  // The same prompt without the flag hits the cache (the plain request's blocks are there).
+  EventLog again_log;
+  absl::StatusOr<RequestId> again = engine_->Submit(Request(kPrompt, 1), again_log.Sink());
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(again_log.WaitFinished());
+  std::optional<vamp::v1::NewRequest> hit = Announced(agents_.agent(0), *again);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_FALSE(hit->prompt_logprobs());
+  EXPECT_GT(hit->num_computed_tokens(), 0);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // inputs; the persistent batch's penalty bookkeeping.
 #include "engine/runner/model_runner.h"
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -161,6 +162,118 @@ TEST(ModelRunnerTest, TopLogprobsOnlyForTheRowsThatAskForThem) {
   EXPECT_EQ(s.top_logprobs, want_lps);
   EXPECT_TRUE(out->sampled[1].top_token_ids.empty());
   EXPECT_TRUE(out->sampled[1].top_logprobs.empty());
+}
+
+// log_softmax(row)[token] in double: the reference the prompt log-probabilities must match.
+double LogSoftmaxAt(const float* row, int64_t vocab, int32_t token) {
+  double max = row[0];
+  for (int64_t v = 1; v < vocab; ++v) max = std::max<double>(max, row[v]);
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
+  return static_cast<double>(row[token]) - max - std::log(sum);
+}
+
+// Prompt log-probabilities (echo with logprobs): every prompt token after the first scored under
+// the logits of the position before it. Against the model's own full-logits path (the same
+// request with return_all_logits): within 1e-6 of log_softmax in double, bit-identical to the
+// sampler's TopLogprobs on those rows (chunked prefill gives bit-identical logits), the k
+// alternatives identical; across two prefill chunks, beside a request that did not ask (which
+// reports none), and with the sampled tokens unchanged.
+TEST(ModelRunnerTest, PromptLogprobsAreTheFullLogitsPathsLogSoftmax) {
+  const Goldens g = LoadGoldens();
+  const std::vector<int32_t>& prompt = g.prompts[1];
+  const int32_t P = static_cast<int32_t>(prompt.size());
+  ASSERT_GE(P, 4);
+  constexpr int32_t k = 3;
+
+  // The reference: the whole prompt with every position's logits.
+  auto reference = MakeTinyEngine();
+  StepInput full;
+  full.new_requests.push_back({9, prompt, {3, 4}, 0, MiniScheduler::Greedy()});
+  full.scheduled.push_back({9, P});
+  full.return_all_logits = true;
+  auto ref = reference->runner->ExecuteStep(full);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const std::vector<float>& logits = ref->logits[0];
+  EXPECT_TRUE(ref->prompt_logprobs.empty()) << "not asked for";
+
+  auto engine = MakeTinyEngine();
+  RunnerSamplingParams asks = MiniScheduler::Greedy();
+  asks.prompt_logprobs = true;
+  asks.num_top_logprobs = k;
+  // Two chunks: positions [0, 3) then [3, P); request 10 beside it asks for nothing.
+  StepInput first;
+  first.new_requests.push_back({9, prompt, {3, 4}, 0, asks});
+  first.new_requests.push_back({10, prompt, {5, 6}, 0, MiniScheduler::Greedy()});
+  first.scheduled.push_back({10, P});
+  first.scheduled.push_back({9, 3});
+  auto a = engine->runner->ExecuteStep(first);
+  ASSERT_TRUE(a.ok()) << a.status();
+  StepInput second;
+  second.cached_requests.push_back({9, {}, 3, false});
+  second.scheduled.push_back({9, P - 3});
+  auto b = engine->runner->ExecuteStep(second);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->prompt_logprobs.size(), 1u);
+  ASSERT_EQ(b->prompt_logprobs.size(), 1u);
+  const PromptLogprobs& p1 = a->prompt_logprobs[0];
+  const PromptLogprobs& p2 = b->prompt_logprobs[0];
+  EXPECT_EQ(p1.id, 9u);
+  EXPECT_EQ(p1.first_position, 1);
+  ASSERT_EQ(p1.logprobs.size(), 3u);  // tokens 1..3 from rows 0..2
+  EXPECT_EQ(p2.first_position, 4);
+  ASSERT_EQ(static_cast<int32_t>(p2.logprobs.size()), P - 4);  // row P-1 samples instead
+  std::vector<float> got = p1.logprobs, got_alt_lps = p1.top_logprobs;
+  std::vector<int32_t> got_alt_ids = p1.top_token_ids;
+  got.insert(got.end(), p2.logprobs.begin(), p2.logprobs.end());
+  got_alt_ids.insert(got_alt_ids.end(), p2.top_token_ids.begin(), p2.top_token_ids.end());
+  got_alt_lps.insert(got_alt_lps.end(), p2.top_logprobs.begin(), p2.top_logprobs.end());
+  ASSERT_EQ(got_alt_ids.size(), static_cast<size_t>((P - 1) * k));
+
+  std::vector<int32_t> counts(P - 1, k), want_ids((P - 1) * k);
+  std::vector<float> want(P - 1), want_lps((P - 1) * k);
+  kernels::cpu::TopLogprobs(logits.data(), kVocab, P - 1, kVocab, counts.data(), k, want_ids.data(),
+                            want_lps.data(), prompt.data() + 1, want.data());
+  for (int32_t pos = 1; pos < P; ++pos) {
+    const float* row = logits.data() + (pos - 1) * kVocab;
+    EXPECT_NEAR(got[pos - 1], LogSoftmaxAt(row, kVocab, prompt[pos]), 1e-6) << "position " << pos;
+    EXPECT_NEAR(got_alt_lps[(pos - 1) * k], LogSoftmaxAt(row, kVocab, got_alt_ids[(pos - 1) * k]),
+                1e-6);
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got_alt_ids, want_ids);
+  EXPECT_EQ(got_alt_lps, want_lps);
+  // The tokens sampled are those of the plain path.
+  ASSERT_EQ(b->sampled.size(), 1u);
+  ASSERT_EQ(ref->sampled.size(), 1u);
+  EXPECT_EQ(b->sampled[0].token, ref->sampled[0].token);
+  EXPECT_EQ(b->sampled[0].logprob, ref->sampled[0].logprob);
+  ASSERT_EQ(a->sampled.size(), 1u);
+  EXPECT_EQ(a->sampled[0].id, 10u);
+
+  // Decode steps score nothing more; after a preemption the recomputation reports the prompt's
+  // positions again with the same values.
+  StepInput decode;
+  decode.cached_requests.push_back({9, {}, P, false});
+  decode.scheduled.push_back({9, 1});
+  auto d = engine->runner->ExecuteStep(decode);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->prompt_logprobs.empty());
+  StepInput preempt;
+  preempt.finished_ids.push_back(9);
+  ASSERT_TRUE(engine->runner->ExecuteStep(preempt).ok());
+  NewRequestData again{9, prompt, {7, 8}, 0, asks};
+  again.prompt_token_ids.push_back(ref->sampled[0].token);
+  again.prompt_token_ids.push_back(d->sampled[0].token);
+  again.num_prompt_tokens = P;
+  StepInput resume;
+  resume.new_requests.push_back(again);
+  resume.scheduled.push_back({9, P + 2});
+  auto r = engine->runner->ExecuteStep(resume);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompt_logprobs.size(), 1u);
+  EXPECT_EQ(r->prompt_logprobs[0].first_position, 1);
+  EXPECT_EQ(r->prompt_logprobs[0].logprobs, want) << "outputs are not scored as prompt";
 }
 
 TEST(ModelRunnerTest, PreemptedRequestResumesByRecomputation) {

@@ -288,6 +288,63 @@ TEST_F(CudaModelRunnerTest, DeviceLogprobsAndAlternativesMatchTheHostSamplers) {
   }
 }
 
+// Prompt log-probabilities on the GPU path, which CUDA agents do not offer until this passes on
+// a device (InitResponse.prompt_logprobs_supported): a step holding a request that asks brings
+// its logits to the host and samples there. Its prompt log-probabilities match the CPU engine's
+// (float32 both) within 1e-4 with the same alternatives, and every request of the step samples
+// the tokens the same batch samples on the device.
+TEST_F(CudaModelRunnerTest, PromptLogprobsMatchTheCpuEngineAndLeaveTokensUnchanged) {
+  const Goldens g = LoadGoldens();
+  const std::vector<int32_t>& prompt = g.prompts[1];
+  RunnerSamplingParams asks = MiniScheduler::Greedy();
+  asks.prompt_logprobs = true;
+  asks.num_top_logprobs = 2;
+  RunnerSamplingParams other;
+  other.temperature = 0.8f;
+  other.seed = 9;
+  auto step = [&](ModelRunner& runner, bool ask) {
+    StepInput in;
+    in.new_requests.push_back({9, prompt, {0, 1}, 0, ask ? asks : MiniScheduler::Greedy()});
+    in.new_requests.push_back({10, g.prompts[0], {2, 3}, 0, other});
+    in.scheduled.push_back({9, static_cast<int32_t>(prompt.size())});
+    in.scheduled.push_back({10, static_cast<int32_t>(g.prompts[0].size())});
+    return runner.ExecuteStep(in);
+  };
+  auto with = MakeTinyGpuEngine();
+  ASSERT_TRUE(with.ok()) << with.status();
+  auto without = MakeTinyGpuEngine();
+  ASSERT_TRUE(without.ok()) << without.status();
+  auto cpu = MakeTinyEngine();
+  ASSERT_NE(cpu, nullptr);
+  absl::StatusOr<StepOutput> host_sampled = step(*(*with)->runner, true);
+  ASSERT_TRUE(host_sampled.ok()) << host_sampled.status();
+  absl::StatusOr<StepOutput> device_sampled = step(*(*without)->runner, false);
+  ASSERT_TRUE(device_sampled.ok()) << device_sampled.status();
+  absl::StatusOr<StepOutput> reference = step(*cpu->runner, true);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(host_sampled->sampled.size(), 2u);
+  ASSERT_EQ(device_sampled->sampled.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(host_sampled->sampled[i].token, device_sampled->sampled[i].token) << i;
+  }
+  EXPECT_TRUE(device_sampled->prompt_logprobs.empty());
+  ASSERT_EQ(host_sampled->prompt_logprobs.size(), 1u);
+  ASSERT_EQ(reference->prompt_logprobs.size(), 1u);
+  const PromptLogprobs& got = host_sampled->prompt_logprobs[0];
+  const PromptLogprobs& want = reference->prompt_logprobs[0];
+  EXPECT_EQ(got.first_position, 1);
+  ASSERT_EQ(got.logprobs.size(), prompt.size() - 1);
+  ASSERT_EQ(want.logprobs.size(), got.logprobs.size());
+  for (size_t i = 0; i < got.logprobs.size(); ++i) {
+    EXPECT_NEAR(got.logprobs[i], want.logprobs[i], 1e-4) << "position " << i + 1;
+  }
+  EXPECT_EQ(got.top_token_ids, want.top_token_ids);
+  ASSERT_EQ(got.top_logprobs.size(), want.top_logprobs.size());
+  for (size_t i = 0; i < got.top_logprobs.size(); ++i) {
+    EXPECT_NEAR(got.top_logprobs[i], want.top_logprobs[i], 1e-4);
+  }
+}
+
 // Decode steps replayed from CUDA graphs give the tokens of launch-by-launch execution, across
 // batch-size changes (requests finish at different steps) and context buckets.
 TEST_F(CudaModelRunnerTest, CudaGraphDecodeStepsMatchEagerSteps) {
