@@ -105,7 +105,7 @@ vamp::v1::RankMemory AgentEngine::MemoryLocked() {
   m.set_kv_pool_bytes(in->rank->memory.kv->mapped_bytes());
   m.set_staging_bytes(in->rank->memory.experts->staging_mapped_bytes());
   m.set_activation_bytes(in->rank->plan.activation_bytes);
-  m.set_offloaded_groups(static_cast<int32_t>(in->rank->memory.repartitioner->offloaded_groups()));
+  m.set_offloaded_groups(static_cast<int32_t>(in->rank->memory.page_remapper->offloaded_groups()));
   m.set_max_offload_groups(static_cast<int32_t>(in->rank->plan.experts.max_groups));
   m.set_kv_blocks(in->remapper->usable_blocks());
   return m;
@@ -197,6 +197,11 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   response.set_vocab_size(static_cast<int32_t>(config.vocab_size));
   response.set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
   response.set_prefix_caching_unsupported(in->rank->model().RecurrentStateFloatsPerSlot() > 0);
+  vamp::v1::OffloadGeometry& offload = *response.mutable_offload();
+  offload.set_kv_block_bytes(plan.kv.block_bytes);
+  offload.set_kv_pages_per_group(plan.experts.kv_pages_per_group());
+  offload.set_staged_bytes_per_group(plan.experts.group_bytes *
+                                     plan.experts.eligible_layers.size());
   // The runner's prompt log-probabilities are backend-independent (a step that computes them
   // brings its logits to the host and samples there), but that step has not run on a GPU yet:
   // CUDA agents do not offer them until it has.
@@ -218,15 +223,6 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
                  << instance_->tp_size() << "\n"
                  << response.memory_plan_text();
   return response;
-}
-
-absl::StatusOr<vamp::v1::CapacityResponse> AgentEngine::Capacity(
-    const vamp::v1::CapacityRequest& request) {
-  absl::MutexLock lock(&mu_);
-  if (instance_ == nullptr) {
-    return absl::FailedPreconditionError("agent is not initialised: call Init first");
-  }
-  return instance_->remapper->Capacity(request);
 }
 
 vamp::v1::GetStatsResponse AgentEngine::GetStats() {
@@ -277,31 +273,55 @@ vamp::v1::StepResponse AgentEngine::Step(const vamp::v1::StepRequest& request) {
       rest = &remainder;
     }
     const auto remap_start = Steady::now();
+    const bool remapping = request.remaps_size() > 0 || request.rollback_remap_ids_size() > 0;
+    std::vector<std::string> remap_errors;
     for (const std::string& id : request.rollback_remap_ids()) {
       if (absl::Status s = in.remapper->Rollback(id); !s.ok()) {
-        errors.push_back(std::string(s.message()));
+        remap_errors.push_back(std::string(s.message()));
       }
     }
     for (int i = 0; i < request.remaps_size(); ++i) {
       if (absl::Status s = in.remapper->Apply(i, request.remaps(i)); !s.ok()) {
-        errors.push_back(std::string(s.message()));
+        remap_errors.push_back(std::string(s.message()));
       }
     }
-    if (request.remaps_size() > 0 || request.rollback_remap_ids_size() > 0) {
+    bool run = true;
+    if (remapping) {
       // Expert pages a restore wrote back must be on the device before this step's kernels.
       if (absl::Status s = device.Activate(/*synchronize=*/true); !s.ok()) {
-        errors.push_back(std::string(s.message()));
+        remap_errors.push_back(std::string(s.message()));
       }
+      // Every rank runs the step, or none: the step's block ids may use what its remaps mapped,
+      // and a rank that started the forward pass alone would wait in its first all-reduce.
+      bool all_ok = remap_errors.empty();
+      if (in.group != nullptr) {
+        absl::StatusOr<bool> agreed = in.group->AllRanksOk(all_ok);
+        if (!agreed.ok()) {
+          remap_errors.push_back(
+              absl::StrCat("parallel: agreeing on the step's remaps: ", agreed.status().message()));
+          all_ok = false;
+        } else {
+          all_ok = *agreed;
+        }
+      }
+      if (!all_ok) {
+        run = false;
+        response.set_refused(true);
+        if (remap_errors.empty()) {
+          remap_errors.push_back(
+              "a rollback or remap of this step failed on another rank; the step was not run");
+        }
+      }
+      errors.insert(errors.end(), remap_errors.begin(), remap_errors.end());
     }
     response.mutable_timings()->set_remap_us(static_cast<int64_t>(MicrosSince(remap_start)));
-    if (metrics_ != nullptr &&
-        (request.remaps_size() > 0 || request.rollback_remap_ids_size() > 0)) {
-      metrics_->SetMemory(MemoryLocked());
-    }
-    if (absl::Status s = in.steps.Run(*rest, in.remapper->usable_blocks(),
-                                      in.rank->config.vocab_size, *in.rank->runner, &response);
-        !s.ok()) {
-      errors.push_back(std::string(s.message()));
+    if (metrics_ != nullptr && remapping) metrics_->SetMemory(MemoryLocked());
+    if (run) {
+      if (absl::Status s = in.steps.Run(*rest, in.remapper->usable_blocks(),
+                                        in.rank->config.vocab_size, *in.rank->runner, &response);
+          !s.ok()) {
+        errors.push_back(std::string(s.message()));
+      }
     }
     // A failed peer (or Abort) breaks the NCCL group; the step's results cannot be trusted then.
     if (in.group != nullptr) {

@@ -27,29 +27,38 @@
 //     the other ranks do not join within --tp_connect_timeout_ms.
 //
 // Step (one StepRequest, in order; controller/core/step_plan.h is the contract):
-//   1. rollback_remap_ids: undo remaps this rank applied (an id it does not know failed here, or
+//   1. with remaps: the finished and preempted ids first (a restore unmaps the KV tail, where
+//      requests the controller released since its last step may still hold blocks here);
+//   2. rollback_remap_ids: undo remaps this rank applied (an id it does not know failed here, or
 //      never arrived; nothing to undo);
-//   2. remaps: offload / restore n groups through the MemoryRepartitioner; afterwards the rank uses
+//   3. remaps: offload / restore n groups through the PageRemapper; afterwards the rank uses
 //      exactly expected_kv_blocks blocks (when > 0; never more than it has, never fewer than its
 //      requests occupy) and the runner gets the new KV view (on CUDA, once the device has
-//      finished the weight writes of a restore);
-//   3. finished ids (forgotten; unknown ids are ignored), preempted ids (block table and batch slot
+//      finished the weight writes of a restore); a remap that fails is undone on this rank;
+//   4. with rollbacks or remaps: the ranks agree (TensorParallelGroup::AllRanksOk, one all-reduce
+//      of a flag). If 2 or 3 failed on any rank, every rank refuses the step
+//      (StepResponse.refused): it runs none of 5-6, so no rank enters the forward pass's
+//      collectives alone and the ranks keep identical request state. A rank whose remap
+//      succeeded keeps it until the controller's rollback (on a later step);
+//   5. finished ids (forgotten; unknown ids are ignored), preempted ids (block table and batch slot
 //      dropped, tokens and sampling kept), new requests, cached requests (a resumed one comes back
 //      with its whole new block table and recomputes from num_computed_tokens);
-//   4. the forward pass and sampling when tokens are scheduled.
+//   6. the forward pass and sampling when tokens are scheduled; block ids may use the blocks the
+//      step's remaps mapped.
 // Every failure becomes StepResponse.error_message naming the field (e.g.
 // "cached_requests[0].request_id 7 is unknown"); nothing of a rejected step is applied, and the
-// engine keeps serving. A failed remap does not stop the step's forward pass: every
-// tensor-parallel rank must join every collective, and the step's block ids never depend on a
-// remap of the same step. Sampled tokens are returned by every rank. A broken NCCL group (a peer
+// engine keeps serving. Sampled tokens are returned by every rank. A broken NCCL group (a peer
 // failed, or Abort()) fails every later step with a message saying so, until the next Init.
+//
+// Init declares the rank's OffloadGeometry (InitResponse.offload): the controller computes every
+// remap's block count from it and never asks.
 //
 // The jobs are in files of their own: Init validation (init_request.h), rank building
 // (agent_rank.h over engine/rank/rank.h), the tensor-parallel group (tensor_parallel_group.h),
 // remaps with rollback (rank_remapper.h) and step execution (step_executor.h); this engine
 // orders them and holds what one Init built.
 //
-// Thread-safe: calls are serialised (a Capacity or GetStats waits for a step in progress). Abort()
+// Thread-safe: calls are serialised (a GetStats waits for a step in progress). Abort()
 // and CreateCollectiveId() may be called from any thread at any time.
 #ifndef VAMP_AGENT_AGENT_ENGINE_H_
 #define VAMP_AGENT_AGENT_ENGINE_H_
@@ -117,11 +126,6 @@ class AgentEngine {
   absl::StatusOr<std::string> CreateCollectiveId();
   // Never fails as a call: errors are in the response's error_message.
   vamp::v1::StepResponse Step(const vamp::v1::StepRequest& request);
-  // kv_blocks_now: blocks in use; kv_blocks_after: what this rank would have after offloading
-  // (delta > 0) or restoring (delta < 0) |delta| groups. A delta past the cap, or restoring more
-  // than is offloaded, answers kv_blocks_after = kv_blocks_now (offloaded_groups and
-  // max_offload_groups say why). FailedPrecondition before Init.
-  absl::StatusOr<vamp::v1::CapacityResponse> Capacity(const vamp::v1::CapacityRequest& request);
   vamp::v1::GetStatsResponse GetStats();
 
   bool initialized();

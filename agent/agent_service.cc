@@ -76,16 +76,6 @@ grpc::Status AgentGrpcService::Step(
   return grpc::Status::OK;
 }
 
-grpc::Status AgentGrpcService::Capacity(grpc::ServerContext* context,
-                                        const vamp::v1::CapacityRequest* request,
-                                        vamp::v1::CapacityResponse* response) {
-  if (grpc::Status s = Authenticate(context); !s.ok()) return s;
-  absl::StatusOr<vamp::v1::CapacityResponse> r = engine_->Capacity(*request);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *response = *std::move(r);
-  return grpc::Status::OK;
-}
-
 grpc::Status AgentGrpcService::GetStats(grpc::ServerContext* context,
                                         const vamp::v1::GetStatsRequest* request,
                                         vamp::v1::GetStatsResponse* response) {

@@ -42,8 +42,6 @@ class AgentGrpcService final : public vamp::v1::Agent::Service {
   grpc::Status Step(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<vamp::v1::StepResponse, vamp::v1::StepRequest>* stream) override;
-  grpc::Status Capacity(grpc::ServerContext* context, const vamp::v1::CapacityRequest* request,
-                        vamp::v1::CapacityResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const vamp::v1::GetStatsRequest* request,
                         vamp::v1::GetStatsResponse* response) override;
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/offload_cap.h"
 #include "common/status_macros.h"
 
 namespace vamp {
@@ -96,10 +97,8 @@ absl::StatusOr<ResolvedInit> ResolveInit(const vamp::v1::InitRequest& r,
   }
   VAMP_ASSIGN_OR_RETURN(const int32_t block_size,
                         AtLeastOne(m.block_size(), d.block_size, "block_size"));
-  if (!(m.max_offload_ratio() >= 0.0 && m.max_offload_ratio() < 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("memory.max_offload_ratio must be in [0, 1), got ", m.max_offload_ratio()));
-  }
+  VAMP_ASSIGN_OR_RETURN(const OffloadCap offload_cap,
+                        OffloadCap::FromRatio(m.max_offload_ratio(), "memory.max_offload_ratio"));
   VAMP_ASSIGN_OR_RETURN(
       const int32_t batched,
       AtLeastOne(m.max_num_batched_tokens(), d.max_num_batched_tokens, "max_num_batched_tokens"));
@@ -129,7 +128,7 @@ absl::StatusOr<ResolvedInit> ResolveInit(const vamp::v1::InitRequest& r,
   out.plan_config.gpu_memory_utilization = util;
   out.plan_config.page_bytes = page_bytes;
   out.plan_config.kv_block_size = block_size;
-  out.plan_config.offload.max_offload_ratio = m.max_offload_ratio();
+  out.plan_config.offload.max_offload_ratio = offload_cap.ratio();
   out.plan_config.max_num_batched_tokens = batched;
   out.plan_config.max_num_seqs = seqs;
   out.plan_config.max_model_len = 0;

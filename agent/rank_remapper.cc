@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -53,33 +54,11 @@ RankRemapper::RankRemapper(Rank* rank, int max_history, AgentMetrics* metrics)
       metrics_(metrics),
       usable_blocks_(rank->memory.kv->num_blocks()) {}
 
-vamp::v1::CapacityResponse RankRemapper::Capacity(const vamp::v1::CapacityRequest& request) const {
-  MemoryRepartitioner& rep = *rank_->memory.repartitioner;
-  vamp::v1::CapacityResponse response;
-  const int64_t now = usable_blocks_;
-  const int64_t region = rank_->memory.kv->num_blocks();
-  int64_t after = now;
-  if (request.delta_groups() > 0) {
-    absl::StatusOr<int64_t> added = rep.BlocksAddedByOffload(request.delta_groups());
-    if (added.ok()) after = region + *added;
-  } else if (request.delta_groups() < 0) {
-    absl::StatusOr<int64_t> removed = rep.BlocksRemovedByRestore(-int64_t{request.delta_groups()});
-    if (removed.ok()) after = std::min(now, region - *removed);
-  }
-  response.set_kv_blocks_now(now);
-  response.set_kv_blocks_after(after);
-  response.set_offloaded_groups(static_cast<int32_t>(rep.offloaded_groups()));
-  response.set_max_offload_groups(static_cast<int32_t>(rank_->plan.experts.max_groups));
-  response.set_staged_bytes_per_group(rank_->plan.experts.group_bytes *
-                                      rank_->plan.experts.eligible_layers.size());
-  return response;
-}
-
 absl::Status RankRemapper::Apply(int index, const vamp::v1::RemapCommand& command) {
   const std::string what =
       absl::StrCat("remaps[", index, "] (remap_id '", command.remap_id(), "')");
   const auto start = Steady::now();
-  MemoryRepartitioner& rep = *rank_->memory.repartitioner;
+  PageRemapper& rep = *rank_->memory.page_remapper;
   const bool offload = command.action() == vamp::v1::RemapCommand::ACTION_OFFLOAD;
   if (!offload && command.action() != vamp::v1::RemapCommand::ACTION_RESTORE) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": action must be OFFLOAD or RESTORE"));
@@ -142,9 +121,10 @@ absl::Status RankRemapper::Apply(int index, const vamp::v1::RemapCommand& comman
 }
 
 absl::Status RankRemapper::Rollback(const std::string& remap_id) {
-  auto it = std::find_if(remaps_.begin(), remaps_.end(),
+  // The newest with that id: ids are unique per controller, but agents outlive controllers.
+  auto it = std::find_if(remaps_.rbegin(), remaps_.rend(),
                          [&](const RemapRecord& r) { return r.remap_id == remap_id; });
-  if (it == remaps_.end()) {
+  if (it == remaps_.rend()) {
     // It failed on this rank (and changed nothing) or never arrived: nothing to undo.
     VAMP_LOG(WARNING) << "rollback of remap '" << remap_id
                       << "': not applied on this rank, nothing to undo";
@@ -152,7 +132,7 @@ absl::Status RankRemapper::Rollback(const std::string& remap_id) {
   }
   const RemapRecord record = *it;
   const std::string what = absl::StrCat("rollback_remap_ids '", remap_id, "'");
-  MemoryRepartitioner& rep = *rank_->memory.repartitioner;
+  PageRemapper& rep = *rank_->memory.page_remapper;
   const bool undo_offload = record.action == vamp::v1::RemapCommand::ACTION_OFFLOAD;
   int64_t target = 0;
   if (undo_offload) {
@@ -168,8 +148,7 @@ absl::Status RankRemapper::Rollback(const std::string& remap_id) {
     VAMP_RETURN_IF_ERROR(WithPrefix(rep.Offload(record.groups).status(), absl::StrCat(what, ": ")));
     target = std::min(record.blocks_before, rank_->memory.kv->num_blocks());
   }
-  remaps_.erase(std::find_if(remaps_.begin(), remaps_.end(),
-                             [&](const RemapRecord& r) { return r.remap_id == remap_id; }));
+  remaps_.erase(std::next(it).base());
   usable_blocks_ = target;
   VAMP_RETURN_IF_ERROR(rank_->RefreshKv(target));
   if (metrics_ != nullptr) {

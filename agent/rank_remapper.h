@@ -1,7 +1,8 @@
 // Remaps with rollback: one rank's side of the controller's remap commands (shared/DESIGN.md,
-// "Offload", "Restore"). Apply offloads or restores groups through the rank's
-// MemoryRepartitioner and sets the KV blocks the runner may use; Rollback undoes a remap this rank
-// applied (the last max_history are remembered); Capacity answers what a remap would give.
+// "Offload", "Restore"). Apply offloads or restores groups through the rank's PageRemapper and
+// sets the KV blocks the runner may use; Rollback undoes a remap this rank applied (the last
+// max_history are remembered). What a remap gives is not asked here: the controller computes it
+// from the geometry the rank declared at Init (InitResponse.offload).
 //
 // The usable KV blocks (what the controller's pool uses on this rank, <= the region's blocks) are
 // kept here. Not thread-safe: the agent engine serialises calls; remaps run between steps.
@@ -32,9 +33,6 @@ class RankRemapper {
   absl::Status Apply(int index, const vamp::v1::RemapCommand& command);
   // Undoes the remap `remap_id` (OK and nothing to undo when this rank does not know it).
   absl::Status Rollback(const std::string& remap_id);
-  // What offloading (delta > 0) or restoring (delta < 0) |delta| groups would give; a delta past
-  // the cap, or restoring more than is offloaded, answers kv_blocks_after = kv_blocks_now.
-  vamp::v1::CapacityResponse Capacity(const vamp::v1::CapacityRequest& request) const;
 
  private:
   struct RemapRecord {

@@ -44,6 +44,11 @@ class TcpGroup final : public TensorParallelGroup {
   explicit TcpGroup(std::unique_ptr<TcpCommunicator> comm) : comm_(std::move(comm)) {}
   Communicator* host_communicator() override { return comm_.get(); }
   void Abort(const absl::Status& reason) override { comm_->Abort(reason); }
+  absl::StatusOr<bool> AllRanksOk(bool ok) override {
+    float failed = ok ? 0.0f : 1.0f;  // sums of 0/1 are exact in float32
+    VAMP_RETURN_IF_ERROR(comm_->AllReduceSum(&failed, 1));
+    return failed == 0.0f;
+  }
 
  private:
   const std::unique_ptr<TcpCommunicator> comm_;

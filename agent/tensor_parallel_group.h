@@ -38,6 +38,11 @@ class TensorParallelGroup {
   virtual void Abort(const absl::Status& reason) = 0;
   // OK while the group is healthy; the error of a failed peer (or Abort) of an NCCL group.
   virtual absl::Status Check() { return absl::OkStatus(); }
+  // Whether `ok` holds on every rank: one all-reduce of a flag, which every rank must call at the
+  // same point of its sequence of collectives (the agent engine does, for every step that has
+  // rollbacks or remaps, before that step's forward pass). An error when the collective fails (a
+  // peer died, a timeout, Abort).
+  virtual absl::StatusOr<bool> AllRanksOk(bool ok) = 0;
 };
 
 // Joins the group of `request` (tp_size > 1) as its rank: over TCP on the host, through NCCL on

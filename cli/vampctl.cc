@@ -46,7 +46,7 @@ constexpr char kUsage[] =
     "  policy set KEY=VALUE...   arbiter=static|vamp, restore=on|off (the cap needs a restart)\n"
     "  coefficients get          the cost model's coefficients\n"
     "  coefficients set KEY=VALUE...   alpha, tau_steps, t_prefill_us_per_token, t_overhead_us,\n"
-    "                  t_sched_us, t_queue_us, c_eff_us, expansion_step_groups\n"
+    "                  t_sched_us, t_queue_us, c_eff_us, offload_step_groups\n"
     "  offload N       move N expert groups per layer into the KV cache on every rank now\n"
     "  restore N       give N groups back to the experts (waits until their KV blocks are free)\n"
     "  drain           stop admitting requests; running ones finish\n"

@@ -7,9 +7,10 @@
 #define VAMP_COMMON_OFFLOAD_ARITHMETIC_H_
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <numeric>
+
+#include "common/offload_cap.h"
 
 namespace vamp {
 
@@ -22,16 +23,13 @@ inline int64_t ExpertsPerGroup(uint64_t page_bytes, uint64_t expert_bytes) {
 // Whole groups of g experts that may be offloaded from each eligible layer: the cap
 // min(E_buffer, floor(r x E)) experts, rounded down to whole groups; 0 when no layer is eligible
 // (all MoE layers but the first are). E_buffer = staging_buffer_experts, 0 = no limit beyond the
-// ratio; max_offload_ratio r in [0, 1].
-inline int64_t MaxOffloadGroups(int64_t num_experts, int64_t experts_per_group,
-                                double max_offload_ratio, int64_t staging_buffer_experts,
-                                int64_t eligible_layers) {
+// cap's ratio r.
+inline int64_t MaxOffloadGroups(int64_t num_experts, int64_t experts_per_group, OffloadCap cap,
+                                int64_t staging_buffer_experts, int64_t eligible_layers) {
   if (eligible_layers <= 0 || experts_per_group <= 0) return 0;
-  // floor(r E), computed so that e.g. 0.15 x 512 = 76.8 gives 76 despite rounding in r.
-  int64_t cap =
-      static_cast<int64_t>(std::floor(max_offload_ratio * static_cast<double>(num_experts) + 1e-9));
-  if (staging_buffer_experts > 0) cap = std::min(cap, staging_buffer_experts);
-  return cap / experts_per_group;
+  int64_t experts = cap.MaxExperts(num_experts);
+  if (staging_buffer_experts > 0) experts = std::min(experts, staging_buffer_experts);
+  return experts / experts_per_group;
 }
 
 }  // namespace vamp

@@ -165,7 +165,7 @@ absl::Status Run(const SimConfig& config, int argc, char** argv) {
       h.allreduce_bytes_per_s * 1e-9));
   for (const PolicySpec& p : policies) {
     OffloadOptions o = options.offload;
-    o.max_offload_ratio = p.max_offload_ratio;
+    o.cap = p.offload_cap;
     o.block_size = sc.block_size;
     VAMP_ASSIGN_OR_RETURN(OffloadGeometry g, ComputeOffloadGeometry(m, o));
     if (p.arbiter == "static") {

@@ -10,9 +10,6 @@ namespace vamp::sim {
 absl::StatusOr<OffloadGeometry> ComputeOffloadGeometry(const SimModelShape& model,
                                                        const OffloadOptions& o) {
   if (o.page_bytes <= 0) return absl::InvalidArgumentError("offload: page_bytes must be > 0");
-  if (!(o.max_offload_ratio >= 0 && o.max_offload_ratio <= 1)) {
-    return absl::InvalidArgumentError("offload: max_offload_ratio must be in [0, 1]");
-  }
   if (o.staging_buffer_experts < 0) {
     return absl::InvalidArgumentError("offload: staging_buffer_experts must be >= 0");
   }
@@ -32,9 +29,8 @@ absl::StatusOr<OffloadGeometry> ComputeOffloadGeometry(const SimModelShape& mode
                                                    ") holds no ", g.kv_block_bytes,
                                                    "-byte KV block"));
   }
-  g.max_groups = static_cast<int32_t>(
-      MaxOffloadGroups(model.num_experts, g.experts_per_group, o.max_offload_ratio,
-                       o.staging_buffer_experts, g.eligible_layers));
+  g.max_groups = static_cast<int32_t>(MaxOffloadGroups(
+      model.num_experts, g.experts_per_group, o.cap, o.staging_buffer_experts, g.eligible_layers));
   g.max_offload_experts = g.max_groups * g.experts_per_group;
   return g;
 }

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "common/offload_cap.h"
 #include "sim/calibration.h"
 
 namespace vamp::sim {
@@ -22,11 +23,11 @@ namespace vamp::sim {
 struct OffloadOptions {
   // VMM allocation granularity (bytes).
   int64_t page_bytes = 2 << 20;
-  // VAMP-r as a fraction (0 = no offloading).
-  double max_offload_ratio = 0;
+  // VAMP-r (the default: no offloading).
+  OffloadCap cap;
   // E_buffer: experts one staging buffer holds; 0 = exactly what the cap needs.
   int32_t staging_buffer_experts = 0;
-  // Baseline KV pool per rank (bytes), before any expansion.
+  // Baseline KV pool per rank (bytes), before any offload.
   int64_t base_kv_bytes = 8LL << 30;
   // Tokens per KV block.
   int32_t block_size = 16;
@@ -53,8 +54,8 @@ struct OffloadGeometry {
   int32_t base_blocks() const { return BlocksWithGroups(0); }
 };
 
-// InvalidArgument naming the option for impossible values (non-positive page or pool, a ratio
-// outside [0, 1], a pool smaller than one block).
+// InvalidArgument naming the option for impossible values (non-positive page or pool, a pool
+// smaller than one block).
 absl::StatusOr<OffloadGeometry> ComputeOffloadGeometry(const SimModelShape& model,
                                                        const OffloadOptions& options);
 

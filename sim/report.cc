@@ -167,14 +167,13 @@ std::string WindowTable(const ReportSpec& spec, bool sweep) {
       "req/s |\n|",
       sweep ? "---:|" : "", "---|---:|---:|---:|---:|---:|\n");
   for (const RunRecord& run : spec.runs) {
-    const bench::RunStats st = bench::ComputeRunStats(RequestRecords(run.result),
-                                                      run.result.turns_per_session, rule);
-    absl::StrAppend(&md, "| ", sweep ? absl::StrCat(run.concurrency, " | ") : "",
-                    run.result.policy,
-                    absl::StrFormat(" | %.1f | %.2f / %.2f / %.2f | %.1f | %.2f / %.2f | %.3f |\n",
-                                    st.window.Duration(), st.ttft_s.p50, st.ttft_s.p90,
-                                    st.ttft_s.p99, 1e3 * st.tpot_s.mean, st.e2e_s.p50,
-                                    st.e2e_s.p99, st.request_throughput));
+    const bench::RunStats st =
+        bench::ComputeRunStats(RequestRecords(run.result), run.result.turns_per_session, rule);
+    absl::StrAppend(
+        &md, "| ", sweep ? absl::StrCat(run.concurrency, " | ") : "", run.result.policy,
+        absl::StrFormat(" | %.1f | %.2f / %.2f / %.2f | %.1f | %.2f / %.2f | %.3f |\n",
+                        st.window.Duration(), st.ttft_s.p50, st.ttft_s.p90, st.ttft_s.p99,
+                        1e3 * st.tpot_s.mean, st.e2e_s.p50, st.e2e_s.p99, st.request_throughput));
   }
   return absl::StrCat(md, "\n");
 }
@@ -417,11 +416,13 @@ RenderedReport RenderReport(const ReportSpec& spec) {
                                          : absl::StrFormat("%.2f", Median(r.evict_choice_cc_ms)),
             r.evict_choice_ce_ms.empty() ? "–"
                                          : absl::StrFormat("%.2f", Median(r.evict_choice_ce_ms)),
-            r.expand_choice_cc_ms.size(),
-            r.expand_choice_cc_ms.empty() ? "–"
-                                          : absl::StrFormat("%.2f", Median(r.expand_choice_cc_ms)),
-            r.expand_choice_ce_ms.empty() ? "–"
-                                          : absl::StrFormat("%.2f", Median(r.expand_choice_ce_ms)),
+            r.offload_choice_cc_ms.size(),
+            r.offload_choice_cc_ms.empty()
+                ? "–"
+                : absl::StrFormat("%.2f", Median(r.offload_choice_cc_ms)),
+            r.offload_choice_ce_ms.empty()
+                ? "–"
+                : absl::StrFormat("%.2f", Median(r.offload_choice_ce_ms)),
             100 * r.live->hit_rate, r.live->t_queue_micros, r.live->t_prefill_micros,
             r.live->c_eff_micros));
   }
@@ -429,10 +430,10 @@ RenderedReport RenderReport(const ReportSpec& spec) {
     absl::StrAppend(
         &md, "## Cost-model scores (§VI-D) and learned coefficients at the end\n\n",
         "Medians of the logged scores (ms) over the decisions that chose eviction and over those "
-        "that chose expansion (where both were evaluated); then r_hit (window), t_queue (µs), "
+        "that chose to offload (where both were evaluated); then r_hit (window), t_queue (µs), "
         "t_prefill (µs/token) and c_eff (µs) as the arbiter priced them last.\n\n| ",
         sweep ? "c | " : "",
-        "policy | evict choices | median C_c | median C_e | expand choices | median C_c | "
+        "policy | evict choices | median C_c | median C_e | offload choices | median C_c | "
         "median C_e | r_hit | t_queue | t_prefill | c_eff |\n|",
         sweep ? " ---: |" : "",
         " --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n", scores,

@@ -37,15 +37,19 @@ absl::StatusOr<PolicySpec> ParsePolicy(absl::string_view label, const VampArbite
   std::vector<std::string> parts = absl::StrSplit(label, '+');
   const absl::string_view head = parts[0];
   double percent = 0;
-  if (!absl::StartsWith(head, "vamp-") || !absl::SimpleAtod(head.substr(5), &percent) ||
-      !(percent >= 0 && percent <= 100)) {
+  absl::StatusOr<OffloadCap> cap = absl::InvalidArgumentError("not vamp-<r>");
+  if (absl::StartsWith(head, "vamp-") && absl::SimpleAtod(head.substr(5), &percent)) {
+    cap = OffloadCap::FromRatio(percent / 100.0, "r / 100");
+  }
+  if (!cap.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("policy '", label,
                      "': expected 'static' or 'vamp-<r>' with 0 <= r <= 100, optionally "
-                     "followed by +paper, +restore, +norestore, +calib, +nocalib"));
+                     "followed by +paper, +restore, +norestore, +calib, +nocalib (",
+                     cap.status().message(), ")"));
   }
   p.arbiter = "vamp";
-  p.max_offload_ratio = percent / 100.0;
+  p.offload_cap = *cap;
   for (size_t i = 1; i < parts.size(); ++i) {
     if (parts[i] == "paper") {
       // The paper's arbiter as published: its cost model, no restore, no self-calibration.
@@ -150,7 +154,7 @@ class Simulation {
   StepTimeModel model_;
   int32_t vocab_ = 1;
   ManualClock clock_;
-  std::unique_ptr<SimPoolExpander> expander_;
+  std::unique_ptr<SimOffloader> offloader_;
   std::unique_ptr<Scheduler> scheduler_;
   VampArbiter* vamp_ = nullptr;
   std::vector<SessionState> sessions_;
@@ -174,7 +178,7 @@ absl::Status Simulation::Setup() {
   result_.turns_total = workload_.NumTurns();
   vocab_ = std::max(2, workload_.vocab_size);
   OffloadOptions offload = options_.offload;
-  offload.max_offload_ratio = policy_.max_offload_ratio;
+  offload.cap = policy_.offload_cap;
   offload.block_size = options_.scheduler.block_size;
   VAMP_ASSIGN_OR_RETURN(result_.geometry,
                         ComputeOffloadGeometry(options_.calibration.model, offload));
@@ -186,10 +190,10 @@ absl::Status Simulation::Setup() {
                         CreateArbiter(policy_.arbiter, policy_.vamp));
   if (policy_.arbiter == "vamp") {
     vamp_ = static_cast<VampArbiter*>(arbiter.get());
-    expander_ = std::make_unique<SimPoolExpander>(result_.geometry, options_.remap);
+    offloader_ = std::make_unique<SimOffloader>(result_.geometry, options_.remap);
   }
   VAMP_ASSIGN_OR_RETURN(scheduler_,
-                        Scheduler::Create(config, &clock_, std::move(arbiter), expander_.get()));
+                        Scheduler::Create(config, &clock_, std::move(arbiter), offloader_.get()));
   sessions_.resize(workload_.sessions.size());
   result_.first_arrival_s = -1;
   for (size_t s = 0; s < workload_.sessions.size(); ++s) {
@@ -283,13 +287,13 @@ void Simulation::RecordDecisions() {
   log_.AppendAll(clock_.NowMicros(), scheduler_->step_decisions());
   for (const ArbiterRecord& r : scheduler_->step_decisions()) {
     const ArbiterCosts& c = r.plan.costs;
-    if (c.evict_micros < 0 || c.expand_micros < 0) continue;
+    if (c.evict_micros < 0 || c.offload_micros < 0) continue;
     if (r.plan.choice == "evict") {
       result_.evict_choice_cc_ms.push_back(c.evict_micros * 1e-3);
-      result_.evict_choice_ce_ms.push_back(c.expand_micros * 1e-3);
-    } else if (r.plan.choice == "expand") {
-      result_.expand_choice_cc_ms.push_back(c.evict_micros * 1e-3);
-      result_.expand_choice_ce_ms.push_back(c.expand_micros * 1e-3);
+      result_.evict_choice_ce_ms.push_back(c.offload_micros * 1e-3);
+    } else if (r.plan.choice == "offload") {
+      result_.offload_choice_cc_ms.push_back(c.evict_micros * 1e-3);
+      result_.offload_choice_ce_ms.push_back(c.offload_micros * 1e-3);
     }
   }
 }
@@ -300,9 +304,9 @@ void Simulation::Sample(int64_t now) {
   TimeSample t;
   t.t_s = now * 1e-6;
   t.num_blocks = pool.num_blocks();
-  t.offload_ratio = expander_ ? static_cast<double>(expander_->offloaded_experts_per_layer()) /
-                                    result_.geometry.experts_per_layer
-                              : 0;
+  t.offload_ratio = offloader_ ? static_cast<double>(offloader_->offloaded_experts_per_layer()) /
+                                     result_.geometry.experts_per_layer
+                               : 0;
   t.kv_usage = pool.Usage();
   t.running = scheduler_->num_running();
   t.waiting = scheduler_->num_waiting();
@@ -344,7 +348,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
     absl::StatusOr<StepPlan> plan = scheduler_->Schedule();
     if (!plan.ok()) return plan.status();
     RecordDecisions();
-    const double remap_us = expander_ ? expander_->TakeRemapMicros() : 0;
+    const double remap_us = offloader_ ? offloader_->TakeRemapMicros() : 0;
     result_.max_blocks = std::max(result_.max_blocks, plan->num_blocks);
     if (plan->empty()) {
       // Nothing could run now. Without anything running, only an arrival can change that —
@@ -396,7 +400,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
     for (const CachedRequestPlan& p : plan->cached_requests) {
       run(p.request_id, p.num_computed_tokens, p.num_scheduled_tokens);
     }
-    const int32_t offloaded = expander_ ? expander_->offloaded_experts_per_layer() : 0;
+    const int32_t offloaded = offloader_ ? offloader_->offloaded_experts_per_layer() : 0;
     const StepTime t = model_.Estimate(batch_, offloaded);
     const double step_us = t.total_us + remap_us;
     clock_.AdvanceMicros(std::max<int64_t>(1, std::llround(step_us)));
@@ -412,10 +416,10 @@ absl::StatusOr<SimResult> Simulation::Run() {
       timing.decode_tokens = decode_tokens;
       timing.offloaded_experts_per_layer = offloaded;
       timing.end_micros = clock_.NowMicros();
-      if (expander_) {
+      if (offloader_) {
         timing.staged_bytes = static_cast<int64_t>(
-            static_cast<double>(offloaded) / std::max(1, expander_->ExpertsPerGroup()) *
-            static_cast<double>(expander_->StagedBytesPerGroup()));
+            static_cast<double>(offloaded) / std::max(1, offloader_->ExpertsPerGroup()) *
+            static_cast<double>(offloader_->StagedBytesPerGroup()));
       }
       vamp_->ObserveStep(timing);
     }
@@ -444,7 +448,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
   if (options_.decision_log_capacity > 0) {
     result_.recent_decisions = log_.Recent(options_.decision_log_capacity);
   }
-  if (expander_) result_.max_groups = expander_->max_groups_reached();
+  if (offloader_) result_.max_groups = offloader_->max_groups_reached();
   if (vamp_ != nullptr) result_.live = vamp_->live();
   if (result_.first_arrival_s < 0) result_.first_arrival_s = 0;
   result_.wall_s =

@@ -24,7 +24,7 @@
 #include "controller/core/scheduler_stats.h"
 #include "sim/calibration.h"
 #include "sim/offload_geometry.h"
-#include "sim/sim_expander.h"
+#include "sim/sim_offloader.h"
 
 namespace vamp::sim {
 
@@ -32,7 +32,7 @@ namespace vamp::sim {
 struct PolicySpec {
   std::string label;               // as given: "static", "vamp-15", "vamp-25+restore"
   std::string arbiter = "static";  // "static" | "vamp"
-  double max_offload_ratio = 0;    // VAMP-r as a fraction
+  OffloadCap offload_cap;          // VAMP-r
   VampArbiterConfig vamp;
 };
 
@@ -46,7 +46,7 @@ struct SimOptions {
   Calibration calibration;
   // num_blocks is ignored: the baseline pool comes from `offload.base_kv_bytes`.
   SchedulerConfig scheduler;
-  // max_offload_ratio is ignored: it comes from the policy.
+  // cap is ignored: it comes from the policy.
   OffloadOptions offload;
   RemapCosts remap;
   // Leave each session's turn 0 out of the TTFT figures (the paper's steady-state rule).
@@ -108,9 +108,9 @@ struct SimResult {
   std::map<std::string, int64_t> decisions;        // arbiter records by choice
   std::vector<DecisionLogEntry> recent_decisions;  // the newest, oldest first
   // Scores of §VI-D: the eviction and offload costs logged with decisions that chose eviction,
-  // and with those that chose expansion (ms; only where both were evaluated).
+  // and with those that chose to offload (ms; only where both were evaluated).
   std::vector<double> evict_choice_cc_ms, evict_choice_ce_ms;
-  std::vector<double> expand_choice_cc_ms, expand_choice_ce_ms;
+  std::vector<double> offload_choice_cc_ms, offload_choice_ce_ms;
   std::vector<TimeSample> series;
 
   OffloadGeometry geometry;

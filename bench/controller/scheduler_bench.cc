@@ -27,10 +27,10 @@
 //   512 tokens taken round-robin (so a document comes back after ≈ 1,536 arrivals, often after
 //   its blocks were evicted: ghost-list hits) and a 1..16-token question; outputs of 128..384
 //   tokens. Finished requests' blocks fill the pool with cached free blocks, so nearly every new
-//   block is a gap the arbiter decides (evict, or expand when the measured reuse is worth its
-//   tax); the ghost list is full (32,768 hashes = the expansion cap); OnStepBoundary runs every
-//   step and its restore check (the working-set rule) every 20 steps once offloaded. The expander
-//   stages 32 MiB per group (a small staging tax, so that the arbiter does expand and the restore
+//   block is a gap the arbiter decides (evict, or offload when the measured reuse is worth its
+//   tax); the ghost list is full (32,768 hashes = the offload cap); OnStepBoundary runs every
+//   step and its restore check (the working-set rule) every 20 steps once offloaded. The offloader
+//   stages 32 MiB per group (a small staging tax, so that the arbiter does offload and the restore
 //   path runs); 1,000 timed steps after 1,200 warm-up steps.
 // BM_IdleCachedCount, BM_RestoreCheck, BM_PreemptForRestoreCheck: the vamp arbiter's periodic
 //   checks at their worst, one call per iteration (see each).
@@ -38,7 +38,7 @@
 //   SipHash-2-4-128 blocks) through BlockHasher and through the streaming SipHash128.
 //
 // The arbiter argument: 0 = static, 1 = vamp with the tax model (ghost list, reuse tracker and
-// offload tax fed every step; a pool expander that could add 16 groups of 2,048 blocks), so the
+// offload tax fed every step; an offloader that could add 16 groups of 2,048 blocks), so the
 // two report side by side what the tax model's bookkeeping costs.
 //
 // Times are manual, in the benchmark thread's CPU time (ThreadNanos): only the scheduler calls
@@ -77,14 +77,14 @@ int64_t ThreadNanos() {
   return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
-// A pool expander that never runs out of memory to hand over (no agents behind it).
-class BenchExpander final : public PoolExpander {
+// An offloader that never runs out of memory to hand over (no agents behind it).
+class BenchOffloader final : public ExpertOffloader {
  public:
-  explicit BenchExpander(int64_t staged_bytes_per_group)
+  explicit BenchOffloader(int64_t staged_bytes_per_group)
       : staged_bytes_per_group_(staged_bytes_per_group) {}
   int32_t RemainingGroups() const override { return 16 - groups_; }
   int32_t BlocksPerGroup() const override { return 2048; }
-  absl::StatusOr<int32_t> Expand(int32_t groups) override {
+  absl::StatusOr<int32_t> Offload(int32_t groups) override {
     groups_ += groups;
     return groups * 2048;
   }
@@ -92,7 +92,7 @@ class BenchExpander final : public PoolExpander {
   int32_t ExpertsPerLayer() const override { return 128; }
   int64_t StagedBytesPerGroup() const override { return staged_bytes_per_group_; }
   int32_t OffloadedGroups() const override { return groups_; }
-  absl::Status Restore(int32_t groups, const PendingReleases& /*releases*/) override {
+  absl::Status Restore(int32_t groups) override {
     groups_ -= groups;
     return absl::OkStatus();
   }
@@ -112,7 +112,7 @@ class Workload {
  public:
   Workload(int32_t num_requests, Mix mix, bool vamp, bool hash_at_arrival,
            int64_t staged_bytes_per_group = int64_t{846} << 20)
-      : mix_(mix), hash_at_arrival_(hash_at_arrival), expander_(staged_bytes_per_group) {
+      : mix_(mix), hash_at_arrival_(hash_at_arrival), offloader_(staged_bytes_per_group) {
     config_.block_size = kBlockSize;
     config_.num_blocks = kPoolBlocks;
     config_.max_num_seqs = num_requests;
@@ -127,7 +127,7 @@ class Workload {
       arbiter = std::make_unique<StaticArbiter>();
     }
     sched_ = std::move(Scheduler::Create(config_, &clock_, std::move(arbiter),
-                                         vamp ? &expander_ : nullptr))
+                                         vamp ? &offloader_ : nullptr))
                  .value();
     const int32_t shared =
         mix == Mix::kDocuments ? kContextTokens - kDocumentTokens : kSharedTokens;
@@ -237,7 +237,7 @@ class Workload {
   }
 
   Scheduler& scheduler() { return *sched_; }
-  const BenchExpander& expander() const { return expander_; }
+  const BenchOffloader& offloader() const { return offloader_; }
   VampArbiter* vamp() { return vamp_; }
 
  private:
@@ -245,7 +245,7 @@ class Workload {
   bool hash_at_arrival_;
   SchedulerConfig config_;
   ManualClock clock_;
-  BenchExpander expander_;
+  BenchOffloader offloader_;
   VampArbiter* vamp_ = nullptr;  // owned by the scheduler
   std::unique_ptr<Scheduler> sched_;
   std::vector<TokenId> shared_;
@@ -290,10 +290,10 @@ class StepLog {
     state.counters["hit_rate"] = stats.counters.prefix_cache.HitRate();
     state.counters["preempt"] = static_cast<double>(stats.counters.num_preemptions);
     state.counters["evicted"] = static_cast<double>(stats.counters.num_evicted_blocks);
-    state.counters["expanded"] = static_cast<double>(stats.counters.num_expanded_blocks);
+    state.counters["offloaded"] = static_cast<double>(stats.counters.num_offloaded_blocks);
     state.counters["restores"] = static_cast<double>(stats.counters.num_restores_started);
     state.counters["arbiter_calls"] = static_cast<double>(stats.counters.num_arbiter_calls);
-    state.counters["offloaded"] = w.expander().OffloadedGroups();
+    state.counters["offloaded"] = w.offloader().OffloadedGroups();
     if (w.vamp() != nullptr) {
       state.counters["ghosts"] = static_cast<double>(w.vamp()->reuse_tracker()->ghosts().size());
     }
@@ -410,8 +410,9 @@ BENCHMARK(BM_IdleCachedCount)
     ->Unit(benchmark::kMicrosecond);
 
 // The tax model's restore check (VampArbiter::OnStepBoundary, as it runs every 20 steps while
-// groups are offloaded) at its worst: every block of a fully expanded pool (65,536 + 16 × 2,048 =
-// 98,304 blocks) is cached, free and idle (FillIdlePool), so the working-set rule counts them all.
+// groups are offloaded) at its worst: every block of a pool at the offload cap (65,536 + 16 × 2,048
+// = 98,304 blocks) is cached, free and idle (FillIdlePool), so the working-set rule counts them
+// all.
 void BM_RestoreCheck(benchmark::State& state) {
   KvBlockPool pool(static_cast<int32_t>(state.range(0)), /*enable_caching=*/true);
   FillIdlePool(pool);
@@ -428,7 +429,7 @@ void BM_RestoreCheck(benchmark::State& state) {
   SchedulerConfig config;
   SchedulerCounters counters;
   const std::vector<Request*> running;
-  ExpansionInfo e;
+  OffloadState e;
   e.available = true;
   e.blocks_per_group = 2048;
   e.offloaded_groups = 16;
@@ -501,7 +502,7 @@ void BM_PreemptForRestoreCheck(benchmark::State& state) {
   SchedulerConfig config;
   config.max_model_len = 40960;
   SchedulerCounters counters;
-  ExpansionInfo e;
+  OffloadState e;
   e.blocks_per_group = 2048;
   e.offloaded_groups = 16;
   e.max_groups = 16;

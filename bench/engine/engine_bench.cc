@@ -141,7 +141,7 @@ absl::StatusOr<std::unique_ptr<Engine>> OffloadedEngine(const ModelConfig& confi
     return absl::FailedPreconditionError("nothing can be offloaded with these settings");
   }
   AgentMemory& memory = e->rank->memory;
-  VAMP_RETURN_IF_ERROR(memory.repartitioner->Offload(plan.experts.max_groups).status());
+  VAMP_RETURN_IF_ERROR(memory.page_remapper->Offload(plan.experts.max_groups).status());
   e->label = absl::StrFormat("b=%d/%d", memory.experts->boundary(), config.num_experts);
   VAMP_RETURN_IF_ERROR(e->rank->RefreshKv());
   e->runner = e->rank->runner.get();

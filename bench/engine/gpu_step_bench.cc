@@ -22,7 +22,7 @@
 //
 // Procedure: build the engine once with VAMP-r = the largest ratio; prefill `batch` sequences of
 // `context` tokens (steps of at most max_num_batched_tokens); then for each ratio, ascending:
-// offload to it (MemoryRepartitioner::Offload), and time decode-only steps (every sequence +1
+// offload to it (PageRemapper::Offload), and time decode-only steps (every sequence +1
 // token) and mixed steps (the same decodes plus one new `prefill_tokens` prompt). Every point
 // re-admits the batch as prefix-cache hits at exactly `context` tokens, so all points decode at the
 // same context. Step time is wall-clock around ModelRunner::ExecuteStep (it returns with the

@@ -179,10 +179,10 @@ absl::StatusOr<std::vector<PointResult>> MeasurePoints(const Flags& f, GpuEngine
   std::vector<PointResult> points;
   for (double ratio : f.ratios) {
     const int64_t groups = GroupsFor(ratio, g);
-    const int64_t more = groups - e.rank->memory.repartitioner->offloaded_groups();
+    const int64_t more = groups - e.rank->memory.page_remapper->offloaded_groups();
     if (more < 0) return absl::InternalError("ratios must ascend");
     if (more > 0) {
-      absl::StatusOr<RemapResult> r = e.rank->memory.repartitioner->Offload(more);
+      absl::StatusOr<RemapResult> r = e.rank->memory.page_remapper->Offload(more);
       if (!r.ok()) {
         return absl::Status(r.status().code(),
                             absl::StrCat("offloading ", more, " groups for VAMP-r ", ratio, ": ",

@@ -22,7 +22,7 @@ void DecisionLog::AppendLocked(int64_t time_micros, const ArbiterRecord& record)
   }
   ++counts_.decisions;
   ++counts_.by_choice[record.plan.choice];
-  counts_.expanded_groups += record.plan.expand_groups;
+  counts_.offload_groups += record.plan.offload_groups;
   counts_.blocks_added += record.blocks_added;
   counts_.blocks_evicted += record.blocks_evicted;
   counts_.requests_preempted += record.requests_preempted;
@@ -103,11 +103,11 @@ std::string DecisionLog::Format(const DecisionLogEntry& e) {
                       in.blocks_per_group, in.victims),
       absl::StrFormat(" t_prefill=%.2fus c_eff=%.2fus t_queue=%.0fus", in.t_prefill_micros,
                       in.c_eff_micros, in.t_queue_micros),
-      " C_c=", Millis(p.costs.evict_micros), "ms C_e=", Millis(p.costs.expand_micros),
+      " C_c=", Millis(p.costs.evict_micros), "ms C_e=", Millis(p.costs.offload_micros),
       "ms C_p=", Millis(p.costs.preempt_micros), "ms C_b=", Millis(p.costs.combined_micros), "ms",
       tax, " choice=", p.choice.empty() ? "-" : p.choice,
-      absl::StrFormat(" expand=%d evict=%d preempt=%d -> added=%d evicted=%d preempted=%d",
-                      p.expand_groups, p.evict_blocks, p.preempt.size(), r.blocks_added,
+      absl::StrFormat(" offload=%d evict=%d preempt=%d -> added=%d evicted=%d preempted=%d",
+                      p.offload_groups, p.evict_blocks, p.preempt.size(), r.blocks_added,
                       r.blocks_evicted, r.requests_preempted));
 }
 

@@ -28,7 +28,7 @@ struct DecisionLogEntry {
 struct DecisionCounts {
   int64_t decisions = 0;
   std::map<std::string, int64_t> by_choice;  // plan.choice → records
-  int64_t expanded_groups = 0;               // groups the plans asked for
+  int64_t offload_groups = 0;                // groups the plans asked for
   int64_t blocks_added = 0;                  // ... and the blocks they brought
   int64_t blocks_evicted = 0;
   int64_t requests_preempted = 0;

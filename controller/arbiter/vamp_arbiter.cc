@@ -53,7 +53,7 @@ absl::Status VampArbiterConfig::Validate() const {
   if (c.horizon_max_steps < c.horizon_min_steps) {
     return bad("vamp_horizon_max_steps", "must be >= vamp_horizon_min_steps");
   }
-  if (expansion_step_groups < 1) return bad("vamp_expansion_step_groups", "must be >= 1");
+  if (offload_step_groups < 1) return bad("vamp_offload_step_groups", "must be >= 1");
   if (hit_rate_window_requests < 0) return bad("vamp_hit_rate_window_requests", "must be >= 0");
   if (!(t_queue_ewma_weight > 0 && t_queue_ewma_weight <= 1)) {
     return bad("vamp_t_queue_ewma_weight", "must be in (0, 1]");
@@ -110,7 +110,7 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
       .Double("vamp_staging_overlap", d.tax.overlap_fraction, 0, 1,
               "Tax model: share of a step's compute that expert staging copies hide behind")
       .Double("vamp_margin", d.tax.margin, 0, 1e6,
-              "Tax model: hysteresis; expand when value > (1 + margin) x tax, restore when tax > "
+              "Tax model: hysteresis; offload when value > (1 + margin) x tax, restore when tax > "
               "(1 + margin) x value")
       .Double("vamp_ttft_weight", d.tax.ttft_weight, 0, 1e6,
               "Tax model: microseconds of per-step staging stall worth one microsecond of "
@@ -126,9 +126,9 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
               "compute, extra KV is valued at GPU time (vamp_ttft_weight is not applied)")
       .Int("vamp_min_evidence_steps", d.tax.min_evidence_steps, 0, kInt32Max,
            "Tax model: executed steps the window must hold before measured reuse can justify an "
-           "expansion or a restore")
+           "offload or a restore")
       .Int("vamp_restore_min_hold_steps", d.restore.min_hold_steps, 0, kInt32Max,
-           "Tax model: steps after an expansion before a restore may be considered")
+           "Tax model: steps after an offload before a restore may be considered")
       .Double("vamp_alpha", c.alpha, 0, 1e6,
               "Cost model: weight of the observed hit rate in a cached block's reuse estimate")
       .Double("vamp_tau_steps", c.tau_steps, 1e-9, kBig,
@@ -148,8 +148,8 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
            "Cost model: lower clamp of the offload horizon w (decode steps)")
       .Int("vamp_horizon_max_steps", c.horizon_max_steps, 1, kInt32Max,
            "Cost model: upper clamp of the offload horizon w (decode steps)")
-      .Int("vamp_expansion_step_groups", d.expansion_step_groups, 1, kInt32Max,
-           "Expert groups per KV pool expansion step")
+      .Int("vamp_offload_step_groups", d.offload_step_groups, 1, kInt32Max,
+           "Expert groups per offload step (the KV pool grows by whole steps)")
       .Int("vamp_hit_rate_window_requests", d.hit_rate_window_requests, 0, kInt32Max,
            "Admissions the observed prefix-cache hit rate is computed over (0 = since start)")
       .Double("vamp_t_queue_ewma_weight", d.t_queue_ewma_weight, 1e-9, 1,
@@ -160,7 +160,7 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
            "Restore: steps without pressure (a gap cold blocks could not cover) before a "
            "restore")
       .Int("vamp_restore_step_groups", d.restore.step_groups, 0, kInt32Max,
-           "Restore: groups per restore (0 = vamp_expansion_step_groups)")
+           "Restore: groups per restore (0 = vamp_offload_step_groups)")
       .Int("vamp_restore_cold_age_steps", d.restore.cold_age_steps, 0, kInt32Max,
            "Restore: cached free blocks idle this many steps count as idle capacity")
       .Double("vamp_restore_headroom", d.restore.headroom, 0, 1e6,
@@ -218,7 +218,7 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
   c.c_eff_micros = config.GetDouble("vamp_c_eff_us");
   c.horizon_min_steps = static_cast<int32_t>(config.GetInt("vamp_horizon_min_steps"));
   c.horizon_max_steps = static_cast<int32_t>(config.GetInt("vamp_horizon_max_steps"));
-  v.expansion_step_groups = static_cast<int32_t>(config.GetInt("vamp_expansion_step_groups"));
+  v.offload_step_groups = static_cast<int32_t>(config.GetInt("vamp_offload_step_groups"));
   v.hit_rate_window_requests = static_cast<int32_t>(config.GetInt("vamp_hit_rate_window_requests"));
   v.t_queue_ewma_weight = config.GetDouble("vamp_t_queue_ewma_weight");
   v.restore.enabled = config.GetBool("vamp_restore");
@@ -478,15 +478,15 @@ ArbiterPlan VampArbiter::Decide(const ArbiterContext& context, const MemoryGap& 
 ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const MemoryGap& gap) {
   const CostCoefficients c = Current();
   const KvBlockPool& pool = context.pool();
-  const ExpansionInfo& e = context.expansion();
+  const OffloadState& e = context.offload();
   const int32_t block_size = context.config().block_size;
   const int64_t step = context.step();
   const int32_t need = gap.blocks;
   const int32_t free_cached = pool.num_free_cached();
   const int32_t remaining = e.available ? e.remaining_groups : 0;
   const int64_t bpg = e.blocks_per_group;
-  const bool can_expand = remaining > 0 && bpg > 0;
-  const int64_t expansion_step = config_.expansion_step_groups;
+  const bool can_offload = remaining > 0 && bpg > 0;
+  const int64_t offload_step = config_.offload_step_groups;
 
   // With restore on, cold cached blocks are idle capacity: a gap they cover is no pressure.
   const bool cold_covers = config_.restore.enabled && free_cached >= need &&
@@ -516,19 +516,19 @@ ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const Memory
   if (free_cached >= need) {
     costs.evict_micros = EvictionCost(c, pool, step, block_size, hit_rate_, need);
   }
-  // C_e: whole expansion steps covering the gap.
-  int32_t expand_groups = 0;
-  if (can_expand && remaining * bpg >= need) {
-    const int64_t steps = CeilDiv(CeilDiv(need, bpg), expansion_step);
-    expand_groups = static_cast<int32_t>(std::min<int64_t>(steps * expansion_step, remaining));
-    costs.expand_micros =
-        OffloadCost(c, expand_groups, e.experts_per_group, e.experts_per_layer, in.horizon_steps);
+  // C_e: whole offload steps covering the gap.
+  int32_t offload_groups = 0;
+  if (can_offload && remaining * bpg >= need) {
+    const int64_t steps = CeilDiv(CeilDiv(need, bpg), offload_step);
+    offload_groups = static_cast<int32_t>(std::min<int64_t>(steps * offload_step, remaining));
+    costs.offload_micros =
+        OffloadCost(c, offload_groups, e.experts_per_group, e.experts_per_layer, in.horizon_steps);
   }
-  // C_b: expand without overshooting (or up to the limit), evict the rest.
+  // C_b: offload without overshooting (or up to the limit), evict the rest.
   int32_t combined_groups = 0;
   int32_t combined_evict = 0;
-  if (can_expand) {
-    const int64_t groups = remaining * bpg >= need ? (need / bpg) / expansion_step * expansion_step
+  if (can_offload) {
+    const int64_t groups = remaining * bpg >= need ? (need / bpg) / offload_step * offload_step
                                                    : static_cast<int64_t>(remaining);
     const int64_t rest = need - groups * bpg;
     if (groups > 0 && rest > 0 && rest <= free_cached) {
@@ -548,12 +548,12 @@ ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const Memory
   }
 
   // The cheapest feasible plan; ties to the earlier candidate.
-  enum Kind { kNone, kEvict, kCombined, kExpand, kPreempt };
+  enum Kind { kNone, kEvict, kCombined, kOffload, kPreempt };
   Kind best = kNone;
   double best_cost = std::numeric_limits<double>::infinity();
   for (auto [kind, cost] :
        {std::pair{kEvict, costs.evict_micros}, std::pair{kCombined, costs.combined_micros},
-        std::pair{kExpand, costs.expand_micros}, std::pair{kPreempt, costs.preempt_micros}}) {
+        std::pair{kOffload, costs.offload_micros}, std::pair{kPreempt, costs.preempt_micros}}) {
     if (cost >= 0 && cost < best_cost) {
       best = kind;
       best_cost = cost;
@@ -567,13 +567,13 @@ ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const Memory
       plan.choice = "evict";
       return plan;
     case kCombined:
-      plan.expand_groups = combined_groups;
+      plan.offload_groups = combined_groups;
       plan.evict_blocks = combined_evict;
-      plan.choice = "expand+evict";
+      plan.choice = "offload+evict";
       return plan;
-    case kExpand:
-      plan.expand_groups = expand_groups;
-      plan.choice = "expand";
+    case kOffload:
+      plan.offload_groups = offload_groups;
+      plan.choice = "offload";
       return plan;
     case kPreempt:
       plan.preempt = std::move(victims);
@@ -583,11 +583,11 @@ ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const Memory
       break;
   }
   // Nothing covers the gap in one plan: make what progress there is; the scheduler asks again.
-  if (can_expand) {
-    plan.expand_groups = remaining;
+  if (can_offload) {
+    plan.offload_groups = remaining;
     plan.evict_blocks = static_cast<int32_t>(
         std::clamp<int64_t>(need - remaining * bpg, 0, static_cast<int64_t>(free_cached)));
-    plan.choice = "fallback:expand";
+    plan.choice = "fallback:offload";
     return plan;
   }
   return StaticFallback(context, gap, std::move(plan));
@@ -623,7 +623,7 @@ TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double
 
 ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGap& gap) {
   const CostCoefficients c = Current();
-  const ExpansionInfo& e = context.expansion();
+  const OffloadState& e = context.offload();
   const int64_t step = context.step();
   const int64_t now = context.now_micros();
   const int32_t need = gap.blocks;
@@ -646,31 +646,31 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
     return cmp.value_micros - (1 + margin) * cmp.tax_micros;
   };
 
-  // The groups a move can bring: a pending restore's by cancelling it, else whole expansion steps
+  // The groups a move can bring: a pending restore's by cancelling it, else whole offload steps
   // up to the cap.
   const int32_t pending = e.restore_pending ? e.restore_pending_groups : 0;
   const int32_t remaining = pending > 0 ? 0 : (e.available ? e.remaining_groups : 0);
   const bool can_grow = bpg > 0 && (pending > 0 || remaining > 0);
   const auto grow = [&](int32_t groups, const TaxComparison& cmp, absl::string_view choice) {
     plan.tax = cmp;
-    plan.costs.expand_micros = (1 + margin) * cmp.tax_micros;
+    plan.costs.offload_micros = (1 + margin) * cmp.tax_micros;
     if (pending > 0) {
       plan.cancel_restore = true;
       plan.choice = "cancel-restore";
-      // Keeping the groups is an expansion back: the same hold applies before the next restore,
+      // Keeping the groups counts as an offload: the same hold applies before the next restore,
       // or a restore whose evidence was forgotten (ForgetAbove) could start again at once.
-      last_expand_step_ = step;
+      last_offload_step_ = step;
       return plan;
     }
-    plan.expand_groups = groups;
+    plan.offload_groups = groups;
     const int64_t rest = need - groups * bpg;
     if (rest > 0) plan.evict_blocks = static_cast<int32_t>(std::min<int64_t>(rest, free_cached));
     plan.choice = plan.evict_blocks > 0 ? absl::StrCat(choice, "+evict") : std::string(choice);
-    last_expand_step_ = step;
+    last_offload_step_ = step;
     return plan;
   };
 
-  // 1. The expansion worth more than its tax, the most net value first — once the window holds
+  // 1. The offload worth more than its tax, the most net value first — once the window holds
   // enough steps to tell.
   TaxComparison first;  // the smallest move, for the log when nothing grows
   const bool evidence = tax_->StepsInWindow(now) >= config_.tax.min_evidence_steps;
@@ -678,7 +678,7 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
     int32_t best_groups = 0;
     double best_net = 0;
     TaxComparison best;
-    const int32_t unit = pending > 0 ? pending : config_.expansion_step_groups;
+    const int32_t unit = pending > 0 ? pending : config_.offload_step_groups;
     const int32_t limit = pending > 0 ? pending : remaining;
     for (int32_t g = std::min(unit, limit);; g = std::min(g + unit, limit)) {
       const TaxComparison cmp =
@@ -691,10 +691,10 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
       }
       if (g >= limit) break;
     }
-    if (best_groups > 0) return grow(best_groups, best, "expand");
+    if (best_groups > 0) return grow(best_groups, best, "offload");
   }
   plan.tax = first;
-  if (first.evaluated) plan.costs.expand_micros = (1 + margin) * first.tax_micros;
+  if (first.evaluated) plan.costs.offload_micros = (1 + margin) * first.tax_micros;
 
   // 2. Reuse that nobody measured is free to evict.
   plan.costs.evict_micros = 0;
@@ -728,7 +728,7 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
     const int64_t short_blocks = need - free_cached;
     int32_t cover = pending;
     if (pending == 0) {
-      const int64_t unit = config_.expansion_step_groups;
+      const int64_t unit = config_.offload_step_groups;
       cover = static_cast<int32_t>(
           std::min<int64_t>(CeilDiv(CeilDiv(short_blocks, bpg), unit) * unit, remaining));
     }
@@ -746,7 +746,7 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
       const double tax = steps > 0 ? cmp.tax_micros / steps : tax_->StepMicros(cover, 0);
       const double value = steps > 0 ? cmp.value_micros / steps : 0;
       if (((1 + margin) * tax - value) * hold < preempt_price) {
-        return grow(cover, cmp, "expand:avoid-preempt");
+        return grow(cover, cmp, "offload:avoid-preempt");
       }
     }
   }
@@ -761,19 +761,18 @@ ArbiterPlan VampArbiter::DecideTax(const ArbiterContext& context, const MemoryGa
 
 int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
   const RestoreConfig& r = config_.restore;
-  const ExpansionInfo& e = context.expansion();
+  const OffloadState& e = context.offload();
   const int64_t step = context.step();
   const int64_t now = context.now_micros();
   if (e.offloaded_groups <= 0 || e.restore_pending || e.blocks_per_group <= 0) return 0;
   if (step < next_restore_check_step_) return 0;
   if (tax_->StepsInWindow(now) < config_.tax.min_evidence_steps) return 0;
-  if (last_expand_step_ >= 0 && step - last_expand_step_ < r.min_hold_steps) return 0;
+  if (last_offload_step_ >= 0 && step - last_offload_step_ < r.min_hold_steps) return 0;
   next_restore_check_step_ = step + r.check_interval_steps;
   // The restore saving the most tax net of the value it loses, in whole restore steps: when the
   // offload serves nothing any more, all of it goes back at once (a restore waits for its tail
   // blocks to be released, so restoring step by step would keep most of the tax for many turns).
-  const int32_t unit =
-      std::max(1, r.step_groups > 0 ? r.step_groups : config_.expansion_step_groups);
+  const int32_t unit = std::max(1, r.step_groups > 0 ? r.step_groups : config_.offload_step_groups);
   const double t_prefill = Current().t_prefill_micros;
   // The working set: blocks in use plus cached free blocks used within the reuse age that covers
   // working_set_quantile of the window's hits. What lies beyond it is idle by the traffic's own
@@ -820,7 +819,7 @@ int32_t VampArbiter::RestoreTax(const ArbiterContext& context) {
 ArbiterPlan VampArbiter::PreemptForRestore(const ArbiterContext& context) {
   ArbiterPlan plan;
   const RestoreConfig& r = config_.restore;
-  const ExpansionInfo& e = context.expansion();
+  const OffloadState& e = context.offload();
   const KvBlockPool& pool = context.pool();
   const int64_t step = context.step();
   const int64_t now = context.now_micros();
@@ -903,7 +902,7 @@ int32_t VampArbiter::OnStepBoundary(const ArbiterContext& context) {
   if (tax_ != nullptr) {
     // Before the steps that follow are observed, so that their tax is counted for every group
     // count the cap allows.
-    tax_->SetGeometry(context.expansion().staged_bytes_per_group, context.expansion().max_groups);
+    tax_->SetGeometry(context.offload().staged_bytes_per_group, context.offload().max_groups);
   }
   if (!config_.restore.enabled) return 0;
   return config_.cost_model == VampCostModel::kTax ? RestoreTax(context) : RestorePaper(context);
@@ -911,7 +910,7 @@ int32_t VampArbiter::OnStepBoundary(const ArbiterContext& context) {
 
 int32_t VampArbiter::RestorePaper(const ArbiterContext& context) {
   const RestoreConfig& r = config_.restore;
-  const ExpansionInfo& e = context.expansion();
+  const OffloadState& e = context.offload();
   const int64_t step = context.step();
   if (e.offloaded_groups <= 0 || e.restore_pending || e.blocks_per_group <= 0) return 0;
   if (step - last_pressure_step_ < r.quiet_steps ||
@@ -919,8 +918,8 @@ int32_t VampArbiter::RestorePaper(const ArbiterContext& context) {
     return 0;
   }
   if (step < next_restore_check_step_) return 0;
-  const int32_t groups = std::min(r.step_groups > 0 ? r.step_groups : config_.expansion_step_groups,
-                                  e.offloaded_groups);
+  const int32_t groups =
+      std::min(r.step_groups > 0 ? r.step_groups : config_.offload_step_groups, e.offloaded_groups);
   const double required =
       (1.0 + r.headroom) * static_cast<double>(groups) * static_cast<double>(e.blocks_per_group);
   const KvBlockPool& pool = context.pool();

@@ -7,19 +7,19 @@
 // of recent scheduler time (window_micros), in µs of GPU time; each stalls the whole batch, so
 // the batch size cancels out. At a gap of n blocks with G groups offloaded:
 //   value(g) = TokensBetween(G, G+g) · t_prefill        tax(g) = Tax(G+g) − Tax(G)
-//   1. the best whole expansion step g (up to the cap) by value(g) − (1+margin)·tax(g): when that
-//      is positive, expand by g and evict whatever of the gap g does not cover;
+//   1. the best whole offload step g (up to the cap) by value(g) − (1+margin)·tax(g): when that
+//      is positive, offload g and evict whatever of the gap g does not cover;
 //   2. else evict n cached free blocks when there are that many: reuse nobody measured is free;
-//   3. else (a running requester) preempt, unless expanding by the fewest steps that cover the gap
+//   3. else (a running requester) preempt, unless offloading the fewest steps that cover the gap
 //      costs less than the preemption over the window: (1+margin)·tax(g) − value(g) < C_p, with
 //      C_p = Σ (t_sched + n_partial·t_prefill) in GPU time (no t_queue: waiting is not work);
 //      (With no other victims that cover the gap, C_p is that of the newest running request.
 //      Steps 1 and 3 need min_evidence_steps executed steps in the window: no measurement, no
 //      offload.)
 //   4. else what still makes progress (the static arbiter's plan), or wait.
-//   A restore pending when a gap arrives is treated as step 1-3's expansion, with cancel_restore
+//   A restore pending when a gap arrives is treated as step 1-3's offload, with cancel_restore
 //   instead of a remap. With restore on, every restore.check_interval_steps (and no sooner than
-//   restore.min_hold_steps after an expansion) the arbiter gives back the whole number of
+//   restore.min_hold_steps after an offload) the arbiter gives back the whole number of
 //   restore steps (restore.step_groups) whose tax over the window exceeds (1+margin) times the
 //   value they served there (hits a smaller pool would have lost) by the most: the hysteresis
 //   band is the margin on both sides. It gives back more when the working set (blocks in use or
@@ -34,22 +34,22 @@
 //
 // "paper" (reproduces §IV-B of the paper; the "vamp" policy of the earlier releases): covers each
 // KV allocation gap with the cheapest feasible plan among cached-block eviction (C_c), expert
-// offload (C_e), preemption (C_p) and expand-then-evict (C_b) — cost_model.h has the formulas.
+// offload (C_e), preemption (C_p) and offload-then-evict (C_b) — cost_model.h has the formulas.
 //
 // Plans, for a gap of `gap` blocks (blocks_per_group = what one expert group adds):
 //   evict      the gap's worth of least recently used cached free blocks; feasible when that many
 //              exist.
-//   expand     the fewest whole expansion steps (expansion_step_groups, 4 by default) that cover
+//   offload    the fewest whole offload steps (offload_step_groups, 4 by default) that cover
 //              the gap, capped by the groups left under the offload limit; feasible when the
 //              groups left cover the gap.
-//   expand+evict  expand as far as possible without overshooting the gap (whole steps), or all
+//   offload+evict  offload as far as possible without overshooting the gap (whole steps), or all
 //              groups left when the limit binds, and evict the rest; feasible when the cached free
 //              blocks cover the rest.
 //   preempt    running requests other than the requester, in the policy's preemption order (the
 //              newest first under FCFS), until the uncached blocks they free cover the gap; only
 //              for a running requester (a waiting one waits, as in vLLM).
 // Ties go to the first in that order. When none is feasible the arbiter falls back to what still
-// makes progress: expanding whatever groups are left, else the static arbiter's plan (evict what
+// makes progress: offloading whatever groups are left, else the static arbiter's plan (evict what
 // is cached, preempt the newest running request — the requester itself if it is the newest).
 //
 // Learned inputs:
@@ -63,9 +63,9 @@
 //
 // Paper-model restore (restore.enabled, beyond the paper, which never gives experts back). Cold
 // blocks — cached free blocks idle for at least restore.cold_age_steps — count as idle capacity. A
-// gap that the cold blocks at the LRU end cover is evicted from them (not expanded) and is no sign
-// of pressure; any other gap is. A restore of restore.step_groups groups is considered when there
-// has been no pressure for restore.quiet_steps steps (and no restore for
+// gap that the cold blocks at the LRU end cover is evicted from them (not offloaded for) and is no
+// sign of pressure; any other gap is. A restore of restore.step_groups groups is considered when
+// there has been no pressure for restore.quiet_steps steps (and no restore for
 // restore.check_interval_steps), and the idle capacity (uncached free + cold blocks) exceeds
 // (1 + restore.headroom) times what it takes out of the pool. The two thresholds form the
 // hysteresis band: the pool grows only when idle capacity is gone, and shrinks only while plenty
@@ -98,14 +98,14 @@ namespace vamp {
 
 struct RestoreConfig {
   bool enabled = true;
-  // Tax model: steps after an expansion before a restore may be considered. 128: at 512 the
+  // Tax model: steps after an offload before a restore may be considered. 128: at 512 the
   // mixed workload's high phase paid TPOT 25.6 ms instead of 21.0 (steps under a large offload
   // are slow, so 512 of them are minutes); 0 let the Figure 9 run at c = 28 give its memory back
   // too early (TTFT p99 46 s instead of 12).
   int32_t min_hold_steps = 128;
   // Steps without pressure (a gap the cold blocks could not cover) before a restore may start.
   int32_t quiet_steps = 200;
-  // Groups one restore gives back (0 = the expansion step).
+  // Groups one restore gives back (0 = the offload step).
   int32_t step_groups = 0;
   // Cached free blocks idle this long count as idle capacity. Longer than the think time of a
   // live session in steps, so that sessions between turns keep their context.
@@ -161,7 +161,7 @@ struct TaxModelConfig {
   double h2d_bytes_per_s = 55.5e9;
   // Share of a step's compute that staging copies hide behind.
   double overlap_fraction = 0.9;
-  // Hysteresis: expand when value > (1 + margin) · tax; restore when tax > (1 + margin) · value.
+  // Hysteresis: offload when value > (1 + margin) · tax; restore when tax > (1 + margin) · value.
   double margin = 0.25;
   // µs of staging stall (paid on every step, i.e. on TPOT) worth one µs of prefill saved (paid on
   // the first-token path), while TTFT hurts (see ttft_queue_threshold_micros). 1 compares GPU
@@ -182,7 +182,7 @@ struct TaxModelConfig {
   // compute.
   double ttft_queue_threshold_micros = 1e6;
   double compute_bound_share = 0.25;
-  // Executed steps the window must hold before measured value may justify an expansion or a
+  // Executed steps the window must hold before measured value may justify an offload or a
   // restore (a handful of steps says little about either).
   int64_t min_evidence_steps = 256;
 };
@@ -191,9 +191,9 @@ struct VampArbiterConfig {
   VampCostModel cost_model = VampCostModel::kTax;
   TaxModelConfig tax;
   CostCoefficients costs;
-  // Groups per expansion step (the pool grows by whole steps; the last one may be smaller at the
+  // Groups per offload step (the pool grows by whole steps; the last one may be smaller at the
   // offload limit).
-  int32_t expansion_step_groups = 4;
+  int32_t offload_step_groups = 4;
   // Admissions the observed hit rate is computed over (0 = since start).
   int32_t hit_rate_window_requests = 1000;
   // Weight of a new observation in t_queue's exponentially weighted mean (1 = latest only).
@@ -251,7 +251,7 @@ class VampArbiter final : public MemoryArbiter {
   LiveCoefficients live() const;
   const VampArbiterConfig& config() const { return config_; }
   // Replaces the configuration at a step boundary (the owner's thread): new coefficients,
-  // expansion step and restore settings. Learned values (t_queue, calibration) are kept.
+  // offload step and restore settings. Learned values (t_queue, calibration) are kept.
   // InvalidArgument naming the field when `config` does not Validate.
   absl::Status Reconfigure(const VampArbiterConfig& config);
 
@@ -296,7 +296,7 @@ class VampArbiter final : public MemoryArbiter {
   // Tax model (null under the paper model).
   std::unique_ptr<ReuseTracker> reuse_;
   std::unique_ptr<OffloadTax> tax_;
-  int64_t last_expand_step_ = -1;
+  int64_t last_offload_step_ = -1;
   TaxComparison last_restore_;
 };
 

@@ -86,4 +86,14 @@ void KvCacheManager::Free(Request& request) {
   request.set_num_cached_blocks(0);
 }
 
+void KvCacheManager::FreeTail(Request& request, size_t keep) {
+  std::vector<BlockId>& table = request.mutable_block_ids();
+  VAMP_CHECK(keep >= static_cast<size_t>(request.num_cached_blocks()))
+      << "FreeTail would release blocks offered to the prefix cache";
+  while (table.size() > keep) {
+    pool_.Release(table.back());
+    table.pop_back();
+  }
+}
+
 }  // namespace vamp

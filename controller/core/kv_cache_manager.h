@@ -54,6 +54,10 @@ class KvCacheManager {
   // Releases all of the request's blocks, last block first, so that within one request the deeper
   // blocks are evicted before the shallower ones other requests are likelier to share.
   void Free(Request& request);
+  // Releases the blocks past the first `keep` of the request's table, last first: the blocks a
+  // plan the agents never ran appended. None of them may be offered to the prefix cache yet
+  // (keep >= num_cached_blocks()).
+  void FreeTail(Request& request, size_t keep);
 
  private:
   int32_t block_size_;

@@ -2,11 +2,11 @@
 //
 // The scheduler computes the gap (uncached free blocks missing) and asks the arbiter for a plan.
 // A plan may combine three actions, applied in this order:
-//   1. expand the pool by moving expert groups into it (PoolExpander; VAMP's offload),
+//   1. offload: move expert groups out of the expert region into the KV pool (ExpertOffloader),
 //   2. evict cached free blocks in LRU order,
 //   3. preempt running requests (recompute later).
-// While a restore is pending (expansion().restore_pending), a plan may instead cancel it
-// (cancel_restore), which returns the withdrawn blocks to the pool; expansion is unavailable
+// While a restore is pending (offload().restore_pending), a plan may instead cancel it
+// (cancel_restore), which returns the withdrawn blocks to the pool; offloading is unavailable
 // until the restore is committed or cancelled.
 // After applying a plan the scheduler recomputes the gap and asks again while it is positive and
 // the previous plan made progress, so an arbiter may cover a gap in several rounds (the static
@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "controller/core/expert_offloader.h"
 #include "controller/core/kv_block_pool.h"
 #include "controller/core/request.h"
 #include "controller/core/reuse_tracker.h"
@@ -50,7 +51,7 @@ struct MemoryGap {
 // evaluated). The static arbiter leaves them unset.
 struct ArbiterCosts {
   double evict_micros = -1;
-  double expand_micros = -1;
+  double offload_micros = -1;
   double preempt_micros = -1;
   double combined_micros = -1;
 };
@@ -93,17 +94,17 @@ struct TaxComparison {
 struct ArbiterPlan {
   // Give the blocks withdrawn for a pending restore back to the pool first (pressure is back).
   bool cancel_restore = false;
-  int32_t expand_groups = 0;       // expert groups to move into the KV pool
+  int32_t offload_groups = 0;      // expert groups to move into the KV pool
   int32_t evict_blocks = 0;        // cached free blocks to evict, least recently used first
   std::vector<RequestId> preempt;  // running requests to preempt, in this order
-  // Short name of the choice for logs and metrics, e.g. "evict", "preempt", "expand+evict".
+  // Short name of the choice for logs and metrics, e.g. "evict", "preempt", "offload+evict".
   std::string choice;
   ArbiterCosts costs;
   ArbiterInputs inputs;
   TaxComparison tax;
 
   bool empty() const {
-    return !cancel_restore && expand_groups == 0 && evict_blocks == 0 && preempt.empty();
+    return !cancel_restore && offload_groups == 0 && evict_blocks == 0 && preempt.empty();
   }
 };
 
@@ -125,60 +126,16 @@ struct ArbiterRecord {
   int32_t requests_preempted = 0;
 };
 
-// Requests the scheduler finished or preempted since its last plan. Their KV blocks are free in
-// the controller's pool, but the agents still hold them until a step request names them, so a
-// restore must deliver them before the agents give the withdrawn tail's pages back.
-struct PendingReleases {
-  std::vector<RequestId> finished;
-  std::vector<RequestId> preempted;
-  bool empty() const { return finished.empty() && preempted.empty(); }
-};
-
-// Moves expert groups into the KV pool and back (the agents' remap; the simulator provides its
-// own). Called synchronously at a step boundary, between steps.
-class PoolExpander {
- public:
-  virtual ~PoolExpander() = default;
-  // Groups that can still be moved (0 at the offload limit).
-  virtual int32_t RemainingGroups() const = 0;
-  // KV blocks one group adds (for sizing plans; the real count comes from Expand).
-  virtual int32_t BlocksPerGroup() const = 0;
-  // Moves `groups` groups (<= RemainingGroups()) and returns how many KV blocks were added: the
-  // minimum over all ranks, the same on every rank.
-  virtual absl::StatusOr<int32_t> Expand(int32_t groups) = 0;
-
-  // ---- Geometry for cost models (defaults: unknown) ----
-  // g: rank-local expert shards per group.
-  virtual int32_t ExpertsPerGroup() const { return 1; }
-  // E: rank-local expert shards per MoE layer (0 = unknown; the cost model then does not cap).
-  virtual int32_t ExpertsPerLayer() const { return 0; }
-  // Host→device bytes one offloaded group adds to every step on a rank (all eligible layers; the
-  // largest over ranks), or 0 when unknown. The offload tax is priced from it.
-  virtual int64_t StagedBytesPerGroup() const { return 0; }
-
-  // ---- Restore (the reverse move; optional, default: not supported) ----
-  // Groups moved into the pool so far and not given back.
-  virtual int32_t OffloadedGroups() const { return 0; }
-  // KV blocks (the pool's highest ids) that must leave the pool before the last `groups` groups
-  // (<= OffloadedGroups()) can go back to the experts.
-  virtual int32_t BlocksToRelease(int32_t groups) const { return groups * BlocksPerGroup(); }
-  // Moves the last `groups` groups back to the experts. Called after the pool dropped
-  // BlocksToRelease(groups) blocks, so none of their pages is in use once the agents have dropped
-  // `releases` (which they must do first; on success the releases count as delivered).
-  virtual absl::Status Restore(int32_t groups, const PendingReleases& releases) {
-    return absl::UnimplementedError("this expander cannot restore");
-  }
-};
-
-struct ExpansionInfo {
-  bool available = false;  // an expander exists and the pool is not shrinking
+// What the arbiter sees of expert offloading (ExpertOffloader, expert_offloader.h) at a decision.
+struct OffloadState {
+  bool available = false;  // an offloader exists and the pool is not shrinking
   int32_t remaining_groups = 0;
   int32_t blocks_per_group = 0;
   int32_t experts_per_group = 1;       // g
   int32_t experts_per_layer = 0;       // E (0 = unknown)
   int32_t offloaded_groups = 0;        // groups in the pool now (what a restore could give back)
   int32_t max_groups = 0;              // the cap: offloaded + remaining when nothing is pending
-  int64_t staged_bytes_per_group = 0;  // PoolExpander::StagedBytesPerGroup
+  int64_t staged_bytes_per_group = 0;  // ExpertOffloader::StagedBytesPerGroup
   bool restore_pending = false;        // a restore is waiting for its blocks to be released
   int32_t restore_pending_groups = 0;  // ... and the groups it gives back
 };
@@ -188,14 +145,14 @@ class ArbiterContext {
  public:
   ArbiterContext(const KvBlockPool& pool, const std::vector<Request*>& running,
                  const SchedulerCounters& counters, const SchedulerConfig& config, int64_t step,
-                 int64_t now_micros, ExpansionInfo expansion, int32_t num_waiting)
+                 int64_t now_micros, OffloadState offload, int32_t num_waiting)
       : pool_(pool),
         running_(running),
         counters_(counters),
         config_(config),
         step_(step),
         now_micros_(now_micros),
-        expansion_(expansion),
+        offload_(offload),
         num_waiting_(num_waiting) {}
 
   // Block states, free counts, and cached free blocks in eviction order with their ages
@@ -212,7 +169,7 @@ class ArbiterContext {
   int64_t step() const { return step_; }
   // The scheduler's clock (µs; virtual in vamp-sim).
   int64_t now_micros() const { return now_micros_; }
-  const ExpansionInfo& expansion() const { return expansion_; }
+  const OffloadState& offload() const { return offload_; }
   // Requests in the waiting queue now (new and preempted): whatever a recompute queues ahead of.
   int32_t num_waiting() const { return num_waiting_; }
 
@@ -223,7 +180,7 @@ class ArbiterContext {
   const SchedulerConfig& config_;
   int64_t step_;
   int64_t now_micros_;
-  ExpansionInfo expansion_;
+  OffloadState offload_;
   int32_t num_waiting_;
 };
 
@@ -236,7 +193,7 @@ class MemoryArbiter {
   // Called at the start of every Schedule() (a step boundary), before anything is planned, so that
   // an arbiter can follow the scheduler's counters over time. Returns how many expert groups to
   // give back to the experts now (0 = none); the scheduler acts on it only when groups are
-  // offloaded (context.expansion().offloaded_groups > 0) and no restore or shrink is pending.
+  // offloaded (context.offload().offloaded_groups > 0) and no restore or shrink is pending.
   // An arbiter that starts restores should cancel them (ArbiterPlan::cancel_restore) when a gap
   // shows that the memory is needed.
   virtual int32_t OnStepBoundary(const ArbiterContext& context) { return 0; }

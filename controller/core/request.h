@@ -133,7 +133,7 @@ class Request {
   void set_num_computed_tokens(int32_t n) { num_computed_tokens_ = n; }
   void set_num_cached_tokens(int32_t n) { num_cached_tokens_ = n; }
   void set_queued_since_micros(int64_t t) { queued_since_micros_ = t; }
-  void set_known_to_agents() { known_to_agents_ = true; }
+  void set_known_to_agents(bool known = true) { known_to_agents_ = known; }
   void count_preemption() { ++num_preemptions_; }
   void Finish(FinishReason reason, std::optional<TokenId> stop_token = std::nullopt);
   // Appends one sampled token and applies the stop conditions in vLLM's order: length (max_tokens,

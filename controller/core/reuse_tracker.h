@@ -57,7 +57,7 @@ class ReuseTracker {
  public:
   explicit ReuseTracker(const ReuseTrackerOptions& options);
 
-  // The expansion geometry now: blocks one group adds (0 = no expansion: nothing is recorded),
+  // The offload geometry now: blocks one group adds (0 = no offloading: nothing is recorded),
   // groups offloaded, and the most that can be (the cap). Cheap when unchanged.
   void SetGeometry(int32_t blocks_per_group, int32_t offloaded_groups, int32_t max_groups);
   int32_t blocks_per_group() const { return bpg_; }

@@ -13,19 +13,19 @@ namespace vamp {
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerConfig& config,
                                                              const Clock* clock,
                                                              std::unique_ptr<MemoryArbiter> arbiter,
-                                                             PoolExpander* expander) {
+                                                             ExpertOffloader* offloader) {
   VAMP_RETURN_IF_ERROR(config.Validate());
   if (clock == nullptr) return absl::InvalidArgumentError("Scheduler: clock is null");
   if (arbiter == nullptr) return absl::InvalidArgumentError("Scheduler: arbiter is null");
-  return std::unique_ptr<Scheduler>(new Scheduler(config, clock, std::move(arbiter), expander));
+  return std::unique_ptr<Scheduler>(new Scheduler(config, clock, std::move(arbiter), offloader));
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, const Clock* clock,
-                     std::unique_ptr<MemoryArbiter> arbiter, PoolExpander* expander)
+                     std::unique_ptr<MemoryArbiter> arbiter, ExpertOffloader* offloader)
     : config_(config),
       clock_(clock),
       arbiter_(std::move(arbiter)),
-      expander_(expander),
+      offloader_(offloader),
       kv_(config.num_blocks, config.block_size, config.enable_prefix_caching,
           BlockHasher(config.prefix_cache_hash_key0, config.prefix_cache_hash_key1)),
       waiting_(config.policy) {
@@ -38,7 +38,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Clock* clock,
 void Scheduler::SyncReuseGeometry() {
   ReuseTracker* tracker = arbiter_->reuse_tracker();
   if (tracker == nullptr) return;
-  const ExpansionInfo e = Expansion();
+  const OffloadState e = OffloadStateNow();
   tracker->SetGeometry(e.blocks_per_group, e.offloaded_groups, e.max_groups);
 }
 
@@ -134,6 +134,10 @@ absl::Status Scheduler::AbortRequest(RequestId id) {
   kv_.Free(*r);
   r->Finish(FinishReason::kAbort);
   if (r->known_to_agents()) pending_finished_ids_.push_back(id);
+  // A preemption a reverted plan left to deliver is covered by the finished id.
+  undelivered_preempted_ids_.erase(
+      std::remove(undelivered_preempted_ids_.begin(), undelivered_preempted_ids_.end(), id),
+      undelivered_preempted_ids_.end());
   ++counters_.num_aborted;
   requests_.erase(it);
   return absl::OkStatus();
@@ -147,20 +151,20 @@ const Request* Scheduler::FindRequest(RequestId id) const {
 // ---------------------------------------------------------------------------------------------
 // Scheduling
 
-ExpansionInfo Scheduler::Expansion() const {
-  ExpansionInfo info;
-  if (expander_ == nullptr) return info;
-  info.experts_per_group = expander_->ExpertsPerGroup();
-  info.experts_per_layer = expander_->ExpertsPerLayer();
-  info.offloaded_groups = expander_->OffloadedGroups();
+OffloadState Scheduler::OffloadStateNow() const {
+  OffloadState info;
+  if (offloader_ == nullptr) return info;
+  info.experts_per_group = offloader_->ExpertsPerGroup();
+  info.experts_per_layer = offloader_->ExpertsPerLayer();
+  info.offloaded_groups = offloader_->OffloadedGroups();
   info.restore_pending = restore_pending_groups_ > 0;
   info.restore_pending_groups = restore_pending_groups_;
-  info.blocks_per_group = expander_->BlocksPerGroup();
-  info.max_groups = info.offloaded_groups + expander_->RemainingGroups();
-  info.staged_bytes_per_group = expander_->StagedBytesPerGroup();
-  if (kv_.pool().shrink_pending()) return info;
+  info.blocks_per_group = offloader_->BlocksPerGroup();
+  info.max_groups = info.offloaded_groups + offloader_->RemainingGroups();
+  info.staged_bytes_per_group = offloader_->StagedBytesPerGroup();
+  if (kv_.pool().shrink_pending() || !offloader_->Ready()) return info;
   info.available = true;
-  info.remaining_groups = expander_->RemainingGroups();
+  info.remaining_groups = offloader_->RemainingGroups();
   return info;
 }
 
@@ -188,7 +192,7 @@ void Scheduler::StepBoundary() {
       // Requests still hold blocks of the withdrawn tail: the arbiter may preempt them rather
       // than keep paying the offload tax until they finish.
       const ArbiterContext context(pool, running_, counters_, config_, step_, clock_->NowMicros(),
-                                   Expansion(), num_waiting());
+                                   OffloadStateNow(), num_waiting());
       ArbiterRecord record;
       record.step = step_;
       record.plan = arbiter_->PreemptForRestore(context);
@@ -210,13 +214,14 @@ void Scheduler::StepBoundary() {
       }
       if (pool.shrink_outstanding() > 0) return;
     }
+    if (!offloader_->Ready()) return;  // commits once the agents can remap again
     const int32_t before = pool.num_blocks();
     absl::Status s = pool.CommitShrink();
     VAMP_CHECK(s.ok()) << s;
     counters_.num_restored_blocks += before - pool.num_blocks();
-    s = RestoreReleasedGroups(restore_pending_groups_);
+    s = RestoreGroups(restore_pending_groups_);
     if (!s.ok()) {
-      // The blocks have left the pool already; their pages stay unused until the expander can
+      // The blocks have left the pool already; their pages stay unused until the offloader can
       // take them. Nothing else depends on them, so serving goes on.
       VAMP_LOG(ERROR) << "restoring " << restore_pending_groups_ << " expert groups failed: " << s;
     } else {
@@ -226,13 +231,15 @@ void Scheduler::StepBoundary() {
     return;  // one capacity change per step boundary
   }
   const ArbiterContext context(pool, running_, counters_, config_, step_, clock_->NowMicros(),
-                               Expansion(), num_waiting());
+                               OffloadStateNow(), num_waiting());
   const int32_t groups = arbiter_->OnStepBoundary(context);
-  if (groups <= 0 || expander_ == nullptr || pool.shrink_pending()) return;
-  const int32_t offloaded = context.expansion().offloaded_groups;
+  if (groups <= 0 || offloader_ == nullptr || pool.shrink_pending() || !offloader_->Ready()) {
+    return;
+  }
+  const int32_t offloaded = context.offload().offloaded_groups;
   if (offloaded <= 0) return;
   const int32_t n = std::min(groups, offloaded);
-  const int32_t blocks = expander_->BlocksToRelease(n);
+  const int32_t blocks = offloader_->BlocksRemovedByRestore(n);
   if (blocks <= 0) return;
   if (absl::Status s = BeginShrinkPool(blocks); !s.ok()) {
     VAMP_LOG(WARNING) << arbiter_->name() << " arbiter asked to restore " << n
@@ -289,7 +296,7 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
     }
     ++counters_.num_arbiter_calls;
     const ArbiterContext context(kv_.pool(), running_, counters_, config_, step_,
-                                 clock_->NowMicros(), Expansion(), num_waiting());
+                                 clock_->NowMicros(), OffloadStateNow(), num_waiting());
     MemoryGap need;
     need.blocks = gap;
     need.requester = request;
@@ -308,23 +315,22 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
       CancelRestore();
       restore_cancelled = true;
     }
-    if (plan.expand_groups > 0) {
-      const ExpansionInfo info = Expansion();
+    if (plan.offload_groups > 0) {
+      const OffloadState info = OffloadStateNow();
       if (!info.available || info.remaining_groups <= 0) {
-        VAMP_LOG(WARNING) << arbiter_->name() << " arbiter asked to expand by "
-                          << plan.expand_groups << " groups but no expansion is available";
+        VAMP_LOG(WARNING) << arbiter_->name() << " arbiter asked to offload " << plan.offload_groups
+                          << " groups but offloading is unavailable";
       } else {
-        const int32_t groups = std::min(plan.expand_groups, info.remaining_groups);
-        absl::StatusOr<int32_t> added = expander_->Expand(groups);
+        const int32_t groups = std::min(plan.offload_groups, info.remaining_groups);
+        absl::StatusOr<int32_t> added = offloader_->Offload(groups);
         if (!added.ok()) {
-          VAMP_LOG(WARNING) << "pool expansion by " << groups
-                            << " groups failed: " << added.status();
+          VAMP_LOG(WARNING) << "offloading " << groups << " groups failed: " << added.status();
         } else if (*added > 0) {
           absl::Status grown = kv_.pool().Grow(*added);
-          VAMP_CHECK(grown.ok()) << grown;  // no shrink is pending (Expansion() checked)
+          VAMP_CHECK(grown.ok()) << grown;  // no shrink is pending (OffloadStateNow() checked)
           record.blocks_added = *added;
-          ++counters_.num_expansions;
-          counters_.num_expanded_blocks += *added;
+          ++counters_.num_offloads;
+          counters_.num_offloaded_blocks += *added;
           SyncReuseGeometry();
         }
       }
@@ -401,7 +407,11 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   ++step_;
   kv_.pool().SetStep(step_);
   scheduled_.clear();
-  step_preempted_ids_.clear();
+  // Preemptions of a reverted plan go out with this one (before any of this step's).
+  step_preempted_ids_ = std::move(undelivered_preempted_ids_);
+  undelivered_preempted_ids_.clear();
+  last_plan_ = LastPlan{};
+  last_plan_.counters_before = counters_;
   step_num_preempted_ = 0;
   step_decisions_.clear();
   step_queue_times_.clear();
@@ -429,7 +439,8 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       running_stalled = true;
       break;
     }
-    scheduled_.push_back({r, n, computed, first_new_block, /*admitted=*/false});
+    scheduled_.push_back(
+        {r, n, computed, first_new_block, /*admitted=*/false, RequestStatus::kRunning});
     token_budget_ -= n;
     ++running_cursor_;
   }
@@ -472,10 +483,11 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     if (track)
       tracker->RecordAdmission(clock_->NowMicros(), needs, *r, config_.block_size, kv_.hasher());
     VAMP_CHECK(waiting_.Remove(r));
-    if (r->status() == RequestStatus::kPreempted) --num_waiting_preempted_;
+    const RequestStatus waited_as = r->status();
+    if (waited_as == RequestStatus::kPreempted) --num_waiting_preempted_;
     r->set_status(RequestStatus::kRunning);
     running_.push_back(r);
-    scheduled_.push_back({r, n, hit.num_tokens, 0, /*admitted=*/true});
+    scheduled_.push_back({r, n, hit.num_tokens, 0, /*admitted=*/true, waited_as});
     token_budget_ -= n;
   }
 
@@ -491,8 +503,11 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   StepPlan plan;
   plan.step = step_;
   const int64_t now = clock_->NowMicros();
+  last_plan_.requests.reserve(scheduled_.size());
   for (const Scheduled& s : scheduled_) {
     Request* r = s.request;
+    last_plan_.requests.push_back(
+        {r->id(), r->seq(), s, r->known_to_agents(), r->num_cached_tokens()});
     if (s.admitted) RecordAdmission(s, now);
     if (!r->known_to_agents()) {
       NewRequestPlan& p = plan.new_requests.emplace_back();
@@ -522,6 +537,9 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   step_preempted_ids_.clear();
   plan.finished_ids = std::move(pending_finished_ids_);
   pending_finished_ids_.clear();
+  last_plan_.preempted_ids = plan.preempted_ids;
+  last_plan_.finished_ids = plan.finished_ids;
+  last_plan_.revertible = true;
   plan.num_blocks = kv_.pool().num_blocks();
   if (!plan.empty()) ++counters_.num_steps;
   counters_.num_scheduled_tokens += plan.total_num_scheduled_tokens;
@@ -634,6 +652,7 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const Ste
     }
   }
   in_flight_.clear();
+  last_plan_ = LastPlan{};
   return outputs;
 }
 
@@ -660,18 +679,123 @@ absl::Status Scheduler::CommitShrinkPool() {
   return kv_.pool().CommitShrink();
 }
 
-absl::Status Scheduler::RestoreReleasedGroups(int32_t groups) {
-  if (expander_ == nullptr) {
-    return absl::FailedPreconditionError("RestoreReleasedGroups: no pool expander");
+absl::StatusOr<int32_t> Scheduler::OffloadGroups(int32_t groups) {
+  if (offloader_ == nullptr) {
+    return absl::FailedPreconditionError("OffloadGroups: no expert offloader");
   }
-  PendingReleases releases;
-  releases.finished = pending_finished_ids_;
-  releases.preempted = step_preempted_ids_;
-  VAMP_RETURN_IF_ERROR(expander_->Restore(groups, releases));
-  // Delivered with the restore. On failure they stay queued: agents skip finished ids they no
-  // longer know and accept a preemption they already applied.
-  pending_finished_ids_.clear();
-  step_preempted_ids_.clear();
+  const OffloadState state = OffloadStateNow();
+  if (!state.available) {
+    return absl::FailedPreconditionError(
+        kv_.pool().shrink_pending()
+            ? "cannot offload while the pool's tail is withdrawn for a restore or shrink"
+            : "cannot offload now: a remap the agents refused is being rolled back; retry later");
+  }
+  if (groups < 1 || groups > state.remaining_groups) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot offload ", groups, " groups: ", state.remaining_groups, " remain under the cap"));
+  }
+  VAMP_ASSIGN_OR_RETURN(const int32_t added, offloader_->Offload(groups));
+  if (added > 0) VAMP_RETURN_IF_ERROR(kv_.pool().Grow(added));
+  SyncReuseGeometry();
+  return added;
+}
+
+absl::Status Scheduler::RestoreGroups(int32_t groups) {
+  if (offloader_ == nullptr) {
+    return absl::FailedPreconditionError("RestoreGroups: no expert offloader");
+  }
+  if (!offloader_->Ready()) {
+    return absl::FailedPreconditionError(
+        "cannot restore now: a remap the agents refused is being rolled back; retry later");
+  }
+  // The releases the agents must apply first (pending_finished_ids_, and preemptions of the
+  // step being planned) go with the plan whose step carries the restore's remap.
+  return offloader_->Restore(groups);
+}
+
+absl::Status Scheduler::RevertStep(int32_t pool_blocks_delta) {
+  if (!last_plan_.revertible) {
+    return absl::FailedPreconditionError(
+        "RevertStep: no plan to revert (it was answered or reverted, or a later one was made)");
+  }
+  LastPlan plan = std::move(last_plan_);
+  last_plan_ = LastPlan{};
+  // Undo the requests' part, the latest scheduled first, so that admissions go back to the front
+  // of the waiting queue in their order.
+  for (auto it = plan.requests.rbegin(); it != plan.requests.rend(); ++it) {
+    auto found = requests_.find(it->id);
+    if (found == requests_.end() || found->second->seq() != it->seq) {
+      // Aborted since the plan. Agents that never heard of it must not hear of its end either.
+      if (!it->known_before) {
+        pending_finished_ids_.erase(
+            std::remove(pending_finished_ids_.begin(), pending_finished_ids_.end(), it->id),
+            pending_finished_ids_.end());
+      }
+      continue;
+    }
+    Request* r = found->second.get();
+    const Scheduled& s = it->scheduled;
+    if (s.admitted) {
+      running_.erase(std::find(running_.begin(), running_.end(), r));
+      kv_.Free(*r);
+      r->set_num_computed_tokens(0);
+      r->set_status(s.status_before);
+      if (s.status_before == RequestStatus::kPreempted) ++num_waiting_preempted_;
+      waiting_.AddPreempted(r);  // FCFS: back at the front; priority: in its place
+      r->set_known_to_agents(it->known_before);
+      r->set_num_cached_tokens(it->num_cached_tokens_before);
+    } else {
+      kv_.FreeTail(*r, s.first_new_block);
+      r->set_num_computed_tokens(s.num_computed_before);
+    }
+  }
+  in_flight_.clear();
+  // The agents never saw these ids (a step with remaps may have applied them; again is harmless).
+  // A request aborted since then is covered by its finished id.
+  for (RequestId id : plan.preempted_ids) {
+    if (requests_.contains(id)) undelivered_preempted_ids_.push_back(id);
+  }
+  pending_finished_ids_.insert(pending_finished_ids_.begin(), plan.finished_ids.begin(),
+                               plan.finished_ids.end());
+  // The pool goes back to what the agents have once they roll the step's remaps back. The blocks
+  // an offload added were handed out by this plan only, and those are free again now.
+  KvBlockPool& pool = kv_.pool();
+  if (pool_blocks_delta != 0 && pool.shrink_pending()) {
+    // A restore this plan's step boundary began after an offload queued between steps: it
+    // withdrew a tail that is about to change, so it is given up (the arbiter may ask again).
+    if (restore_pending_groups_ == 0) {
+      return absl::InternalError("RevertStep: a shrink is pending over the remapped tail");
+    }
+    CancelRestore();
+  }
+  if (pool_blocks_delta > 0) {
+    VAMP_RETURN_IF_ERROR(pool.BeginShrink(pool_blocks_delta));
+    if (pool.shrink_outstanding() > 0) {
+      return absl::InternalError(absl::StrCat("RevertStep: ", pool.shrink_outstanding(),
+                                              " blocks of the refused offload's tail are in use"));
+    }
+    VAMP_RETURN_IF_ERROR(pool.CommitShrink());
+  } else if (pool_blocks_delta < 0) {
+    VAMP_RETURN_IF_ERROR(pool.Grow(-pool_blocks_delta));
+  }
+  // Planned work that did not happen is not counted.
+  const SchedulerCounters& before = plan.counters_before;
+  SchedulerCounters& c = counters_;
+  c.prefix_cache = before.prefix_cache;
+  c.num_steps = before.num_steps;
+  c.num_scheduled_tokens = before.num_scheduled_tokens;
+  c.num_offloads = before.num_offloads;
+  c.num_offloaded_blocks = before.num_offloaded_blocks;
+  c.num_restores = before.num_restores;
+  c.num_restored_blocks = before.num_restored_blocks;
+  c.num_admitted = before.num_admitted;
+  c.total_queue_micros = before.total_queue_micros;
+  c.num_resumed = before.num_resumed;
+  c.total_resume_delay_micros = before.total_resume_delay_micros;
+  ++c.num_reverted_steps;
+  step_num_scheduled_tokens_ = 0;
+  step_queue_times_.clear();
+  SyncReuseGeometry();
   return absl::OkStatus();
 }
 

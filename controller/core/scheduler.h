@@ -15,12 +15,19 @@
 // Full blocks enter the prefix cache once their KV is computed, i.e. when the step's output
 // arrives.
 //
-// Restore (expert groups back from the KV pool, optional): at the start of each Schedule() the
-// arbiter may ask for groups back (MemoryArbiter::OnStepBoundary). The scheduler then withdraws
-// the pool's tail (BlocksToRelease blocks, KvBlockPool::BeginShrink); once no request holds any
-// of them, at a later step boundary, it commits the shrink and calls PoolExpander::Restore. While
-// a restore is pending the arbiter may cancel it to cover a gap (ArbiterPlan::cancel_restore): the
-// withdrawn blocks come back and the arbiter is asked again.
+// Offload and restore (expert_offloader.h): an offload the arbiter chooses grows the pool at once
+// and the step being planned may use the new blocks; the agents carry the remap out before they
+// run that step. Restore (optional): at the start of each Schedule() the arbiter may ask for
+// groups back (MemoryArbiter::OnStepBoundary). The scheduler then withdraws the pool's tail
+// (BlocksRemovedByRestore blocks, KvBlockPool::BeginShrink); once no request holds any of them,
+// at a later step boundary, it commits the shrink and calls ExpertOffloader::Restore, and the
+// plan of that step carries the finished and preempted ids the agents must drop before they
+// unmap the tail. While a restore is pending the arbiter may cancel it to cover a gap
+// (ArbiterPlan::cancel_restore): the withdrawn blocks come back and the arbiter is asked again.
+// Neither starts, and a pending restore is not committed, while the offloader is not Ready().
+//
+// A step the agents refused (a remap it carried failed on some rank, and no rank ran any of it)
+// is undone with RevertStep: the next Schedule() plans the same work again.
 //
 // Not thread-safe: one thread (the engine loop) owns the scheduler; other threads hand requests to
 // that thread. Deterministic: the same calls with the same clock readings give the same plans.
@@ -47,12 +54,12 @@ namespace vamp {
 
 class Scheduler {
  public:
-  // `clock` (queue times) must outlive the scheduler. `expander` may be null (the pool never
-  // expands); otherwise it must outlive the scheduler.
+  // `clock` (queue times) must outlive the scheduler. `offloader` may be null (the pool never
+  // grows by offloading); otherwise it must outlive the scheduler.
   static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerConfig& config,
                                                            const Clock* clock,
                                                            std::unique_ptr<MemoryArbiter> arbiter,
-                                                           PoolExpander* expander = nullptr);
+                                                           ExpertOffloader* offloader = nullptr);
 
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -89,17 +96,36 @@ class Scheduler {
   // started is cancelled. FailedPrecondition while a step is in flight.
   absl::Status ReplaceArbiter(std::unique_ptr<MemoryArbiter> arbiter);
 
+  // The agents refused the step of the latest plan: a remap it carried failed on some rank and
+  // none of them ran any of it. Undoes that plan so that the next Schedule() plans the work
+  // again: requests admitted in it go back to the waiting queue (new ones are announced again),
+  // running ones lose the blocks it appended and their tokens count as not computed, its
+  // preempted and finished ids go with the next plan; then the pool changes by
+  // -pool_blocks_delta, the blocks the refused remaps added (negative: removed), back to the size
+  // the agents return to when they roll the remaps back. What the step's arbiter calls did stays
+  // done (evictions, preemptions, the arbiter's and its reuse tracker's bookkeeping); the counters
+  // of planned work (steps, scheduled tokens, admissions, prefix-cache lookups, offloads and
+  // restores) are restored; a restore the plan's step boundary began is cancelled when the pool
+  // must change under it. FailedPrecondition when there is no plan to revert (it was answered or
+  // reverted, or a later one made), Internal when the blocks to give back are not free.
+  absl::Status RevertStep(int32_t pool_blocks_delta);
+
   // ---- Capacity (step boundaries; see KvBlockPool) ----
   // Commit/Cancel refuse (FailedPrecondition) while the pending shrink belongs to a restore.
   absl::Status GrowPool(int32_t blocks);
   absl::Status BeginShrinkPool(int32_t blocks);
   absl::Status CommitShrinkPool();
   absl::Status CancelShrinkPool();
-  // Gives the last `groups` groups back through the expander once their blocks have left the
-  // pool (CommitShrinkPool), carrying the requests finished or preempted since the last plan:
-  // the agents may still hold those in the withdrawn tail. Delivered releases are not repeated in
-  // the next plan. FailedPrecondition without an expander.
-  absl::Status RestoreReleasedGroups(int32_t groups);
+  // Offloads `groups` groups now (an operator's order, between steps) and grows the pool by the
+  // blocks they add; the next plan's step carries the remap. Returns the blocks added.
+  // FailedPrecondition without an offloader, while a shrink is pending or the offloader is not
+  // Ready(), or past the cap.
+  absl::StatusOr<int32_t> OffloadGroups(int32_t groups);
+  // Restores the last `groups` groups through the offloader once their blocks have left the pool
+  // (CommitShrinkPool). The next plan carries the requests finished or preempted since the last
+  // one, which the agents drop before they unmap the tail. FailedPrecondition without an
+  // offloader or while it is not Ready().
+  absl::Status RestoreGroups(int32_t groups);
 
   // ---- Read-only state ----
   const SchedulerConfig& config() const { return config_; }
@@ -128,7 +154,7 @@ class Scheduler {
 
  private:
   Scheduler(const SchedulerConfig& config, const Clock* clock,
-            std::unique_ptr<MemoryArbiter> arbiter, PoolExpander* expander);
+            std::unique_ptr<MemoryArbiter> arbiter, ExpertOffloader* offloader);
 
   // A request scheduled in the step being planned.
   struct Scheduled {
@@ -137,18 +163,36 @@ class Scheduler {
     int32_t num_computed_before;  // tokens in KV before this step (the hit, for admissions)
     size_t first_new_block;       // index in the block table of the first block added this step
     bool admitted;                // came from the waiting queue this step
+    RequestStatus status_before;  // kRunning, or the waiting status it was admitted from
   };
   // A request of the step in flight (seq tells a re-added id apart).
   struct InFlight {
     RequestId id;
     uint64_t seq;
   };
+  // What RevertStep needs of a request the latest plan scheduled: its Scheduled entry and what
+  // planning it changed.
+  struct Planned {
+    RequestId id;
+    uint64_t seq;
+    Scheduled scheduled;
+    bool known_before;  // known_to_agents before the plan
+    int32_t num_cached_tokens_before;
+  };
+  // The latest plan, until it is answered, reverted or replaced.
+  struct LastPlan {
+    bool revertible = false;
+    std::vector<Planned> requests;  // in scheduling order
+    std::vector<RequestId> preempted_ids;
+    std::vector<RequestId> finished_ids;
+    SchedulerCounters counters_before;  // at the start of the Schedule() that made it
+  };
   enum class Room { kOk, kNoRoom, kRequesterPreempted };
 
   // Makes room (via the arbiter) for `request`'s table to cover `num_total_tokens`, then allocates.
   Room EnsureBlocks(Request* request, int32_t num_total_tokens, bool running);
-  ExpansionInfo Expansion() const;
-  // Hands the expansion geometry to the arbiter's reuse tracker (if it keeps one).
+  OffloadState OffloadStateNow() const;
+  // Hands the offload geometry to the arbiter's reuse tracker (if it keeps one).
   void SyncReuseGeometry();
   // Step-boundary work for restores: commits a pending one whose blocks are all released, or asks
   // the arbiter whether to start one.
@@ -160,7 +204,7 @@ class Scheduler {
   SchedulerConfig config_;
   const Clock* clock_;
   std::unique_ptr<MemoryArbiter> arbiter_;
-  PoolExpander* expander_;
+  ExpertOffloader* offloader_;
   KvCacheManager kv_;
 
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;  // every live request
@@ -184,6 +228,9 @@ class Scheduler {
   std::vector<QueueTimeSample> step_queue_times_;
   std::vector<ArbiterRecord> step_decisions_;
   int32_t restore_pending_groups_ = 0;
+  // Preemptions of a reverted plan, delivered with the next one.
+  std::vector<RequestId> undelivered_preempted_ids_;
+  LastPlan last_plan_;
 };
 
 }  // namespace vamp

@@ -37,12 +37,13 @@ struct SchedulerCounters {
   int64_t num_preemptions = 0;
   int64_t num_arbiter_calls = 0;
   int64_t num_evicted_blocks = 0;  // cached blocks evicted on the arbiter's order
-  int64_t num_expansions = 0;      // successful pool expansions
-  int64_t num_expanded_blocks = 0;
+  int64_t num_offloads = 0;        // successful offloads
+  int64_t num_offloaded_blocks = 0;
   int64_t num_restores_started = 0;       // restores the arbiter asked for
   int64_t num_restores = 0;               // restores completed (groups back with the experts)
   int64_t num_restores_cancelled = 0;     // restores abandoned because a gap arose meanwhile
   int64_t num_restored_blocks = 0;        // blocks the completed restores took out of the pool
+  int64_t num_reverted_steps = 0;         // plans the agents refused (Scheduler::RevertStep)
   int64_t num_admitted = 0;               // first admissions
   int64_t total_queue_micros = 0;         // arrival → first admission, summed
   int64_t num_resumed = 0;                // admissions after a preemption

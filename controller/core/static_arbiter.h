@@ -1,7 +1,7 @@
 // The baseline arbiter, vLLM 0.15's behaviour: cover the gap by evicting cached free blocks in LRU
 // order; if that is not enough and the requester is running, preempt the newest running request
 // (the requester itself when it is the newest). A waiting requester never preempts anyone: it
-// waits. It never expands the pool.
+// waits. It never offloads.
 #ifndef VAMP_CONTROLLER_CORE_STATIC_ARBITER_H_
 #define VAMP_CONTROLLER_CORE_STATIC_ARBITER_H_
 

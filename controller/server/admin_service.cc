@@ -6,6 +6,7 @@
 #include "common/clock.h"
 #include "common/grpc_auth.h"
 #include "common/grpc_server.h"
+#include "common/offload_cap.h"
 
 namespace vamp {
 bool AdminService::Authorized(grpc::CallbackServerContext* context,
@@ -39,9 +40,10 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
 
 vamp::v1::Policy AdminService::CurrentPolicy(
     const std::shared_ptr<const ServingContext>& ctx) const {
-  vamp::v1::Policy policy = backend_.policy;
+  vamp::v1::Policy policy = backend_.configured_policy;
   if (ctx != nullptr) {
     policy.set_arbiter(ctx->engine->arbiter_name());
+    policy.set_max_offload_ratio(ctx->engine->offload_cap().ratio());
     policy.set_restore_enabled(ctx->engine->vamp_config().restore.enabled);
   }
   return policy;
@@ -70,12 +72,19 @@ grpc::ServerUnaryReactor* AdminService::SetPolicy(grpc::CallbackServerContext* c
                                      "' is not one of static, vamp"));
     return reactor;
   }
-  // The cap sizes the agents' staging buffers and pinned copies at Init.
-  if (request->max_offload_ratio() != backend_.policy.max_offload_ratio()) {
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("max_offload_ratio: changing the cap (", backend_.policy.max_offload_ratio(),
-                     ") needs a restart with --max_offload_ratio")));
+  absl::StatusOr<OffloadCap> cap =
+      OffloadCap::FromRatio(request->max_offload_ratio(), "max_offload_ratio");
+  if (!cap.ok()) {
+    reactor->Finish(ToGrpcStatus(cap.status()));
+    return reactor;
+  }
+  // The cap sizes the agents' staging buffers and pinned copies at Init: the one in force is the
+  // one the serving agents were initialised with.
+  if (const OffloadCap in_force = ctx->engine->offload_cap(); *cap != in_force) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     absl::StrCat("max_offload_ratio: changing the cap (", in_force.ratio(), " to ",
+                                  cap->ratio(), ") needs a restart with --max_offload_ratio")));
     return reactor;
   }
   VampArbiterConfig vamp = ctx->engine->vamp_config();
@@ -128,7 +137,7 @@ void ToProto(const VampArbiterConfig& c, vamp::v1::CostCoefficients* out) {
   out->set_t_sched_us(c.costs.t_sched_micros);
   out->set_t_queue_us(c.costs.t_queue_micros);
   out->set_c_eff_us(c.costs.c_eff_micros);
-  out->set_expansion_step_groups(c.expansion_step_groups);
+  out->set_offload_step_groups(c.offload_step_groups);
 }
 
 }  // namespace
@@ -160,7 +169,7 @@ grpc::ServerUnaryReactor* AdminService::SetCoefficients(grpc::CallbackServerCont
   vamp.costs.t_sched_micros = request->t_sched_us();
   vamp.costs.t_queue_micros = request->t_queue_us();
   vamp.costs.c_eff_micros = request->c_eff_us();
-  vamp.expansion_step_groups = request->expansion_step_groups();
+  vamp.offload_step_groups = request->offload_step_groups();
   if (absl::Status s = vamp.Validate(); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
@@ -246,11 +255,11 @@ grpc::ServerUnaryReactor* AdminService::ListDecisions(grpc::CallbackServerContex
       d->set_step_id(r.step);
       d->set_gap_blocks(r.gap_blocks);
       d->set_cost_evict_us(r.plan.costs.evict_micros);
-      d->set_cost_offload_us(r.plan.costs.expand_micros);
+      d->set_cost_offload_us(r.plan.costs.offload_micros);
       d->set_cost_preempt_us(r.plan.costs.preempt_micros);
       d->set_cost_combined_us(r.plan.costs.combined_micros);
       d->set_action(r.plan.choice);
-      d->set_groups(r.plan.expand_groups);
+      d->set_groups(r.plan.offload_groups);
       d->set_evicted_blocks(r.blocks_evicted);
       d->set_preempted_requests(r.requests_preempted);
       if (r.restore_groups > 0) d->set_groups(-r.restore_groups);

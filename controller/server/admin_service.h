@@ -25,8 +25,9 @@ struct AdminBackend {
   std::function<void(vamp::v1::GetStatusResponse*)> status;
   // The serving context (null while not serving).
   ServingContextProvider context;
-  // The configured policy (arbiter, cap, restore), reported while nothing is served.
-  vamp::v1::Policy policy;
+  // The configured policy (arbiter, cap, restore), reported while nothing is served; while a
+  // model is served the policy in force is the serving engine's.
+  vamp::v1::Policy configured_policy;
   // Required bearer token; empty = none.
   std::string auth_token;
 };

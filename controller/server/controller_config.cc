@@ -81,8 +81,10 @@ const ConfigSchema& ControllerConfigSchema() {
                 "fraction of each agent's device memory VAMP may use")
         .Enum("arbiter", d.arbiter, {"static", "vamp"},
               "memory arbiter: static (vLLM 0.15 baseline) or vamp (cost model)")
-        .Double("max_offload_ratio", d.max_offload_ratio, 0.0, 0.95,
-                "VAMP-r: cap on the fraction of experts that may be offloaded")
+        .Double("max_offload_ratio", d.offload_cap.ratio(), OffloadCap::kMinRatio,
+                OffloadCap::kMaxRatio,
+                "VAMP-r: cap on the fraction of each eligible layer's experts that may be "
+                "offloaded; 0 = no offloading")
         .Double("step_timeout_s", d.step_timeout_s, 0.1, 3600,
                 "an agent that does not answer a step within this many seconds is failed")
         .Double("registration_timeout_s", d.registration_timeout_s, 1, 86400,
@@ -167,7 +169,8 @@ absl::StatusOr<ControllerOptions> ControllerOptionsFromConfig(const Config& conf
   o.agent_host_page_bytes = config.GetInt("agent_host_page_bytes");
   o.gpu_memory_utilization = config.GetDouble("gpu_memory_utilization");
   o.arbiter = config.GetString("arbiter");
-  o.max_offload_ratio = config.GetDouble("max_offload_ratio");
+  VAMP_ASSIGN_OR_RETURN(o.offload_cap, OffloadCap::FromRatio(config.GetDouble("max_offload_ratio"),
+                                                             "max_offload_ratio"));
   o.step_timeout_s = config.GetDouble("step_timeout_s");
   o.registration_timeout_s = config.GetDouble("registration_timeout_s");
   o.auth_token_file = config.GetString("auth_token_file");

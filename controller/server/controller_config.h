@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/offload_cap.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/scheduler_config.h"
 #include "controller/server/http_frontend.h"
@@ -44,7 +45,7 @@ struct ControllerOptions {
   int64_t agent_host_page_bytes = 64 << 10;
   double gpu_memory_utilization = 0.9;
   std::string arbiter = ServingEngineOptions{}.arbiter;  // static | vamp
-  double max_offload_ratio = 0.25;
+  OffloadCap offload_cap = OffloadCap::Constant(0.25);   // --max_offload_ratio
   double step_timeout_s = AgentGroupOptions{}.step_timeout_ms / 1000.0;
   double registration_timeout_s = 120;
   std::string auth_token_file;

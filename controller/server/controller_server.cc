@@ -198,9 +198,9 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   AdminBackend admin;
   admin.status = [self](vamp::v1::GetStatusResponse* s) { self->FillStatus(s); };
   admin.context = context;
-  admin.policy.set_arbiter(options.arbiter);
-  admin.policy.set_max_offload_ratio(options.max_offload_ratio);
-  admin.policy.set_restore_enabled(options.vamp.restore.enabled);
+  admin.configured_policy.set_arbiter(options.arbiter);
+  admin.configured_policy.set_max_offload_ratio(options.offload_cap.ratio());
+  admin.configured_policy.set_restore_enabled(options.vamp.restore.enabled);
   admin.auth_token = server->admin_token_;
   server->admin_ = std::make_unique<AdminService>(std::move(admin));
 
@@ -429,7 +429,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   vamp::v1::MemorySpec* memory = init.mutable_memory();
   memory->set_gpu_memory_utilization(options_.gpu_memory_utilization);
   memory->set_block_size(scheduler.block_size);
-  memory->set_max_offload_ratio(options_.max_offload_ratio);
+  memory->set_max_offload_ratio(options_.offload_cap.ratio());
   memory->set_max_num_batched_tokens(scheduler.max_num_batched_tokens);
   memory->set_max_num_seqs(scheduler.max_num_seqs);
   VAMP_LOG(INFO) << "initialising " << endpoints.size() << " agent(s) with " << init.model_path()
@@ -443,7 +443,7 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   std::vector<vamp::v1::InitResponse> ranks = *std::move(initialised);
   // Nothing is sized from the agents' answers before they are checked: a lying or buggy agent is
   // refused here (and retried when it registers again) instead of crashing the controller.
-  VAMP_ASSIGN_OR_RETURN(AgentReportLimits limits, CheckInitResponses(init, ranks));
+  VAMP_RETURN_IF_ERROR(CheckInitResponses(init, ranks));
   const vamp::v1::InitResponse& first = ranks.front();
   // Each agent prints its own memory plan; here, one line per rank.
   for (const auto& r : ranks) {
@@ -466,11 +466,10 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   engine_options.scheduler = scheduler;
   engine_options.arbiter = options_.arbiter;
   if (first.eos_token_id() >= 0) engine_options.eos_token_id = first.eos_token_id();
-  engine_options.experts_per_group = std::max(1, first.experts_per_group());
-  engine_options.experts_per_layer = first.num_experts();
-  engine_options.report_limits = std::move(limits);
+  engine_options.ranks = ranks;
   engine_options.model_name = ServedModelName();
   engine_options.vamp = options_.vamp;
+  engine_options.offload_cap = options_.offload_cap;
   auto context = std::make_shared<ServingContext>();
   context->model =
       ServedModel{ServedModelName(), scheduler.max_model_len, first.vocab_size()};

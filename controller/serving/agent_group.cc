@@ -284,6 +284,8 @@ absl::StatusOr<std::vector<vamp::v1::StepResponse>> AgentGroup::Step(
     VAMP_LOG(ERROR) << broken;
     return broken;
   }
+  size_t refused = 0;
+  std::vector<std::string> reasons;
   for (size_t i = 0; i < responses.size(); ++i) {
     if (responses[i].step_id() != request.step_id()) {
       healthy_ = false;
@@ -291,6 +293,23 @@ absl::StatusOr<std::vector<vamp::v1::StepResponse>> AgentGroup::Step(
                                               responses[i].step_id(), " to step ",
                                               request.step_id()));
     }
+    if (responses[i].refused()) {
+      ++refused;
+      reasons.push_back(absl::StrCat("agent rank ", i, ": ", responses[i].error_message()));
+    }
+  }
+  if (refused == responses.size()) {
+    return absl::AbortedError(absl::StrCat("step ", request.step_id(), " refused by every rank (",
+                                           absl::StrJoin(reasons, "; "), ")"));
+  }
+  if (refused > 0) {
+    // Some ranks ran a step the others did not: their states differ, nothing can be trusted.
+    healthy_ = false;
+    return absl::InternalError(absl::StrCat("step ", request.step_id(), " refused by ", refused,
+                                            " of ", responses.size(), " ranks only (",
+                                            absl::StrJoin(reasons, "; "), ")"));
+  }
+  for (size_t i = 0; i < responses.size(); ++i) {
     if (!responses[i].error_message().empty()) {
       return absl::InternalError(
           absl::StrCat("agent rank ", i, ": ", responses[i].error_message()));
@@ -302,19 +321,6 @@ absl::StatusOr<std::vector<vamp::v1::StepResponse>> AgentGroup::Step(
       VAMP_LOG(ERROR) << s;
       return s;
     }
-  }
-  return responses;
-}
-
-absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> AgentGroup::Capacity(int32_t delta_groups) {
-  std::vector<vamp::v1::CapacityResponse> responses(ranks_.size());
-  vamp::v1::CapacityRequest request;
-  request.set_delta_groups(delta_groups);
-  for (size_t i = 0; i < ranks_.size(); ++i) {
-    grpc::ClientContext context;
-    PrepareContext(&context, options_.rpc_timeout_ms);
-    grpc::Status s = ranks_[i].stub->Capacity(&context, request, &responses[i]);
-    if (!s.ok()) return FromGrpc(s, absl::StrCat("agent rank ", i, " Capacity"));
   }
   return responses;
 }

@@ -55,7 +55,7 @@ struct AgentGroupOptions {
   int64_t step_timeout_ms = 30000;
   // Init loads the model; it may take long (ms).
   int64_t init_timeout_ms = 600000;
-  // Capacity and stats queries (ms).
+  // Stats queries (ms).
   int64_t rpc_timeout_ms = 5000;
   // Shared secret sent as "authorization: Bearer <token>" on every call; empty = none.
   std::string auth_token;
@@ -82,9 +82,11 @@ class AgentGroup {
   CollectiveTransport transport() const { return transport_.load(); }
   // Sends `request` to every rank and returns their answers in rank order. Any rank's
   // error_message fails the call (the group stays healthy: the agents are alive and in step);
-  // a broken stream or a timeout fails it and marks the group unhealthy.
+  // Aborted when every rank refused the step (StepResponse.refused: a rollback or remap failed,
+  // none of them ran it; the message joins the ranks' reasons), Internal and the group unhealthy
+  // when only some did. A broken stream or a timeout fails the call and marks the group
+  // unhealthy.
   absl::StatusOr<std::vector<vamp::v1::StepResponse>> Step(const vamp::v1::StepRequest& request);
-  absl::StatusOr<std::vector<vamp::v1::CapacityResponse>> Capacity(int32_t delta_groups);
   absl::StatusOr<std::vector<vamp::v1::GetStatsResponse>> GetStats();
 
  private:

@@ -4,6 +4,8 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "common/offload_cap.h"
+#include "common/status_macros.h"
 
 namespace vamp {
 namespace {
@@ -23,11 +25,14 @@ absl::Status InRange(int rank, absl::string_view field, T value, T lo, T hi) {
 
 }  // namespace
 
-absl::StatusOr<AgentReportLimits> CheckInitResponses(
-    const vamp::v1::InitRequest& request, const std::vector<vamp::v1::InitResponse>& responses) {
+absl::Status CheckInitResponses(const vamp::v1::InitRequest& request,
+                                const std::vector<vamp::v1::InitResponse>& responses) {
   if (responses.empty()) return absl::InternalError("no Init answers to check");
   const int64_t block_size = std::max(1, request.memory().block_size());
-  AgentReportLimits limits;
+  // The cap the agents were asked for bounds the groups any of them may declare offloadable.
+  VAMP_ASSIGN_OR_RETURN(
+      const OffloadCap cap,
+      OffloadCap::FromRatio(request.memory().max_offload_ratio(), "memory.max_offload_ratio"));
   const vamp::v1::InitResponse& first = responses.front();
   for (size_t i = 0; i < responses.size(); ++i) {
     const int rank = static_cast<int>(i);
@@ -51,7 +56,6 @@ absl::StatusOr<AgentReportLimits> CheckInitResponses(
                     "(layers, experts, groups, vocabulary, EOS or context) unlike rank 0's");
     }
     const int32_t groups = r.num_experts() / r.experts_per_group();
-    limits.groups_per_layer = groups;
 
     // The memory split: within what the agent declared.
     const vamp::v1::RankMemory& m = r.memory();
@@ -68,7 +72,9 @@ absl::StatusOr<AgentReportLimits> CheckInitResponses(
     }
     s.Update(InRange<uint64_t>(rank, "memory.offloaded_expert_bytes", m.offloaded_expert_bytes(), 0,
                                kMaxAgentDeviceBytes));
-    s.Update(InRange(rank, "memory.max_offload_groups", m.max_offload_groups(), 0, groups));
+    const int32_t cap_groups = static_cast<int32_t>(
+        std::min<int64_t>(groups, cap.MaxExperts(r.num_experts()) / r.experts_per_group()));
+    s.Update(InRange(rank, "memory.max_offload_groups", m.max_offload_groups(), 0, cap_groups));
     s.Update(InRange(rank, "memory.offloaded_groups", m.offloaded_groups(), 0,
                      std::max(0, m.max_offload_groups())));
     if (!s.ok()) return s;
@@ -83,29 +89,34 @@ absl::StatusOr<AgentReportLimits> CheckInitResponses(
                        " bytes of declared device memory hold 1 to ", max_blocks, " blocks of ",
                        block_size, " tokens over ", r.num_layers(), " layers"));
     }
-    limits.max_kv_blocks.push_back(max_blocks);
-    limits.device_total_bytes.push_back(total);
+    // The offload geometry: every pool it can reach fits in the device and in the block table.
+    const vamp::v1::OffloadGeometry& g = r.offload();
+    s.Update(InRange<uint64_t>(rank, "memory.page_bytes", m.page_bytes(), 1, total));
+    s.Update(InRange<uint64_t>(rank, "offload.kv_block_bytes", g.kv_block_bytes(), 1, total));
+    s.Update(InRange<uint64_t>(rank, "offload.staged_bytes_per_group", g.staged_bytes_per_group(),
+                               0, total));
+    if (!s.ok()) return s;
+    s.Update(InRange<int64_t>(rank, "offload.kv_pages_per_group", g.kv_pages_per_group(), 0,
+                              static_cast<int64_t>(total / m.page_bytes())));
+    s.Update(InRange<int64_t>(rank, "memory.kv_blocks", m.kv_blocks(), 1,
+                              static_cast<int64_t>(m.kv_pool_bytes() / g.kv_block_bytes())));
+    if (!s.ok()) return s;
+    const uint64_t group_bytes = static_cast<uint64_t>(g.kv_pages_per_group()) * m.page_bytes();
+    const uint64_t remaining = static_cast<uint64_t>(m.max_offload_groups() - m.offloaded_groups());
+    if (group_bytes > 0 && remaining > (total - m.kv_pool_bytes()) / group_bytes) {
+      return Refuse(rank, "offload.kv_pages_per_group",
+                    absl::StrCat("= ", g.kv_pages_per_group(), ": ", remaining,
+                                 " more offloaded groups would map more KV than the ", total,
+                                 " bytes of declared device memory"));
+    }
+    const uint64_t reachable = (m.kv_pool_bytes() + remaining * group_bytes) / g.kv_block_bytes();
+    if (reachable > static_cast<uint64_t>(max_blocks)) {
+      return Refuse(rank, "offload.kv_block_bytes",
+                    absl::StrCat("= ", g.kv_block_bytes(), ": the pool would reach ", reachable,
+                                 " blocks, more than the ", max_blocks, " its memory can hold"));
+    }
   }
-  return limits;
-}
-
-absl::Status CheckCapacityResponse(const vamp::v1::CapacityResponse& response, int rank,
-                                   const AgentReportLimits& limits) {
-  if (rank < 0 || rank >= static_cast<int>(limits.max_kv_blocks.size())) {
-    return absl::InternalError(absl::StrCat("capacity of unknown rank ", rank));
-  }
-  const int64_t max_blocks = limits.max_kv_blocks[rank];
-  absl::Status s;
-  s.Update(InRange<int64_t>(rank, "kv_blocks_now", response.kv_blocks_now(), 1, max_blocks));
-  // What a remap would leave: zero or more (a restore may take the whole offloaded tail back).
-  s.Update(InRange<int64_t>(rank, "kv_blocks_after", response.kv_blocks_after(), 0, max_blocks));
-  s.Update(InRange(rank, "max_offload_groups", response.max_offload_groups(), 0,
-                   limits.groups_per_layer));
-  s.Update(
-      InRange(rank, "offloaded_groups", response.offloaded_groups(), 0, limits.groups_per_layer));
-  s.Update(InRange<uint64_t>(rank, "staged_bytes_per_group", response.staged_bytes_per_group(), 0,
-                             limits.device_total_bytes[rank]));
-  return s;
+  return absl::OkStatus();
 }
 
 absl::Status CheckStepTimings(const vamp::v1::StepTimings& t, int rank) {

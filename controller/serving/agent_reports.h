@@ -1,7 +1,8 @@
-// Checks of the numbers agents report (Init, Capacity, step timings) before the controller sizes
-// anything from them. An agent is a separate process, possibly buggy, possibly not ours: one that
-// reported kv_blocks = 2^31 - 1 made the controller allocate a block table for it and die of
-// std::bad_alloc. Every count is checked against what the agent itself declared (its device
+// Checks of the numbers agents report (Init, step timings) before the controller sizes anything
+// from them; what they report after a remap is compared with what the controller expects
+// (RemoteOffloader::Confirm). An agent is a separate process, possibly buggy, possibly not ours:
+// one that reported kv_blocks = 2^31 - 1 made the controller allocate a block table for it and die
+// of std::bad_alloc. Every count is checked against what the agent itself declared (its device
 // memory) and against the model; a report that fails refuses the agent with an error naming the
 // rank and the field.
 #ifndef VAMP_CONTROLLER_SERVING_AGENT_REPORTS_H_
@@ -26,27 +27,15 @@ inline constexpr int32_t kMaxModelContext = 1 << 24;
 // A step or remap that an agent says took longer than a day did not.
 inline constexpr int64_t kMaxAgentStepMicros = int64_t{24} * 3600 * 1000000;
 
-// What the checked Init answers allow later reports to claim.
-struct AgentReportLimits {
-  // By rank: the most KV blocks its declared memory can hold (also capped by kMaxAgentKvBlocks).
-  std::vector<int64_t> max_kv_blocks;
-  // Whole expert groups per layer (num_experts / experts_per_group, rounded down): the most that
-  // can be offloaded.
-  int32_t groups_per_layer = 0;
-  // By rank: the memory it declared, bytes.
-  std::vector<uint64_t> device_total_bytes;
-};
-
 // Checks every rank's InitResponse (in rank order) against `request` and against each other: the
 // model's shape within bounds and the same on every rank, the memory split within the declared
 // device memory, KV blocks that fit in it (each block holds at least one byte of K and of V per
-// layer and token), group counts within the model's experts.
-absl::StatusOr<AgentReportLimits> CheckInitResponses(
-    const vamp::v1::InitRequest& request, const std::vector<vamp::v1::InitResponse>& responses);
-
-// Checks one rank's CapacityResponse against the limits from its Init.
-absl::Status CheckCapacityResponse(const vamp::v1::CapacityResponse& response, int rank,
-                                   const AgentReportLimits& limits);
+// layer and token) and in the KV bytes mapped, group counts within the model's experts and under
+// the cap the request asked for (memory.max_offload_ratio), and an offload geometry whose every
+// reachable pool (all groups offloaded included) fits in the device and in kMaxAgentKvBlocks:
+// the controller sizes every later remap from it without asking again.
+absl::Status CheckInitResponses(const vamp::v1::InitRequest& request,
+                                const std::vector<vamp::v1::InitResponse>& responses);
 
 // Checks one rank's step timings: every duration within [0, kMaxAgentStepMicros], bytes within
 // [0, kMaxAgentDeviceBytes].

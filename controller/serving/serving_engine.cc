@@ -173,12 +173,10 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* 
                                                                    ServingEngineOptions options) {
   std::unique_ptr<ServingEngine> engine(new ServingEngine(group, std::move(options)));
   ServingEngine* e = engine.get();
-  e->expander_ = std::make_unique<RemoteExpander>(group, [e] { return e->NextStepId(); });
-  e->expander_->SetGeometry(e->options_.experts_per_group, e->options_.experts_per_layer);
-  e->expander_->SetLimits(e->options_.report_limits);
-  if (absl::Status s = e->expander_->Refresh(); !s.ok()) return s;
+  VAMP_ASSIGN_OR_RETURN(e->offloader_,
+                        RemoteOffloader::Create(e->options_.ranks, e->options_.offload));
   SchedulerConfig config = e->options_.scheduler;
-  config.num_blocks = static_cast<int32_t>(e->expander_->kv_blocks());
+  config.num_blocks = static_cast<int32_t>(e->offloader_->kv_blocks());
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<MemoryArbiter> arbiter,
                         CreateArbiter(e->options_.arbiter, e->options_.vamp));
   {
@@ -187,13 +185,12 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> ServingEngine::Start(AgentGroup* 
     e->vamp_config_ = e->options_.vamp;
   }
   e->vamp_arbiter_ = dynamic_cast<VampArbiter*>(arbiter.get());
-  VAMP_ASSIGN_OR_RETURN(
-      e->scheduler_,
-      Scheduler::Create(config, &SteadyClock::Get(), std::move(arbiter), e->expander_.get()));
-  VAMP_LOG(INFO) << "serving engine: " << config.num_blocks << " KV blocks of "
-                 << config.block_size << " tokens, arbiter " << e->scheduler_->arbiter().name()
-                 << ", up to " << e->expander_->max_groups() << " expert groups offloadable ("
-                 << e->expander_->BlocksPerGroup() << " blocks each)";
+  VAMP_ASSIGN_OR_RETURN(e->scheduler_, Scheduler::Create(config, &SteadyClock::Get(),
+                                                         std::move(arbiter), e->offloader_.get()));
+  VAMP_LOG(INFO) << "serving engine: " << config.num_blocks << " KV blocks of " << config.block_size
+                 << " tokens, arbiter " << e->scheduler_->arbiter().name() << ", up to "
+                 << e->offloader_->max_groups() << " expert groups offloadable ("
+                 << e->offloader_->BlocksPerGroup() << " blocks each)";
   e->PublishSnapshot();
   e->thread_ = std::thread([e] { e->Loop(); });
   return engine;
@@ -248,7 +245,8 @@ absl::Status ServingEngine::RunBetweenSteps(std::function<std::optional<absl::St
 
 absl::Status ServingEngine::ForceRemap(int32_t groups) {
   if (groups == 0) return absl::InvalidArgumentError("num_groups must not be 0");
-  return RunBetweenSteps([this, groups] { return Remap(groups); });
+  return RunBetweenSteps(
+      [this, groups, remap_id = std::string()]() mutable { return Remap(groups, &remap_id); });
 }
 
 absl::Status ServingEngine::SetArbiter(const std::string& name, const VampArbiterConfig& vamp) {
@@ -299,7 +297,9 @@ void ServingEngine::Loop() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      const bool busy = healthy_ && scheduler_->has_unfinished_requests();
+      // A command waiting for a step (a forced remap) keeps the loop stepping too.
+      const bool busy = healthy_ && (scheduler_->has_unfinished_requests() || !commands_.empty() ||
+                                     offloader_->has_queued());
       if (!busy) {
         mu_.AwaitWithTimeout(absl::Condition(&work_),
                              absl::Microseconds(options_.idle_wait_micros * 50));
@@ -313,7 +313,7 @@ void ServingEngine::Loop() {
     }
     AdmitPending();
     RunCommands();
-    if (scheduler_->has_unfinished_requests()) RunStep();
+    if (scheduler_->has_unfinished_requests() || offloader_->has_queued()) RunStep();
     PublishSnapshot();
   }
   FailAll(absl::CancelledError("the server is shutting down"));
@@ -387,24 +387,22 @@ void ServingEngine::RunCommands() {
   command->done = true;
 }
 
-std::optional<absl::Status> ServingEngine::Remap(int32_t groups) {
+std::optional<absl::Status> ServingEngine::Remap(int32_t groups, std::string* remap_id) {
+  // Queued: done once the step that carries it was answered (or refused).
+  if (!remap_id->empty()) return offloader_->Outcome(*remap_id);
   if (groups > 0) {
-    if (groups > expander_->RemainingGroups()) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot offload ", groups, " groups: ",
-                                                        expander_->RemainingGroups(),
-                                                        " remain under the cap"));
-    }
-    absl::StatusOr<int32_t> added = expander_->Expand(groups);
+    absl::StatusOr<int32_t> added = scheduler_->OffloadGroups(groups);
     if (!added.ok()) return added.status();
-    return scheduler_->GrowPool(*added);
+    *remap_id = offloader_->last_remap_id();
+    return std::nullopt;
   }
   groups = -groups;
-  if (groups > expander_->offloaded_groups()) {
+  if (groups > offloader_->OffloadedGroups()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cannot restore ", groups, " groups: ", expander_->offloaded_groups(), " are offloaded"));
+        "cannot restore ", groups, " groups: ", offloader_->OffloadedGroups(), " are offloaded"));
   }
   if (!scheduler_->pool().shrink_pending()) {
-    if (absl::Status s = scheduler_->BeginShrinkPool(expander_->BlocksToRelease(groups));
+    if (absl::Status s = scheduler_->BeginShrinkPool(offloader_->BlocksRemovedByRestore(groups));
         !s.ok()) {
       return s;
     }
@@ -413,7 +411,9 @@ std::optional<absl::Status> ServingEngine::Remap(int32_t groups) {
   // keep running and the command is retried after the next step.
   if (scheduler_->pool().shrink_outstanding() > 0) return std::nullopt;
   if (absl::Status s = scheduler_->CommitShrinkPool(); !s.ok()) return s;
-  return scheduler_->RestoreReleasedGroups(groups);
+  if (absl::Status s = scheduler_->RestoreGroups(groups); !s.ok()) return s;
+  *remap_id = offloader_->last_remap_id();
+  return std::nullopt;
 }
 
 void ServingEngine::RunStep() {
@@ -439,7 +439,7 @@ void ServingEngine::RunStep() {
     if (decisions_.size() > kDecisionLogSize) decisions_.pop_front();
   }
   const bool has_ids = !plan->preempted_ids.empty() || !plan->finished_ids.empty();
-  if (plan->empty() && !has_ids) {
+  if (plan->empty() && !has_ids && !offloader_->has_queued()) {
     // Nothing runnable (e.g. everyone waits for memory held by a pending restore): back off.
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&work_), absl::Microseconds(options_.idle_wait_micros));
@@ -477,10 +477,30 @@ void ServingEngine::RunStep() {
                                                plan->preempted_ids.end());
   request.mutable_finished_request_ids()->Add(plan->finished_ids.begin(),
                                               plan->finished_ids.end());
+  // The offloads and restores this plan's pool already counts (and rollbacks of refused ones).
+  offloader_->AttachTo(&request);
   absl::StatusOr<std::vector<vamp::v1::StepResponse>> responses = group_->Step(request);
   if (!responses.ok()) {
+    if (absl::IsAborted(responses.status()) && group_->healthy()) {
+      // Every rank refused the step: a remap failed on one of them and none ran anything. Roll
+      // the remaps back with the next step and plan this one again on the old pool.
+      absl::StatusOr<int32_t> delta = offloader_->Refused(responses.status());
+      absl::Status reverted = delta.ok() ? scheduler_->RevertStep(*delta) : delta.status();
+      if (reverted.ok()) return;
+      VAMP_LOG(ERROR) << "step " << request.step_id()
+                      << " was refused and cannot be undone: " << reverted;
+      FailAll(reverted);
+      return;
+    }
     healthy_ = group_->healthy();
     FailAll(responses.status());
+    return;
+  }
+  if (absl::Status s = offloader_->Confirm(*responses); !s.ok()) {
+    // The agents' memory is not what the controller sized its pool by: stop serving with this
+    // group; the controller initialises it again and takes the view from the agents.
+    VAMP_LOG(ERROR) << s;
+    FailAll(s);
     return;
   }
   if (plan->empty()) return;
@@ -528,7 +548,7 @@ void ServingEngine::RunStep() {
       (decoding ? timing.decode_tokens : timing.prefill_tokens) += c.num_scheduled_tokens;
     }
     timing.offloaded_experts_per_layer =
-        expander_->offloaded_groups() * expander_->ExpertsPerGroup();
+        offloader_->OffloadedGroups() * offloader_->ExpertsPerGroup();
     timing.end_micros = SteadyClock::Get().NowMicros();
     vamp_arbiter_->ObserveStep(timing);
   }
@@ -679,11 +699,11 @@ void ServingEngine::PublishSnapshot() {
                                              : static_cast<double>(stats.num_used_blocks) /
                                                    stats.num_blocks);
   metrics.kv_blocks.Set(stats.num_blocks);
-  metrics.offloaded_groups.Set(expander_->offloaded_groups());
-  metrics.offload_ratio.Set(expander_->max_groups() == 0
+  metrics.offloaded_groups.Set(offloader_->OffloadedGroups());
+  metrics.offload_ratio.Set(offloader_->max_groups() == 0
                                 ? 0.0
-                                : static_cast<double>(expander_->offloaded_groups()) /
-                                      expander_->max_groups());
+                                : static_cast<double>(offloader_->OffloadedGroups()) /
+                                      offloader_->max_groups());
   // Counters are cumulative in the scheduler; the Prometheus counters follow by the difference.
   auto follow = [](prometheus::Counter& counter, int64_t total) {
     const double delta = static_cast<double>(total) - counter.Value();
@@ -713,7 +733,7 @@ void ServingEngine::PublishSnapshot() {
   q->set_waiting(stats.num_waiting - stats.num_waiting_preempted);
   q->set_preempted(stats.num_waiting_preempted);
   q->set_finished_total(c.num_finished + c.num_aborted);
-  s.set_offloaded_groups(expander_->offloaded_groups());
+  s.set_offloaded_groups(offloader_->OffloadedGroups());
   s.set_offload_ratio(metrics.offload_ratio.Value());
   absl::MutexLock lock(&mu_);
   snapshot_ = std::move(s);

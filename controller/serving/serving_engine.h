@@ -1,7 +1,11 @@
 // ServingEngine: the controller's engine loop. One thread owns the Scheduler and drives the agent
 // group step by step: it admits submitted requests, plans a step, sends it to every rank, applies
 // the sampled tokens and hands each request's new tokens to its sink. Memory pressure reaches the
-// arbiter inside Schedule(); an offload it chooses becomes a synchronized remap (RemoteExpander).
+// arbiter inside Schedule(); an offload or restore it chooses (or an operator forces) is sized
+// from the agents' declared geometry without asking them, and its remap rides on the next step's
+// request (RemoteOffloader). When the agents refuse that step (a remap failed on some rank; none
+// of them ran it), the engine rolls the remap back on every rank with the next step, gives the
+// scheduler's pool back, and plans the same work again (Scheduler::RevertStep).
 //
 // Threads: Submit/Abort/ForceRemap/Drain/Snapshot are thread-safe and never block on a step; sinks
 // run on the engine thread and must not block (they queue to their client).
@@ -27,10 +31,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/offload_cap.h"
 #include "controller/arbiter/vamp_arbiter.h"
 #include "controller/core/scheduler.h"
 #include "controller/serving/agent_group.h"
-#include "controller/serving/remote_expander.h"
+#include "controller/serving/remote_offloader.h"
 #include "controller/serving/serving_request.h"
 #include "vamp/v1/admin.pb.h"
 
@@ -73,11 +78,12 @@ struct ServingEngineOptions {
   std::optional<int32_t> eos_token_id;
   // The cost model's configuration (used when arbiter is "vamp", and by SetArbiter).
   VampArbiterConfig vamp;
-  // Rank-local expert geometry from the agents' Init answers (for the cost model).
-  int32_t experts_per_group = 1;
-  int32_t experts_per_layer = 0;
-  // What the agents' checked Init answers allow later reports to claim (agent_reports.h).
-  AgentReportLimits report_limits;
+  // VAMP-r the agents were initialised with (InitRequest.memory.max_offload_ratio).
+  OffloadCap offload_cap;
+  // The agents' Init answers in rank order, checked by CheckInitResponses: the pool, the offload
+  // geometry and the expert geometry the cost model prices with.
+  std::vector<vamp::v1::InitResponse> ranks;
+  RemoteOffloader::Options offload;
   // Idle wait of the loop when nothing is runnable (µs).
   int64_t idle_wait_micros = 2000;
   // The served model's id: the model_name label of the serving metrics (tokens, latencies,
@@ -100,7 +106,8 @@ class ServingEngine {
   // or kStop (the front end matched a stop string in its text).
   void Abort(RequestId id, FinishReason reason = FinishReason::kAbort);
   // Offloads (groups > 0) or restores (groups < 0) expert groups on every rank, between steps.
-  // Blocks until done. Restore waits until the KV tail it takes back is free.
+  // Blocks until the step that carries the remap was answered (a restore first waits until the KV
+  // tail it takes back is free); the agents' refusal is the error.
   absl::Status ForceRemap(int32_t groups);
   // Switches the memory arbiter ("static" | "vamp") between steps; the vamp arbiter is built from
   // `vamp`. Also used to change the cost model's coefficients (same name, new config).
@@ -108,6 +115,8 @@ class ServingEngine {
   // The arbiter in force and the cost-model configuration the engine holds.
   std::string arbiter_name() const;
   VampArbiterConfig vamp_config() const;
+  // The offload cap in force (fixed for the engine's life: it sized the agents' memory).
+  OffloadCap offload_cap() const { return options_.offload_cap; }
   // Stops admitting requests; running ones finish.
   void Drain();
   // Admits requests again after Drain.
@@ -162,7 +171,8 @@ class ServingEngine {
   void RunCommands();
   // Queues `run` for the engine thread and waits for its result.
   absl::Status RunBetweenSteps(std::function<std::optional<absl::Status>()> run);
-  std::optional<absl::Status> Remap(int32_t groups);
+  // One step of a forced remap; `remap_id` is empty until its remap is queued.
+  std::optional<absl::Status> Remap(int32_t groups, std::string* remap_id);
   void RunStep();
   void FailAll(const absl::Status& status);
   // A request's sampled log-probabilities in one step (rank 0's SampledTokens): one per token,
@@ -183,14 +193,11 @@ class ServingEngine {
   AgentGroup* group_;
   ServingEngineOptions options_;
   std::unique_ptr<ServingSeries> series_;
-  std::unique_ptr<RemoteExpander> expander_;
+  std::unique_ptr<RemoteOffloader> offloader_;  // engine thread only
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
   VampArbiter* vamp_arbiter_ = nullptr;    // the scheduler's arbiter when it is the cost model
   absl::flat_hash_map<RequestId, Live> live_;  // engine thread only
-  int64_t next_step_id_ = 1;  // engine thread only (and the expander, called from it)
-  // Requests with prompt log-probabilities get the cache salt "<their salt>" + this + a counter,
-  // which no other request has (a random 64-bit value per engine): their prompts never hit the
-  // prefix cache.
+  int64_t next_step_id_ = 1;                   // engine thread only
 
   std::atomic<bool> healthy_{true};
   std::atomic<bool> draining_{false};

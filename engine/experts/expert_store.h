@@ -132,7 +132,7 @@ class ExpertStore {
   // resident, from the pinned copy when offloaded.
   absl::Status ReadExpert(int layer, int64_t expert, absl::Span<uint8_t> out) const;
 
-  // ---- Remapping (MemoryRepartitioner drives these at step boundaries) ----
+  // ---- Remapping (PageRemapper drives these at step boundaries) ----
   // Moves b down by `n_groups` groups, waits on `fence`, unmaps the freed pages of every eligible
   // layer, maps what carved staging buffers take (geometry().staging_pages_per_group() a group) at
   // their ends and returns the rest for the KV cache (held; n_groups *

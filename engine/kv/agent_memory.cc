@@ -13,13 +13,13 @@ AgentMemory& AgentMemory::operator=(AgentMemory&& other) noexcept {
     pool = std::move(other.pool);
     experts = std::move(other.experts);
     kv = std::move(other.kv);
-    repartitioner = std::move(other.repartitioner);
+    page_remapper = std::move(other.page_remapper);
   }
   return *this;
 }
 
 void AgentMemory::Reset() {
-  repartitioner.reset();
+  page_remapper.reset();
   kv.reset();
   experts.reset();
   pool.reset();
@@ -38,8 +38,8 @@ absl::StatusOr<AgentMemory> CreateAgentMemory(MemoryBackend* backend, const Memo
   VAMP_ASSIGN_OR_RETURN(memory.kv,
                         KvRegion::Create(memory.pool.get(), plan.kv, plan.kv_baseline_pages,
                                          plan.experts.max_kv_offload_pages()));
-  memory.repartitioner = std::make_unique<MemoryRepartitioner>(
-      memory.pool.get(), memory.experts.get(), memory.kv.get(), fence);
+  memory.page_remapper = std::make_unique<PageRemapper>(memory.pool.get(), memory.experts.get(),
+                                                        memory.kv.get(), fence);
   return memory;
 }
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/offload_arithmetic.h"
+#include "common/offload_cap.h"
 #include "common/status_macros.h"
 
 namespace vamp {
@@ -19,10 +20,8 @@ absl::StatusOr<ExpertGeometry> ComputeExpertGeometry(const ModelShape& shape, in
         tp_size, "): experts cannot be split evenly"));
   }
   if (page_bytes == 0) return absl::InvalidArgumentError("page_bytes must be positive");
-  if (!(offload.max_offload_ratio >= 0.0 && offload.max_offload_ratio <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "offload.max_offload_ratio (", offload.max_offload_ratio, ") must be in [0, 1]"));
-  }
+  VAMP_ASSIGN_OR_RETURN(const OffloadCap cap, OffloadCap::FromRatio(offload.max_offload_ratio,
+                                                                    "offload.max_offload_ratio"));
   if (offload.staging_buffers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("offload.staging_buffers (",
                                                    offload.staging_buffers,
@@ -52,9 +51,9 @@ absl::StatusOr<ExpertGeometry> ComputeExpertGeometry(const ModelShape& shape, in
   g.group_bytes = static_cast<uint64_t>(g.group_experts) * g.expert_bytes;
   g.group_pages = static_cast<int64_t>(g.group_bytes / page_bytes);
 
-  g.max_groups = MaxOffloadGroups(g.num_experts, g.group_experts, offload.max_offload_ratio,
-                                  offload.staging_buffer_experts,
-                                  static_cast<int64_t>(g.eligible_layers.size()));
+  g.max_groups =
+      MaxOffloadGroups(g.num_experts, g.group_experts, cap, offload.staging_buffer_experts,
+                       static_cast<int64_t>(g.eligible_layers.size()));
   g.max_offload_experts = g.max_groups * g.group_experts;
   g.staging_buffer_experts =
       offload.staging_buffer_experts > 0 ? offload.staging_buffer_experts : g.max_offload_experts;

@@ -18,7 +18,8 @@ namespace vamp {
 // How much of each layer's experts may leave the GPU (shared/DESIGN.md, "Offloadable part").
 struct OffloadConfig {
   // VAMP-r as a fraction: at most floor(r x E) experts of each eligible layer are offloaded.
-  // 0 disables offloading.
+  // 0 disables offloading; the range is OffloadCap's (common/offload_cap.h), checked by
+  // ComputeExpertGeometry.
   double max_offload_ratio = 0.15;
   // E_buffer: experts one staging buffer holds, which also bounds the offloaded experts per layer.
   // 0 sizes the staging buffer to exactly what the cap needs.

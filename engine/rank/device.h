@@ -62,7 +62,7 @@ class Device {
   virtual absl::Status Activate(bool synchronize) = 0;
   // A memory backend on this device (cheap: it creates no page).
   virtual absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateMemoryBackend() = 0;
-  // What MemoryRepartitioner waits on before a page is unmapped.
+  // What PageRemapper waits on before a page is unmapped.
   virtual std::unique_ptr<InFlightFence> CreateFence() = 0;
   // Expert weights over `store` (which must outlive the result), shards laid out as `layout`.
   virtual absl::StatusOr<std::unique_ptr<RankExperts>> CreateExperts(

@@ -1,5 +1,5 @@
 // Rank: everything one tensor-parallel rank holds to run its shard of a model — memory backend,
-// memory plan, page pool, expert store, KV region and repartitioner (AgentMemory), the device's
+// memory plan, page pool, expert store, KV region and page remapper (AgentMemory), the device's
 // expert weights and staging, the loaded model (and its device twin) and the ModelRunner — built
 // in one place, BuildRank, on any Device (device.h). The agent, the engine benches and the runner
 // tests all build ranks here.

@@ -17,7 +17,7 @@
 //
 // Contract: the caller enqueues each layer's expert reads on `compute_stream` between AcquireLayer
 // and ReleaseLayer, and calls these from one thread (the forward pass). The store's boundary
-// changes only between passes, after a fence on the device (the repartitioner's InFlightFence);
+// changes only between passes, after a fence on the device (the page remapper's InFlightFence);
 // tables are rebuilt when the store's table_version changes.
 #ifndef VAMP_ENGINE_STAGING_CUDA_EXPERT_STORE_WEIGHTS_H_
 #define VAMP_ENGINE_STAGING_CUDA_EXPERT_STORE_WEIGHTS_H_

@@ -33,6 +33,7 @@ namespace {
 using testing::AgentClient;
 using testing::GroupClient;
 using ::testing::HasSubstr;
+using testing::KvBlocksAfter;
 using testing::LoadGoldens;
 using testing::MiniController;
 using testing::RemapOnly;
@@ -170,12 +171,11 @@ DecodeRun DecodeWithRemaps(AgentClient& client, const vamp::v1::InitResponse& in
   };
   for (int i = 0; i < 6; ++i) step();
   if (groups > 0) {
-    vamp::v1::CapacityResponse capacity;
-    EXPECT_TRUE(client.Capacity(groups, &capacity).ok());
-    EXPECT_GT(capacity.kv_blocks_after(), baseline);
+    const int64_t expected = KvBlocksAfter(init, init.memory(), groups);
+    EXPECT_GT(expected, baseline);
     auto offload =
         client.Step(RemapOnly(controller.NextStepId(), vamp::v1::RemapCommand::ACTION_OFFLOAD,
-                              groups, capacity.kv_blocks_after(), "offload-1"));
+                              groups, expected, "offload-1"));
     EXPECT_TRUE(offload.ok());
     if (offload.ok()) {
       EXPECT_EQ(offload->error_message(), "");
@@ -186,12 +186,9 @@ DecodeRun DecodeWithRemaps(AgentClient& client, const vamp::v1::InitResponse& in
   }
   for (int i = 0; i < 6; ++i) run.staged_bytes += step();
   if (groups > 0) {
-    vamp::v1::CapacityResponse capacity;
-    EXPECT_TRUE(client.Capacity(-groups, &capacity).ok());
-    EXPECT_EQ(capacity.kv_blocks_after(), baseline);
     auto restore =
         client.Step(RemapOnly(controller.NextStepId(), vamp::v1::RemapCommand::ACTION_RESTORE,
-                              groups, capacity.kv_blocks_after(), "restore-1"));
+                              groups, baseline, "restore-1"));
     EXPECT_TRUE(restore.ok());
     if (restore.ok()) {
       EXPECT_EQ(restore->error_message(), "");
@@ -290,6 +287,7 @@ class AgentCudaTpTest : public ::testing::Test {
     ASSERT_TRUE(s[0].ok()) << "rank 0: " << s[0].error_message();
     ASSERT_TRUE(s[1].ok()) << "rank 1: " << s[1].error_message();
     ASSERT_EQ((*responses)[0].memory().kv_blocks(), (*responses)[1].memory().kv_blocks());
+    inits_ = *responses;
   }
 
   // Greedy decoding of prompts[1] and prompts[3] on both ranks in lockstep; with `groups` > 0,
@@ -302,18 +300,15 @@ class AgentCudaTpTest : public ::testing::Test {
     controller.set_num_blocks(kv_blocks);
     controller.Submit(1, g.prompts[1], tokens);
     controller.Submit(2, g.prompts[3], tokens);
+    std::vector<vamp::v1::RankMemory> memory = {inits_[0].memory(), inits_[1].memory()};
     auto remap = [&](vamp::v1::RemapCommand::Action action, const std::string& id) {
-      // The controller's synchronized remap: the cross-rank minimum of the capacities.
-      int64_t expected = -1;
-      for (auto& c : clients_) {
-        vamp::v1::CapacityResponse capacity;
-        EXPECT_TRUE(c->Capacity(action == vamp::v1::RemapCommand::ACTION_OFFLOAD ? groups : -groups,
-                                &capacity)
-                        .ok());
-        expected = expected < 0 ? capacity.kv_blocks_after()
-                                : std::min(expected, capacity.kv_blocks_after());
-      }
+      // The controller's synchronized remap: the cross-rank minimum of what the ranks' declared
+      // geometry gives.
+      const int32_t delta = action == vamp::v1::RemapCommand::ACTION_OFFLOAD ? groups : -groups;
+      const int64_t expected = std::min(KvBlocksAfter(inits_[0], memory[0], delta),
+                                        KvBlocksAfter(inits_[1], memory[1], delta));
       auto r = group.Step(RemapOnly(controller.NextStepId(), action, groups, expected, id));
+      memory = {r[0].memory(), r[1].memory()};
       EXPECT_EQ(r[0].error_message(), "");
       EXPECT_EQ(r[1].error_message(), "");
       EXPECT_EQ(r[0].memory().kv_blocks(), r[1].memory().kv_blocks());
@@ -337,6 +332,7 @@ class AgentCudaTpTest : public ::testing::Test {
 
   std::unique_ptr<AgentService> agents_[2];
   std::unique_ptr<AgentClient> clients_[2];
+  std::vector<vamp::v1::InitResponse> inits_;  // the last InitGroupOk's
 };
 
 TEST_F(AgentCudaTpTest, Float32GreedyDecodingMatchesGoldensOnBothRanks) {

@@ -93,8 +93,6 @@ TEST(AgentTest, AuthTokenRequiredWhenConfigured) {
   EXPECT_EQ(wrong.GetStats(&stats).error_code(), grpc::UNAUTHENTICATED);
   vamp::v1::InitResponse init;
   EXPECT_EQ(wrong.Init(TinyInitRequest(), &init).error_code(), grpc::UNAUTHENTICATED);
-  vamp::v1::CapacityResponse capacity;
-  EXPECT_EQ(wrong.Capacity(1, &capacity).error_code(), grpc::UNAUTHENTICATED);
   auto step = wrong.Step(vamp::v1::StepRequest());
   ASSERT_FALSE(step.ok());
   EXPECT_THAT(std::string(step.status().message()), HasSubstr("invalid auth token"));

@@ -1,6 +1,8 @@
 // vamp-agent's remaps over gRPC on loopback, CPU, tiny qwen3_moe checkpoint: offload and restore
-// mid-decode keep the tokens, remap errors and rollback, and restores that would take blocks still
-// in use (refused, unless the same step releases their requests).
+// mid-decode keep the tokens and give exactly the blocks the geometry declared at Init predicts,
+// an offload riding on a decode step is applied before it and its blocks used by it, remap errors
+// refuse the step (nothing of it runs) and rollback, and restores that would take blocks still in
+// use (refused, unless the same step releases their requests).
 #include "agent/agent_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -30,16 +32,14 @@ TEST(AgentTest, OffloadMidDecodeThenRestoreKeepsTokens) {
     controller.Apply(*r);
   }
 
-  // Offload 3 groups between two decode steps, as the controller's RemoteExpander does.
-  vamp::v1::CapacityResponse capacity;
-  ASSERT_TRUE(client.Capacity(3, &capacity).ok());
-  EXPECT_EQ(capacity.kv_blocks_now(), baseline);
-  EXPECT_EQ(capacity.kv_blocks_after(), baseline + 3 * 6);  // 18 pages per group step = 6 blocks
-  EXPECT_EQ(capacity.offloaded_groups(), 0);
-  EXPECT_EQ(capacity.max_offload_groups(), 6);
-  auto offload =
-      client.Step(RemapOnly(controller.NextStepId(), vamp::v1::RemapCommand::ACTION_OFFLOAD, 3,
-                            capacity.kv_blocks_after(), "remap-1"));
+  // Offload 3 groups between two decode steps; the controller computes the count from the
+  // geometry the agent declared.
+  EXPECT_EQ(init.offload().kv_pages_per_group(), 18);  // 2 layers x 9 pages of experts
+  EXPECT_EQ(init.memory().max_offload_groups(), 6);
+  const int64_t grown = KvBlocksAfter(init, init.memory(), 3);
+  EXPECT_EQ(grown, baseline + 3 * 6);  // 18 pages per group step = 6 blocks
+  auto offload = client.Step(RemapOnly(
+      controller.NextStepId(), vamp::v1::RemapCommand::ACTION_OFFLOAD, 3, grown, "remap-1"));
   ASSERT_TRUE(offload.ok());
   ASSERT_EQ(offload->error_message(), "");
   EXPECT_EQ(offload->memory().kv_blocks(), baseline + 18);
@@ -57,11 +57,9 @@ TEST(AgentTest, OffloadMidDecodeThenRestoreKeepsTokens) {
     controller.Apply(*r);
   }
 
-  ASSERT_TRUE(client.Capacity(-3, &capacity).ok());
-  EXPECT_EQ(capacity.kv_blocks_after(), baseline);
-  auto restore =
-      client.Step(RemapOnly(controller.NextStepId(), vamp::v1::RemapCommand::ACTION_RESTORE, 3,
-                            capacity.kv_blocks_after(), "remap-2"));
+  EXPECT_EQ(KvBlocksAfter(init, offload->memory(), -3), baseline);
+  auto restore = client.Step(RemapOnly(
+      controller.NextStepId(), vamp::v1::RemapCommand::ACTION_RESTORE, 3, baseline, "remap-2"));
   ASSERT_TRUE(restore.ok());
   ASSERT_EQ(restore->error_message(), "");
   EXPECT_EQ(restore->memory().kv_blocks(), baseline);
@@ -80,22 +78,25 @@ TEST(AgentTest, RemapErrorsAndRollback) {
   const int64_t baseline = init.memory().kv_blocks();
   int64_t step = 0;
 
-  // Past the cap: an error naming the remap; nothing changes.
+  // Past the cap: the step is refused with an error naming the remap; nothing changes.
   auto r = client.Step(RemapOnly(++step, vamp::v1::RemapCommand::ACTION_OFFLOAD, 7, 0, "big"));
   ASSERT_TRUE(r.ok());
   EXPECT_THAT(r->error_message(), HasSubstr("remaps[0] (remap_id 'big')"));
+  EXPECT_TRUE(r->refused());
   EXPECT_EQ(r->memory().kv_blocks(), baseline);
   // More blocks expected than the offload gives: refused and undone.
   r = client.Step(
       RemapOnly(++step, vamp::v1::RemapCommand::ACTION_OFFLOAD, 1, baseline + 100, "greedy"));
   ASSERT_TRUE(r.ok());
   EXPECT_THAT(r->error_message(), HasSubstr("expected_kv_blocks"));
+  EXPECT_TRUE(r->refused());
   EXPECT_EQ(r->memory().kv_blocks(), baseline);
   EXPECT_EQ(r->memory().offloaded_groups(), 0);
   // Restoring what is not offloaded.
   r = client.Step(RemapOnly(++step, vamp::v1::RemapCommand::ACTION_RESTORE, 1, 0, "nothing"));
   ASSERT_TRUE(r.ok());
   EXPECT_THAT(r->error_message(), HasSubstr("restore of 1 group"));
+  EXPECT_TRUE(r->refused());
 
   // A good offload, using fewer blocks than it could (another rank added fewer), then undone.
   r = client.Step(
@@ -113,11 +114,63 @@ TEST(AgentTest, RemapErrorsAndRollback) {
   EXPECT_EQ(r->error_message(), "");
   EXPECT_EQ(r->memory().kv_blocks(), baseline);
   EXPECT_EQ(r->memory().offloaded_groups(), 0);
-  vamp::v1::CapacityResponse capacity;
-  ASSERT_TRUE(client.Capacity(0, &capacity).ok());
-  EXPECT_EQ(capacity.kv_blocks_now(), baseline);
-  ASSERT_TRUE(client.Capacity(7, &capacity).ok());
-  EXPECT_EQ(capacity.kv_blocks_after(), baseline) << "past the cap nothing would change";
+  EXPECT_FALSE(r->refused());
+}
+
+// The controller's path: the offload rides on a decode step whose new block lies in the tail the
+// offload maps; a step whose remap fails runs nothing of its requests, and sent again without the
+// remap it gives the same tokens.
+TEST(AgentTest, AnOffloadRidingADecodeStepIsAppliedFirstAndARefusedOneRunsNothing) {
+  auto agent = StartAgent();
+  ASSERT_NE(agent, nullptr);
+  AgentClient client(agent->grpc_port());
+  vamp::v1::InitResponse init;
+  ASSERT_TRUE(client.Init(TinyInitRequest(), &init).ok());
+  const int64_t baseline = init.memory().kv_blocks();
+  const auto g = LoadGoldens();
+  const int64_t grown = KvBlocksAfter(init, init.memory(), 1);
+  ASSERT_GT(grown, baseline);
+  // The request's blocks start in the last baseline block, so its next blocks are in the tail.
+  MiniController controller(static_cast<int32_t>(baseline - 1));
+  controller.set_num_blocks(baseline);
+  controller.Submit(1, g.prompts[1], 16);
+
+  // Refused: the step's remap expects more than the offload gives; the step's tokens do not run.
+  controller.set_num_blocks(grown);
+  vamp::v1::StepRequest step = controller.Next();
+  vamp::v1::StepRequest refused = step;
+  vamp::v1::RemapCommand& bad = *refused.add_remaps();
+  bad.set_action(vamp::v1::RemapCommand::ACTION_OFFLOAD);
+  bad.set_num_groups(1);
+  bad.set_expected_kv_blocks(grown + 1);
+  bad.set_remap_id("too-many");
+  auto r = client.Step(refused);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->refused());
+  EXPECT_THAT(r->error_message(), HasSubstr("expected_kv_blocks"));
+  EXPECT_TRUE(r->sampled().empty()) << "nothing of a refused step runs";
+  EXPECT_EQ(r->memory().kv_blocks(), baseline);
+
+  // The same step with a good remap: mapped first, then the prefill uses blocks past baseline.
+  vamp::v1::StepRequest good = step;
+  good.set_step_id(controller.NextStepId());
+  vamp::v1::RemapCommand& offload = *good.add_remaps();
+  offload.set_action(vamp::v1::RemapCommand::ACTION_OFFLOAD);
+  offload.set_num_groups(1);
+  offload.set_expected_kv_blocks(grown);
+  offload.set_remap_id("one");
+  r = client.Step(good);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->error_message(), "");
+  EXPECT_FALSE(r->refused());
+  EXPECT_EQ(r->memory().kv_blocks(), grown);
+  EXPECT_EQ(r->memory().kv_pool_bytes(),
+            init.memory().kv_pool_bytes() +
+                init.offload().kv_pages_per_group() * init.memory().page_bytes());
+  ASSERT_EQ(r->sampled_size(), 1);
+  controller.Apply(*r);
+  controller.Run(client);
+  EXPECT_EQ(controller.request(1).outputs, g.continuations[1]);
 }
 
 TEST(AgentTest, RestoreRefusesTailBlocksStillInUse) {

@@ -1,6 +1,6 @@
-// vamp-agent's tensor parallelism on loopback, CPU: TP=2 across two agents equals one, a dead peer
-// fails promptly and a new Init recovers, ranks with different requests are refused; NCCL ids and
-// CUDA groups refused where they cannot work.
+// vamp-agent's tensor parallelism on loopback, CPU: TP=2 across two agents equals one, a remap one
+// rank refuses runs the step on no rank, a dead peer fails promptly and a new Init recovers, ranks
+// with different requests are refused; NCCL ids and CUDA groups refused where they cannot work.
 #include <chrono>
 #include <future>
 
@@ -101,6 +101,97 @@ std::vector<vamp::v1::InitResponse> InitPair(AgentClient& c0, AgentClient& c1,
   auto f1 = std::async(std::launch::async, init_rank, &c1, 1);
   vamp::v1::InitResponse r0 = init_rank(&c0, 0);
   return {r0, f1.get()};
+}
+
+// Rank 0 can apply a remap riding a decode step and rank 1 cannot: the ranks agree before the
+// forward pass, so neither runs the step (rank 0 alone would wait in its first all-reduce), both
+// refuse it, and rank 1 stays as it was. The step sent again with the rollback runs on both, an
+// offload both can apply then keeps equal block counts, and the tokens are TP=1's.
+TEST(AgentTest, TensorParallelRemapOneRankRefusesRunsOnNoRank) {
+  const auto g = LoadGoldens();
+  auto rank0 = StartAgent();
+  auto rank1 = StartAgent();
+  ASSERT_NE(rank0, nullptr);
+  ASSERT_NE(rank1, nullptr);
+  AgentClient c0(rank0->grpc_port()), c1(rank1->grpc_port());
+  vamp::v1::InitRequest request = TinyInitRequest();
+  request.mutable_parallel()->set_tp_size(2);
+  request.mutable_parallel()->set_host_transport_address(
+      absl::StrCat("127.0.0.1:", testing::PickFreePort()));
+  const std::vector<vamp::v1::InitResponse> init = InitPair(c0, c1, request);
+  const int64_t baseline = init[0].memory().kv_blocks();
+  ASSERT_EQ(init[1].memory().kv_blocks(), baseline);
+  GroupClient group({&c0, &c1});
+  MiniController controller;
+  controller.set_num_blocks(baseline);
+  controller.Submit(1, g.prompts[3], 16);
+  for (int i = 0; i < 4; ++i) {
+    auto r = group.Step(controller.Next());
+    ASSERT_EQ(r[0].error_message(), "");
+    ASSERT_EQ(r[1].error_message(), "");
+    controller.Apply(r[0]);
+  }
+  const int64_t grown = std::min(KvBlocksAfter(init[0], init[0].memory(), 1),
+                                 KvBlocksAfter(init[1], init[1].memory(), 1));
+  ASSERT_GT(grown, baseline);
+  auto with_offload = [](vamp::v1::StepRequest step, int64_t expected, const std::string& id) {
+    vamp::v1::RemapCommand& c = *step.add_remaps();
+    c.set_action(vamp::v1::RemapCommand::ACTION_OFFLOAD);
+    c.set_num_groups(1);
+    c.set_expected_kv_blocks(expected);
+    c.set_remap_id(id);
+    return step;
+  };
+  const vamp::v1::StepRequest step = controller.Next();
+  // Rank 1 is asked for more blocks than it can have (as if mapping its pages had failed).
+  ASSERT_TRUE(c0.Write(with_offload(step, grown, "tp-refused")));
+  ASSERT_TRUE(c1.Write(with_offload(step, grown + 1000, "tp-refused")));
+  vamp::v1::StepResponse r0, r1;
+  ASSERT_TRUE(c0.Read(&r0));
+  ASSERT_TRUE(c1.Read(&r1));
+  EXPECT_TRUE(r0.refused()) << r0.error_message();
+  EXPECT_TRUE(r1.refused()) << r1.error_message();
+  EXPECT_THAT(r0.error_message(), HasSubstr("failed on another rank"));
+  EXPECT_THAT(r1.error_message(), HasSubstr("expected_kv_blocks"));
+  EXPECT_TRUE(r0.sampled().empty());
+  EXPECT_EQ(r0.memory().kv_blocks(), grown) << "applied, until the controller rolls it back";
+  EXPECT_EQ(r1.memory().kv_blocks(), baseline);
+  EXPECT_EQ(r1.memory().offloaded_groups(), 0);
+
+  // The same work again, with the rollback: both ranks are back at the baseline and run it.
+  vamp::v1::StepRequest again = step;
+  again.set_step_id(controller.NextStepId());
+  again.add_rollback_remap_ids("tp-refused");
+  auto r = group.Step(again);
+  ASSERT_EQ(r[0].error_message(), "");
+  ASSERT_EQ(r[1].error_message(), "");
+  EXPECT_EQ(r[0].memory().kv_blocks(), baseline);
+  EXPECT_EQ(r[1].memory().kv_blocks(), baseline);
+  EXPECT_EQ(r[0].memory().offloaded_groups(), 0);
+  ASSERT_EQ(r[0].sampled_size(), r[1].sampled_size());
+  controller.Apply(r[0]);
+
+  // An offload both ranks can apply, riding the next decode step: equal block counts after it.
+  controller.set_num_blocks(grown);
+  r = group.Step(with_offload(controller.Next(), grown, "tp-ok"));
+  ASSERT_EQ(r[0].error_message(), "");
+  ASSERT_EQ(r[1].error_message(), "");
+  EXPECT_EQ(r[0].memory().kv_blocks(), grown);
+  EXPECT_EQ(r[1].memory().kv_blocks(), grown);
+  EXPECT_EQ(r[0].memory().offloaded_groups(), 1);
+  EXPECT_EQ(r[1].memory().offloaded_groups(), 1);
+  controller.Apply(r[0]);
+  for (int i = 0; i < 100 && !controller.Done(); ++i) {
+    r = group.Step(controller.Next());
+    ASSERT_EQ(r[0].error_message(), "");
+    ASSERT_EQ(r[1].error_message(), "");
+    ASSERT_EQ(r[0].sampled_size(), r[1].sampled_size());
+    for (int k = 0; k < r[0].sampled_size(); ++k) {
+      EXPECT_EQ(r[0].sampled(k).token_ids(0), r[1].sampled(k).token_ids(0));
+    }
+    controller.Apply(r[0]);
+  }
+  EXPECT_EQ(controller.request(1).outputs, g.continuations[3]);
 }
 
 TEST(AgentTest, TensorParallelPeerDeathFailsPromptlyAndReInitRecovers) {

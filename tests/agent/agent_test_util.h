@@ -81,6 +81,18 @@ inline vamp::v1::InitRequest TinyInitRequest() {
   return r;
 }
 
+// The KV blocks a rank whose memory is `now` has after offloading (delta > 0) or restoring
+// (delta < 0) |delta| groups, by the geometry it declared at Init: the controller's arithmetic
+// (controller/serving/remote_offloader.h), which the agent's real remaps must match.
+inline int64_t KvBlocksAfter(const vamp::v1::InitResponse& init, const vamp::v1::RankMemory& now,
+                             int32_t delta) {
+  const int64_t moved =
+      static_cast<int64_t>(now.page_bytes()) * init.offload().kv_pages_per_group();
+  const int64_t mapped = static_cast<int64_t>(now.kv_pool_bytes()) + delta * moved;
+  const int64_t region = mapped / static_cast<int64_t>(init.offload().kv_block_bytes());
+  return delta >= 0 ? region : std::min(region, now.kv_blocks());
+}
+
 // The controller's side of one agent: unary calls and one Step stream.
 class AgentClient {
  public:
@@ -107,13 +119,6 @@ class AgentClient {
     grpc::Status s = stub_->CreateCollectiveId(&context, {}, &response);
     *id = response.nccl_unique_id();
     return s;
-  }
-  grpc::Status Capacity(int32_t delta, vamp::v1::CapacityResponse* response) {
-    grpc::ClientContext context;
-    Prepare(&context);
-    vamp::v1::CapacityRequest request;
-    request.set_delta_groups(delta);
-    return stub_->Capacity(&context, request, response);
   }
   grpc::Status GetStats(vamp::v1::GetStatsResponse* response) {
     grpc::ClientContext context;

@@ -655,6 +655,30 @@ TEST(SystemTest, VampctlAgainstLiveSystem) {
   EXPECT_THAT(out, HasSubstr("alpha"));
   EXPECT_EQ(Vampctl(*server, "coefficients set beta=1", &out), 2) << out;
   EXPECT_EQ(Vampctl(*server, "policy set max_offload_ratio=0.1", &out), 2) << out;
+  // Over Admin itself: the cap in force is the one the agents were initialised with; another one
+  // needs a restart, one out of range is refused naming the field.
+  auto admin = vamp::v1::Admin::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server->admin_port()), grpc::InsecureChannelCredentials()));
+  vamp::v1::Policy policy;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin->GetPolicy(&ctx, {}, &policy).ok());
+  }
+  EXPECT_EQ(policy.max_offload_ratio(), 0.75);
+  auto set_cap = [&](double ratio) {
+    vamp::v1::Policy p = policy;
+    p.set_max_offload_ratio(ratio);
+    grpc::ClientContext ctx;
+    vamp::v1::Policy answer;
+    return admin->SetPolicy(&ctx, p, &answer);
+  };
+  grpc::Status s = set_cap(0.5);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("changing the cap (0.75 to 0.5) needs a restart"));
+  s = set_cap(1.5);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("max_offload_ratio (VAMP-r, the offload cap)"));
+  EXPECT_TRUE(set_cap(0.75).ok());
   // Still serving the same tokens.
   Json again = Completion(server->http_port(), GreedyBody(g.prompts[2], 16));
   EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), g.continuations[2]);
@@ -751,7 +775,7 @@ TEST(SystemTest, MemoryPressureArbitersKeepOutputsIdentical) {
   // The cost model moved expert pages into the KV cache under pressure, and the extra blocks
   // kept more of the sessions' prefixes cached than the baseline could.
   EXPECT_GT(vamp.status.offloaded_groups(), 0);
-  EXPECT_THAT(vamp.actions, ::testing::Contains(HasSubstr("expand")));
+  EXPECT_THAT(vamp.actions, ::testing::Contains(HasSubstr("offload")));
   EXPECT_GT(vamp.status.kv_pool().total_blocks(), baseline.status.kv_pool().total_blocks());
   EXPECT_GT(vamp.cached_tokens, baseline.cached_tokens);
 }

@@ -1,9 +1,9 @@
 // The simulator's restatement of the expert/KV geometry against shared/DESIGN.md's numbers, and
-// the simulated expander built on it.
+// the simulated offloader built on it.
 #include "sim/offload_geometry.h"
 
 #include "gtest/gtest.h"
-#include "sim/sim_expander.h"
+#include "sim/sim_offloader.h"
 
 namespace vamp::sim {
 namespace {
@@ -15,7 +15,7 @@ OffloadGeometry NextTp2(double ratio, int32_t staging_buffer_experts = 0) {
   absl::StatusOr<Calibration> c = CalibrationPreset("qwen3-next-80b-a3b-tp2");
   EXPECT_TRUE(c.ok());
   OffloadOptions o;
-  o.max_offload_ratio = ratio;
+  o.cap = *OffloadCap::FromRatio(ratio, "ratio");
   o.staging_buffer_experts = staging_buffer_experts;
   absl::StatusOr<OffloadGeometry> g = ComputeOffloadGeometry(c->model, o);
   EXPECT_TRUE(g.ok()) << g.status();
@@ -49,7 +49,7 @@ TEST(OffloadGeometryTest, CapIsTheRatioOrTheStagingBufferInWholeGroups) {
 
 TEST(OffloadGeometryTest, Qwen30bGroupsOfTwo) {
   OffloadOptions o;
-  o.max_offload_ratio = 0.25;
+  o.cap = OffloadCap::Constant(0.25);
   absl::StatusOr<OffloadGeometry> g = ComputeOffloadGeometry(SimModelShape{}, o);
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->experts_per_group, 2);  // 2 × 9 MiB
@@ -59,37 +59,35 @@ TEST(OffloadGeometryTest, Qwen30bGroupsOfTwo) {
 
 TEST(OffloadGeometryTest, BadOptionsNameTheOption) {
   OffloadOptions o;
-  o.max_offload_ratio = 1.5;
-  EXPECT_FALSE(ComputeOffloadGeometry(SimModelShape{}, o).ok());
-  o.max_offload_ratio = 0.1;
+  o.cap = OffloadCap::Constant(0.1);
   o.base_kv_bytes = 10;
   EXPECT_FALSE(ComputeOffloadGeometry(SimModelShape{}, o).ok());
 }
 
-TEST(SimPoolExpanderTest, ExpandsRestoresAndChargesRemapTime) {
+TEST(SimOffloaderTest, OffloadsRestoresAndChargesRemapTime) {
   const OffloadGeometry g = NextTp2(0.15);
   RemapCosts costs;
   costs.per_group_layer_micros = 100;
   costs.h2d_bytes_per_s = 6e9;
-  SimPoolExpander x(g, costs);
+  SimOffloader x(g, costs);
   EXPECT_EQ(x.RemainingGroups(), 38);
   EXPECT_EQ(x.BlocksPerGroup(), 1504);
   EXPECT_EQ(x.ExpertsPerGroup(), 2);
   EXPECT_EQ(x.ExpertsPerLayer(), 512);
-  absl::StatusOr<int32_t> added = x.Expand(4);
+  absl::StatusOr<int32_t> added = x.Offload(4);
   ASSERT_TRUE(added.ok());
   EXPECT_EQ(*added, 4 * 1504);
   EXPECT_EQ(x.offloaded_experts_per_layer(), 8);
   EXPECT_EQ(x.OffloadedGroups(), 4);
   EXPECT_DOUBLE_EQ(x.TakeRemapMicros(), 4 * 47 * 100.0);
   EXPECT_DOUBLE_EQ(x.TakeRemapMicros(), 0);
-  EXPECT_FALSE(x.Expand(35).ok());  // 34 left
-  EXPECT_EQ(x.BlocksToRelease(2), 2 * 1504);
-  ASSERT_TRUE(x.Restore(2, {}).ok());
+  EXPECT_FALSE(x.Offload(35).ok());  // 34 left
+  EXPECT_EQ(x.BlocksRemovedByRestore(2), 2 * 1504);
+  ASSERT_TRUE(x.Restore(2).ok());
   EXPECT_EQ(x.OffloadedGroups(), 2);
   // Remap plus copying 2 × 47 groups of 6 MiB back at 6 GB/s.
   EXPECT_NEAR(x.TakeRemapMicros(), 2 * 47 * (100.0 + 1e6 * 6 * kMiB / 6e9), 1e-6);
-  EXPECT_FALSE(x.Restore(3, {}).ok());
+  EXPECT_FALSE(x.Restore(3).ok());
   EXPECT_EQ(x.max_groups_reached(), 4);
 }
 

@@ -55,7 +55,7 @@ TEST(SimConfigTest, EveryFlagLandsInItsField) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->workload, "low-reuse");
   ASSERT_EQ(c->policies.size(), 2u);
-  EXPECT_DOUBLE_EQ(c->policies[1].max_offload_ratio, 0.25);
+  EXPECT_DOUBLE_EQ(c->policies[1].offload_cap.ratio(), 0.25);
   EXPECT_EQ(c->sim.offload.base_kv_bytes, int64_t{2} << 30);
   EXPECT_EQ(c->sim.offload.page_bytes, int64_t{4} << 20);
   EXPECT_EQ(c->sim.scheduler.block_size, 32);

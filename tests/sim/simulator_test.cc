@@ -105,7 +105,7 @@ TEST(SimulatorTest, VampAvoidsTheCliffTheStaticArbiterFallsOff) {
   EXPECT_GT(vamp.max_groups, 0);
   EXPECT_LE(vamp.max_groups, vamp.geometry.max_groups);
   EXPECT_GT(vamp.max_blocks, vamp.base_blocks);
-  EXPECT_GE(vamp.decisions.at("expand"), 1);
+  EXPECT_GE(vamp.decisions.at("offload"), 1);
   // The staging of offloaded experts is VAMP's price: slower decode.
   EXPECT_GT(vamp.MeanTpotMs(), base.MeanTpotMs());
   EXPECT_GT(vamp.exposed_copy_s, 0);
@@ -119,7 +119,7 @@ TEST(SimulatorTest, BelowTheCliffVampNeverOffloads) {
   const SimResult vamp = Simulated(w, "vamp-25");
   EXPECT_EQ(vamp.max_groups, 0);
   EXPECT_EQ(vamp.max_blocks, vamp.base_blocks);
-  EXPECT_EQ(vamp.counters.num_expansions, 0);
+  EXPECT_EQ(vamp.counters.num_offloads, 0);
   EXPECT_EQ(vamp.exposed_copy_s, 0);
   EXPECT_EQ(vamp.counters.num_preemptions, 0);
   // Without pressure both policies behave alike.
@@ -135,7 +135,7 @@ TEST(SimulatorTest, DeterministicAcrossRuns) {
   EXPECT_EQ(a.tpot_ms, b.tpot_ms);
   EXPECT_EQ(a.steps, b.steps);
   EXPECT_EQ(a.decisions, b.decisions);
-  EXPECT_EQ(a.counters.num_expanded_blocks, b.counters.num_expanded_blocks);
+  EXPECT_EQ(a.counters.num_offloaded_blocks, b.counters.num_offloaded_blocks);
 }
 
 TEST(SimulatorTest, ExtensionsRunAndRestoreGivesExpertsBack) {
@@ -200,7 +200,7 @@ TEST(SimulatorTest, ParsePolicy) {
   absl::StatusOr<PolicySpec> p = ParsePolicy("vamp-15", VampArbiterConfig{});
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->arbiter, "vamp");
-  EXPECT_DOUBLE_EQ(p->max_offload_ratio, 0.15);
+  EXPECT_DOUBLE_EQ(p->offload_cap.ratio(), 0.15);
   EXPECT_EQ(p->vamp.cost_model, VampCostModel::kTax);  // the shipped defaults
   EXPECT_TRUE(p->vamp.restore.enabled);
   p = ParsePolicy("vamp-25+paper", VampArbiterConfig{});
@@ -213,8 +213,10 @@ TEST(SimulatorTest, ParsePolicy) {
   EXPECT_TRUE(p->vamp.restore.enabled);
   EXPECT_TRUE(p->vamp.self_calibration.enabled);
   EXPECT_EQ(ParsePolicy("static", VampArbiterConfig{})->arbiter, "static");
-  EXPECT_DOUBLE_EQ(ParsePolicy("vamp-0", {})->max_offload_ratio, 0);
+  EXPECT_DOUBLE_EQ(ParsePolicy("vamp-0", {})->offload_cap.ratio(), 0);
+  EXPECT_DOUBLE_EQ(ParsePolicy("vamp-100", {})->offload_cap.ratio(), 1);
   EXPECT_THAT(ParsePolicy("vamp-101", {}).status().message(), HasSubstr("0 <= r <= 100"));
+  EXPECT_THAT(ParsePolicy("vamp-101", {}).status().message(), HasSubstr("must be in [0, 1]"));
   EXPECT_THAT(ParsePolicy("lru", {}).status().message(), HasSubstr("policy 'lru'"));
   EXPECT_THAT(ParsePolicy("vamp-10+turbo", {}).status().message(), HasSubstr("+turbo"));
 }

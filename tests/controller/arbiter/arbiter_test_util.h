@@ -77,10 +77,10 @@ class ArbiterFixture {
     counters_.prefix_cache.hit_tokens = static_cast<int64_t>(rate * requests * 1000);
   }
 
-  static ExpansionInfo Expansion(int32_t remaining, int32_t blocks_per_group,
-                                 int32_t experts_per_group = 2, int32_t experts_per_layer = 512,
-                                 int32_t offloaded = 0) {
-    ExpansionInfo e;
+  static OffloadState OffloadStateOf(int32_t remaining, int32_t blocks_per_group,
+                                     int32_t experts_per_group = 2, int32_t experts_per_layer = 512,
+                                     int32_t offloaded = 0) {
+    OffloadState e;
     e.available = true;
     e.remaining_groups = remaining;
     e.blocks_per_group = blocks_per_group;
@@ -91,10 +91,10 @@ class ArbiterFixture {
     return e;
   }
 
-  ArbiterContext Context(int64_t step, ExpansionInfo expansion = ExpansionInfo()) {
+  ArbiterContext Context(int64_t step, OffloadState offload = OffloadState()) {
     pool_.SetStep(step);
     // The clock reads the step number as µs: one step per µs.
-    return ArbiterContext(pool_, running_, counters_, config_, step, /*now_micros=*/step, expansion,
+    return ArbiterContext(pool_, running_, counters_, config_, step, /*now_micros=*/step, offload,
                           num_waiting_);
   }
   // Requests in the waiting queue as the next contexts report it (none by default).

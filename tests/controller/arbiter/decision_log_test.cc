@@ -16,22 +16,22 @@ ArbiterRecord Record(int64_t step, const std::string& choice) {
   r.step = step;
   r.gap_blocks = 7;
   r.plan.choice = choice;
-  if (choice == "expand") {
-    r.plan.expand_groups = 4;
+  if (choice == "offload") {
+    r.plan.offload_groups = 4;
     r.blocks_added = 400;
   } else {
     r.plan.evict_blocks = 7;
     r.blocks_evicted = 7;
   }
   r.plan.costs.evict_micros = 22500;
-  r.plan.costs.expand_micros = 6297.6;
+  r.plan.costs.offload_micros = 6297.6;
   return r;
 }
 
 TEST(DecisionLogTest, KeepsTheNewestEntriesAndCountsAll) {
   DecisionLog log(3);
   for (int64_t step = 1; step <= 5; ++step) {
-    log.Append(step * 1000, Record(step, step % 2 ? "expand" : "evict"));
+    log.Append(step * 1000, Record(step, step % 2 ? "offload" : "evict"));
   }
   const std::vector<DecisionLogEntry> recent = log.Recent(10);
   ASSERT_EQ(recent.size(), 3u);
@@ -43,22 +43,22 @@ TEST(DecisionLogTest, KeepsTheNewestEntriesAndCountsAll) {
   EXPECT_EQ(log.Recent(2)[0].record.step, 4);
   const DecisionCounts counts = log.Counts();
   EXPECT_EQ(counts.decisions, 5);
-  EXPECT_EQ(counts.by_choice.at("expand"), 3);
+  EXPECT_EQ(counts.by_choice.at("offload"), 3);
   EXPECT_EQ(counts.by_choice.at("evict"), 2);
-  EXPECT_EQ(counts.expanded_groups, 12);
+  EXPECT_EQ(counts.offload_groups, 12);
   EXPECT_EQ(counts.blocks_added, 1200);
   EXPECT_EQ(counts.blocks_evicted, 14);
 }
 
 TEST(DecisionLogTest, FormatShowsInputsCostsAndChoice) {
-  DecisionLogEntry e{2'500'000, Record(42, "expand")};
+  DecisionLogEntry e{2'500'000, Record(42, "offload")};
   e.record.plan.inputs.hit_rate = 0.9;
   e.record.plan.inputs.horizon_steps = 64;
   const std::string line = DecisionLog::Format(e);
   EXPECT_THAT(line, HasSubstr("step=42"));
   EXPECT_THAT(line, HasSubstr("gap=7"));
   EXPECT_THAT(line, HasSubstr("r_hit=0.900 w=64"));
-  EXPECT_THAT(line, HasSubstr("C_c=22.500ms C_e=6.298ms C_p=-ms C_b=-ms choice=expand"));
+  EXPECT_THAT(line, HasSubstr("C_c=22.500ms C_e=6.298ms C_p=-ms C_b=-ms choice=offload"));
   EXPECT_THAT(line, HasSubstr("added=400"));
 }
 

@@ -17,29 +17,30 @@ using testing::Harness;
 using testing::Iota;
 using testing::Spec;
 
-// Expands and restores whole groups of `blocks_per_group`.
-class RestorableExpander : public PoolExpander {
+// Offloads and restores whole groups of `blocks_per_group`.
+class RestorableOffloader : public ExpertOffloader {
  public:
-  RestorableExpander(int32_t groups, int32_t blocks_per_group)
+  RestorableOffloader(int32_t groups, int32_t blocks_per_group)
       : limit_(groups), blocks_per_group_(blocks_per_group) {}
   int32_t RemainingGroups() const override { return limit_ - offloaded_; }
   int32_t BlocksPerGroup() const override { return blocks_per_group_; }
-  absl::StatusOr<int32_t> Expand(int32_t groups) override {
+  absl::StatusOr<int32_t> Offload(int32_t groups) override {
     offloaded_ += groups;
     return groups * blocks_per_group_;
   }
   int32_t OffloadedGroups() const override { return offloaded_; }
-  absl::Status Restore(int32_t groups, const PendingReleases& releases) override {
+  // The remap rides on the plan of the step being scheduled (`scheduler` tells which), which
+  // carries the releases the agents apply first; the harness's fake agent checks that nothing
+  // it still holds lies past that plan's pool.
+  absl::Status Restore(int32_t groups) override {
     offloaded_ -= groups;
     ++restores;
-    last_releases = releases;
-    // The agents drop the released requests before remapping (fake_agent: as a plan would).
-    if (agent != nullptr) return agent->Release(-1, releases);
+    restore_step = scheduler != nullptr ? scheduler->step() : -1;
     return absl::OkStatus();
   }
   int restores = 0;
-  PendingReleases last_releases;
-  testing::FakeAgent* agent = nullptr;  // the harness's, told of the releases
+  int64_t restore_step = -1;
+  const Scheduler* scheduler = nullptr;
 
  private:
   int32_t limit_;
@@ -47,24 +48,24 @@ class RestorableExpander : public PoolExpander {
   int32_t offloaded_ = 0;
 };
 
-// Expands by one group per gap (cancelling a pending restore first); asks for `restore` groups
+// Offloads one group per gap (cancelling a pending restore first); asks for `restore` groups
 // back at the next step boundary.
 class ScriptedArbiter : public MemoryArbiter {
  public:
   absl::string_view name() const override { return "scripted"; }
   ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) override {
     ArbiterPlan plan;
-    if (context.expansion().restore_pending) {
+    if (context.offload().restore_pending) {
       plan.cancel_restore = true;
       plan.choice = "cancel-restore";
-    } else if (context.expansion().available && context.expansion().remaining_groups > 0) {
-      plan.expand_groups = 1;
-      plan.choice = "expand";
+    } else if (context.offload().available && context.offload().remaining_groups > 0) {
+      plan.offload_groups = 1;
+      plan.choice = "offload";
     }
     return plan;
   }
   int32_t OnStepBoundary(const ArbiterContext& context) override {
-    last_offloaded = context.expansion().offloaded_groups;
+    last_offloaded = context.offload().offloaded_groups;
     const int32_t r = restore;
     restore = 0;
     return r;
@@ -100,18 +101,18 @@ SchedulerConfig SmallConfig() {
 }
 
 TEST(RestoreTest, RestoreCommitsOnceTheTailIsFree) {
-  RestorableExpander expander(4, 4);
+  RestorableOffloader offloader(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
-  Harness h(SmallConfig(), std::move(owned), &expander);
-  expander.agent = &h.agent();
+  Harness h(SmallConfig(), std::move(owned), &offloader);
+  offloader.scheduler = &h.scheduler();
   // Two 12-token prompts need 6 blocks, plus decode: the pool grows by a group.
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(12), 2)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(12, 100), 2)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(3, Iota(8, 200), 2)).ok());
   h.RunToCompletion();
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 12);
-  EXPECT_EQ(expander.OffloadedGroups(), 1);
+  EXPECT_EQ(offloader.OffloadedGroups(), 1);
 
   arbiter->restore = 1;
   h.Step();  // begins: the tail (blocks 8..11) is free, so it is withdrawn at once
@@ -125,8 +126,8 @@ TEST(RestoreTest, RestoreCommitsOnceTheTailIsFree) {
   h.Step();                                             // commits
   EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 8);
-  EXPECT_EQ(expander.restores, 1);
-  EXPECT_EQ(expander.OffloadedGroups(), 0);
+  EXPECT_EQ(offloader.restores, 1);
+  EXPECT_EQ(offloader.OffloadedGroups(), 0);
   const SchedulerCounters& c = h.scheduler().counters();
   EXPECT_EQ(c.num_restores_started, 1);
   EXPECT_EQ(c.num_restores, 1);
@@ -150,6 +151,31 @@ void StartRestoreWaitingForAHolder(Harness& h, ScriptedArbiter* arbiter) {
   ASSERT_GT(h.scheduler().pool().shrink_outstanding(), 0);
 }
 
+// An offload forced between steps, then a restore the arbiter begins at the next boundary
+// (withdrawing the new tail), and the agents refuse the step that carried the offload: the
+// restore is given up and the pool is back where it was.
+TEST(RestoreTest, ARefusedOffloadTakesARestoreBegunOverItsTailWithIt) {
+  RestorableOffloader offloader(4, 4);
+  auto owned = std::make_unique<ScriptedArbiter>();
+  ScriptedArbiter* arbiter = owned.get();
+  Harness h(SmallConfig(), std::move(owned), &offloader);
+  offloader.scheduler = &h.scheduler();
+  Scheduler& s = h.scheduler();
+  absl::StatusOr<int32_t> added = s.OffloadGroups(1);
+  ASSERT_TRUE(added.ok()) << added.status();
+  ASSERT_EQ(*added, 4);
+  EXPECT_EQ(s.pool().num_blocks(), 12);
+  arbiter->restore = 1;
+  ASSERT_TRUE(s.Schedule().ok());
+  ASSERT_EQ(s.restore_pending_groups(), 1) << "the restore withdrew the offloaded tail";
+  ASSERT_TRUE(s.RevertStep(*added).ok());
+  EXPECT_EQ(s.restore_pending_groups(), 0);
+  EXPECT_EQ(s.counters().num_restores_cancelled, 1);
+  EXPECT_FALSE(s.pool().shrink_pending());
+  EXPECT_EQ(s.pool().num_blocks(), 8);
+  EXPECT_TRUE(s.CheckInvariants().ok());
+}
+
 SchedulerConfig LongerConfig() {
   SchedulerConfig config = SmallConfig();
   config.max_model_len = 32;
@@ -157,11 +183,11 @@ SchedulerConfig LongerConfig() {
 }
 
 TEST(RestoreTest, GapCancelsAPendingRestore) {
-  RestorableExpander expander(4, 4);
+  RestorableOffloader offloader(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
-  Harness h(LongerConfig(), std::move(owned), &expander);
-  expander.agent = &h.agent();
+  Harness h(LongerConfig(), std::move(owned), &offloader);
+  offloader.scheduler = &h.scheduler();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
   // A fourth request needs blocks: the gap cancels the restore and the withdrawn blocks serve it.
@@ -173,17 +199,17 @@ TEST(RestoreTest, GapCancelsAPendingRestore) {
   EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
   EXPECT_EQ(h.scheduler().counters().num_restores_cancelled, 1);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 12);
-  EXPECT_EQ(expander.restores, 0);
+  EXPECT_EQ(offloader.restores, 0);
   h.RunToCompletion();
   EXPECT_EQ(h.scheduler().counters().num_finished, 4);
 }
 
 TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
-  RestorableExpander expander(4, 4);
+  RestorableOffloader offloader(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
-  Harness h(LongerConfig(), std::move(owned), &expander);
-  expander.agent = &h.agent();
+  Harness h(LongerConfig(), std::move(owned), &offloader);
+  offloader.scheduler = &h.scheduler();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
   arbiter->preempt_holders = true;
@@ -191,13 +217,14 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
   ASSERT_GE(h.scheduler().step_decisions().size(), 1u);
   EXPECT_EQ(h.scheduler().step_decisions()[0].plan.choice, "restore-preempt");
   EXPECT_EQ(h.scheduler().step_decisions()[0].requests_preempted, 1);
-  // The agents learn of the preemption with the restore, before they unmap the tail the holder
-  // used; the step after it does not repeat it.
-  EXPECT_EQ(expander.last_releases.preempted, std::vector<RequestId>{3});
-  EXPECT_TRUE(s.plan.preempted_ids.empty());
+  // The agents learn of the preemption on the step that carries the restore, before they unmap
+  // the tail the holder used (the fake agent would have failed the step otherwise).
+  EXPECT_EQ(offloader.restore_step, s.plan.step);
+  EXPECT_EQ(s.plan.preempted_ids, std::vector<RequestId>{3});
+  EXPECT_EQ(s.plan.num_blocks, 8);
   EXPECT_EQ(h.scheduler().restore_pending_groups(), 0);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), 8);
-  EXPECT_EQ(expander.restores, 1);
+  EXPECT_EQ(offloader.restores, 1);
   EXPECT_EQ(h.scheduler().counters().num_preemptions, 1);
   EXPECT_TRUE(h.scheduler().CheckInvariants().ok());
   arbiter->preempt_holders = false;
@@ -206,43 +233,45 @@ TEST(RestoreTest, HoldersTheArbiterNamesArePreemptedAndTheRestoreCommits) {
 }
 
 // The restore commits at the boundary after the holder's last step, before any step request has
-// told the agents it finished: the restore carries that, and the next plan does not repeat it.
+// told the agents it finished: the plan whose step carries the restore delivers that too, and
+// the agents drop the request before they unmap its blocks.
 TEST(RestoreTest, RequestsFinishedSinceTheLastPlanRideOnTheRestore) {
-  RestorableExpander expander(4, 4);
+  RestorableOffloader offloader(4, 4);
   auto owned = std::make_unique<ScriptedArbiter>();
   ScriptedArbiter* arbiter = owned.get();
-  Harness h(LongerConfig(), std::move(owned), &expander);
-  expander.agent = &h.agent();
+  Harness h(LongerConfig(), std::move(owned), &offloader);
+  offloader.scheduler = &h.scheduler();
   StartRestoreWaitingForAHolder(h, arbiter);
   if (HasFatalFailure()) return;
-  for (int i = 0; i < 10 && expander.restores == 0; ++i) {
+  for (int i = 0; i < 10 && offloader.restores == 0; ++i) {
     auto s = h.Step();
-    if (expander.restores == 1) {
-      EXPECT_THAT(expander.last_releases.finished, ::testing::Contains(3));
-      EXPECT_THAT(s.plan.finished_ids, ::testing::Not(::testing::Contains(3)));
+    if (offloader.restores == 1) {
+      EXPECT_EQ(offloader.restore_step, s.plan.step);
+      EXPECT_THAT(s.plan.finished_ids, ::testing::Contains(3));
+      EXPECT_TRUE(s.plan.preempted_ids.empty());
+      EXPECT_EQ(s.plan.num_blocks, 8);
     }
   }
-  ASSERT_EQ(expander.restores, 1);
-  EXPECT_TRUE(expander.last_releases.preempted.empty());
+  ASSERT_EQ(offloader.restores, 1);
   h.RunToCompletion();
   EXPECT_EQ(h.scheduler().counters().num_finished, 3);
 }
 
 TEST(RestoreTest, VampArbiterRestoresAfterPressureAndLogsIt) {
   VampArbiterConfig config = testing::PaperArbiterConfig();
-  config.expansion_step_groups = 1;
+  config.offload_step_groups = 1;
   config.restore.enabled = true;
   config.restore.quiet_steps = 5;
   config.restore.cold_age_steps = 3;
   config.restore.check_interval_steps = 1;
   config.costs.c_eff_micros = 0.01;                      // offloading is always cheapest here,
   config.restore.benefit_horizon_steps = 1'000'000'000;  // and so is restoring
-  RestorableExpander expander(4, 4);
-  Harness h(SmallConfig(), std::make_unique<VampArbiter>(config), &expander);
-  expander.agent = &h.agent();
+  RestorableOffloader offloader(4, 4);
+  Harness h(SmallConfig(), std::make_unique<VampArbiter>(config), &offloader);
+  offloader.scheduler = &h.scheduler();
   DecisionLog log(16);
   SchedulerConfig c = SmallConfig();
-  // Turn 1 of three sessions, then their second turns: reuse makes the arbiter expand.
+  // Turn 1 of three sessions, then their second turns: reuse makes the arbiter offload.
   for (RequestId id = 1; id <= 3; ++id) {
     ASSERT_TRUE(h.scheduler().AddRequest(Spec(id, Iota(8, 100 * id), 4)).ok());
   }
@@ -258,18 +287,18 @@ TEST(RestoreTest, VampArbiterRestoresAfterPressureAndLogsIt) {
     h.Step();
     log.AppendAll(h.clock().NowMicros(), h.scheduler().step_decisions());
   }
-  const int32_t expanded = expander.OffloadedGroups();
-  ASSERT_GT(expanded, 0) << "the workload should have needed an expansion";
+  const int32_t offloaded = offloader.OffloadedGroups();
+  ASSERT_GT(offloaded, 0) << "the workload should have needed an offload";
   // Idle steps: once quiet and the cached blocks are cold, groups go back one at a time.
   for (int i = 0; i < 60; ++i) {
     h.scheduler().Schedule().IgnoreError();  // nothing runs: empty plans
     log.AppendAll(h.clock().NowMicros(), h.scheduler().step_decisions());
   }
-  EXPECT_EQ(expander.OffloadedGroups(), 0);
+  EXPECT_EQ(offloader.OffloadedGroups(), 0);
   EXPECT_EQ(h.scheduler().pool().num_blocks(), c.num_blocks);
   const DecisionCounts counts = log.Counts();
-  EXPECT_EQ(counts.by_choice.at("restore"), expanded);
-  EXPECT_GE(counts.by_choice.at("expand"), 1);
+  EXPECT_EQ(counts.by_choice.at("restore"), offloaded);
+  EXPECT_GE(counts.by_choice.at("offload"), 1);
   EXPECT_TRUE(h.scheduler().CheckInvariants().ok());
 }
 

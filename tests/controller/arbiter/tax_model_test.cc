@@ -68,7 +68,7 @@ class TaxModelTest : public ::testing::Test, public ArbiterFixture {
     c.tax.margin = 0.25;
     c.tax.ttft_weight = 1;
     c.tax.min_evidence_steps = 10;
-    c.expansion_step_groups = 1;
+    c.offload_step_groups = 1;
     c.self_calibration.enabled = false;
     c.restore.enabled = true;
     c.restore.min_hold_steps = 100;
@@ -76,8 +76,8 @@ class TaxModelTest : public ::testing::Test, public ArbiterFixture {
     return c;
   }
 
-  ExpansionInfo Geometry(int32_t offloaded) const {
-    ExpansionInfo e = Expansion(4 - offloaded, kBlocksPerGroup, 2, 128, offloaded);
+  OffloadState Geometry(int32_t offloaded) const {
+    OffloadState e = OffloadStateOf(4 - offloaded, kBlocksPerGroup, 2, 128, offloaded);
     e.staged_bytes_per_group = 1'000'000;
     return e;
   }
@@ -120,8 +120,8 @@ TEST_F(TaxModelTest, MeasuredReuseWorthMoreThanTheTaxOffloads) {
   // groups would serve no more and cost 150,000 µs: one group is the best move.
   arbiter_.reuse_tracker()->RecordPreemption(50, /*gap_blocks=*/50, /*recompute_tokens=*/5000);
   const ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
-  EXPECT_EQ(plan.choice, "expand");
-  EXPECT_EQ(plan.expand_groups, 1);
+  EXPECT_EQ(plan.choice, "offload");
+  EXPECT_EQ(plan.offload_groups, 1);
   EXPECT_EQ(plan.evict_blocks, 0);
   EXPECT_DOUBLE_EQ(plan.tax.value_micros, 75000);
   EXPECT_DOUBLE_EQ(plan.tax.tax_micros, 50000);
@@ -169,8 +169,8 @@ TEST_F(TaxModelTest, GrowsWhenAPreemptionWouldWasteMoreThanTheHoldCosts) {
   AddRunning(2, 4, 15, 200);
   arbiter_.reuse_tracker()->RecordPreemption(50, 1, 20000);
   const ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(1, r, true));
-  EXPECT_EQ(plan.expand_groups, 1);
-  EXPECT_EQ(plan.choice, "expand");  // the value alone already pays for it
+  EXPECT_EQ(plan.offload_groups, 1);
+  EXPECT_EQ(plan.choice, "offload");  // the value alone already pays for it
 }
 
 TEST_F(TaxModelTest, RestoresEverythingThatServesNothing) {
@@ -240,12 +240,12 @@ TEST_F(TaxModelTest, GivesBackOnlyWhatTheWorkingSetLeavesWithHeadroom) {
   EXPECT_DOUBLE_EQ(arbiter_.reuse_tracker()->TokensBetween(200, 1, 2), 0);
 }
 
-TEST_F(TaxModelTest, NoRestoreRightAfterAnExpansion) {
+TEST_F(TaxModelTest, NoRestoreRightAfterAnOffload) {
   Warm(0);
   AddCachedFree(500, 10);
   Request* r = AddRunning(1, 4, 3, 200);
   arbiter_.reuse_tracker()->RecordPreemption(50, 50, 5000);
-  ASSERT_EQ(arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true)).expand_groups, 1);
+  ASSERT_EQ(arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true)).offload_groups, 1);
   EXPECT_EQ(arbiter_.OnStepBoundary(Context(150, Geometry(1))), 0);  // within min_hold_steps
 }
 
@@ -261,8 +261,8 @@ class RestoreHolderTest : public TaxModelTest {
     EXPECT_TRUE(pool().BeginShrink(pool().num_blocks() - r->block_ids()[20]).ok());
     return r;
   }
-  ExpansionInfo Pending() const {
-    ExpansionInfo e = Geometry(2);
+  OffloadState Pending() const {
+    OffloadState e = Geometry(2);
     e.available = false;
     e.restore_pending = true;
     e.restore_pending_groups = 2;
@@ -344,7 +344,7 @@ TEST_F(RestoreHolderTest, OffWhenConfiguredOff) {
   EXPECT_TRUE(arbiter_.PreemptForRestore(Context(200, Pending())).preempt.empty());
 }
 
-TEST_F(RestoreHolderTest, ACancelledRestoreHoldsLikeAnExpansion) {
+TEST_F(RestoreHolderTest, ACancelledRestoreHoldsLikeAnOffload) {
   Warm(2);
   Request* r = AddRunning(1, 4, 3, 200);
   AddCachedFree(1000, 10);  // idle: the working-set rule would give both groups back

@@ -22,7 +22,7 @@ constexpr int32_t kBlocksPerGroup = 100;
 
 class VampArbiterTest : public ::testing::Test, public ArbiterFixture {
  protected:
-  ArbiterPlan Decide(int32_t gap, const Request* requester, bool running, ExpansionInfo e,
+  ArbiterPlan Decide(int32_t gap, const Request* requester, bool running, OffloadState e,
                      int64_t step = 10) {
     return arbiter_.Decide(Context(step, e), Gap(gap, requester, running));
   }
@@ -39,24 +39,24 @@ TEST(VampArbiterReconfigureTest, ValidatesAndReplacesTheConfiguration) {
   EXPECT_DOUBLE_EQ(arbiter.config().costs.alpha, 0.5);  // unchanged
   VampArbiterConfig good = testing::PaperArbiterConfig();
   good.costs.c_eff_micros = 2.5;
-  good.expansion_step_groups = 2;
+  good.offload_step_groups = 2;
   ASSERT_TRUE(arbiter.Reconfigure(good).ok());
   EXPECT_DOUBLE_EQ(arbiter.config().costs.c_eff_micros, 2.5);
-  EXPECT_EQ(arbiter.config().expansion_step_groups, 2);
+  EXPECT_EQ(arbiter.config().offload_step_groups, 2);
 }
 
 TEST_F(VampArbiterTest, HighReuseOffloads) {
   AddCachedFree(500, /*used_at=*/10);
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
-  const ArbiterPlan plan = Decide(200, r, true, Expansion(40, kBlocksPerGroup));
+  const ArbiterPlan plan = Decide(200, r, true, OffloadStateOf(40, kBlocksPerGroup));
   // C_c = 200 blocks · 0.45 · 250 µs = 22.5 ms; C_e = 4 groups (one step) · 2 · 12.3 · 64 = 6.3 ms.
-  EXPECT_EQ(plan.choice, "expand");
-  EXPECT_EQ(plan.expand_groups, 4);
+  EXPECT_EQ(plan.choice, "offload");
+  EXPECT_EQ(plan.offload_groups, 4);
   EXPECT_EQ(plan.evict_blocks, 0);
   EXPECT_THAT(plan.preempt, IsEmpty());
   EXPECT_NEAR(plan.costs.evict_micros, 22500, 1e-6);
-  EXPECT_NEAR(plan.costs.expand_micros, 6297.6, 1e-6);
+  EXPECT_NEAR(plan.costs.offload_micros, 6297.6, 1e-6);
   EXPECT_EQ(plan.costs.combined_micros, -1);  // 200 < one step of 4 groups: nothing to combine
   EXPECT_EQ(plan.costs.preempt_micros, -1);   // nobody else runs
   EXPECT_DOUBLE_EQ(plan.inputs.hit_rate, 0.9);
@@ -69,10 +69,10 @@ TEST_F(VampArbiterTest, NoReuseEvicts) {
   AddCachedFree(500, 10);
   SetHitRate(0.0);
   Request* r = AddRunning(1, 4, 3, 200);
-  const ArbiterPlan plan = Decide(200, r, true, Expansion(40, kBlocksPerGroup));
+  const ArbiterPlan plan = Decide(200, r, true, OffloadStateOf(40, kBlocksPerGroup));
   EXPECT_EQ(plan.choice, "evict");
   EXPECT_EQ(plan.evict_blocks, 200);
-  EXPECT_EQ(plan.expand_groups, 0);
+  EXPECT_EQ(plan.offload_groups, 0);
   EXPECT_DOUBLE_EQ(plan.costs.evict_micros, 0);
 }
 
@@ -81,7 +81,7 @@ TEST_F(VampArbiterTest, OldBlocksAreCheapToEvictEvenWithReuse) {
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
   // Age 200,000 steps: p_eff = 0.45 / 101, so 200 blocks cost ≈ 111 µs < C_e.
-  const ArbiterPlan plan = Decide(200, r, true, Expansion(40, kBlocksPerGroup), 200000);
+  const ArbiterPlan plan = Decide(200, r, true, OffloadStateOf(40, kBlocksPerGroup), 200000);
   EXPECT_EQ(plan.choice, "evict");
   EXPECT_NEAR(plan.costs.evict_micros, 200 * 0.45 / 101 * 250, 1e-6);
 }
@@ -91,10 +91,10 @@ TEST_F(VampArbiterTest, OffloadLimitReachedEvicts) {
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
   AddRunning(2, 4, 3, 200);  // one victim with one partial block: cannot cover 200 blocks
-  const ArbiterPlan plan = Decide(200, r, true, Expansion(0, kBlocksPerGroup));
+  const ArbiterPlan plan = Decide(200, r, true, OffloadStateOf(0, kBlocksPerGroup));
   EXPECT_EQ(plan.choice, "evict");
   EXPECT_EQ(plan.evict_blocks, 200);
-  EXPECT_EQ(plan.costs.expand_micros, -1);
+  EXPECT_EQ(plan.costs.offload_micros, -1);
   EXPECT_EQ(plan.costs.combined_micros, -1);
   EXPECT_EQ(plan.costs.preempt_micros, -1);
 }
@@ -103,38 +103,38 @@ TEST_F(VampArbiterTest, OffloadLimitReachedAndNothingCachedPreempts) {
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
   Request* victim = AddRunning(2, 4, 5, 200);
-  const ArbiterPlan plan = Decide(1, r, true, Expansion(0, kBlocksPerGroup));
+  const ArbiterPlan plan = Decide(1, r, true, OffloadStateOf(0, kBlocksPerGroup));
   EXPECT_EQ(plan.choice, "preempt");
   EXPECT_THAT(plan.preempt, ElementsAre(victim->id()));
   EXPECT_DOUBLE_EQ(plan.costs.preempt_micros, 500 + 1000 + 5 * 15);
   EXPECT_EQ(plan.inputs.victims, 1);
 }
 
-TEST_F(VampArbiterTest, LimitBindingExpandsTheRestAndEvicts) {
+TEST_F(VampArbiterTest, LimitBindingOffloadsTheRestAndEvicts) {
   AddCachedFree(500, 10);
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
   // One group (100 blocks) left, gap 150: C_b = C_e(1 group) + C_c(50) = 1574.4 + 5625.
-  const ArbiterPlan plan = Decide(150, r, true, Expansion(1, kBlocksPerGroup));
-  EXPECT_EQ(plan.choice, "expand+evict");
-  EXPECT_EQ(plan.expand_groups, 1);
+  const ArbiterPlan plan = Decide(150, r, true, OffloadStateOf(1, kBlocksPerGroup));
+  EXPECT_EQ(plan.choice, "offload+evict");
+  EXPECT_EQ(plan.offload_groups, 1);
   EXPECT_EQ(plan.evict_blocks, 50);
   EXPECT_NEAR(plan.costs.combined_micros, 2 * 12.3 * 64 + 50 * 112.5, 1e-6);
   EXPECT_NEAR(plan.costs.evict_micros, 150 * 112.5, 1e-6);
-  EXPECT_EQ(plan.costs.expand_micros, -1);  // one group cannot cover 150 blocks
+  EXPECT_EQ(plan.costs.offload_micros, -1);  // one group cannot cover 150 blocks
 }
 
 TEST_F(VampArbiterTest, LargeGapCombinesWholeStepsWithEviction) {
   AddCachedFree(500, 10);
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
-  // Gap 450: expand covers it with 2 steps (8 groups, 16 shards): 12,595.2 µs; combined takes one
+  // Gap 450: offload covers it with 2 steps (8 groups, 16 shards): 12,595.2 µs; combined takes one
   // step (400 blocks) and evicts 50: 6,297.6 + 5,625 = 11,922.6 µs.
-  const ArbiterPlan plan = Decide(450, r, true, Expansion(40, kBlocksPerGroup));
-  EXPECT_EQ(plan.choice, "expand+evict");
-  EXPECT_EQ(plan.expand_groups, 4);
+  const ArbiterPlan plan = Decide(450, r, true, OffloadStateOf(40, kBlocksPerGroup));
+  EXPECT_EQ(plan.choice, "offload+evict");
+  EXPECT_EQ(plan.offload_groups, 4);
   EXPECT_EQ(plan.evict_blocks, 50);
-  EXPECT_NEAR(plan.costs.expand_micros, 16 * 12.3 * 64, 1e-6);
+  EXPECT_NEAR(plan.costs.offload_micros, 16 * 12.3 * 64, 1e-6);
   EXPECT_NEAR(plan.costs.combined_micros, 6297.6 + 5625, 1e-6);
 }
 
@@ -143,12 +143,12 @@ TEST_F(VampArbiterTest, TinyGapPreemptsOnlyWhenCheapest) {
   Request* r = AddRunning(1, 4, 3, 200);
   Request* victim = AddRunning(2, 4, 5, 200);
   // Gap of one block, no cached block: C_p = 1,575 µs < C_e = 6,297.6 µs.
-  ArbiterPlan plan = Decide(1, r, true, Expansion(40, kBlocksPerGroup));
+  ArbiterPlan plan = Decide(1, r, true, OffloadStateOf(40, kBlocksPerGroup));
   EXPECT_EQ(plan.choice, "preempt");
   EXPECT_THAT(plan.preempt, ElementsAre(victim->id()));
   // One young cached block: C_c = 112.5 µs beats preemption.
   AddCachedFree(1, 10);
-  plan = Decide(1, r, true, Expansion(40, kBlocksPerGroup));
+  plan = Decide(1, r, true, OffloadStateOf(40, kBlocksPerGroup));
   EXPECT_EQ(plan.choice, "evict");
   EXPECT_NEAR(plan.costs.evict_micros, 112.5, 1e-9);
   EXPECT_NEAR(plan.costs.preempt_micros, 1575, 1e-9);
@@ -162,9 +162,9 @@ TEST_F(VampArbiterTest, CheapOffloadBeatsPreemption) {
   Request* r = AddRunning(1, 4, 3, 200);
   AddRunning(2, 4, 5, 200);
   const ArbiterPlan plan =
-      arbiter.Decide(Context(10, Expansion(40, kBlocksPerGroup)), Gap(1, r, true));
-  EXPECT_EQ(plan.choice, "expand");
-  EXPECT_NEAR(plan.costs.expand_micros, 512, 1e-9);
+      arbiter.Decide(Context(10, OffloadStateOf(40, kBlocksPerGroup)), Gap(1, r, true));
+  EXPECT_EQ(plan.choice, "offload");
+  EXPECT_NEAR(plan.costs.offload_micros, 512, 1e-9);
 }
 
 TEST_F(VampArbiterTest, ObservedQueueDelayMakesPreemptionExpensive) {
@@ -174,21 +174,22 @@ TEST_F(VampArbiterTest, ObservedQueueDelayMakesPreemptionExpensive) {
   // Two resumes after 2 s each on average: t_queue becomes 2 s.
   counters().num_resumed = 2;
   counters().total_resume_delay_micros = 4'000'000;
-  const ArbiterPlan plan = Decide(1, r, true, Expansion(40, kBlocksPerGroup));
-  EXPECT_EQ(plan.choice, "expand");
+  const ArbiterPlan plan = Decide(1, r, true, OffloadStateOf(40, kBlocksPerGroup));
+  EXPECT_EQ(plan.choice, "offload");
   EXPECT_DOUBLE_EQ(plan.inputs.t_queue_micros, 2e6);
   EXPECT_DOUBLE_EQ(plan.costs.preempt_micros, 500 + 2e6 + 75);
   // A later, faster resume moves the estimate halfway (weight 0.5).
   counters().num_resumed = 3;
   counters().total_resume_delay_micros = 4'000'000 + 1'000'000;
-  EXPECT_DOUBLE_EQ(Decide(1, r, true, Expansion(40, kBlocksPerGroup)).inputs.t_queue_micros, 1.5e6);
+  EXPECT_DOUBLE_EQ(Decide(1, r, true, OffloadStateOf(40, kBlocksPerGroup)).inputs.t_queue_micros,
+                   1.5e6);
 }
 
 TEST_F(VampArbiterTest, WaitingRequesterNeverPreempts) {
   SetHitRate(0.9);
   AddRunning(1, 4, 5, 200);
   AddRunning(2, 4, 5, 200);
-  const ArbiterPlan plan = Decide(1, nullptr, false, Expansion(0, kBlocksPerGroup));
+  const ArbiterPlan plan = Decide(1, nullptr, false, OffloadStateOf(0, kBlocksPerGroup));
   EXPECT_TRUE(plan.empty());
   EXPECT_EQ(plan.choice, "wait");
   EXPECT_EQ(plan.costs.preempt_micros, -1);
@@ -198,19 +199,19 @@ TEST_F(VampArbiterTest, NothingFeasibleFallsBackToStatic) {
   SetHitRate(0.9);
   AddRunning(1, 4, 0, 200);                    // block-aligned: frees nothing uncached
   Request* newest = AddRunning(2, 4, 0, 200);  // the requester, newest
-  const ArbiterPlan plan = Decide(3, newest, true, Expansion(0, kBlocksPerGroup));
+  const ArbiterPlan plan = Decide(3, newest, true, OffloadStateOf(0, kBlocksPerGroup));
   EXPECT_EQ(plan.choice, "fallback:preempt");
   EXPECT_THAT(plan.preempt, ElementsAre(newest->id()));
 }
 
-TEST_F(VampArbiterTest, NothingFeasibleExpandsWhatIsLeft) {
+TEST_F(VampArbiterTest, NothingFeasibleOffloadsWhatIsLeft) {
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 0, 200);
   AddCachedFree(20, 10);
   // 2 groups (200 blocks) + 20 cached < gap 300.
-  const ArbiterPlan plan = Decide(300, r, true, Expansion(2, kBlocksPerGroup));
-  EXPECT_EQ(plan.choice, "fallback:expand");
-  EXPECT_EQ(plan.expand_groups, 2);
+  const ArbiterPlan plan = Decide(300, r, true, OffloadStateOf(2, kBlocksPerGroup));
+  EXPECT_EQ(plan.choice, "fallback:offload");
+  EXPECT_EQ(plan.offload_groups, 2);
   EXPECT_EQ(plan.evict_blocks, 20);
 }
 
@@ -262,8 +263,8 @@ TEST_F(VampArbiterTest, SelfCalibrationLearnsFromStepTimes) {
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
   const ArbiterPlan plan =
-      arbiter.Decide(Context(10, Expansion(40, kBlocksPerGroup)), Gap(1, r, true));
-  EXPECT_NEAR(plan.costs.expand_micros, 8 * 500 * 64, 1e-6);
+      arbiter.Decide(Context(10, OffloadStateOf(40, kBlocksPerGroup)), Gap(1, r, true));
+  EXPECT_NEAR(plan.costs.offload_micros, 8 * 500 * 64, 1e-6);
   EXPECT_DOUBLE_EQ(plan.inputs.t_prefill_micros, 30);
   // Disabled: observations are ignored.
   VampArbiter off{testing::PaperArbiterConfig()};
@@ -281,20 +282,20 @@ TEST_F(VampArbiterTest, RestoreWaitsForQuietAndIdleCapacity) {
   VampArbiter arbiter(config);
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
-  // A gap at step 10 (covered by expansion); 8 groups are in the pool by then.
-  ExpansionInfo e = Expansion(32, kBlocksPerGroup, 2, 512, /*offloaded=*/8);
+  // A gap at step 10 (covered by an offload); 8 groups are in the pool by then.
+  OffloadState e = OffloadStateOf(32, kBlocksPerGroup, 2, 512, /*offloaded=*/8);
   arbiter.Decide(Context(10, e), Gap(1, r, true));
   // 4,096-block pool: 4,096 - 5 (request) uncached free ≥ 2 × 400 → restore once quiet.
   EXPECT_EQ(arbiter.OnStepBoundary(Context(50, e)), 0);  // not quiet yet
   EXPECT_EQ(arbiter.OnStepBoundary(Context(110, e)), 4);
   // Not again right away, nor while the restore is pending.
   EXPECT_EQ(arbiter.OnStepBoundary(Context(111, e)), 0);
-  ExpansionInfo pending = e;
+  OffloadState pending = e;
   pending.restore_pending = true;
   EXPECT_EQ(arbiter.OnStepBoundary(Context(300, pending)), 0);
   EXPECT_EQ(arbiter.OnStepBoundary(Context(300, e)), 4);
   // Nothing offloaded: nothing to restore.
-  EXPECT_EQ(arbiter.OnStepBoundary(Context(1000, Expansion(40, kBlocksPerGroup))), 0);
+  EXPECT_EQ(arbiter.OnStepBoundary(Context(1000, OffloadStateOf(40, kBlocksPerGroup))), 0);
 }
 
 TEST_F(VampArbiterTest, RestoreNeedsColdBlocksWhenThePoolIsFull) {
@@ -308,7 +309,7 @@ TEST_F(VampArbiterTest, RestoreNeedsColdBlocksWhenThePoolIsFull) {
   small.SetHitRate(0.9);
   small.AddCachedFree(500, /*used_at=*/0);
   small.AddCachedFree(500, /*used_at=*/900);
-  const ExpansionInfo e = Expansion(30, 50, 2, 512, /*offloaded=*/4);  // a restore takes 200
+  const OffloadState e = OffloadStateOf(30, 50, 2, 512, /*offloaded=*/4);  // a restore takes 200
   // At step 1000 only the first 500 are cold (age 1000) — more than 2 × 200: restore.
   EXPECT_EQ(arbiter.OnStepBoundary(small.Context(1000, e)), 4);
   VampArbiter young(config);
@@ -334,7 +335,7 @@ TEST_F(VampArbiterTest, RestoreIsPricedAgainstTheWarmTail) {
   // blocks are the tail a one-group restore (100 blocks) takes.
   small.AddCachedFree(200, /*used_at=*/0);
   small.AddRunning(1, /*full_blocks=*/799, /*partial_tokens=*/1, 200);
-  const ExpansionInfo e = Expansion(0, 100, 2, 512, /*offloaded=*/1);
+  const OffloadState e = OffloadStateOf(0, 100, 2, 512, /*offloaded=*/1);
   // Cost: the request loses its blocks from the first tail block on, 100 blocks at age 0:
   // 100 · 0.45 · 250 µs = 11.25 ms. Saving: 1 group · 2 shards · 12.3 µs · 100 steps = 2.46 ms.
   VampArbiter cheap_staging(config);
@@ -345,20 +346,20 @@ TEST_F(VampArbiterTest, RestoreIsPricedAgainstTheWarmTail) {
   EXPECT_EQ(dear_staging.OnStepBoundary(small.Context(5000, e)), 1);
 }
 
-TEST_F(VampArbiterTest, WithRestoreColdBlocksAreEvictedBeforeExpanding) {
+TEST_F(VampArbiterTest, WithRestoreColdBlocksAreEvictedBeforeOffloading) {
   AddCachedFree(500, /*used_at=*/0);
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
-  // Age 3,000 steps: p_eff = 0.18, 200 blocks cost 9 ms > C_e 6.3 ms — the paper's rule expands.
-  EXPECT_EQ(Decide(200, r, true, Expansion(40, kBlocksPerGroup), 3000).choice, "expand");
+  // Age 3,000 steps: p_eff = 0.18, 200 blocks cost 9 ms > C_e 6.3 ms — the paper's rule offloads.
+  EXPECT_EQ(Decide(200, r, true, OffloadStateOf(40, kBlocksPerGroup), 3000).choice, "offload");
   VampArbiterConfig config = testing::PaperArbiterConfig();
   config.restore.enabled = true;
   config.restore.cold_age_steps = 2000;
   VampArbiter arbiter(config);
   const ArbiterPlan plan =
-      arbiter.Decide(Context(3000, Expansion(40, kBlocksPerGroup)), Gap(200, r, true));
+      arbiter.Decide(Context(3000, OffloadStateOf(40, kBlocksPerGroup)), Gap(200, r, true));
   EXPECT_EQ(plan.choice, "evict");
-  EXPECT_GT(plan.costs.evict_micros, plan.costs.expand_micros);  // logged as they were
+  EXPECT_GT(plan.costs.evict_micros, plan.costs.offload_micros);  // logged as they were
 }
 
 TEST_F(VampArbiterTest, PressureCancelsAPendingRestoreButColdGapsDoNot) {
@@ -370,7 +371,7 @@ TEST_F(VampArbiterTest, PressureCancelsAPendingRestoreButColdGapsDoNot) {
   AddCachedFree(100, /*used_at=*/1900);
   SetHitRate(0.9);
   Request* r = AddRunning(1, 4, 3, 200);
-  ExpansionInfo pending = Expansion(0, kBlocksPerGroup, 2, 512, /*offloaded=*/8);
+  OffloadState pending = OffloadStateOf(0, kBlocksPerGroup, 2, 512, /*offloaded=*/8);
   pending.available = false;
   pending.restore_pending = true;
   // 50 blocks: the 100 oldest are cold (age 2000) and cover it.
@@ -391,7 +392,7 @@ TEST(VampArbiterConfigTest, FieldsRoundTripAndErrorsNameTheField) {
                         "--vamp_alpha=0.7",
                         "--vamp_c_eff_us=20",
                         "--vamp_restore",
-                        "--vamp_expansion_step_groups=2",
+                        "--vamp_offload_step_groups=2",
                         "--vamp_self_calibration"};
   absl::StatusOr<CommandLine> cl = ParseCommandLine(schema, 6, argv);
   ASSERT_TRUE(cl.ok()) << cl.status();
@@ -403,7 +404,7 @@ TEST(VampArbiterConfigTest, FieldsRoundTripAndErrorsNameTheField) {
   EXPECT_DOUBLE_EQ(c->costs.t_prefill_micros, 15);
   EXPECT_DOUBLE_EQ(c->costs.t_sched_micros, 500);
   EXPECT_DOUBLE_EQ(c->costs.t_queue_micros, 1000);
-  EXPECT_EQ(c->expansion_step_groups, 2);
+  EXPECT_EQ(c->offload_step_groups, 2);
   EXPECT_TRUE(c->restore.enabled);
   EXPECT_TRUE(c->self_calibration.enabled);
 
@@ -422,9 +423,8 @@ TEST(VampArbiterConfigTest, CreateArbiterByName) {
   EXPECT_EQ((*CreateArbiter("vamp", {}))->name(), "vamp");
   EXPECT_THAT(CreateArbiter("lru", {}).status().message(), HasSubstr("unknown arbiter 'lru'"));
   VampArbiterConfig bad;
-  bad.expansion_step_groups = 0;
-  EXPECT_THAT(CreateArbiter("vamp", bad).status().message(),
-              HasSubstr("vamp_expansion_step_groups"));
+  bad.offload_step_groups = 0;
+  EXPECT_THAT(CreateArbiter("vamp", bad).status().message(), HasSubstr("vamp_offload_step_groups"));
 }
 
 }  // namespace

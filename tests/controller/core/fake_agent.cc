@@ -11,11 +11,12 @@ absl::Status Violation(int64_t step, RequestId id, absl::string_view what) {
 
 }  // namespace
 
-absl::Status FakeAgent::Release(int64_t step, const PendingReleases& releases) {
-  for (RequestId id : releases.finished) {
+absl::Status FakeAgent::Release(int64_t step, const std::vector<RequestId>& finished,
+                                const std::vector<RequestId>& preempted) {
+  for (RequestId id : finished) {
     if (requests_.erase(id) == 0) return Violation(step, id, "finished but unknown");
   }
-  for (RequestId id : releases.preempted) {
+  for (RequestId id : preempted) {
     auto it = requests_.find(id);
     if (it == requests_.end()) return Violation(step, id, "preempted but unknown");
     if (it->second.preempted) return Violation(step, id, "preempted twice");
@@ -27,8 +28,17 @@ absl::Status FakeAgent::Release(int64_t step, const PendingReleases& releases) {
 }
 
 absl::StatusOr<StepOutput> FakeAgent::Execute(const StepPlan& plan, int32_t block_size) {
-  if (absl::Status s = Release(plan.step, {plan.finished_ids, plan.preempted_ids}); !s.ok()) {
+  if (absl::Status s = Release(plan.step, plan.finished_ids, plan.preempted_ids); !s.ok()) {
     return s;
+  }
+  // What the agents keep must fit the plan's pool (a restore unmaps its old tail).
+  for (const auto& [id, s] : requests_) {
+    for (BlockId b : s.table) {
+      if (b >= plan.num_blocks) {
+        return Violation(plan.step, id,
+                         absl::StrCat("holds block ", b, " past the pool of ", plan.num_blocks));
+      }
+    }
   }
   struct Work {
     RequestId id;

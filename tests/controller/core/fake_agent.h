@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "controller/core/memory_arbiter.h"
 #include "controller/core/step_plan.h"
 
 namespace vamp::testing {
@@ -28,16 +27,19 @@ class FakeAgent {
     int32_t computed = 0;
   };
 
-  // Applies the plan; returns the tokens sampled, or an error describing a contract violation.
+  // Applies the plan; returns the tokens sampled, or an error describing a contract violation,
+  // among them a request that still holds a block past the plan's pool once the plan's finished
+  // and preempted ids are applied (a restore shrank the pool under it).
   absl::StatusOr<StepOutput> Execute(const StepPlan& plan, int32_t block_size);
-  // Applies releases a restore delivered before `step` (PoolExpander::Restore), as a plan's
-  // finished and preempted ids.
-  absl::Status Release(int64_t step, const PendingReleases& releases);
 
   // Ordered so that iteration is deterministic.
   const std::map<RequestId, RequestState>& requests() const { return requests_; }
 
  private:
+  // A plan's finished and preempted ids.
+  absl::Status Release(int64_t step, const std::vector<RequestId>& finished,
+                       const std::vector<RequestId>& preempted);
+
   Sampler sampler_;
   std::map<RequestId, RequestState> requests_;
 };

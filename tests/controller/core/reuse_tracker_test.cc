@@ -174,7 +174,7 @@ TEST_F(ReuseTrackerTest, PreemptionsCountAtTheGroupsThatCoverTheGap) {
   EXPECT_DOUBLE_EQ(tracker_.PreemptionTokens(2000), 0);  // out of the window
 }
 
-TEST_F(ReuseTrackerTest, NothingIsRecordedWithoutExpansion) {
+TEST_F(ReuseTrackerTest, NothingIsRecordedWithoutOffloading) {
   tracker_.SetGeometry(0, 0, 0);
   tracker_.RecordPreemption(10, 3, 500);
   EXPECT_DOUBLE_EQ(tracker_.PreemptionTokens(10), 0);

@@ -1,6 +1,6 @@
 // Randomised property tests: random configurations, workloads, aborts (also while a step is in
 // flight), pool growth and shrink, and both the static arbiter and a random one that exercises
-// every arbiter action (preempting any running request, evicting arbitrary amounts, expanding).
+// every arbiter action (preempting any running request, evicting arbitrary amounts, offloading).
 // After every step:
 //  - pool and scheduler invariants hold (reference counts equal block-table holders; no block both
 //    free and in use; used + free + withdrawn = total; LRU order; cache map consistent);
@@ -26,17 +26,23 @@ namespace {
 
 using testing::FakeAgent;
 
-class RandomExpander : public PoolExpander {
+class RandomOffloader : public ExpertOffloader {
  public:
-  RandomExpander(int32_t groups, int32_t blocks_per_group)
+  RandomOffloader(int32_t groups, int32_t blocks_per_group)
       : groups_(groups), blocks_per_group_(blocks_per_group) {}
   int32_t RemainingGroups() const override { return groups_; }
   int32_t BlocksPerGroup() const override { return blocks_per_group_; }
-  absl::StatusOr<int32_t> Expand(int32_t groups) override {
+  absl::StatusOr<int32_t> Offload(int32_t groups) override {
     EXPECT_LE(groups, groups_);
     groups_ -= groups;
+    step_groups += groups;
+    step_blocks += groups * blocks_per_group_;
     return groups * blocks_per_group_;
   }
+  // Offloaded while planning the current step: what a refusal gives back.
+  int32_t step_groups = 0;
+  int32_t step_blocks = 0;
+  void Refused() { groups_ += step_groups; }
 
  private:
   int32_t groups_;
@@ -65,8 +71,8 @@ class RandomArbiter : public MemoryArbiter {
         }
         break;
       case 3:
-        if (context.expansion().available && context.expansion().remaining_groups > 0) {
-          plan.expand_groups = 1 + static_cast<int32_t>(rng_() % 2);
+        if (context.offload().available && context.offload().remaining_groups > 0) {
+          plan.offload_groups = 1 + static_cast<int32_t>(rng_() % 2);
         }
         plan.evict_blocks = static_cast<int32_t>(rng_() % 2);
         break;
@@ -87,11 +93,12 @@ struct Coverage {
   int64_t resumes = 0;
   int64_t hit_tokens = 0;
   int64_t evictions = 0;
-  int64_t expansions = 0;
+  int64_t offloads = 0;
   int64_t aborts = 0;
   int64_t in_flight_aborts = 0;
   int64_t shrink_commits = 0;
   int64_t finished = 0;
+  int64_t reverts = 0;
 };
 
 class PropertyRun {
@@ -120,10 +127,10 @@ class PropertyRun {
       arbiter = std::make_unique<StaticArbiter>();
     } else {
       arbiter = std::make_unique<RandomArbiter>(seed_);
-      expander_ = std::make_unique<RandomExpander>(static_cast<int32_t>(rng_() % 20),
-                                                   1 + static_cast<int32_t>(rng_() % 4));
+      offloader_ = std::make_unique<RandomOffloader>(static_cast<int32_t>(rng_() % 20),
+                                                     1 + static_cast<int32_t>(rng_() % 4));
     }
-    auto s = Scheduler::Create(c, &clock_, std::move(arbiter), expander_.get());
+    auto s = Scheduler::Create(c, &clock_, std::move(arbiter), offloader_.get());
     ASSERT_TRUE(s.ok()) << s.status();
     sched_ = std::move(s).value();
     agent_ = std::make_unique<FakeAgent>([this](RequestId id, int32_t pos) {
@@ -160,9 +167,10 @@ class PropertyRun {
     coverage_.resumes = k.num_resumed;
     coverage_.hit_tokens = k.prefix_cache.hit_tokens + k.prefix_cache.preempted_hit_tokens;
     coverage_.evictions = k.num_evicted_blocks;
-    coverage_.expansions = k.num_expansions;
+    coverage_.offloads = k.num_offloads;
     coverage_.aborts = k.num_aborted;
     coverage_.finished = k.num_finished;
+    coverage_.reverts = k.num_reverted_steps;
   }
 
   const Coverage& coverage() const { return coverage_; }
@@ -264,6 +272,7 @@ class PropertyRun {
   }
 
   void Step(bool abort_in_flight) {
+    if (offloader_ != nullptr) offloader_->step_groups = offloader_->step_blocks = 0;
     absl::StatusOr<StepPlan> plan = sched_->Schedule();
     ASSERT_TRUE(plan.ok()) << plan.status();
     absl::Status inv = sched_->CheckInvariants();
@@ -282,6 +291,26 @@ class PropertyRun {
       ASSERT_NO_FATAL_FAILURE(AbortRandom());
       ++coverage_.in_flight_aborts;
     }
+    // The agents refuse the step now and then (as if a remap it carried had failed): it is undone
+    // and planned again; the agent never saw it.
+    if (rng_() % 12 == 0) {
+      int32_t delta = 0;
+      if (offloader_ != nullptr) {
+        delta = offloader_->step_blocks;
+        offloader_->Refused();
+      }
+      const int32_t blocks_before = sched_->pool().num_blocks() - delta;
+      absl::Status reverted = sched_->RevertStep(delta);
+      ASSERT_TRUE(reverted.ok()) << "seed " << seed_ << " step " << plan->step << ": " << reverted;
+      ASSERT_EQ(sched_->pool().num_blocks(), blocks_before);
+      EXPECT_FALSE(sched_->RevertStep(0).ok()) << "reverted twice";
+      ++coverage_.reverts;
+      inv = sched_->CheckInvariants();
+      ASSERT_TRUE(inv.ok()) << "seed " << seed_ << " after reverting " << plan->step << ": " << inv;
+      ASSERT_NO_FATAL_FAILURE(CheckAgentTables());
+      clock_.AdvanceMicros(1 + rng_() % 2000);
+      return;
+    }
     absl::StatusOr<StepOutput> out = agent_->Execute(*plan, config_.block_size);
     ASSERT_TRUE(out.ok()) << "seed " << seed_ << ": " << out.status();
     if (!plan->empty()) {
@@ -297,7 +326,12 @@ class PropertyRun {
       inv = sched_->CheckInvariants();
       ASSERT_TRUE(inv.ok()) << "seed " << seed_ << " after step " << plan->step << ": " << inv;
     }
-    // The agent's tables, rebuilt from diffs, match the scheduler's.
+    ASSERT_NO_FATAL_FAILURE(CheckAgentTables());
+    clock_.AdvanceMicros(1 + rng_() % 2000);
+  }
+
+  // The agent's tables, rebuilt from diffs, match the scheduler's.
+  void CheckAgentTables() {
     for (int32_t i = 0; i < sched_->num_running(); ++i) {
       const Request& r = sched_->running(i);
       auto it = agent_->requests().find(r.id());
@@ -306,7 +340,6 @@ class PropertyRun {
       ASSERT_EQ(it->second.computed, r.num_computed_tokens());
     }
     ASSERT_EQ(static_cast<size_t>(sched_->num_running() + sched_->num_waiting()), live_.size());
-    clock_.AdvanceMicros(1 + rng_() % 2000);
   }
 
   const uint64_t seed_;
@@ -314,7 +347,7 @@ class PropertyRun {
   SchedulerConfig config_;
   BlockHasher hasher_;
   ManualClock clock_;
-  std::unique_ptr<RandomExpander> expander_;
+  std::unique_ptr<RandomOffloader> offloader_;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<FakeAgent> agent_;
   std::vector<std::vector<TokenId>> prefixes_;
@@ -343,26 +376,29 @@ TEST(SchedulerPropertyCoverageTest, RandomWorkloadsReachEveryPath) {
     total.resumes += c.resumes;
     total.hit_tokens += c.hit_tokens;
     total.evictions += c.evictions;
-    total.expansions += c.expansions;
+    total.offloads += c.offloads;
     total.aborts += c.aborts;
     total.in_flight_aborts += c.in_flight_aborts;
     total.shrink_commits += c.shrink_commits;
     total.finished += c.finished;
+    total.reverts += c.reverts;
   }
   EXPECT_GT(total.preemptions, 20);
   EXPECT_GT(total.resumes, 20);
   EXPECT_GT(total.hit_tokens, 1000);
   EXPECT_GT(total.evictions, 20);
-  EXPECT_GT(total.expansions, 5);
+  EXPECT_GT(total.offloads, 5);
   EXPECT_GT(total.aborts, 20);
   EXPECT_GT(total.in_flight_aborts, 5);
   EXPECT_GT(total.shrink_commits, 5);
   EXPECT_GT(total.finished, 500);
+  EXPECT_GT(total.reverts, 100);
   std::cout << "coverage over 20 seeds: preemptions " << total.preemptions << ", resumes "
             << total.resumes << ", hit tokens " << total.hit_tokens << ", evictions "
-            << total.evictions << ", expansions " << total.expansions << ", aborts " << total.aborts
+            << total.evictions << ", offloads " << total.offloads << ", aborts " << total.aborts
             << " (in flight " << total.in_flight_aborts << "), shrink commits "
-            << total.shrink_commits << ", finished " << total.finished << "\n";
+            << total.shrink_commits << ", finished " << total.finished << ", refused steps "
+            << total.reverts << "\n";
 }
 
 }  // namespace

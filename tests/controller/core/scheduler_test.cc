@@ -448,71 +448,168 @@ TEST(SchedulerTest, WithoutChunkedPrefillAPromptWaitsForAWholeBudget) {
   EXPECT_EQ(s2.plan.new_requests[0].num_scheduled_tokens, 10);
 }
 
-// Expands by whole groups of `blocks_per_group`.
-class FakeExpander : public PoolExpander {
+// Offloads whole groups of `blocks_per_group`.
+class FakeOffloader : public ExpertOffloader {
  public:
-  FakeExpander(int32_t groups, int32_t blocks_per_group)
+  FakeOffloader(int32_t groups, int32_t blocks_per_group)
       : groups_(groups), blocks_per_group_(blocks_per_group) {}
   int32_t RemainingGroups() const override { return groups_; }
   int32_t BlocksPerGroup() const override { return blocks_per_group_; }
-  absl::StatusOr<int32_t> Expand(int32_t groups) override {
+  absl::StatusOr<int32_t> Offload(int32_t groups) override {
     groups_ -= groups;
     ++calls;
+    last_groups = groups;
     return groups * blocks_per_group_;
   }
+  bool Ready() const override { return ready; }
+  // The agents refused the step that carried the last offload: its groups come back.
+  int32_t Refused() {
+    groups_ += last_groups;
+    ready = false;
+    return last_groups * blocks_per_group_;
+  }
   int calls = 0;
+  int32_t last_groups = 0;
+  bool ready = true;
 
  private:
   int32_t groups_;
   int32_t blocks_per_group_;
 };
 
-// Covers every gap by expansion alone.
-class ExpandingArbiter : public MemoryArbiter {
+// Covers every gap by offloading alone.
+class OffloadingArbiter : public MemoryArbiter {
  public:
-  absl::string_view name() const override { return "expand-only"; }
+  absl::string_view name() const override { return "offload-only"; }
   ArbiterPlan Decide(const ArbiterContext& context, const MemoryGap& gap) override {
     ArbiterPlan plan;
-    const ExpansionInfo& e = context.expansion();
+    const OffloadState& e = context.offload();
     if (e.available && e.blocks_per_group > 0) {
-      plan.expand_groups = (gap.blocks + e.blocks_per_group - 1) / e.blocks_per_group;
-      plan.choice = "expand";
+      plan.offload_groups = (gap.blocks + e.blocks_per_group - 1) / e.blocks_per_group;
+      plan.choice = "offload";
     }
     return plan;
   }
 };
 
-TEST(SchedulerTest, ArbiterExpansionGrowsThePool) {
+TEST(SchedulerTest, ArbiterOffloadGrowsThePool) {
   SchedulerConfig c;
   c.block_size = 4;
   c.num_blocks = 4;
   c.max_num_batched_tokens = 64;
   c.max_model_len = 16;
-  FakeExpander expander(10, 2);
-  Harness h(c, std::make_unique<ExpandingArbiter>(), &expander);
+  FakeOffloader offloader(10, 2);
+  Harness h(c, std::make_unique<OffloadingArbiter>(), &offloader);
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(12), 1)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(12, 100), 1)).ok());
   auto s = h.Step();
   EXPECT_EQ(s.plan.new_requests.size(), 2u);
   EXPECT_EQ(s.plan.num_blocks, 6);
-  EXPECT_EQ(expander.calls, 1);
+  EXPECT_EQ(offloader.calls, 1);
   ASSERT_EQ(h.scheduler().step_decisions().size(), 1u);
   const ArbiterRecord& rec = h.scheduler().step_decisions()[0];
   EXPECT_EQ(rec.requester, 2u);
   EXPECT_FALSE(rec.requester_running);
   EXPECT_EQ(rec.gap_blocks, 2);
   EXPECT_EQ(rec.blocks_added, 2);
-  EXPECT_EQ(rec.plan.choice, "expand");
-  EXPECT_EQ(h.scheduler().counters().num_expanded_blocks, 2);
+  EXPECT_EQ(rec.plan.choice, "offload");
+  EXPECT_EQ(h.scheduler().counters().num_offloaded_blocks, 2);
 }
 
-TEST(SchedulerTest, ExpansionWithoutAnExpanderMakesTheRequestWait) {
+// The agents refuse the step that carried an offload: RevertStep puts everything back, and the
+// next plan does the same work on the old pool (here, without the offload, less of it) for
+// agents that never saw the refused one.
+TEST(SchedulerTest, ARefusedStepIsRevertedAndPlannedAgain) {
   SchedulerConfig c;
   c.block_size = 4;
   c.num_blocks = 4;
   c.max_num_batched_tokens = 64;
   c.max_model_len = 16;
-  Harness h(c, std::make_unique<ExpandingArbiter>());
+  FakeOffloader offloader(10, 2);
+  Harness h(c, std::make_unique<OffloadingArbiter>(), &offloader);
+  Scheduler& s = h.scheduler();
+  ASSERT_TRUE(s.AddRequest(Spec(1, Iota(12), 3)).ok());
+  ASSERT_TRUE(s.AddRequest(Spec(2, Iota(12, 100), 3)).ok());
+  absl::StatusOr<StepPlan> refused = s.Schedule();
+  ASSERT_TRUE(refused.ok());
+  ASSERT_EQ(refused->new_requests.size(), 2u);
+  ASSERT_EQ(refused->num_blocks, 6) << "the offload's blocks are used at once";
+
+  ASSERT_TRUE(s.RevertStep(offloader.Refused()).ok());
+  EXPECT_EQ(s.pool().num_blocks(), 4);
+  EXPECT_EQ(s.num_running(), 0);
+  EXPECT_EQ(s.num_waiting(), 2);
+  EXPECT_EQ(s.Stats().num_used_blocks, 0);
+  EXPECT_EQ(s.counters().num_steps, 0);
+  EXPECT_EQ(s.counters().num_offloads, 0);
+  EXPECT_EQ(s.counters().num_admitted, 0);
+  EXPECT_EQ(s.counters().prefix_cache.query_tokens, 0);
+  EXPECT_EQ(s.counters().num_reverted_steps, 1);
+  EXPECT_TRUE(s.CheckInvariants().ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.RevertStep(0))) << "nothing left to revert";
+
+  // Not Ready: no offload, so only request 1 fits; it is announced again, as new.
+  auto again = h.Step();
+  ASSERT_EQ(again.plan.new_requests.size(), 1u);
+  EXPECT_EQ(again.plan.new_requests[0].request_id, 1u);
+  EXPECT_EQ(again.plan.new_requests[0].prompt_token_ids, refused->new_requests[0].prompt_token_ids);
+  EXPECT_EQ(again.plan.new_requests[0].num_scheduled_tokens, 12);
+  EXPECT_EQ(again.plan.num_blocks, 4);
+  EXPECT_EQ(s.num_waiting(), 1);
+  offloader.ready = true;
+  h.RunToCompletion();
+  EXPECT_EQ(s.counters().num_finished, 2);
+  EXPECT_EQ(s.counters().num_offloads, 1);
+}
+
+// A refused decode step: the running requests lose the block it appended and the tokens it was
+// to compute, and the next plan asks for exactly the same work again.
+TEST(SchedulerTest, ARefusedDecodeStepIsRunAgainTheSameWay) {
+  SchedulerConfig c;
+  c.block_size = 4;
+  c.num_blocks = 16;
+  c.max_num_batched_tokens = 64;
+  c.max_model_len = 32;
+  Harness h(c);
+  Scheduler& s = h.scheduler();
+  ASSERT_TRUE(s.AddRequest(Spec(1, Iota(8), 6)).ok());
+  ASSERT_TRUE(s.AddRequest(Spec(2, Iota(5, 100), 6)).ok());
+  h.Step();  // prefills
+  absl::StatusOr<StepPlan> refused = s.Schedule();
+  ASSERT_TRUE(refused.ok());
+  ASSERT_EQ(refused->cached_requests.size(), 2u);
+  // Request 1's 9th token starts block 2: this step appends it.
+  EXPECT_EQ(refused->cached_requests[0].new_block_ids.size(), 1u);
+  const std::vector<BlockId> table_before = {s.FindRequest(1)->block_ids().begin(),
+                                             s.FindRequest(1)->block_ids().end() - 1};
+  ASSERT_TRUE(s.RevertStep(0).ok());
+  EXPECT_EQ(s.FindRequest(1)->block_ids(), table_before);
+  EXPECT_EQ(s.FindRequest(1)->num_computed_tokens(), 8);
+  EXPECT_TRUE(s.CheckInvariants().ok());
+  auto again = h.Step();  // the fake agent never saw the refused plan
+  ASSERT_EQ(again.plan.cached_requests.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(again.plan.cached_requests[i].request_id, refused->cached_requests[i].request_id);
+    EXPECT_EQ(again.plan.cached_requests[i].num_computed_tokens,
+              refused->cached_requests[i].num_computed_tokens);
+    EXPECT_EQ(again.plan.cached_requests[i].num_scheduled_tokens,
+              refused->cached_requests[i].num_scheduled_tokens);
+    EXPECT_EQ(again.plan.cached_requests[i].new_block_ids.size(),
+              refused->cached_requests[i].new_block_ids.size());
+  }
+  EXPECT_EQ(again.outputs.size(), 2u);
+  h.RunToCompletion();
+  EXPECT_EQ(s.counters().num_finished, 2);
+  EXPECT_EQ(s.counters().num_reverted_steps, 1);
+}
+
+TEST(SchedulerTest, OffloadWithoutAnOffloaderMakesTheRequestWait) {
+  SchedulerConfig c;
+  c.block_size = 4;
+  c.num_blocks = 4;
+  c.max_num_batched_tokens = 64;
+  c.max_model_len = 16;
+  Harness h(c, std::make_unique<OffloadingArbiter>());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(12), 1)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(12, 100), 1)).ok());
   auto s = h.Step();
@@ -521,7 +618,7 @@ TEST(SchedulerTest, ExpansionWithoutAnExpanderMakesTheRequestWait) {
   ASSERT_EQ(h.scheduler().step_decisions().size(), 1u);
   EXPECT_TRUE(h.scheduler().step_decisions()[0].plan.empty());
   // Request 1 finishes, but its 3 full blocks stay cached and this arbiter neither evicts nor
-  // expands: request 2 keeps waiting with a gap of 2.
+  // offloads: request 2 keeps waiting with a gap of 2.
   for (int i = 0; i < 4; ++i) h.Step();
   EXPECT_EQ(h.scheduler().counters().num_finished, 1);
   EXPECT_EQ(h.scheduler().num_waiting(), 1);
@@ -537,7 +634,7 @@ TEST(SchedulerTest, StalledRunningRequestBlocksNewAdmissions) {
   c.max_num_batched_tokens = 64;
   c.max_model_len = 16;
   c.long_prefill_token_threshold = 8;
-  Harness h(c, std::make_unique<ExpandingArbiter>());  // no expander: it can only say "wait"
+  Harness h(c, std::make_unique<OffloadingArbiter>());  // no offloader: it can only say "wait"
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(1, Iota(15), 1)).ok());
   ASSERT_TRUE(h.scheduler().AddRequest(Spec(2, Iota(8, 100), 5)).ok());
   EXPECT_EQ(h.Step().plan.new_requests.size(), 2u);                      // 2 + 2 blocks, 1 free

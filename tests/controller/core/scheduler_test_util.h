@@ -57,10 +57,10 @@ class Harness {
  public:
   explicit Harness(const SchedulerConfig& config,
                    std::unique_ptr<MemoryArbiter> arbiter = std::make_unique<StaticArbiter>(),
-                   PoolExpander* expander = nullptr)
+                   ExpertOffloader* offloader = nullptr)
       : block_size_(config.block_size),
         agent_([this](RequestId id, int32_t pos) { return sampler_(id, pos); }) {
-    auto s = Scheduler::Create(config, &clock_, std::move(arbiter), expander);
+    auto s = Scheduler::Create(config, &clock_, std::move(arbiter), offloader);
     EXPECT_TRUE(s.ok()) << s.status();
     scheduler_ = std::move(s).value();
   }

@@ -35,7 +35,7 @@ class StaticArbiterTest : public ::testing::Test {
     }
   }
   ArbiterPlan Decide(int32_t gap, const Request* requester, bool running) {
-    ArbiterContext context(pool_, running_, counters_, config_, 1, /*now_micros=*/1, ExpansionInfo(),
+    ArbiterContext context(pool_, running_, counters_, config_, 1, /*now_micros=*/1, OffloadState(),
                            /*num_waiting=*/0);
     MemoryGap g;
     g.blocks = gap;
@@ -58,7 +58,7 @@ TEST_F(StaticArbiterTest, EvictsWhenCachedBlocksCoverTheGap) {
   const ArbiterPlan plan = Decide(2, r, true);
   EXPECT_EQ(plan.evict_blocks, 2);
   EXPECT_THAT(plan.preempt, IsEmpty());
-  EXPECT_EQ(plan.expand_groups, 0);
+  EXPECT_EQ(plan.offload_groups, 0);
   EXPECT_EQ(plan.choice, "evict");
   EXPECT_EQ(arbiter_.name(), "static");
 }

@@ -43,7 +43,7 @@ TEST(ControllerConfigTest, TheFlagsDefaultsAreTheOptionsDefaults) {
   EXPECT_EQ(bound->metrics_targets_file, d.metrics_targets_file);
   EXPECT_EQ(bound->arbiter, ServingEngineOptions{}.arbiter);
   EXPECT_EQ(bound->step_timeout_s * 1000, AgentGroupOptions{}.step_timeout_ms);
-  EXPECT_EQ(bound->max_offload_ratio, d.max_offload_ratio);
+  EXPECT_EQ(bound->offload_cap, d.offload_cap);
   EXPECT_EQ(bound->load_format, d.load_format);
   EXPECT_EQ(bound->log.level, LogOptions{}.level);
   EXPECT_EQ(bound->scheduler.max_num_seqs, SchedulerConfig{}.max_num_seqs);

@@ -42,10 +42,11 @@ absl::StatusOr<CommandLine> Flags(std::vector<std::string> extra) {
   return ParseCommandLine(ControllerConfigSchema(), static_cast<int>(argv.size()), argv.data());
 }
 
-// An agent that registers and then lies in its Init or Capacity answers.
+// An agent that registers and then lies in its Init answer: about its KV blocks, or with an offload
+// geometry under which its pool would reach 2^29 blocks.
 class LyingAgent final : public vamp::v1::Agent::Service {
  public:
-  enum class Lie { kInitKvBlocks, kCapacityKvBlocks };
+  enum class Lie { kInitKvBlocks, kOffloadGeometry };
   explicit LyingAgent(Lie lie) : lie_(lie) {}
 
   grpc::Status Init(grpc::ServerContext*, const vamp::v1::InitRequest*,
@@ -61,18 +62,14 @@ class LyingAgent final : public vamp::v1::Agent::Service {
     m.set_device_total_bytes(uint64_t{1} << 30);
     m.set_kv_pool_bytes(1 << 20);
     m.set_kv_blocks(lie_ == Lie::kInitKvBlocks ? 2147483647 : 100);
+    m.set_page_bytes(4096);
+    m.set_max_offload_groups(2);
+    vamp::v1::OffloadGeometry& g = *response->mutable_offload();
+    // Honest: 10 KiB blocks. The lie: 1-byte blocks, 256 MiB of KV per group.
+    g.set_kv_block_bytes(lie_ == Lie::kOffloadGeometry ? 1 : 10 << 10);
+    g.set_kv_pages_per_group(lie_ == Lie::kOffloadGeometry ? 65536 : 16);
     absl::MutexLock lock(&mu_);
     ++inits_;
-    return grpc::Status::OK;
-  }
-  grpc::Status Capacity(grpc::ServerContext*, const vamp::v1::CapacityRequest*,
-                        vamp::v1::CapacityResponse* response) override {
-    // 2^31 - 1 blocks: what made the controller die of std::bad_alloc.
-    const int64_t blocks = lie_ == Lie::kCapacityKvBlocks ? 2147483647 : 100;
-    response->set_kv_blocks_now(blocks);
-    response->set_kv_blocks_after(blocks);
-    absl::MutexLock lock(&mu_);
-    ++capacity_calls_;
     return grpc::Status::OK;
   }
   grpc::Status GetStats(grpc::ServerContext*, const vamp::v1::GetStatsRequest*,
@@ -84,22 +81,18 @@ class LyingAgent final : public vamp::v1::Agent::Service {
     absl::MutexLock lock(&mu_);
     return inits_;
   }
-  int capacity_calls() {
-    absl::MutexLock lock(&mu_);
-    return capacity_calls_;
-  }
 
  private:
   const Lie lie_;
   absl::Mutex mu_;
   int inits_ ABSL_GUARDED_BY(mu_) = 0;
-  int capacity_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Regression: an agent reporting kv_blocks = 2^31 - 1 crashed the controller with std::bad_alloc.
-// Its reports are checked and the agent refused; the controller keeps answering.
+// Its reports, the offload geometry every later pool size comes from included, are checked and
+// the agent refused; the controller keeps answering.
 TEST(ControllerServerTest, LyingAgentIsRefusedNotFatal) {
-  for (LyingAgent::Lie lie : {LyingAgent::Lie::kCapacityKvBlocks, LyingAgent::Lie::kInitKvBlocks}) {
+  for (LyingAgent::Lie lie : {LyingAgent::Lie::kOffloadGeometry, LyingAgent::Lie::kInitKvBlocks}) {
     absl::StatusOr<CommandLine> cli = Flags({"--insecure_no_auth"});
     ASSERT_TRUE(cli.ok()) << cli.status();
     absl::StatusOr<std::unique_ptr<ControllerServer>> server = ControllerServer::Start(cli->config);
@@ -116,14 +109,21 @@ TEST(ControllerServerTest, LyingAgentIsRefusedNotFatal) {
     grpc::ClientContext ctx;
     vamp::v1::RegisterResponse response;
     ASSERT_TRUE(registry->Register(&ctx, request, &response).ok());
-    // The controller initialises the agent and, with an honest Init, asks its capacity.
-    const bool capacity_lie = lie == LyingAgent::Lie::kCapacityKvBlocks;
-    for (int i = 0; i < 500 && (capacity_lie ? agent.capacity_calls() : agent.inits()) == 0; ++i) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    ASSERT_GT(capacity_lie ? agent.capacity_calls() : agent.inits(), 0);
+    // The controller initialises the agent and checks its answer.
+    for (int i = 0; i < 500 && agent.inits() == 0; ++i) absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_GT(agent.inits(), 0);
     absl::SleepFor(absl::Milliseconds(300));
     EXPECT_FALSE((*server)->serving());
+    // Refused for that lie, named.
+    auto admin = vamp::v1::Admin::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->admin_port()),
+                            grpc::InsecureChannelCredentials()));
+    grpc::ClientContext status_ctx;
+    vamp::v1::GetStatusResponse status;
+    ASSERT_TRUE(admin->GetStatus(&status_ctx, {}, &status).ok());
+    EXPECT_THAT(status.last_error(),
+                HasSubstr(lie == LyingAgent::Lie::kOffloadGeometry ? "offload.kv_block_bytes"
+                                                                   : "memory.kv_blocks"));
     httplib::Client http("127.0.0.1", (*server)->http_port());
     auto h = http.Get("/health");
     ASSERT_TRUE(h);

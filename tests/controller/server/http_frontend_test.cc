@@ -38,7 +38,7 @@ class HttpFrontendTest : public ::testing::Test {
     ServingEngineOptions engine;
     engine.scheduler.max_model_len = 512;
     engine.arbiter = "static";
-    engine.report_limits = agents_.limits();
+    engine.ranks = agents_.init_responses();
     engine.model_name = "fake-model";
     absl::StatusOr<std::unique_ptr<ServingEngine>> started =
         ServingEngine::Start(agents_.group(), engine);

@@ -12,6 +12,7 @@ using ::testing::HasSubstr;
 vamp::v1::InitRequest Request() {
   vamp::v1::InitRequest r;
   r.mutable_memory()->set_block_size(16);
+  r.mutable_memory()->set_max_offload_ratio(0.75);  // 6 of 8 experts: 3 groups of 2
   return r;
 }
 
@@ -33,16 +34,16 @@ vamp::v1::InitResponse Honest() {
   m.set_kv_pool_bytes(500 << 20);
   m.set_kv_blocks(1000);
   m.set_max_offload_groups(3);
+  vamp::v1::OffloadGeometry& g = *r.mutable_offload();
+  g.set_kv_block_bytes(500 << 10);  // 1000 blocks in the 500 MiB pool
+  g.set_kv_pages_per_group(256);    // 1 MiB of KV per offloaded group
+  g.set_staged_bytes_per_group(3 << 20);
   return r;
 }
 
 TEST(AgentReportsTest, HonestInitPasses) {
-  absl::StatusOr<AgentReportLimits> limits = CheckInitResponses(Request(), {Honest(), Honest()});
-  ASSERT_TRUE(limits.ok()) << limits.status();
-  EXPECT_EQ(limits->groups_per_layer, 4);
-  ASSERT_EQ(limits->max_kv_blocks.size(), 2u);
-  // 1 GiB / (2 * 16 tokens * 4 layers) bytes per block at the least.
-  EXPECT_EQ(limits->max_kv_blocks[0], (int64_t{1} << 30) / 128);
+  absl::Status s = CheckInitResponses(Request(), {Honest(), Honest()});
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // Regression: kv_blocks = 2^31 - 1 from one agent ended in std::bad_alloc in the controller.
@@ -71,37 +72,51 @@ TEST(AgentReportsTest, LiesRefuseTheAgentNamingRankAndField) {
       {"eos", [](auto* r) { r->set_eos_token_id(256); }, "eos_token_id"},
       {"context", [](auto* r) { r->set_max_position_embeddings(-1); }, "max_position_embeddings"},
       {"shape", [](auto* r) { r->set_num_layers(5); }, "unlike rank 0"},
+      // The offload geometry the controller sizes every remap by.
+      {"no block bytes", [](auto* r) { r->mutable_offload()->set_kv_block_bytes(0); },
+       "offload.kv_block_bytes"},
+      {"blocks beyond the pool", [](auto* r) { r->mutable_offload()->set_kv_block_bytes(1 << 20); },
+       "memory.kv_blocks"},
+      {"pages", [](auto* r) { r->mutable_offload()->set_kv_pages_per_group(-1); },
+       "offload.kv_pages_per_group"},
+      {"more than the device",
+       [](auto* r) { r->mutable_offload()->set_kv_pages_per_group(100000); },
+       "offload.kv_pages_per_group"},
+      {"reachable blocks",
+       [](auto* r) {
+         r->mutable_memory()->set_kv_blocks(1);
+         r->mutable_offload()->set_kv_block_bytes(1);
+       },
+       "offload.kv_block_bytes"},
+      {"staged",
+       [](auto* r) { r->mutable_offload()->set_staged_bytes_per_group(uint64_t{1} << 40); },
+       "offload.staged_bytes_per_group"},
+      {"no page", [](auto* r) { r->mutable_memory()->set_page_bytes(0); }, "memory.page_bytes"},
   };
   for (const Case& c : cases) {
     vamp::v1::InitResponse liar = Honest();
     c.lie(&liar);
-    absl::StatusOr<AgentReportLimits> limits = CheckInitResponses(Request(), {Honest(), liar});
-    ASSERT_FALSE(limits.ok()) << c.name;
-    EXPECT_THAT(limits.status().message(), HasSubstr("agent rank 1")) << c.name;
-    EXPECT_THAT(limits.status().message(), HasSubstr(c.field)) << c.name;
+    absl::Status s = CheckInitResponses(Request(), {Honest(), liar});
+    ASSERT_FALSE(s.ok()) << c.name;
+    EXPECT_THAT(s.message(), HasSubstr("agent rank 1")) << c.name;
+    EXPECT_THAT(s.message(), HasSubstr(c.field)) << c.name;
   }
 }
 
-TEST(AgentReportsTest, CapacityAndTimingsAreBounded) {
-  absl::StatusOr<AgentReportLimits> limits = CheckInitResponses(Request(), {Honest()});
-  ASSERT_TRUE(limits.ok()) << limits.status();
-  vamp::v1::CapacityResponse ok;
-  ok.set_kv_blocks_now(1000);
-  ok.set_kv_blocks_after(1100);
-  ok.set_max_offload_groups(3);
-  ok.set_staged_bytes_per_group(1 << 20);
-  EXPECT_TRUE(CheckCapacityResponse(ok, 0, *limits).ok());
-  vamp::v1::CapacityResponse lie = ok;
-  lie.set_kv_blocks_now(2147483647);
-  absl::Status s = CheckCapacityResponse(lie, 0, *limits);
-  EXPECT_THAT(s.message(), HasSubstr("kv_blocks_now"));
-  lie = ok;
-  lie.set_kv_blocks_after(-1);
-  EXPECT_THAT(CheckCapacityResponse(lie, 0, *limits).message(), HasSubstr("kv_blocks_after"));
-  lie = ok;
-  lie.set_offloaded_groups(9);
-  EXPECT_THAT(CheckCapacityResponse(lie, 0, *limits).message(), HasSubstr("offloaded_groups"));
+TEST(AgentReportsTest, TheRequestedCapBoundsTheOffloadableGroups) {
+  vamp::v1::InitRequest half = Request();
+  half.mutable_memory()->set_max_offload_ratio(0.5);  // 4 of 8 experts: 2 groups of 2
+  absl::Status s = CheckInitResponses(half, {Honest()});
+  ASSERT_FALSE(s.ok()) << "3 groups declared under a cap of 2";
+  EXPECT_THAT(s.message(), HasSubstr("memory.max_offload_groups = 3"));
+  vamp::v1::InitRequest bad = Request();
+  bad.mutable_memory()->set_max_offload_ratio(1.5);
+  s = CheckInitResponses(bad, {Honest()});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("memory.max_offload_ratio"));
+}
 
+TEST(AgentReportsTest, TimingsAreBounded) {
   vamp::v1::StepTimings t;
   t.set_total_us(1500);
   t.set_forward_us(1200);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -12,15 +13,36 @@ vamp::v1::InitRequest FakeInitRequest() {
   r.set_model_path("/models/fake");
   r.set_load_format("dummy");
   r.mutable_memory()->set_block_size(16);
+  r.mutable_memory()->set_max_offload_ratio(0.5);  // 4 of 8 experts
   r.mutable_parallel()->set_host_transport_address("127.0.0.1:1");
   return r;
+}
+
+namespace {
+
+constexpr uint64_t kFakePageBytes = 4096;  // also one KV block
+
+}  // namespace
+
+bool FakeAgreement::AllRanksOk(int64_t step_id, bool ok) {
+  absl::MutexLock lock(&mu_);
+  Round& round = rounds_[step_id];
+  ++round.posted;
+  round.all_ok = round.all_ok && ok;
+  auto all_posted = [this, step_id]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return rounds_[step_id].posted >= ranks_;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&all_posted), absl::Seconds(10))) return false;
+  return rounds_[step_id].all_ok;
 }
 
 void FakeAgentService::FillMemoryLocked(vamp::v1::RankMemory* m) const {
   m->set_rank(rank_);
   m->set_device("cpu");
   m->set_device_total_bytes(spec_.device_total_bytes);
-  m->set_kv_blocks(used_blocks_);
+  m->set_page_bytes(kFakePageBytes);
+  m->set_kv_pool_bytes(static_cast<uint64_t>(OwnBlocksLocked(offloaded_)) * kFakePageBytes);
+  m->set_kv_blocks(lie_kv_blocks_.value_or(used_blocks_));
   m->set_max_offload_groups(spec_.max_offload_groups);
   m->set_offloaded_groups(offloaded_);
 }
@@ -28,6 +50,7 @@ void FakeAgentService::FillMemoryLocked(vamp::v1::RankMemory* m) const {
 grpc::Status FakeAgentService::Init(grpc::ServerContext*, const vamp::v1::InitRequest*,
                                     vamp::v1::InitResponse* response) {
   absl::MutexLock lock(&mu_);
+  ++unary_calls_;
   offloaded_ = 0;
   used_blocks_ = spec_.kv_blocks;
   remap_history_.clear();
@@ -39,27 +62,17 @@ grpc::Status FakeAgentService::Init(grpc::ServerContext*, const vamp::v1::InitRe
   response->set_vocab_size(spec_.vocab_size);
   response->set_eos_token_id(spec_.eos_token_id);
   response->set_max_position_embeddings(spec_.max_position_embeddings);
-  return grpc::Status::OK;
-}
-
-grpc::Status FakeAgentService::Capacity(grpc::ServerContext*,
-                                        const vamp::v1::CapacityRequest* request,
-                                        vamp::v1::CapacityResponse* response) {
-  absl::MutexLock lock(&mu_);
-  const int32_t after =
-      std::clamp(offloaded_ + request->delta_groups(), 0, spec_.max_offload_groups);
-  response->set_kv_blocks_now(lie_kv_blocks_now_.value_or(used_blocks_));
-  response->set_kv_blocks_after(request->delta_groups() == 0 ? used_blocks_
-                                                             : OwnBlocksLocked(after));
-  response->set_offloaded_groups(offloaded_);
-  response->set_max_offload_groups(spec_.max_offload_groups);
-  response->set_staged_bytes_per_group(spec_.staged_bytes_per_group);
+  vamp::v1::OffloadGeometry& offload = *response->mutable_offload();
+  offload.set_kv_block_bytes(kFakePageBytes);
+  offload.set_kv_pages_per_group(spec_.blocks_per_group);
+  offload.set_staged_bytes_per_group(spec_.staged_bytes_per_group);
   return grpc::Status::OK;
 }
 
 grpc::Status FakeAgentService::GetStats(grpc::ServerContext*, const vamp::v1::GetStatsRequest*,
                                         vamp::v1::GetStatsResponse* response) {
   absl::MutexLock lock(&mu_);
+  ++unary_calls_;
   FillMemoryLocked(response->mutable_memory());
   return grpc::Status::OK;
 }
@@ -68,41 +81,6 @@ vamp::v1::StepResponse FakeAgentService::ApplyLocked(const vamp::v1::StepRequest
   vamp::v1::StepResponse response;
   response.set_step_id(request.step_id());
   response.set_rank(rank_);
-  for (const std::string& id : request.rollback_remap_ids()) {
-    rollbacks_.push_back(id);
-    auto it = remap_history_.find(id);
-    if (it == remap_history_.end()) continue;  // never applied here: nothing to undo
-    offloaded_ -= it->second;
-    used_blocks_ = OwnBlocksLocked(offloaded_);
-    remap_history_.erase(it);
-  }
-  for (const vamp::v1::RemapCommand& remap : request.remaps()) {
-    if (fail_next_remap_.has_value()) {
-      response.set_error_message(*fail_next_remap_);
-      fail_next_remap_.reset();
-      FillMemoryLocked(response.mutable_memory());
-      return response;
-    }
-    const int32_t delta = remap.action() == vamp::v1::RemapCommand::ACTION_OFFLOAD
-                              ? remap.num_groups()
-                              : -remap.num_groups();
-    if (offloaded_ + delta < 0 || offloaded_ + delta > spec_.max_offload_groups) {
-      response.set_error_message(absl::StrCat("rank ", rank_, ": cannot move ", delta,
-                                              " groups with ", offloaded_, " offloaded"));
-      FillMemoryLocked(response.mutable_memory());
-      return response;
-    }
-    offloaded_ += delta;
-    remap_history_[remap.remap_id()] = delta;
-    const int64_t own = OwnBlocksLocked(offloaded_);
-    if (remap.expected_kv_blocks() > own) {
-      response.set_error_message(absl::StrCat("rank ", rank_, ": expected ",
-                                              remap.expected_kv_blocks(), " KV blocks, has ",
-                                              own));
-    }
-    used_blocks_ = remap.expected_kv_blocks() > 0 ? std::min(own, remap.expected_kv_blocks())
-                                                  : own;
-  }
   for (uint64_t id : request.finished_request_ids()) {
     finished_.push_back(id);
     requests_.erase(id);
@@ -154,12 +132,48 @@ vamp::v1::StepResponse FakeAgentService::ApplyLocked(const vamp::v1::StepRequest
   return response;
 }
 
+std::string FakeAgentService::RemapLocked(const vamp::v1::StepRequest& request) {
+  for (const std::string& id : request.rollback_remap_ids()) {
+    rollbacks_.push_back(id);
+    auto it = remap_history_.find(id);
+    if (it == remap_history_.end()) continue;  // never applied here: nothing to undo
+    offloaded_ -= it->second.delta;
+    used_blocks_ = it->second.blocks_before;
+    remap_history_.erase(it);
+  }
+  for (const vamp::v1::RemapCommand& remap : request.remaps()) {
+    if (fail_next_remap_.has_value()) {
+      std::string error = *std::move(fail_next_remap_);
+      fail_next_remap_.reset();
+      return error;
+    }
+    const int32_t delta = remap.action() == vamp::v1::RemapCommand::ACTION_OFFLOAD
+                              ? remap.num_groups()
+                              : -remap.num_groups();
+    if (offloaded_ + delta < 0 || offloaded_ + delta > spec_.max_offload_groups) {
+      return absl::StrCat("rank ", rank_, ": cannot move ", delta, " groups with ", offloaded_,
+                          " offloaded");
+    }
+    const int64_t own = OwnBlocksLocked(offloaded_ + delta);
+    if (remap.expected_kv_blocks() > own) {
+      return absl::StrCat("rank ", rank_, ": expected ", remap.expected_kv_blocks(),
+                          " KV blocks, can have ", own);
+    }
+    remap_history_[remap.remap_id()] = {delta, used_blocks_};
+    if (lie_after_remap_.has_value()) lie_kv_blocks_ = *std::exchange(lie_after_remap_, {});
+    offloaded_ += delta;
+    used_blocks_ = remap.expected_kv_blocks() > 0 ? remap.expected_kv_blocks() : own;
+  }
+  return "";
+}
+
 grpc::Status FakeAgentService::Step(
     grpc::ServerContext*,
     grpc::ServerReaderWriter<vamp::v1::StepResponse, vamp::v1::StepRequest>* stream) {
   vamp::v1::StepRequest request;
   while (stream->Read(&request)) {
     vamp::v1::StepResponse response;
+    std::string remap_error;
     {
       absl::MutexLock lock(&mu_);
       steps_.push_back(request);
@@ -167,7 +181,25 @@ grpc::Status FakeAgentService::Step(
         break_stream_ = false;
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake agent went away");
       }
-      response = ApplyLocked(request);
+      remap_error = RemapLocked(request);
+    }
+    // The ranks agree on a step with remaps, as real agents do, outside the lock (every rank's
+    // stream thread waits here for the others).
+    const bool remapping = request.remaps_size() > 0 || request.rollback_remap_ids_size() > 0;
+    bool run = remap_error.empty();
+    if (remapping && agreement_ != nullptr) run = agreement_->AllRanksOk(request.step_id(), run);
+    {
+      absl::MutexLock lock(&mu_);
+      if (run) {
+        response = ApplyLocked(request);
+      } else {
+        response.set_step_id(request.step_id());
+        response.set_rank(rank_);
+        response.set_refused(true);
+        response.set_error_message(
+            remap_error.empty() ? "a remap of this step failed on another rank" : remap_error);
+        FillMemoryLocked(response.mutable_memory());
+      }
     }
     if (!stream->Write(response)) break;
   }
@@ -179,9 +211,9 @@ void FakeAgentService::FailNextRemap(std::string error) {
   fail_next_remap_ = std::move(error);
 }
 
-void FakeAgentService::ReportKvBlocksNow(int64_t blocks) {
+void FakeAgentService::ReportKvBlocks(int64_t blocks, bool from_next_remap) {
   absl::MutexLock lock(&mu_);
-  lie_kv_blocks_now_ = blocks;
+  (from_next_remap ? lie_after_remap_ : lie_kv_blocks_) = blocks;
 }
 
 void FakeAgentService::BreakStreamAtNextStep() {
@@ -209,6 +241,11 @@ std::vector<vamp::v1::StepRequest> FakeAgentService::steps() {
   return steps_;
 }
 
+int64_t FakeAgentService::unary_calls() {
+  absl::MutexLock lock(&mu_);
+  return unary_calls_;
+}
+
 std::vector<std::string> FakeAgentService::rollbacks() {
   absl::MutexLock lock(&mu_);
   return rollbacks_;
@@ -226,8 +263,10 @@ int64_t FakeAgentService::kv_blocks() {
 
 FakeAgentGroup::FakeAgentGroup(std::vector<FakeRankSpec> ranks, AgentGroupOptions options) {
   std::vector<AgentEndpoint> endpoints;
+  agreement_ = std::make_unique<FakeAgreement>(static_cast<int>(ranks.size()));
   for (size_t r = 0; r < ranks.size(); ++r) {
-    agents_.push_back(std::make_unique<FakeAgentService>(static_cast<int>(r), ranks[r]));
+    agents_.push_back(
+        std::make_unique<FakeAgentService>(static_cast<int>(r), ranks[r], agreement_.get()));
     absl::StatusOr<std::unique_ptr<GrpcServer>> server =
         GrpcServer::Start("127.0.0.1:0", {agents_.back().get()});
     if (!server.ok()) {
@@ -251,12 +290,7 @@ FakeAgentGroup::FakeAgentGroup(std::vector<FakeRankSpec> ranks, AgentGroupOption
     return;
   }
   responses_ = *std::move(responses);
-  absl::StatusOr<AgentReportLimits> limits = CheckInitResponses(init, responses_);
-  if (!limits.ok()) {
-    status_ = limits.status();
-    return;
-  }
-  limits_ = *std::move(limits);
+  status_ = CheckInitResponses(init, responses_);
 }
 
 FakeAgentGroup::~FakeAgentGroup() {

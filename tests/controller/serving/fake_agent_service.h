@@ -1,14 +1,16 @@
 // In-process stand-ins for vamp-agents, for unit tests of the controller's serving layer
-// (ServingEngine, RemoteExpander, and the frontends over them) without agent processes or a
+// (ServingEngine, RemoteOffloader, and the frontends over them) without agent processes or a
 // model. FakeAgentService speaks agent.proto's Agent service the way an agent does at the level
-// the controller can observe: Init reports a memory plan, Capacity reports what n more or fewer
-// offloaded groups would leave, Step applies rollbacks and remaps (each rank up to the
-// controller's expected_kv_blocks), keeps each request's token count from the step's diffs and,
-// on rank 0, "samples" one token for every request whose scheduled tokens reach its end, and
-// reports prompt log-probabilities (FakePromptLogprob) for the prompt positions a step computes
-// of requests that ask for them. Faults
-// are scripted: a remap that fails on this rank, a Capacity answer that lies, a step stream that
-// breaks.
+// the controller can observe: Init reports a memory plan and its offload geometry (one KV block
+// per 4 KiB page, blocks_per_group pages per offloaded group), Step applies rollbacks and remaps
+// (each rank exactly the controller's expected_kv_blocks, or it fails), then the ranks of a
+// FakeAgentGroup agree as real agents do (FakeAgreement) and all refuse the step when any of them
+// failed; otherwise it keeps each request's token count from the step's diffs and, on rank 0,
+// "samples" one token for every request whose scheduled tokens reach its end, and reports prompt
+// log-probabilities (FakePromptLogprob) for the prompt positions a step computes of requests that
+// ask for them. Faults are scripted: a remap that fails on this rank, a rank that lies about its
+// KV blocks, a step stream that breaks. Every RPC is counted, so tests can pin how many rounds an
+// offload costs.
 #ifndef VAMP_TESTS_CONTROLLER_SERVING_FAKE_AGENT_SERVICE_H_
 #define VAMP_TESTS_CONTROLLER_SERVING_FAKE_AGENT_SERVICE_H_
 
@@ -52,14 +54,33 @@ inline float FakePromptLogprob(int32_t position, int32_t j) {
   return -0.001f * static_cast<float>(position) - static_cast<float>(j);
 }
 
+// The ranks' agreement on a step with remaps (TensorParallelGroup::AllRanksOk of real agents):
+// every rank posts whether its remaps succeeded and waits for the others.
+class FakeAgreement {
+ public:
+  explicit FakeAgreement(int ranks) : ranks_(ranks) {}
+  // Whether every rank posted `ok` for `step_id`; false also when the others do not post within
+  // 10 s (a test that sends a step to some ranks only).
+  bool AllRanksOk(int64_t step_id, bool ok);
+
+ private:
+  struct Round {
+    int posted = 0;
+    bool all_ok = true;
+  };
+  const int ranks_;
+  absl::Mutex mu_;
+  std::map<int64_t, Round> rounds_ ABSL_GUARDED_BY(mu_);
+};
+
 class FakeAgentService final : public vamp::v1::Agent::Service {
  public:
-  FakeAgentService(int rank, FakeRankSpec spec) : rank_(rank), spec_(spec) {}
+  // `agreement` (may be null: one rank alone) must outlive the service.
+  FakeAgentService(int rank, FakeRankSpec spec, FakeAgreement* agreement = nullptr)
+      : rank_(rank), spec_(spec), agreement_(agreement) {}
 
   grpc::Status Init(grpc::ServerContext*, const vamp::v1::InitRequest* request,
                     vamp::v1::InitResponse* response) override;
-  grpc::Status Capacity(grpc::ServerContext*, const vamp::v1::CapacityRequest* request,
-                        vamp::v1::CapacityResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext*, const vamp::v1::GetStatsRequest*,
                         vamp::v1::GetStatsResponse* response) override;
   grpc::Status Step(
@@ -68,8 +89,9 @@ class FakeAgentService final : public vamp::v1::Agent::Service {
 
   // The next remap this rank receives answers `error` in error_message and changes nothing.
   void FailNextRemap(std::string error);
-  // Capacity answers claim kv_blocks_now = `blocks` from now on (an agent that lies).
-  void ReportKvBlocksNow(int64_t blocks);
+  // Step answers claim memory.kv_blocks = `blocks` from now on (an agent that lies), or from the
+  // next step with a remap on.
+  void ReportKvBlocks(int64_t blocks, bool from_next_remap = false);
   // The next step ends this rank's step stream with an error (the agent died mid-run).
   void BreakStreamAtNextStep();
   // The token rank 0 "samples" for every request (default 7).
@@ -81,12 +103,14 @@ class FakeAgentService final : public vamp::v1::Agent::Service {
   int32_t offloaded_groups();
   // Every StepRequest received, in order.
   std::vector<vamp::v1::StepRequest> steps();
+  // Unary calls received (Init, GetStats, CreateCollectiveId): every other RPC is a step.
+  int64_t unary_calls();
   // Rollback ids received, in order.
   std::vector<std::string> rollbacks();
   // Ids seen in finished_request_ids.
   std::vector<uint64_t> finished_ids();
-  // KV blocks this rank uses now: what its pages hold, capped by the controller's last
-  // expected_kv_blocks.
+  // KV blocks this rank uses now: the controller's last expected_kv_blocks (what its pages hold
+  // before any remap).
   int64_t kv_blocks();
 
  private:
@@ -97,23 +121,33 @@ class FakeAgentService final : public vamp::v1::Agent::Service {
     bool prompt_logprobs = false;
     int32_t num_top_logprobs = 0;
   };
+  // One block per page: the KV region of `offloaded` groups holds this many blocks.
   int64_t OwnBlocksLocked(int32_t offloaded) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return spec_.kv_blocks + offloaded * spec_.blocks_per_group;
   }
   void FillMemoryLocked(vamp::v1::RankMemory* m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies one step; returns the response (error_message set on a failed remap).
+  // Applies the step's rollbacks and remaps; the first remap error ("" when none).
+  std::string RemapLocked(const vamp::v1::StepRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the step's request diffs and "samples"; the response.
   vamp::v1::StepResponse ApplyLocked(const vamp::v1::StepRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int rank_;
   const FakeRankSpec spec_;
+  FakeAgreement* const agreement_;
   absl::Mutex mu_;
   int32_t offloaded_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t used_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until Init
-  std::map<std::string, int32_t> remap_history_ ABSL_GUARDED_BY(mu_);  // remap id -> delta
+  struct Applied {
+    int32_t delta;          // groups
+    int64_t blocks_before;  // what a rollback goes back to
+  };
+  std::map<std::string, Applied> remap_history_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, RequestState> requests_ ABSL_GUARDED_BY(mu_);
   std::optional<std::string> fail_next_remap_ ABSL_GUARDED_BY(mu_);
-  std::optional<int64_t> lie_kv_blocks_now_ ABSL_GUARDED_BY(mu_);
+  std::optional<int64_t> lie_kv_blocks_ ABSL_GUARDED_BY(mu_);
+  std::optional<int64_t> lie_after_remap_ ABSL_GUARDED_BY(mu_);
+  int64_t unary_calls_ ABSL_GUARDED_BY(mu_) = 0;
   bool break_stream_ ABSL_GUARDED_BY(mu_) = false;
   int32_t sampled_token_ ABSL_GUARDED_BY(mu_) = 7;
   int32_t prompt_logprobs_overlap_ ABSL_GUARDED_BY(mu_) = 0;
@@ -133,20 +167,19 @@ class FakeAgentGroup {
   const absl::Status& status() const { return status_; }
   AgentGroup* group() { return group_.get(); }
   FakeAgentService& agent(int rank) { return *agents_[rank]; }
+  // The Init answers, which passed CheckInitResponses.
   const std::vector<vamp::v1::InitResponse>& init_responses() const { return responses_; }
-  // CheckInitResponses over the Init answers.
-  const AgentReportLimits& limits() const { return limits_; }
 
  private:
   absl::Status status_;
+  std::unique_ptr<FakeAgreement> agreement_;
   std::vector<std::unique_ptr<FakeAgentService>> agents_;
   std::vector<std::unique_ptr<GrpcServer>> servers_;
   std::unique_ptr<AgentGroup> group_;
   std::vector<vamp::v1::InitResponse> responses_;
-  AgentReportLimits limits_;
 };
 
-// The InitRequest the fakes are initialised with (block size 16).
+// The InitRequest the fakes are initialised with (block size 16, VAMP-r 0.5).
 vamp::v1::InitRequest FakeInitRequest();
 
 }  // namespace vamp::testing

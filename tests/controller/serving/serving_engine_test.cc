@@ -1,9 +1,11 @@
 // ServingEngine (controller/serving/serving_engine.h) against fake agents on loopback: requests
 // are admitted or refused with the scheduler's reason, stream their tokens one event per step
 // and end with usage; Abort ends one and tells the agents; drain refuses new work until undrain;
-// forced offloads and restores change the pool on every rank, and one that a rank fails is rolled
-// back without hurting serving; a rank that dies fails every live request with an error naming
-// it, and the engine then refuses work instead of hanging.
+// the pool is sized from the agents' Init answers alone, forced offloads and restores change it
+// on every rank with one step round each, one that a rank refuses is rolled back on every rank
+// and the refused step is run again without hurting serving; a rank whose reported memory is not
+// the controller's view, or that dies, fails every live request with an error naming it, and the
+// engine then refuses work instead of hanging.
 #include "controller/serving/serving_engine.h"
 
 #include <algorithm>
@@ -98,7 +100,8 @@ class ServingEngineTest : public ::testing::Test {
     ServingEngineOptions options;
     options.scheduler.max_model_len = 512;  // 32 of the 60 blocks
     options.arbiter = "static";             // no offload but the ones a test forces
-    options.report_limits = agents_.limits();
+    options.ranks = agents_.init_responses();
+    options.offload.retry_after_micros = 60 * 1000000;  // a refusal pauses remaps for the test
     options.model_name = "fake-model";
     absl::StatusOr<std::unique_ptr<ServingEngine>> engine =
         ServingEngine::Start(agents_.group(), options);
@@ -198,15 +201,30 @@ TEST_F(ServingEngineTest, DrainRefusesNewRequestsUntilUndrain) {
   EXPECT_TRUE(log.WaitFinished());
 }
 
-TEST_F(ServingEngineTest, ForcedOffloadAndRestoreResizeThePoolOnEveryRank) {
+TEST_F(ServingEngineTest, ForcedOffloadAndRestoreResizeThePoolOnEveryRankInOneStepRoundEach) {
   EXPECT_EQ(PoolBlocks(), 60) << "the cross-rank minimum";
+  // The group's Init (GetStats for the rendezvous, then Init) and nothing else: the engine sized
+  // its pool from the Init answers.
+  const int64_t unary[2] = {agents_.agent(0).unary_calls(), agents_.agent(1).unary_calls()};
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(unary[r], 2) << "rank " << r;
+    EXPECT_TRUE(agents_.agent(r).steps().empty());
+  }
   ASSERT_TRUE(engine_->ForceRemap(2).ok());
   EXPECT_EQ(PoolBlocks(), 72) << "min(64 + 2 x 8, 60 + 2 x 6)";
-  EXPECT_EQ(agents_.agent(0).offloaded_groups(), 2);
-  EXPECT_EQ(agents_.agent(1).offloaded_groups(), 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(agents_.agent(r).offloaded_groups(), 2);
+    EXPECT_EQ(agents_.agent(r).unary_calls(), unary[r]) << "rank " << r << ": no query";
+    const std::vector<vamp::v1::StepRequest> steps = agents_.agent(r).steps();
+    ASSERT_EQ(steps.size(), 1u) << "rank " << r << ": one step round";
+    ASSERT_EQ(steps[0].remaps_size(), 1);
+    EXPECT_EQ(steps[0].remaps(0).expected_kv_blocks(), 72);
+  }
   ASSERT_TRUE(engine_->ForceRemap(-2).ok());
   EXPECT_EQ(PoolBlocks(), 60);
   EXPECT_EQ(agents_.agent(0).offloaded_groups(), 0);
+  EXPECT_EQ(agents_.agent(0).steps().size(), 2u);
+  EXPECT_EQ(agents_.agent(1).unary_calls(), unary[1]);
   EXPECT_TRUE(absl::IsFailedPrecondition(engine_->ForceRemap(-1))) << "nothing is offloaded";
   EXPECT_TRUE(absl::IsInvalidArgument(engine_->ForceRemap(0)));
 }
@@ -217,14 +235,71 @@ TEST_F(ServingEngineTest, AnOffloadOneRankFailsIsRolledBackAndServingGoesOn) {
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("agent rank 1"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("cannot map the expert pages"));
-  EXPECT_EQ(agents_.agent(0).rollbacks().size(), 1u);
-  EXPECT_EQ(agents_.agent(0).offloaded_groups(), 0) << "rank 0's applied remap was undone";
   EXPECT_EQ(PoolBlocks(), 60);
+  // The rollback rides the next step, which the engine sends at once.
+  EXPECT_TRUE(WaitUntil([&] { return agents_.agent(0).rollbacks().size() == 1; }));
+  EXPECT_EQ(agents_.agent(0).offloaded_groups(), 0) << "rank 0's applied remap was undone";
+  EXPECT_EQ(agents_.agent(0).kv_blocks(), 64) << "as before: its own region";
+  EXPECT_EQ(agents_.agent(1).kv_blocks(), 60);
   EXPECT_TRUE(engine_->healthy());
+  const absl::Status paused = engine_->ForceRemap(1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(paused)) << paused;
+  EXPECT_THAT(std::string(paused.message()), HasSubstr("retry later"));
   EventLog log;
   ASSERT_TRUE(engine_->Submit(Request(8, 3), log.Sink()).ok());
   ASSERT_TRUE(log.WaitFinished());
   EXPECT_EQ(log.events().back().finish_reason, FinishReason::kLength);
+}
+
+// An offload forced while a request decodes, which rank 1 refuses: every rank refuses that step,
+// the next one rolls the remap back and runs the same work, and the stream never notices.
+TEST_F(ServingEngineTest, ARefusedStepIsRunAgainAfterTheRollback) {
+  EventLog log;
+  ASSERT_TRUE(engine_->Submit(Request(20, 60), log.Sink()).ok());
+  ASSERT_TRUE(log.WaitEvents(3));
+  agents_.agent(1).FailNextRemap("cannot map the expert pages");
+  EXPECT_FALSE(engine_->ForceRemap(1).ok());
+  ASSERT_TRUE(log.WaitFinished());
+  const std::vector<EngineEvent> events = log.events();
+  EXPECT_EQ(events.back().finish_reason, FinishReason::kLength);
+  EXPECT_TRUE(events.back().error.empty());
+  EXPECT_EQ(log.tokens().size(), 60u) << "no token lost or repeated";
+  EXPECT_THAT(log.tokens(), Each(7));
+  // The refused step and the one after it carry the same work; the latter rolls back.
+  const std::vector<vamp::v1::StepRequest> steps = agents_.agent(1).steps();
+  size_t refused = 0;
+  while (refused < steps.size() && steps[refused].remaps_size() == 0) ++refused;
+  ASSERT_LT(refused + 1, steps.size());
+  const vamp::v1::StepRequest& rerun = steps[refused + 1];
+  ASSERT_EQ(rerun.rollback_remap_ids_size(), 1);
+  EXPECT_EQ(rerun.rollback_remap_ids(0), steps[refused].remaps(0).remap_id());
+  ASSERT_EQ(rerun.cached_requests_size(), steps[refused].cached_requests_size());
+  for (int i = 0; i < rerun.cached_requests_size(); ++i) {
+    EXPECT_EQ(rerun.cached_requests(i).request_id(),
+              steps[refused].cached_requests(i).request_id());
+    EXPECT_EQ(rerun.cached_requests(i).num_computed_tokens(),
+              steps[refused].cached_requests(i).num_computed_tokens());
+    EXPECT_EQ(rerun.cached_requests(i).num_scheduled_tokens(),
+              steps[refused].cached_requests(i).num_scheduled_tokens());
+  }
+  EXPECT_LE(rerun.num_blocks(), 60) << "planned on the pool before the offload";
+  EXPECT_EQ(PoolBlocks(), 60);
+  EXPECT_TRUE(engine_->healthy());
+}
+
+// The reviewer's case: the agents applied a remap but one of them reports another pool than the
+// controller's view. The controller must not go on with a view the agents do not share.
+TEST_F(ServingEngineTest, ARankReportingAnotherPoolAfterARemapStopsTheEngineNamingIt) {
+  EventLog log;
+  ASSERT_TRUE(engine_->Submit(Request(8, 400), log.Sink()).ok());
+  ASSERT_TRUE(log.WaitEvents(1));
+  agents_.agent(1).ReportKvBlocks(1000, /*from_next_remap=*/true);
+  EXPECT_FALSE(engine_->ForceRemap(1).ok());
+  ASSERT_TRUE(log.WaitFinished()) << "failed, not hung";
+  const EngineEvent last = log.events().back();
+  EXPECT_EQ(last.finish_reason, FinishReason::kAbort);
+  EXPECT_THAT(last.error, HasSubstr("agent rank 1 reported memory.kv_blocks = 1000"));
+  EXPECT_TRUE(WaitUntil([&] { return !engine_->healthy(); }));
 }
 
 TEST_F(ServingEngineTest, ARankThatDiesFailsEveryLiveRequestNamingIt) {
@@ -271,7 +346,7 @@ TEST_F(ServingEngineTest, PromptLogprobsComeWithTheFirstOutputAndSkipThePrefixCa
   options.scheduler.max_model_len = 512;
   options.scheduler.max_num_batched_tokens = 16;  // a 40-token prompt takes three steps
   options.arbiter = "static";
-  options.report_limits = agents_.limits();
+  options.ranks = agents_.init_responses();
   options.model_name = "fake-model";
   absl::StatusOr<std::unique_ptr<ServingEngine>> engine =
       ServingEngine::Start(agents_.group(), options);

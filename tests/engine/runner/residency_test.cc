@@ -90,7 +90,7 @@ TEST(ResidencyTest, EveryBoundaryGivesBitIdenticalLogits) {
   EXPECT_TRUE(experts.staged_layers().empty());
   EXPECT_EQ(experts.engine().stats().copies, 0);
   for (int groups = 1; groups <= 6; ++groups) {
-    auto r = memory.repartitioner->Offload(1);
+    auto r = memory.page_remapper->Offload(1);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(memory.experts->boundary(), 16 - 2 * groups);
     refresh_kv();
@@ -101,21 +101,21 @@ TEST(ResidencyTest, EveryBoundaryGivesBitIdenticalLogits) {
     const auto events = experts.engine().events();
     ASSERT_EQ(events.size(), 6u);
   }
-  EXPECT_FALSE(memory.repartitioner->Offload(1).ok()) << "past the cap";
+  EXPECT_FALSE(memory.page_remapper->Offload(1).ok()) << "past the cap";
   const StagingStats stats = experts.engine().stats();
   EXPECT_GT(stats.copies, 0);
   EXPECT_GT(stats.bytes, 0u);
 
   // And back: restore group by group (the runner holds no request between checks).
   for (int groups = 5; groups >= 0; --groups) {
-    auto r = memory.repartitioner->Restore(1, runner.kv_cache().num_blocks);
+    auto r = memory.page_remapper->Restore(1, runner.kv_cache().num_blocks);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(memory.experts->boundary(), 16 - 2 * groups);
     refresh_kv();
     check("restored to boundary " + std::to_string(16 - 2 * groups));
   }
   EXPECT_EQ(runner.kv_cache().num_blocks, baseline_blocks);
-  EXPECT_TRUE(memory.repartitioner->Audit().ok());
+  EXPECT_TRUE(memory.page_remapper->Audit().ok());
 }
 
 }  // namespace

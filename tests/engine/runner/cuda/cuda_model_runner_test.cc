@@ -560,7 +560,7 @@ void CheckEveryResidencyBoundary(CudaForwardOptions forward) {
 
   check("fully resident, again");
   for (int groups = 1; groups <= 3; ++groups) {
-    auto r = e.memory.repartitioner->Offload(1);
+    auto r = e.memory.page_remapper->Offload(1);
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(e.memory.experts->boundary(), 16 - 4 * groups);
     ASSERT_TRUE(e.RefreshKv().ok());
@@ -570,18 +570,18 @@ void CheckEveryResidencyBoundary(CudaForwardOptions forward) {
     EXPECT_EQ(StoreWeights(e).staged_layers(), (std::vector<int>{1, 2}));
     EXPECT_GT(StoreWeights(e).stats().copies, copies_before);
   }
-  EXPECT_FALSE(e.memory.repartitioner->Offload(1).ok()) << "past the cap";
+  EXPECT_FALSE(e.memory.page_remapper->Offload(1).ok()) << "past the cap";
 
   // And back: restore group by group (the runner holds no request between checks).
   for (int groups = 2; groups >= 0; --groups) {
-    auto r = e.memory.repartitioner->Restore(1, runner.kv_cache().num_blocks);
+    auto r = e.memory.page_remapper->Restore(1, runner.kv_cache().num_blocks);
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(e.memory.experts->boundary(), 16 - 4 * groups);
     ASSERT_TRUE(e.RefreshKv().ok());
     check("restored to boundary " + std::to_string(16 - 4 * groups));
   }
   EXPECT_EQ(runner.kv_cache().num_blocks, baseline_blocks);
-  EXPECT_TRUE(e.memory.repartitioner->Audit().ok());
+  EXPECT_TRUE(e.memory.page_remapper->Audit().ok());
 }
 
 TEST_F(CudaModelRunnerTest, EveryResidencyBoundaryGivesBitIdenticalLogits) {
@@ -716,12 +716,12 @@ TEST_F(CudaModelRunnerTest, OneStagingBufferGivesTheSameLogits) {
   ASSERT_TRUE(e.plan.experts.staging_carved);
   EXPECT_EQ(e.memory.experts->staging_mapped_bytes(), 0u);
   const PromptsRun want = RunPrompts(*e.runner, 0);
-  auto r = e.memory.repartitioner->Offload(3);
+  auto r = e.memory.page_remapper->Offload(3);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(e.memory.experts->staging_mapped_bytes(),
             static_cast<uint64_t>(3 * e.plan.experts.group_pages) * e.plan.experts.page_bytes);
   EXPECT_EQ(r->pages, 3 * e.plan.experts.kv_pages_per_group());
-  ASSERT_TRUE(e.memory.repartitioner->Audit().ok());
+  ASSERT_TRUE(e.memory.page_remapper->Audit().ok());
   ASSERT_TRUE(e.RefreshKv().ok());
   const PromptsRun got = RunPrompts(*e.runner, 100);
   EXPECT_EQ(StoreWeights(e).staged_layers(), (std::vector<int>{1, 2}));

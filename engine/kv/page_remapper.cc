@@ -1,4 +1,4 @@
-#include "engine/kv/memory_repartitioner.h"
+#include "engine/kv/page_remapper.h"
 
 #include <chrono>
 #include <utility>
@@ -11,11 +11,10 @@
 
 namespace vamp {
 
-MemoryRepartitioner::MemoryRepartitioner(PagePool* pool, ExpertStore* experts, KvRegion* kv,
-                                         InFlightFence* fence)
+PageRemapper::PageRemapper(PagePool* pool, ExpertStore* experts, KvRegion* kv, InFlightFence* fence)
     : pool_(pool), experts_(experts), kv_(kv), fence_(fence) {}
 
-absl::StatusOr<int64_t> MemoryRepartitioner::BlocksAddedByOffload(int64_t n_groups) const {
+absl::StatusOr<int64_t> PageRemapper::BlocksAddedByOffload(int64_t n_groups) const {
   const int64_t remaining = experts_->remaining_groups();
   if (n_groups < 0 || n_groups > remaining) {
     return absl::OutOfRangeError(
@@ -27,7 +26,7 @@ absl::StatusOr<int64_t> MemoryRepartitioner::BlocksAddedByOffload(int64_t n_grou
          kv_->BlocksWithPages(pages);
 }
 
-absl::StatusOr<int64_t> MemoryRepartitioner::BlocksRemovedByRestore(int64_t n_groups) const {
+absl::StatusOr<int64_t> PageRemapper::BlocksRemovedByRestore(int64_t n_groups) const {
   const int64_t offloaded = experts_->offloaded_groups();
   if (n_groups < 0 || n_groups > offloaded) {
     return absl::OutOfRangeError(
@@ -38,7 +37,7 @@ absl::StatusOr<int64_t> MemoryRepartitioner::BlocksRemovedByRestore(int64_t n_gr
          kv_->BlocksWithPages(pages - n_groups * experts_->geometry().kv_pages_per_group());
 }
 
-absl::StatusOr<RemapResult> MemoryRepartitioner::Offload(int64_t n_groups) {
+absl::StatusOr<RemapResult> PageRemapper::Offload(int64_t n_groups) {
   absl::MutexLock lock(&mu_);
   const auto start = std::chrono::steady_clock::now();
   RemapResult result;
@@ -64,8 +63,7 @@ absl::StatusOr<RemapResult> MemoryRepartitioner::Offload(int64_t n_groups) {
   return result;
 }
 
-absl::StatusOr<RemapResult> MemoryRepartitioner::Restore(int64_t n_groups,
-                                                         int64_t free_tail_blocks) {
+absl::StatusOr<RemapResult> PageRemapper::Restore(int64_t n_groups, int64_t free_tail_blocks) {
   absl::MutexLock lock(&mu_);
   const auto start = std::chrono::steady_clock::now();
   VAMP_ASSIGN_OR_RETURN(const int64_t removed, BlocksRemovedByRestore(n_groups));
@@ -110,7 +108,7 @@ absl::StatusOr<RemapResult> MemoryRepartitioner::Restore(int64_t n_groups,
   return result;
 }
 
-absl::Status MemoryRepartitioner::Audit() const {
+absl::Status PageRemapper::Audit() const {
   std::vector<const VirtualRegion*> regions = experts_->regions();
   for (const VirtualRegion* region : experts_->staging_regions()) regions.push_back(region);
   regions.push_back(&kv_->region());
@@ -121,7 +119,8 @@ absl::Status MemoryRepartitioner::Audit() const {
   const int64_t groups = experts_->offloaded_groups();
   const int64_t expected_expert = g.total_pages() - groups * g.pages_per_group();
   const int64_t expected_kv = kv_->baseline_pages() + groups * g.kv_pages_per_group();
-  const int64_t expected_staging = g.reserved_staging_pages() + groups * g.staging_pages_per_group();
+  const int64_t expected_staging =
+      g.reserved_staging_pages() + groups * g.staging_pages_per_group();
   if (a.held != 0 || a.mapped_other != 0 || a.mapped_expert != expected_expert ||
       a.mapped_kv != expected_kv || a.mapped_staging != expected_staging ||
       a.free + a.mapped_expert + a.mapped_kv + a.mapped_staging != pool_->num_pages()) {

@@ -1,4 +1,4 @@
-#include "sim/sim_expander.h"
+#include "sim/sim_offloader.h"
 
 #include <algorithm>
 
@@ -6,16 +6,16 @@
 
 namespace vamp::sim {
 
-int32_t SimPoolExpander::BlocksPerGroup() const {
+int32_t SimOffloader::BlocksPerGroup() const {
   // The next group's blocks (floor effects make groups differ by at most one block).
   const int32_t next = std::min(groups_ + 1, std::max(1, g_.max_groups));
   return g_.BlocksWithGroups(next) - g_.BlocksWithGroups(next - 1);
 }
 
-absl::StatusOr<int32_t> SimPoolExpander::Expand(int32_t groups) {
+absl::StatusOr<int32_t> SimOffloader::Offload(int32_t groups) {
   if (groups <= 0 || groups > RemainingGroups()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Expand: ", groups, " groups, ", RemainingGroups(), " remain"));
+        absl::StrCat("Offload: ", groups, " groups, ", RemainingGroups(), " remain"));
   }
   const int32_t before = g_.BlocksWithGroups(groups_);
   groups_ += groups;
@@ -25,12 +25,12 @@ absl::StatusOr<int32_t> SimPoolExpander::Expand(int32_t groups) {
   return g_.BlocksWithGroups(groups_) - before;
 }
 
-int32_t SimPoolExpander::BlocksToRelease(int32_t groups) const {
+int32_t SimOffloader::BlocksRemovedByRestore(int32_t groups) const {
   groups = std::clamp(groups, 0, groups_);
   return g_.BlocksWithGroups(groups_) - g_.BlocksWithGroups(groups_ - groups);
 }
 
-absl::Status SimPoolExpander::Restore(int32_t groups, const PendingReleases& /*releases*/) {
+absl::Status SimOffloader::Restore(int32_t groups) {
   if (groups <= 0 || groups > groups_) {
     return absl::InvalidArgumentError(
         absl::StrCat("Restore: ", groups, " groups, ", groups_, " offloaded"));
@@ -42,7 +42,7 @@ absl::Status SimPoolExpander::Restore(int32_t groups, const PendingReleases& /*r
   return absl::OkStatus();
 }
 
-double SimPoolExpander::TakeRemapMicros() {
+double SimOffloader::TakeRemapMicros() {
   const double t = pending_remap_micros_;
   pending_remap_micros_ = 0;
   return t;

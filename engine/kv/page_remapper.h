@@ -1,9 +1,10 @@
-// MemoryRepartitioner: one agent's side of expert <-> KV remapping (shared/DESIGN.md, "Offload",
+// PageRemapper: one agent's side of expert <-> KV remapping (shared/DESIGN.md, "Offload",
 // "Restore"; paper §IV-C, §V-A). Physical pages move between the expert regions and the end of the
 // KV region; no virtual address ever moves.
 //
-// The agent answers the controller's capacity query (BlocksAddedByOffload, for the minimum across
-// ranks), then applies the remap the controller chose at a step boundary:
+// The controller sizes every remap itself from the geometry the agent declared at Init (KV pages
+// per group, block bytes; BlocksAddedByOffload and BlocksRemovedByRestore are the same
+// arithmetic on this side), and the agent applies the remap it chose at a step boundary:
 //   Offload(n): b moves down by n groups; wait until nothing in flight reads the pages; unmap them
 //               from the expert regions; carved staging buffers take their share (ExpertStore);
 //               map the rest at the end of the KV region; report the blocks.
@@ -18,8 +19,8 @@
 // regions minus the offloaded pages.
 //
 // Thread-safe; remaps are serialised.
-#ifndef VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_
-#define VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_
+#ifndef VAMP_ENGINE_KV_PAGE_REMAPPER_H_
+#define VAMP_ENGINE_KV_PAGE_REMAPPER_H_
 
 #include <cstdint>
 #include <memory>
@@ -46,11 +47,11 @@ struct RemapResult {
   double total_us = 0;
 };
 
-class MemoryRepartitioner {
+class PageRemapper {
  public:
-  // None of the pointers is owned; all must outlive the repartitioner. `experts` and `kv` must use
+  // None of the pointers is owned; all must outlive the page remapper. `experts` and `kv` must use
   // the same pool.
-  MemoryRepartitioner(PagePool* pool, ExpertStore* experts, KvRegion* kv, InFlightFence* fence);
+  PageRemapper(PagePool* pool, ExpertStore* experts, KvRegion* kv, InFlightFence* fence);
 
   int64_t offloaded_groups() const { return experts_->offloaded_groups(); }
   int64_t remaining_groups() const { return experts_->remaining_groups(); }
@@ -79,4 +80,4 @@ class MemoryRepartitioner {
 
 }  // namespace vamp
 
-#endif  // VAMP_ENGINE_KV_MEMORY_REPARTITIONER_H_
+#endif  // VAMP_ENGINE_KV_PAGE_REMAPPER_H_

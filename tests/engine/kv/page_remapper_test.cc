@@ -1,4 +1,4 @@
-#include "engine/kv/memory_repartitioner.h"
+#include "engine/kv/page_remapper.h"
 
 #include <algorithm>
 #include <random>
@@ -38,7 +38,7 @@ absl::StatusOr<MemoryPlan> SmallPlan(uint64_t page, int64_t kv_pages) {
   return PlanWithKvPages(testing::SmallTestShape(page, kLayers, kExperts), c, kv_pages);
 }
 
-class MemoryRepartitionerTest : public BackendTest {
+class PageRemapperTest : public BackendTest {
  protected:
   void SetUp() override {
     BackendTest::SetUp();
@@ -70,7 +70,7 @@ class MemoryRepartitionerTest : public BackendTest {
 
   ExpertStore& experts() { return *memory_.experts; }
   KvRegion& kv() { return *memory_.kv; }
-  MemoryRepartitioner& repartitioner() { return *memory_.repartitioner; }
+  PageRemapper& page_remapper() { return *memory_.page_remapper; }
 
   std::vector<uint8_t> FillBlocks(int64_t first, int64_t last, uint64_t seed) {
     std::vector<uint8_t> data = PatternBytes(seed, (last - first) * plan_.kv.block_bytes);
@@ -104,7 +104,7 @@ class MemoryRepartitionerTest : public BackendTest {
   // Page invariants checked independently of Audit: no page id appears in two slots anywhere,
   // and free + expert + KV pages is the whole pool.
   void ExpectEveryPageAccountedFor() {
-    ASSERT_TRUE(repartitioner().Audit().ok()) << repartitioner().Audit();
+    ASSERT_TRUE(page_remapper().Audit().ok()) << page_remapper().Audit();
     std::vector<const VirtualRegion*> regions = experts().regions();
     for (const VirtualRegion* region : experts().staging_regions()) regions.push_back(region);
     regions.push_back(&kv().region());
@@ -143,12 +143,12 @@ class MemoryRepartitionerTest : public BackendTest {
   std::vector<uint8_t> baseline_content_;
 };
 
-TEST_P(MemoryRepartitionerTest, CapacityQueryMatchesWhatOffloadAdds) {
+TEST_P(PageRemapperTest, CapacityQueryMatchesWhatOffloadAdds) {
   EXPECT_EQ(plan_.pool_pages(), memory_.pool->num_pages());
   for (int64_t step = 0; step < 4; ++step) {
-    absl::StatusOr<int64_t> predicted = repartitioner().BlocksAddedByOffload(1);
+    absl::StatusOr<int64_t> predicted = page_remapper().BlocksAddedByOffload(1);
     ASSERT_TRUE(predicted.ok());
-    absl::StatusOr<RemapResult> result = repartitioner().Offload(1);
+    absl::StatusOr<RemapResult> result = page_remapper().Offload(1);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->kv_blocks_after - result->kv_blocks_before, *predicted);
     EXPECT_EQ(result->pages, kKvPagesPerGroup);
@@ -156,15 +156,15 @@ TEST_P(MemoryRepartitionerTest, CapacityQueryMatchesWhatOffloadAdds) {
     EXPECT_EQ(kv().num_blocks(), result->kv_blocks_after);
     ExpectEveryPageAccountedFor();
   }
-  // Fully expanded: the KV region reaches the plan's maximum.
+  // Every group offloaded: the KV region reaches the plan's maximum.
   EXPECT_EQ(kv().num_blocks(), plan_.kv_max_blocks);
-  EXPECT_TRUE(absl::IsOutOfRange(repartitioner().BlocksAddedByOffload(1).status()));
+  EXPECT_TRUE(absl::IsOutOfRange(page_remapper().BlocksAddedByOffload(1).status()));
   ExpectContentsIntact();
 }
 
-TEST_P(MemoryRepartitionerTest, OffloadThenRestoreGivesBackTheExactExpertsAndKeepsKvBlocks) {
+TEST_P(PageRemapperTest, OffloadThenRestoreGivesBackTheExactExpertsAndKeepsKvBlocks) {
   const DeviceAddress kv_base = kv().base();
-  absl::StatusOr<RemapResult> offload = repartitioner().Offload(4);
+  absl::StatusOr<RemapResult> offload = page_remapper().Offload(4);
   ASSERT_TRUE(offload.ok()) << offload.status();
   EXPECT_EQ(kv().base(), kv_base);
   ExpectContentsIntact();
@@ -172,7 +172,7 @@ TEST_P(MemoryRepartitionerTest, OffloadThenRestoreGivesBackTheExactExpertsAndKee
   FillBlocks(baseline_blocks_, kv().num_blocks(), 2);
 
   const int64_t free_tail = kv().num_blocks() - baseline_blocks_;
-  absl::StatusOr<RemapResult> restore = repartitioner().Restore(4, free_tail);
+  absl::StatusOr<RemapResult> restore = page_remapper().Restore(4, free_tail);
   ASSERT_TRUE(restore.ok()) << restore.status();
   EXPECT_EQ(restore->kv_blocks_after, baseline_blocks_);
   EXPECT_EQ(experts().boundary(), kExperts);
@@ -180,55 +180,55 @@ TEST_P(MemoryRepartitionerTest, OffloadThenRestoreGivesBackTheExactExpertsAndKee
   ExpectEveryPageAccountedFor();
 }
 
-TEST_P(MemoryRepartitionerTest, RestoreTakesOnlyTailBlocksTheCallerFreed) {
-  ASSERT_TRUE(repartitioner().Offload(2).ok());
-  absl::StatusOr<int64_t> removed = repartitioner().BlocksRemovedByRestore(1);
+TEST_P(PageRemapperTest, RestoreTakesOnlyTailBlocksTheCallerFreed) {
+  ASSERT_TRUE(page_remapper().Offload(2).ok());
+  absl::StatusOr<int64_t> removed = page_remapper().BlocksRemovedByRestore(1);
   ASSERT_TRUE(removed.ok());
   ASSERT_GT(*removed, 0);
   const int64_t blocks = kv().num_blocks();
-  absl::Status refused = repartitioner().Restore(1, *removed - 1).status();
+  absl::Status refused = page_remapper().Restore(1, *removed - 1).status();
   EXPECT_TRUE(absl::IsFailedPrecondition(refused));
   EXPECT_THAT(refused.message(), HasSubstr("tail blocks are free"));
   EXPECT_EQ(kv().num_blocks(), blocks);
   ExpectEveryPageAccountedFor();
-  absl::StatusOr<RemapResult> restored = repartitioner().Restore(1, *removed);
+  absl::StatusOr<RemapResult> restored = page_remapper().Restore(1, *removed);
   ASSERT_TRUE(restored.ok());
   EXPECT_EQ(restored->kv_blocks_after, blocks - *removed);
   ExpectEveryPageAccountedFor();
 }
 
-TEST_P(MemoryRepartitionerTest, ErrorsLeaveEverythingAsItWas) {
-  EXPECT_TRUE(absl::IsOutOfRange(repartitioner().Offload(5).status()));           // past the cap
-  EXPECT_TRUE(absl::IsOutOfRange(repartitioner().Restore(1, 1 << 20).status()));  // none out
+TEST_P(PageRemapperTest, ErrorsLeaveEverythingAsItWas) {
+  EXPECT_TRUE(absl::IsOutOfRange(page_remapper().Offload(5).status()));           // past the cap
+  EXPECT_TRUE(absl::IsOutOfRange(page_remapper().Restore(1, 1 << 20).status()));  // none out
   ExpectEveryPageAccountedFor();
-  ASSERT_TRUE(repartitioner().Offload(1).ok());
-  absl::Status more = repartitioner().Restore(2, 1 << 20).status();
+  ASSERT_TRUE(page_remapper().Offload(1).ok());
+  absl::Status more = page_remapper().Restore(2, 1 << 20).status();
   EXPECT_TRUE(absl::IsOutOfRange(more));
   EXPECT_THAT(more.message(), HasSubstr("only 1 are offloaded"));
-  EXPECT_TRUE(absl::IsOutOfRange(repartitioner().Restore(0, 1 << 20).status()));
-  EXPECT_TRUE(absl::IsOutOfRange(repartitioner().Offload(4).status()));
+  EXPECT_TRUE(absl::IsOutOfRange(page_remapper().Restore(0, 1 << 20).status()));
+  EXPECT_TRUE(absl::IsOutOfRange(page_remapper().Offload(4).status()));
   EXPECT_EQ(experts().offloaded_groups(), 1);
   ExpectEveryPageAccountedFor();
   ExpectContentsIntact();
 }
 
-TEST_P(MemoryRepartitionerTest, WaitsForInFlightWorkBeforeUnmappingEitherWay) {
+TEST_P(PageRemapperTest, WaitsForInFlightWorkBeforeUnmappingEitherWay) {
   // Offload: the experts' pages are all still mapped when the fence runs.
   on_fence_ = [this] {
     for (const VirtualRegion* region : experts().regions()) {
       EXPECT_EQ(region->mapped_pages(), plan_.experts.region_pages);
     }
   };
-  ASSERT_TRUE(repartitioner().Offload(2).ok());
+  ASSERT_TRUE(page_remapper().Offload(2).ok());
   EXPECT_EQ(fence_calls_, 1);
   // Restore: the KV tail is still mapped when the fence runs.
   const int64_t kv_pages = kv().mapped_pages();
   on_fence_ = [this, kv_pages] { EXPECT_EQ(kv().mapped_pages(), kv_pages); };
-  ASSERT_TRUE(repartitioner().Restore(2, 1 << 20).ok());
+  ASSERT_TRUE(page_remapper().Restore(2, 1 << 20).ok());
   EXPECT_EQ(fence_calls_, 2);
 }
 
-TEST_P(MemoryRepartitionerTest, RandomisedOffloadRestoreSequencesKeepEveryInvariant) {
+TEST_P(PageRemapperTest, RandomisedOffloadRestoreSequencesKeepEveryInvariant) {
   const uint32_t seed = 20261129;
   std::mt19937 rng(seed);
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -238,7 +238,7 @@ TEST_P(MemoryRepartitionerTest, RandomisedOffloadRestoreSequencesKeepEveryInvari
     const int64_t n = std::uniform_int_distribution<int64_t>(1, 5)(rng);
     if (rng() % 2 == 0) {
       const bool fits = n <= experts().remaining_groups();
-      absl::StatusOr<RemapResult> r = repartitioner().Offload(n);
+      absl::StatusOr<RemapResult> r = page_remapper().Offload(n);
       ASSERT_EQ(r.ok(), fits) << "step " << step << ": " << r.status();
       if (r.ok()) {
         ++offloads;
@@ -249,7 +249,7 @@ TEST_P(MemoryRepartitionerTest, RandomisedOffloadRestoreSequencesKeepEveryInvari
       }
     } else {
       const bool fits = n <= experts().offloaded_groups();
-      absl::StatusOr<RemapResult> r = repartitioner().Restore(n, kv().num_blocks());
+      absl::StatusOr<RemapResult> r = page_remapper().Restore(n, kv().num_blocks());
       ASSERT_EQ(r.ok(), fits) << "step " << step << ": " << r.status();
       if (r.ok()) ++restores;
     }
@@ -264,20 +264,20 @@ TEST_P(MemoryRepartitionerTest, RandomisedOffloadRestoreSequencesKeepEveryInvari
   EXPECT_GT(restores, 10);
   // Bring everything back and check every expert of every layer.
   if (experts().offloaded_groups() > 0) {
-    ASSERT_TRUE(repartitioner().Restore(experts().offloaded_groups(), kv().num_blocks()).ok());
+    ASSERT_TRUE(page_remapper().Restore(experts().offloaded_groups(), kv().num_blocks()).ok());
   }
   ExpectContentsIntact();
   ExpectEveryPageAccountedFor();
 }
 
-TEST_P(MemoryRepartitionerTest, RejectsAPlanForAnotherPageSize) {
+TEST_P(PageRemapperTest, RejectsAPlanForAnotherPageSize) {
   MemoryPlan other = plan_;
   other.experts.page_bytes = 2 * page();
   absl::StatusOr<AgentMemory> memory = CreateAgentMemory(backend_.get(), other, &fence_);
   EXPECT_TRUE(absl::IsInvalidArgument(memory.status()));
 }
 
-VAMP_INSTANTIATE_BACKEND_SUITE(MemoryRepartitionerTest);
+VAMP_INSTANTIATE_BACKEND_SUITE(PageRemapperTest);
 
 }  // namespace
 }  // namespace vamp
