@@ -203,9 +203,9 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   offload.set_staged_bytes_per_group(plan.experts.group_bytes *
                                      plan.experts.eligible_layers.size());
   // The runner's prompt log-probabilities are backend-independent (a step that computes them
-  // brings its logits to the host and samples there), but that step has not run on a GPU yet:
-  // CUDA agents do not offer them until it has.
-  const bool prompt_logprobs = !in->rank->device->is_cuda();
+  // brings its logits to the host and samples there; CudaModelRunnerTest holds the GPU path to
+  // the CPU engine's), so every agent offers them.
+  const bool prompt_logprobs = true;
   response.set_prompt_logprobs_supported(prompt_logprobs);
   in->steps.set_options({prompt_logprobs, /*return_prompt_logprobs=*/in->tp_rank() == 0});
   response.set_eos_token_id(

@@ -288,9 +288,8 @@ TEST_F(CudaModelRunnerTest, DeviceLogprobsAndAlternativesMatchTheHostSamplers) {
   }
 }
 
-// Prompt log-probabilities on the GPU path, which CUDA agents do not offer until this passes on
-// a device (InitResponse.prompt_logprobs_supported): a step holding a request that asks brings
-// its logits to the host and samples there. Its prompt log-probabilities match the CPU engine's
+// Prompt log-probabilities on the GPU path (CUDA agents offer them because this holds): a step
+// holding a request that asks brings its logits to the host and samples there. Its prompt log-probabilities match the CPU engine's
 // (float32 both) within 1e-4 with the same alternatives, and every request of the step samples
 // the tokens the same batch samples on the device.
 TEST_F(CudaModelRunnerTest, PromptLogprobsMatchTheCpuEngineAndLeaveTokensUnchanged) {
