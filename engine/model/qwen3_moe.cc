@@ -7,6 +7,8 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "engine/model/batch_attention.h"
+#include "engine/model/scratch.h"
 #include "engine/model/weight_reading.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/copy.h"
@@ -18,12 +20,6 @@ namespace vamp {
 namespace {
 
 namespace k = kernels::cpu;
-
-template <typename T>
-T* Grow(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
 
 }  // namespace
 
@@ -190,8 +186,8 @@ absl::Status Qwen3MoeModel::Forward(const ForwardBatch& batch, const KvCacheView
   if (kv.dtype != DType::kFloat32 || expert_layout_.dtype != DType::kFloat32) {
     return absl::FailedPreconditionError("the CPU engine stores KV and experts in float32");
   }
-  float* x = Grow(hidden_, n * H);
-  float* res = Grow(residual_, n * H);
+  float* x = GrowScratch(hidden_, n * H);
+  float* res = GrowScratch(residual_, n * H);
   const RoutedExpertsShape routed_shape{H, c.num_experts, c.num_experts_per_tok, c.norm_topk_prob,
                                         expert_layout_.inter};
   k::GatherRows(embed_.data(), H, batch.token_ids.data(), n, H, res, H);
@@ -229,8 +225,8 @@ absl::Status Qwen3MoeModel::Forward(const ForwardBatch& batch, const KvCacheView
   // Final norm and LM head, only for the requested rows.
   const int64_t m = static_cast<int64_t>(batch.logits_indices.size());
   if (m == 0) return absl::OkStatus();
-  float* sx = Grow(sel_hidden_, m * H);
-  float* sr = Grow(sel_residual_, m * H);
+  float* sx = GrowScratch(sel_hidden_, m * H);
+  float* sr = GrowScratch(sel_residual_, m * H);
   k::GatherRows(x, H, batch.logits_indices.data(), m, H, sx, H);
   k::GatherRows(res, H, batch.logits_indices.data(), m, H, sr, H);
   k::FusedAddRmsNorm(sx, H, sr, H, final_norm_.data(), eps, m, H);
@@ -245,7 +241,7 @@ absl::Status Qwen3MoeModel::Attention(int layer, const ForwardBatch& batch, cons
   const int64_t n = batch.num_tokens(), H = c.hidden_size, hd = c.head_dim;
   const int64_t q_cols = q_heads_ * hd, kv_cols = kv_heads_ * hd;
   const int64_t qkv_cols = q_cols + 2 * kv_cols;
-  float* qkv = Grow(qkv_buf_, n * qkv_cols);
+  float* qkv = GrowScratch(qkv_buf_, n * qkv_cols);
   k::Gemm(hidden_.data(), H, L.qkv.data(), H, qkv, qkv_cols, n, qkv_cols, H);
   float* q = qkv;
   float* kk = qkv + q_cols;
@@ -260,26 +256,9 @@ absl::Status Qwen3MoeModel::Attention(int layer, const ForwardBatch& batch, cons
   }
   k::WriteKv(kk, qkv_cols, v, qkv_cols, batch.slot_mapping.data(), n, kv_heads_, hd, k_cache,
              v_cache, kv.strides, kv.block_size);
-  float* out = Grow(attn_out_, n * q_cols);
-  float* ws = Grow(attn_ws_, std::max<int64_t>(1, batch.max_seq_len));
-  k::PagedAttention(k::PagedAttentionArgs<float>{.q = q,
-                                                 .q_stride = qkv_cols,
-                                                 .k_cache = k_cache,
-                                                 .v_cache = v_cache,
-                                                 .strides = kv.strides,
-                                                 .block_size = kv.block_size,
-                                                 .block_tables = batch.block_tables.data(),
-                                                 .block_table_stride = batch.block_table_stride,
-                                                 .seq_lens = batch.seq_lens.data(),
-                                                 .query_start_loc = batch.query_start_loc.data(),
-                                                 .num_seqs = batch.num_seqs(),
-                                                 .num_q_heads = q_heads_,
-                                                 .num_kv_heads = kv_heads_,
-                                                 .head_dim = hd,
-                                                 .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
-                                                 .out = out,
-                                                 .out_stride = q_cols,
-                                                 .workspace = ws});
+  float* out = GrowScratch(attn_out_, n * q_cols);
+  BatchPagedAttention(q, qkv_cols, k_cache, v_cache, kv, batch, {q_heads_, kv_heads_, hd}, out,
+                      q_cols, attn_ws_);
   // o_proj of this rank's heads: a partial sum over heads when tensor parallel.
   k::Gemm(out, q_cols, L.o_proj.data(), q_cols, hidden_.data(), H, n, H, q_cols);
   return absl::OkStatus();

@@ -7,6 +7,8 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "engine/model/batch_attention.h"
+#include "engine/model/scratch.h"
 #include "engine/model/weight_reading.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/causal_conv1d.h"
@@ -21,12 +23,6 @@ namespace vamp {
 namespace {
 
 namespace k = kernels::cpu;
-
-template <typename T>
-T* Grow(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
 
 // An RMSNorm1p weight (HF Qwen3NextRMSNorm: the norm multiplies by 1 + w), stored as applied.
 absl::Status ReadNorm1p(WeightSource& source, const std::string& name, int64_t dim,
@@ -406,8 +402,8 @@ absl::Status Qwen3NextModel::Forward(const ForwardBatch& batch, const KvCacheVie
   const bool recurrent = slot_floats_ > 0;
   if (recurrent) VAMP_RETURN_IF_ERROR(PrepareStates(batch));
 
-  float* x = Grow(hidden_, n * H);
-  float* res = Grow(residual_, n * H);
+  float* x = GrowScratch(hidden_, n * H);
+  float* res = GrowScratch(residual_, n * H);
   k::GatherRows(embed_.data(), H, batch.token_ids.data(), n, H, res, H);
   if (experts != nullptr) VAMP_RETURN_IF_ERROR(experts->BeginPass());
   absl::Status status;
@@ -444,8 +440,8 @@ absl::Status Qwen3NextModel::Forward(const ForwardBatch& batch, const KvCacheVie
   // Final norm and LM head, only for the requested rows.
   const int64_t m = static_cast<int64_t>(batch.logits_indices.size());
   if (m == 0) return absl::OkStatus();
-  float* sx = Grow(sel_hidden_, m * H);
-  float* sr = Grow(sel_residual_, m * H);
+  float* sx = GrowScratch(sel_hidden_, m * H);
+  float* sr = GrowScratch(sel_residual_, m * H);
   k::GatherRows(x, H, batch.logits_indices.data(), m, H, sx, H);
   k::GatherRows(res, H, batch.logits_indices.data(), m, H, sr, H);
   k::FusedAddRmsNorm(sx, H, sr, H, final_norm_.data(), eps, m, H);
@@ -466,7 +462,7 @@ absl::Status Qwen3NextModel::FullAttention(int layer, const ForwardBatch& batch,
   if (k_cache == nullptr || v_cache == nullptr) {
     return absl::InternalError(absl::StrCat("no KV cache for attention layer ", layer));
   }
-  float* qkv = Grow(proj_, n * W);
+  float* qkv = GrowScratch(proj_, n * W);
   k::Gemm(hidden_.data(), H, L.qkv.data(), H, qkv, W, n, W, H);
   float* q = qkv;
   const float* gate = qkv + q_cols;
@@ -477,26 +473,9 @@ absl::Status Qwen3NextModel::FullAttention(int layer, const ForwardBatch& batch,
                        rope_cache_.data(), c.max_position_embeddings);
   k::WriteKv(kk, W, v, W, batch.slot_mapping.data(), n, kv_heads_, hd, k_cache, v_cache, kv.strides,
              kv.block_size);
-  float* out = Grow(mixer_out_, n * q_cols);
-  float* ws = Grow(attn_ws_, std::max<int64_t>(1, batch.max_seq_len));
-  k::PagedAttention(k::PagedAttentionArgs<float>{.q = q,
-                                                 .q_stride = W,
-                                                 .k_cache = k_cache,
-                                                 .v_cache = v_cache,
-                                                 .strides = kv.strides,
-                                                 .block_size = kv.block_size,
-                                                 .block_tables = batch.block_tables.data(),
-                                                 .block_table_stride = batch.block_table_stride,
-                                                 .seq_lens = batch.seq_lens.data(),
-                                                 .query_start_loc = batch.query_start_loc.data(),
-                                                 .num_seqs = batch.num_seqs(),
-                                                 .num_q_heads = q_heads_,
-                                                 .num_kv_heads = kv_heads_,
-                                                 .head_dim = hd,
-                                                 .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
-                                                 .out = out,
-                                                 .out_stride = q_cols,
-                                                 .workspace = ws});
+  float* out = GrowScratch(mixer_out_, n * q_cols);
+  BatchPagedAttention(q, W, k_cache, v_cache, kv, batch, {q_heads_, kv_heads_, hd}, out, q_cols,
+                      attn_ws_);
   k::SigmoidGate(out, q_cols, gate, W, n, q_cols);
   // o_proj of this rank's heads: a partial sum over heads when tensor parallel.
   k::Gemm(out, q_cols, L.o_proj.data(), q_cols, hidden_.data(), H, n, H, q_cols);
@@ -510,11 +489,11 @@ absl::Status Qwen3NextModel::LinearAttention(int layer, const ForwardBatch& batc
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t K = c.linear_conv_kernel_dim;
   const int64_t W = conv_dim_ + value_dim_ + 2 * v_heads_;
-  float* proj = Grow(proj_, n * W);
+  float* proj = GrowScratch(proj_, n * W);
   k::Gemm(hidden_.data(), H, L.in_proj.data(), H, proj, W, n, W, H);
 
   float* const slot_states = states_.data() + L.state_offset;
-  float* conv_out = Grow(conv_out_, n * conv_dim_);
+  float* conv_out = GrowScratch(conv_out_, n * conv_dim_);
   VAMP_RETURN_IF_ERROR(k::CausalConv1d({.x = proj,
                                         .x_stride = W,
                                         .weight = L.conv.data(),
@@ -530,15 +509,15 @@ absl::Status Qwen3NextModel::LinearAttention(int layer, const ForwardBatch& batc
                                         .out = conv_out,
                                         .out_stride = conv_dim_}));
 
-  float* g = Grow(gates_, 2 * n * v_heads_);
+  float* g = GrowScratch(gates_, 2 * n * v_heads_);
   float* beta = g + n * v_heads_;
   const float* b_proj = proj + conv_dim_ + value_dim_;
   k::GatedDeltaGates(b_proj + v_heads_, W, b_proj, W, L.a_log.data(), L.dt_bias.data(), n, v_heads_,
                      g, v_heads_, beta, v_heads_);
 
-  float* core = Grow(mixer_out_, n * value_dim_);
+  float* core = GrowScratch(mixer_out_, n * value_dim_);
   const int64_t ws_floats = k::GatedDeltaRuleWorkspaceFloats(kDeltaRuleChunkSize, dk, dv);
-  float* ws = Grow(attn_ws_, ws_floats);
+  float* ws = GrowScratch(attn_ws_, ws_floats);
   k::GatedDeltaRuleArgs args{.q = conv_out,
                              .q_stride = conv_dim_,
                              .k = conv_out + key_dim_,
@@ -597,10 +576,10 @@ absl::Status Qwen3NextModel::Mlp(int layer, int64_t n, ExpertWeights* experts) {
   float* shared_out = nullptr;
   float* shared_logit = nullptr;
   if (shared) {
-    shared_out = Grow(shared_out_, n * H);
+    shared_out = GrowScratch(shared_out_, n * H);
     feed_forward_.Dense(L.shared_w13.data(), L.shared_w2.data(), H, shared_inter_, x, n,
                         shared_out);
-    shared_logit = Grow(shared_logit_, n);
+    shared_logit = GrowScratch(shared_logit_, n);
     k::Gemm(x, H, L.shared_gate.data(), H, shared_logit, 1, n, 1, H);
   }
   const RoutedExpertsShape routed{H, c.num_experts, c.num_experts_per_tok, c.norm_topk_prob,
