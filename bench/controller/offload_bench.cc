@@ -19,14 +19,12 @@
 //     --baseline_controller /path/to/main/build/release/controller/vamp-controller
 // (one command line)
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <functional>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -37,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/vamp_bench/system.h"
 #include "common/config.h"
 #include "grpcpp/grpcpp.h"
 #include "vamp/v1/admin.grpc.pb.h"
@@ -110,70 +109,22 @@ struct Result {
   Latencies stream_alone_gaps, stream_remapping_gaps;
 };
 
-struct Controller {
-  pid_t pid = -1;
-  int admin_port = 0, grpc_port = 0;
-};
-
-Controller StartController(const std::string& binary, const Flags& flags, int tp,
-                           const std::string& dir) {
-  const std::string ready = absl::StrCat(dir, "/ready.json");
-  std::remove(ready.c_str());
-  std::string model = flags.model_path;
-  if (model.empty()) model = std::string(VAMP_SOURCE_DIR) + "/tests/data/tiny-qwen3-moe";
-  std::vector<std::string> args = {binary,
-                                   "--model_path=" + model,
-                                   absl::StrCat("--spawn_agents=", tp),
-                                   "--agent_host_memory_bytes=268435456",
-                                   "--agent_host_page_bytes=4096",
-                                   "--max_offload_ratio=0.75",
-                                   "--arbiter=static",
-                                   "--http_address=127.0.0.1:0",
-                                   "--grpc_address=127.0.0.1:0",
-                                   "--admin_address=127.0.0.1:0",
-                                   "--metrics_address=",
-                                   "--log_level=warning",
-                                   "--ready_file=" + ready};
-  for (absl::string_view f : absl::StrSplit(flags.extra_flags, ' ', absl::SkipEmpty())) {
-    args.emplace_back(f);
-  }
-  Controller c;
-  c.pid = fork();
-  if (c.pid == 0) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  auto port = [](const std::string& text, const std::string& key) {
-    int value = 0;
-    const size_t at = text.find("\"" + key + "\": ");
-    if (at == std::string::npos) return 0;
-    const size_t from = at + key.size() + 4;
-    (void)absl::SimpleAtoi(text.substr(from, text.find_first_of(",}", from) - from), &value);
-    return value;
-  };
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (absl::Now() < deadline) {
-    std::ifstream in(ready);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    c.admin_port = port(text, "admin_port");
-    c.grpc_port = port(text, "grpc_port");
-    if (c.admin_port > 0) {
-      auto admin = vamp::v1::Admin::NewStub(grpc::CreateChannel(
-          absl::StrCat("127.0.0.1:", c.admin_port), grpc::InsecureChannelCredentials()));
-      grpc::ClientContext ctx;
-      vamp::v1::GetStatusResponse status;
-      if (admin->GetStatus(&ctx, {}, &status).ok() && status.serving()) return c;
-    }
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  std::cerr << "controller " << binary << " did not start serving within 120 s\n";
-  kill(c.pid, SIGKILL);
-  waitpid(c.pid, nullptr, 0);
-  c.pid = -1;
-  return c;
+// A controller with CPU agents that can offload (a host pool for the experts, a 75 % cap) and a
+// static arbiter, so only the forced remaps move memory; `extra_flags` after these.
+absl::StatusOr<std::unique_ptr<bench::RunningSystem>> StartController(const std::string& binary,
+                                                                      const Flags& flags, int tp,
+                                                                      const std::string& dir) {
+  bench::SystemOptions o;
+  o.controller_binary = binary;
+  o.model_path = flags.model_path.empty()
+                     ? std::string(VAMP_SOURCE_DIR) + "/tests/data/tiny-qwen3-moe"
+                     : flags.model_path;
+  o.spawn_agents = tp;
+  o.flags = {"--agent_host_memory_bytes=268435456", "--agent_host_page_bytes=4096",
+             "--max_offload_ratio=0.75", "--arbiter=static", "--log_level=warning"};
+  o.log_path = absl::StrCat(dir, "/controller.log");
+  o.startup_timeout_s = 120;
+  return bench::RunningSystem::Start(o, bench::SplitFlags(flags.extra_flags));
 }
 
 // One Generate stream of `tokens` tokens; the gaps between its responses (ms) in `gaps`.
@@ -216,12 +167,21 @@ Result RunOne(const std::string& binary, const Flags& flags, int tp) {
   char dir_template[] = "/tmp/vamp-offload-bench-XXXXXX";
   const char* dir = mkdtemp(dir_template);
   if (dir == nullptr) return r;
-  Controller c = StartController(binary, flags, tp, dir);
-  if (c.pid < 0) return r;
+  absl::StatusOr<std::unique_ptr<bench::RunningSystem>> system =
+      StartController(binary, flags, tp, dir);
+  if (!system.ok()) {
+    std::cerr << system.status() << "\n";
+    return r;
+  }
+  const bench::HttpEndpoint admin_at = (*system)->admin(), grpc_at = (*system)->grpc();
+  if (admin_at.port <= 0) {
+    std::cerr << "controller " << binary << " named no admin_port in its ready file\n";
+    return r;
+  }
   auto admin = vamp::v1::Admin::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", c.admin_port), grpc::InsecureChannelCredentials()));
+      absl::StrCat(admin_at.host, ":", admin_at.port), grpc::InsecureChannelCredentials()));
   auto serving = vamp::v1::Serving::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", c.grpc_port), grpc::InsecureChannelCredentials()));
+      absl::StrCat(grpc_at.host, ":", grpc_at.port), grpc::InsecureChannelCredentials()));
   bool ok = true;
   auto pair = [&](Latencies* offload, Latencies* restore) {
     const double o = Remap(admin.get(), true);
@@ -259,8 +219,7 @@ Result RunOne(const std::string& binary, const Flags& flags, int tp) {
     for (int64_t i = 0; i < flags.iterations; ++i) pair(&r.busy_offload, &r.busy_restore);
   });
   r.ok = ok;
-  kill(c.pid, SIGTERM);
-  waitpid(c.pid, nullptr, 0);
+  (*system)->Stop();
   return r;
 }
 
@@ -278,6 +237,13 @@ int Main(int argc, char** argv) {
   }
   std::vector<std::string> binaries = {flags.controller};
   if (!flags.baseline_controller.empty()) binaries.push_back(flags.baseline_controller);
+  for (const std::string& b : binaries) {
+    if (access(b.c_str(), X_OK) != 0) {
+      std::cerr << "vamp_bench_offload: --" << (b == flags.controller ? "" : "baseline_")
+                << "controller: '" << b << "' is not an executable file\n";
+      return 2;
+    }
+  }
   std::vector<int> tps;
   for (absl::string_view t : absl::StrSplit(flags.tp, ',', absl::SkipEmpty())) {
     int v = 0;

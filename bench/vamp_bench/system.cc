@@ -115,6 +115,9 @@ absl::StatusOr<std::unique_ptr<RunningSystem>> RunningSystem::Start(
         sys->http_.port = j["http_port"].get<int>();
         sys->grpc_.port = j["grpc_port"].get<int>();
         sys->http_.api_key = sys->grpc_.api_key = o.api_key;
+        if (j.contains("admin_port") && j["admin_port"].is_number_integer()) {
+          sys->admin_.port = j["admin_port"].get<int>();
+        }
         have_port = true;
       }
     } else {

@@ -42,6 +42,9 @@ class RunningSystem {
   HttpEndpoint http() const { return http_; }
   // gRPC Serving (same host and API key as http()).
   HttpEndpoint grpc() const { return grpc_; }
+  // gRPC Admin (same host; port 0 when the ready file named none). Admin calls carry the
+  // controller's admin credential, not the API key, so api_key is left empty.
+  HttpEndpoint admin() const { return admin_; }
   // The exact command line, for reports.
   const std::string& command() const { return command_; }
 
@@ -50,6 +53,7 @@ class RunningSystem {
   pid_t pid_ = -1;
   HttpEndpoint http_;
   HttpEndpoint grpc_;
+  HttpEndpoint admin_ = {"127.0.0.1", 0, ""};  // port 0: none named
   std::string command_;
   std::string ready_file_;
 };
