@@ -3,19 +3,23 @@
 # bench/results/<date>-tax-model.md): every workload family under static, VAMP with the shipped
 # defaults (cost model "tax") at several caps, and the paper's cost model, in vamp-sim.
 # Deterministic; about two minutes on 2 cores. Usage: bench/arbiter/run_tax_model_sims.sh [DATE]
+# To try settings without touching the committed reports: VAMP_SIM_OUT=/tmp/x (where the reports
+# go) and VAMP_SIM_ARGS="--vamp_margin=0.5 ..." (added to every run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 date=${1:-$(date -u +%F)}
 sim=${VAMP_SIM:-build/release/sim/vamp-sim}
 [[ -x $sim ]] || bash scripts/build.sh vamp-sim
-out=bench/results
+out=${VAMP_SIM_OUT:-bench/results}
+mkdir -p "$out"
+read -r -a extra <<< "${VAMP_SIM_ARGS:-}"
 pol="static,vamp-10,vamp-15,vamp-25,vamp-15+paper,vamp-25+paper"
 run() {  # NAME TITLE ARGS...
   local name=$1 title=$2
   shift 2
   echo "==> $name" >&2
   "$sim" --progress=false "--policies=$pol" "--title=$title" \
-    "--report=$out/sim-$date-tax-$name.md" "$@" > /dev/null
+    "--report=$out/sim-$date-tax-$name.md" "$@" ${extra[@]+"${extra[@]}"} > /dev/null
 }
 # High reuse: the paper's Figure 9 sweep (H100 TP2, Qwen3-Next shapes) and its phased extension.
 run fig9 "Tax model vs paper: Figure 9 multi-turn sweep, H100 TP2" --paper_figure9
@@ -56,5 +60,5 @@ run h200-engine-two-waves "Tax model vs paper: GPU A/B multi-turn shape, a secon
 run mixed "Tax model vs paper: 20 multi-turn sessions, then low-reuse traffic from t = 300 s" \
   --concurrency=20 --turns=8 --mix_low_reuse --low_reuse_start_s=300 --low_reuse_requests=1200 \
   --low_reuse_rate=2 --phase_split_s=400
-python3 bench/arbiter/summarize_tax_model.py "$date" > "$out/$date-tax-model-tables.md"
+python3 bench/arbiter/summarize_tax_model.py "$date" "$out" > "$out/$date-tax-model-tables.md"
 echo "wrote $out/sim-$date-tax-*.md and $out/$date-tax-model-tables.md" >&2
