@@ -115,7 +115,7 @@ class Simulation {
       : workload_(workload),
         policy_(policy),
         options_(options),
-        model_(options.calibration),
+        model_(options.calibration, options.staging),
         log_(std::max<size_t>(1, options.decision_log_capacity)) {}
 
   absl::StatusOr<SimResult> Run();
@@ -416,9 +416,11 @@ absl::StatusOr<SimResult> Simulation::Run() {
       timing.decode_tokens = decode_tokens;
       timing.offloaded_experts_per_layer = offloaded;
       timing.end_micros = clock_.NowMicros();
+      timing.staged_share = t.copy_share;
       if (offloader_) {
         timing.staged_bytes = static_cast<int64_t>(
-            static_cast<double>(offloaded) / std::max(1, offloader_->ExpertsPerGroup()) *
+            t.copy_share * static_cast<double>(offloaded) /
+            std::max(1, offloader_->ExpertsPerGroup()) *
             static_cast<double>(offloader_->StagedBytesPerGroup()));
       }
       vamp_->ObserveStep(timing);

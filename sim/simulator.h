@@ -25,6 +25,7 @@
 #include "sim/calibration.h"
 #include "sim/offload_geometry.h"
 #include "sim/sim_offloader.h"
+#include "sim/step_time_model.h"
 
 namespace vamp::sim {
 
@@ -44,6 +45,9 @@ absl::StatusOr<PolicySpec> ParsePolicy(absl::string_view label, const VampArbite
 
 struct SimOptions {
   Calibration calibration;
+  // What a staged step copies (step_time_model.h): the whole offloaded region (this engine) or,
+  // as a what-if for issue 18, only the routed experts.
+  StagingMode staging = StagingMode::kWholeRegion;
   // num_blocks is ignored: the baseline pool comes from `offload.base_kv_bytes`.
   SchedulerConfig scheduler;
   // cap is ignored: it comes from the policy.

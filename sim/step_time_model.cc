@@ -5,12 +5,18 @@
 
 namespace vamp::sim {
 
-double StepTimeModel::MoeLayerMicros(int64_t tokens) const {
+double StepTimeModel::RoutedShare(int64_t tokens) const {
   if (tokens <= 0) return 0;
   const SimModelShape& m = c_.model;
   // Distinct experts that `tokens` tokens route to, for uniform routing: E·(1 − (1 − k/E)^T).
   const double p_miss = 1.0 - static_cast<double>(m.top_k) / m.num_experts;
-  const double active = m.num_experts * (1.0 - std::pow(p_miss, static_cast<double>(tokens)));
+  return 1.0 - std::pow(p_miss, static_cast<double>(tokens));
+}
+
+double StepTimeModel::MoeLayerMicros(int64_t tokens) const {
+  if (tokens <= 0) return 0;
+  const SimModelShape& m = c_.model;
+  const double active = m.num_experts * RoutedShare(tokens);
   const double bytes = active * static_cast<double>(m.ExpertBytes());
   const double flops = 2.0 * static_cast<double>(tokens) * m.top_k * 3.0 * m.hidden *
                        (m.moe_intermediate / m.tp_size);
@@ -58,8 +64,10 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
           ? 1e6 * static_cast<double>(tokens) * m.hidden * m.dtype_bytes / h.allreduce_bytes_per_s
           : 0;
   const double tp_us = m.tp_size > 1 ? 2 * (h.allreduce_us + allreduce_volume_us) : 0;
-  const double copy_per_layer_us =
-      1e6 * static_cast<double>(offloaded_experts_per_layer) * m.ExpertBytes() / h.h2d_bytes_per_s;
+  t.copy_share = staging_ == StagingMode::kRoutedOnly ? RoutedShare(tokens) : 1.0;
+  const double copy_per_layer_us = 1e6 * t.copy_share *
+                                   static_cast<double>(offloaded_experts_per_layer) *
+                                   m.ExpertBytes() / h.h2d_bytes_per_s;
 
   // Linear-attention layers (Qwen3-Next's Gated DeltaNet) are costed like a dense projection:
   // their state is O(1) in the context length.

@@ -8,7 +8,10 @@
 // (double-buffered staging), so a layer costs max(compute_l, copy_{l+1}) and the step
 //   total = overhead + Σ_l max(compute_l, copy_{l+1}) + LM head.
 // Every offloaded byte is copied once per step whatever the router picks (the staging buffer holds
-// all of [b, E) of a layer), which is VAMP's TPOT cost.
+// all of [b, E) of a layer), which is VAMP's TPOT cost. StagingMode::kRoutedOnly models the
+// engine that issue 18 asks for instead: a layer copies only the offloaded experts its tokens
+// route to (uniform routing, as the MoE term), still hidden behind the previous layer — an upper
+// bound, as if the next layer's experts were predicted without a miss.
 #ifndef VAMP_SIM_STEP_TIME_MODEL_H_
 #define VAMP_SIM_STEP_TIME_MODEL_H_
 
@@ -25,16 +28,21 @@ struct SequenceWork {
   int64_t context_tokens = 0;  // tokens already in the KV cache before this step
 };
 
+enum class StagingMode { kWholeRegion, kRoutedOnly };
+
 struct StepTime {
   double compute_us = 0;       // all layers' compute, no staging
-  double copy_us = 0;          // host→device copy time of all offloaded bytes
+  double copy_us = 0;          // host→device copy time of the bytes copied
+  double copy_share = 1;       // share of the offloaded bytes copied (1 for kWholeRegion)
   double exposed_copy_us = 0;  // copy time not hidden behind compute
   double total_us = 0;         // the step as the client sees it
 };
 
 class StepTimeModel {
  public:
-  explicit StepTimeModel(const Calibration& calibration) : c_(calibration) {}
+  explicit StepTimeModel(const Calibration& calibration,
+                         StagingMode staging = StagingMode::kWholeRegion)
+      : c_(calibration), staging_(staging) {}
 
   // `offloaded_experts_per_layer`: experts above the residency boundary in each eligible layer
   // (every MoE layer but the first). 0 = fully resident.
@@ -43,11 +51,14 @@ class StepTimeModel {
 
   // Microseconds of one MoE layer for `tokens` tokens (routed experts, this rank's shard).
   double MoeLayerMicros(int64_t tokens) const;
+  // Expected share of a layer's experts that `tokens` tokens route to (uniform routing).
+  double RoutedShare(int64_t tokens) const;
 
   const Calibration& calibration() const { return c_; }
 
  private:
   Calibration c_;
+  StagingMode staging_;
 };
 
 }  // namespace vamp::sim

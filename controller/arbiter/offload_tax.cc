@@ -31,10 +31,11 @@ double OffloadTax::h2d_bytes_per_s() const {
   return bw_samples_ >= options_.min_samples ? bw_estimate_ : options_.h2d_bytes_per_s;
 }
 
-double OffloadTax::StepMicros(int32_t groups, double compute_micros) const {
+double OffloadTax::StepMicros(int32_t groups, double compute_micros, double staged_share) const {
   const double bw = h2d_bytes_per_s();
   if (groups <= 0 || bytes_per_group_ <= 0 || !(bw > 0)) return 0;
-  const double copy = 1e6 * static_cast<double>(groups) * bytes_per_group_ / bw;
+  const double share = std::isfinite(staged_share) ? std::clamp(staged_share, 0.0, 1.0) : 1.0;
+  const double copy = 1e6 * share * static_cast<double>(groups) * bytes_per_group_ / bw;
   return std::max(0.0, copy - options_.overlap_fraction * std::max(0.0, compute_micros));
 }
 
@@ -57,7 +58,7 @@ void OffloadTax::ObserveStep(const StepCost& s) {
   steps_.Add(s.now_micros, 0, 1);
   steps_.Add(s.now_micros, 1, s.step_micros);
   for (int32_t g = 1; g <= max_groups_; ++g) {
-    const double t = StepMicros(g, compute);
+    const double t = StepMicros(g, compute, s.staged_share);
     tax_.Add(s.now_micros, g, t);
   }
 }

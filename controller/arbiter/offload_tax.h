@@ -2,8 +2,9 @@
 // DESIGN.md, "Beyond the paper"). Every step copies every offloaded byte host→device once, layer
 // by layer behind compute (double-buffered staging), so a step with compute time K and g groups
 // offloaded stalls for about
-//     exposed(g) = max(0, g · B / bw − f · K)
-// µs, where B is the bytes one group stages per step on a rank, bw the achieved host→device
+//     exposed(g) = max(0, s · g · B / bw − f · K)
+// µs, where B is the bytes one group stages per step on a rank, s the share of them the step
+// copies (1 unless the engine copies only the routed experts: StepCost::staged_share), bw the achieved host→device
 // bandwidth and f the share of a step's compute that copies can hide behind (all layers but the
 // first, less the LM head and per-step overhead). The stall delays every request in the step.
 //
@@ -43,6 +44,10 @@ struct StepCost {
   double step_micros = 0;            // as the slowest rank ran it
   double exposed_staging_micros = 0;  // of which waiting for expert copies
   int64_t staged_bytes = 0;          // host→device expert bytes copied in it (one rank)
+  // Share of an offloaded group's bytes a step like this one copies: 1 when every step copies
+  // the whole offloaded region (this engine); below 1 for an engine that copies only the
+  // experts the step's tokens route to (reported for every step, offloaded or not).
+  double staged_share = 1;
 };
 
 class OffloadTax {
@@ -55,8 +60,8 @@ class OffloadTax {
 
   void ObserveStep(const StepCost& step);
 
-  // exposed(g) for one step of `compute_micros` (µs).
-  double StepMicros(int32_t groups, double compute_micros) const;
+  // exposed(g) for one step of `compute_micros` (µs) that copies `staged_share` of each group.
+  double StepMicros(int32_t groups, double compute_micros, double staged_share = 1) const;
   // Σ exposed(g) over the executed steps in the window ending at `step` (µs); groups clamped to
   // [0, max_groups].
   double WindowMicros(int64_t now_micros, int32_t groups) const;

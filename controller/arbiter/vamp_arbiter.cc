@@ -309,7 +309,8 @@ void VampArbiter::Observe(const SchedulerCounters& counters) {
 
 void VampArbiter::ObserveStep(const StepTiming& t) {
   if (tax_ != nullptr) {
-    tax_->ObserveStep({t.end_micros, t.step_micros, t.exposed_staging_micros, t.staged_bytes});
+    tax_->ObserveStep(
+        {t.end_micros, t.step_micros, t.exposed_staging_micros, t.staged_bytes, t.staged_share});
   }
   const SelfCalibrationConfig& s = config_.self_calibration;
   if (!s.enabled) return;

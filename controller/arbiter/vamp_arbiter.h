@@ -218,6 +218,7 @@ struct StepTiming {
   int32_t offloaded_experts_per_layer = 0;  // experts above the residency boundary
   int64_t end_micros = 0;                   // scheduler clock when the step's output arrived
   int64_t staged_bytes = 0;                 // host→device expert bytes copied (slowest rank)
+  double staged_share = 1;                  // share of each offloaded group copied (StepCost)
 };
 
 // The coefficients the arbiter prices with now (learned values where it has them).

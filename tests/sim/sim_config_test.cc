@@ -44,6 +44,7 @@ TEST(SimConfigTest, DefaultsAreSimConfigs) {
   // Vocabulary and h2d bandwidth come from the calibration.
   EXPECT_EQ(c->multi_turn.vocab_size, c->sim.calibration.model.vocab);
   EXPECT_EQ(c->sim.remap.h2d_bytes_per_s, c->sim.calibration.hardware.h2d_bytes_per_s);
+  EXPECT_EQ(c->sim.staging, StagingMode::kWholeRegion) << "this engine's staging";
 }
 
 TEST(SimConfigTest, EveryFlagLandsInItsField) {
@@ -51,7 +52,7 @@ TEST(SimConfigTest, EveryFlagLandsInItsField) {
       Bind({"--workload=low-reuse", "--policies=static,vamp-25", "--kv_pool_gib=2",
             "--page_mib=4", "--block_size=32", "--max_num_seqs=64", "--workload_seed=5",
             "--low_reuse_requests=10", "--threads=3", "--no-progress", "--report=/tmp/x.md",
-            "--decision_log_entries=9", "--max_time_s=60"});
+            "--decision_log_entries=9", "--max_time_s=60", "--staging=routed"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->workload, "low-reuse");
   ASSERT_EQ(c->policies.size(), 2u);
@@ -68,6 +69,7 @@ TEST(SimConfigTest, EveryFlagLandsInItsField) {
   EXPECT_EQ(c->report, "/tmp/x.md");
   EXPECT_EQ(c->sim.decision_log_capacity, 9u);
   EXPECT_EQ(c->sim.max_time_s, 60);
+  EXPECT_EQ(c->sim.staging, StagingMode::kRoutedOnly);
   EXPECT_FALSE(c->sim.exclude_first_turn) << "auto: no for low-reuse";
   EXPECT_TRUE(c->concurrencies.empty()) << "only multi-turn sweeps";
 }
@@ -79,6 +81,9 @@ TEST(SimConfigTest, BadListsAreRefusedNamingTheFlag) {
   absl::StatusOr<SimConfig> empty = Bind({"--policies=,"});
   ASSERT_FALSE(empty.ok());
   EXPECT_THAT(std::string(empty.status().message()), HasSubstr("'policies'"));
+  absl::StatusOr<SimConfig> staging = Bind({"--staging=some"});
+  ASSERT_FALSE(staging.ok());
+  EXPECT_THAT(std::string(staging.status().message()), HasSubstr("'staging'"));
   absl::StatusOr<SimConfig> sweep = Bind({"--concurrency=2,4"});
   ASSERT_TRUE(sweep.ok());
   EXPECT_THAT(sweep->concurrencies, ElementsAre(2, 4));

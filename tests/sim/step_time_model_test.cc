@@ -77,6 +77,25 @@ TEST(StepTimeModelTest, StagingHidesUnderComputeUntilCopyDominates) {
   EXPECT_GE(decode.total_us, decode.copy_us);
 }
 
+TEST(StepTimeModelTest, RoutedStagingCopiesOnlyTheRoutedShare) {
+  const Calibration c;
+  const StepTimeModel whole(c);
+  const StepTimeModel routed(c, StagingMode::kRoutedOnly);
+  // One decode token routes to top_k of num_experts (8 of 128); 8 tokens to 1 − (120/128)^8.
+  EXPECT_DOUBLE_EQ(routed.RoutedShare(1), 8.0 / 128);
+  EXPECT_NEAR(routed.RoutedShare(8), 0.4033, 1e-4);
+  EXPECT_NEAR(routed.RoutedShare(8192), 1.0, 1e-12);
+  const std::vector<SequenceWork> decode = {{1, 4000}};
+  const StepTime all = whole.Estimate(decode, 32);
+  const StepTime few = routed.Estimate(decode, 32);
+  EXPECT_DOUBLE_EQ(all.copy_share, 1.0);
+  EXPECT_DOUBLE_EQ(few.copy_share, 8.0 / 128);
+  EXPECT_NEAR(few.copy_us, all.copy_us * 8.0 / 128, 1e-6 * all.copy_us);
+  EXPECT_LT(few.total_us, all.total_us);
+  // Nothing offloaded: the same step either way.
+  EXPECT_DOUBLE_EQ(routed.Estimate(decode, 0).total_us, whole.Estimate(decode, 0).total_us);
+}
+
 TEST(CalibrationTest, FileOverridesAndErrorsNameField) {
   const std::string path = ::testing::TempDir() + "/calib.json";
   std::ofstream(path) << R"({"hardware": {"h2d_bytes_per_s": 25e9}, "model": {"tp_size": 2}})";

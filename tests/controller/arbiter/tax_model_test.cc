@@ -1,6 +1,7 @@
 // The tax model (cost model "tax"): the offload tax from step timings, and the decision rule on
 // hand-computed cases: value against tax at a gap, preemption against the tax over the hold, and
 // restore when the tax outweighs what the offloaded share serves.
+#include <cmath>
 #include <memory>
 
 #include "controller/arbiter/offload_tax.h"
@@ -32,6 +33,25 @@ TEST(OffloadTaxTest, ExposedCopyTimePerGroupCount) {
   EXPECT_DOUBLE_EQ(tax.WindowMicros(100, 9), 100 * 3500);  // clamped to the cap
   EXPECT_EQ(tax.StepsInWindow(100), 100);
   EXPECT_EQ(tax.StepsInWindow(5000), 0);
+}
+
+TEST(OffloadTaxTest, StepsThatCopyPartOfEachGroupPayThatShare) {
+  OffloadTaxOptions o;
+  o.h2d_bytes_per_s = 1e9;  // 1 MB = 1,000 µs
+  o.overlap_fraction = 0.5;
+  o.learn_bandwidth = false;
+  o.window_micros = 1000;
+  o.window_slots = 10;
+  OffloadTax tax(o);
+  tax.SetGeometry(/*staged_bytes_per_group=*/1'000'000, /*max_groups=*/4);
+  // An engine that copies only routed experts: these steps copy a quarter of each group.
+  for (int64_t s = 1; s <= 10; ++s) tax.ObserveStep({s, 1000, 0, 0, 0.25});
+  EXPECT_DOUBLE_EQ(tax.StepMicros(4, 1000, 0.25), 500);  // max(0, 0.25·4·1000 − 500)
+  EXPECT_DOUBLE_EQ(tax.WindowMicros(10, 1), 0);          // 250 µs hides behind 500
+  EXPECT_DOUBLE_EQ(tax.WindowMicros(10, 4), 10 * 500);
+  // Out-of-range shares are clamped; NaN counts as the whole region.
+  EXPECT_DOUBLE_EQ(tax.StepMicros(1, 0, 2.0), 1000);
+  EXPECT_DOUBLE_EQ(tax.StepMicros(1, 0, std::nan("")), 1000);
 }
 
 TEST(OffloadTaxTest, LearnsTheBandwidthFromCopyBoundSteps) {
