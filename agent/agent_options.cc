@@ -114,6 +114,10 @@ const ConfigSchema& AgentConfigSchema() {
              "expert on average run the device-side grouped expert GEMM (no host "
              "synchronisation); busier layers cuBLAS's grouped GEMM. -1: always the device "
              "kernel; 0: always cuBLAS")
+        .Int("routed_staging_max_tokens", d.routed_staging_max_tokens, 0, 1 << 30,
+             "CUDA agents: steps of at most this many tokens copy only the offloaded experts "
+             "their tokens route to (on the compute stream, after each layer's router) instead "
+             "of every offloaded byte behind compute; 0: always every offloaded byte")
         .Int("register_max_backoff_ms", d.registration.max_backoff_ms, 10, kMaxMillis,
              "longest wait between two registration attempts")
         .String("controller_ca_file", "",
@@ -176,6 +180,7 @@ absl::StatusOr<AgentOptions> AgentOptionsFromConfig(const Config& config) {
   o.tp_io_timeout_ms = config.GetInt("tp_io_timeout_ms");
   o.cuda_graphs = config.GetBool("cuda_graphs");
   o.device_gemm_max_rows_per_expert = config.GetInt("device_gemm_max_rows_per_expert");
+  o.routed_staging_max_tokens = config.GetInt("routed_staging_max_tokens");
   o.registration.max_backoff_ms = config.GetInt("register_max_backoff_ms");
   o.registration.rpc_timeout_ms = config.GetInt("register_timeout_ms");
   if (const std::string& ca = config.GetString("controller_ca_file"); !ca.empty()) {

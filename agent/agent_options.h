@@ -70,6 +70,7 @@ struct EngineTuning {
   // --- CUDA agents: the GPU forward pass (CudaForwardOptions). ---
   bool cuda_graphs = CudaForwardOptions{}.cuda_graphs;
   int64_t device_gemm_max_rows_per_expert = CudaForwardOptions{}.device_gemm_max_rows_per_expert;
+  int64_t routed_staging_max_tokens = CudaForwardOptions{}.routed_staging_max_tokens;
 };
 
 struct AgentOptions : EngineTuning {

@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaAgentDevice(const AgentEngineO
   device.ordinal = options.device.ordinal;
   device.forward.cuda_graphs = options.cuda_graphs;
   device.forward.device_gemm_max_rows_per_expert = options.device_gemm_max_rows_per_expert;
+  device.forward.routed_staging_max_tokens = options.routed_staging_max_tokens;
   return CreateCudaDevice(device);
 }
 

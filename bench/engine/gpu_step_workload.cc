@@ -202,25 +202,35 @@ absl::StatusOr<std::vector<PointResult>> MeasurePoints(const Flags& f, GpuEngine
     }
     // Decode points run as CUDA graphs when nothing is staged; the resident point is measured
     // launch by launch as well, to show what the graphs save.
+    // With --routed_staging, decode steps again copying only the routed experts (at the resident
+    // point the same steps as "decode": nothing is staged; measured so each mode has its own
+    // reference).
     struct Variant {
       bool mixed;
       bool graphs;
+      bool routed = false;
     };
     std::vector<Variant> variants = {{false, true}, {true, true}};
     if (offloaded == 0) variants.insert(variants.begin(), Variant{false, false});
+    if (f.routed_staging) variants.push_back(Variant{false, true, true});
     for (const Variant& v : variants) {
       const bool mixed = v.mixed;
       if (mixed && f.prefill_tokens == 0) continue;
       e.model->set_cuda_graphs(v.graphs);
+      e.experts->set_routed_max_tokens(v.routed ? f.batch : 0);
       const CudaGraphStats graphs_before = e.model->graph_stats();
       absl::StatusOr<std::vector<StepSample>> samples = workload.Run(mixed);
       e.model->set_cuda_graphs(true);
+      e.experts->set_routed_max_tokens(0);
       if (!samples.ok()) {
         return absl::Status(samples.status().code(),
                             absl::StrCat("VAMP-r ", ratio, ": ", samples.status().message()));
       }
       PointResult p;
-      p.mode = mixed ? "mixed" : (v.graphs ? "decode" : "decode, CUDA graphs off");
+      p.mode = mixed      ? "mixed"
+               : v.routed ? "decode, routed staging"
+               : v.graphs ? "decode"
+                          : "decode, CUDA graphs off";
       p.graph_replays = e.model->graph_stats().replays - graphs_before.replays;
       p.ratio = ratio;
       p.groups = groups;

@@ -123,6 +123,18 @@ class ExpertWeights {
   // ReleaseLayer enqueue work. A pass without copies may be captured once in a CUDA graph and
   // replayed without calling them. Conservative default: yes.
   virtual bool PassStagesExperts() const { return true; }
+
+  // Routed staging (the GPU engine's CudaExpertStoreWeights): a pass of few tokens may copy only
+  // the offloaded experts each layer's tokens route to instead of the whole offloaded region.
+  // PlanPass (before BeginPass) tells how many tokens the pass runs, which chooses; when
+  // PassStagesRouted() the forward pass calls StageRouted(layer, offsets) after the layer's
+  // routing (MoePermute's device array of num_experts + 1 row offsets) and before
+  // AcquireLayer(layer). Defaults: whole-region staging, nothing to do.
+  virtual void PlanPass(int64_t /*num_tokens*/) {}
+  virtual bool PassStagesRouted() const { return false; }
+  virtual absl::Status StageRouted(int /*layer*/, const int32_t* /*device_expert_offsets*/) {
+    return absl::FailedPreconditionError("these expert weights do not stage routed experts");
+  }
 };
 
 // Where the loader puts expert shards (the ExpertStore, or plain host buffers).

@@ -51,7 +51,8 @@ class CudaDevice final : public Device {
     }
     VAMP_ASSIGN_OR_RETURN(
         std::unique_ptr<CudaExpertStoreWeights> weights,
-        CudaExpertStoreWeights::Create(store, layout, stream->get()));
+        CudaExpertStoreWeights::Create(store, layout, stream->get(),
+                                       options_.forward.routed_staging_max_tokens));
     return std::unique_ptr<RankExperts>(
         std::make_unique<CudaRankExperts>(*std::move(stream), std::move(weights)));
   }

@@ -7,11 +7,13 @@
 #include "engine/memory/cuda_status.h"
 #include "engine/staging/expert_pointer_tables.h"
 #include "kernels/cpu/bfloat16.h"
+#include "kernels/cuda/copy.h"
 
 namespace vamp {
 
 absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> CudaExpertStoreWeights::Create(
-    ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream) {
+    ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream,
+    int64_t routed_max_tokens) {
   if (store == nullptr) return absl::InvalidArgumentError("CudaExpertStoreWeights needs a store");
   const ExpertGeometry& g = store->geometry();
   if (store->backend()->name() != "cuda") {
@@ -28,14 +30,18 @@ absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> CudaExpertStoreWeights::
                      layout.hidden, " and intermediate ", layout.inter));
   }
   std::unique_ptr<CudaExpertStoreWeights> w(
-      new CudaExpertStoreWeights(store, layout, compute_stream));
+      new CudaExpertStoreWeights(store, layout, compute_stream, routed_max_tokens));
   VAMP_RETURN_IF_ERROR(w->Init());
   return w;
 }
 
 CudaExpertStoreWeights::CudaExpertStoreWeights(ExpertStore* store, ExpertShardLayout layout,
-                                               cudaStream_t compute_stream)
-    : store_(store), layout_(layout), compute_stream_(compute_stream) {}
+                                               cudaStream_t compute_stream,
+                                               int64_t routed_max_tokens)
+    : store_(store),
+      layout_(layout),
+      compute_stream_(compute_stream),
+      routed_max_tokens_(routed_max_tokens) {}
 
 absl::Status CudaExpertStoreWeights::Init() {
   VAMP_ASSIGN_OR_RETURN(copy_stream_, CudaStream::Create());
@@ -48,6 +54,8 @@ absl::Status CudaExpertStoreWeights::Init() {
     VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreateWithFlags(&released_[i], cudaEventDisableTiming));
   }
   VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreateWithFlags(&pass_start_, cudaEventDisableTiming));
+  VAMP_ASSIGN_OR_RETURN(routed_bytes_, DeviceBuffer::Allocate(sizeof(uint64_t)));
+  VAMP_CUDART_RETURN_IF_ERROR(cudaMemset(routed_bytes_.data(), 0, sizeof(uint64_t)));
   return absl::OkStatus();
 }
 
@@ -108,6 +116,20 @@ absl::Status CudaExpertStoreWeights::Rebuild() {
     flat.insert(flat.end(), w13_[layer].begin(), w13_[layer].end());
     flat.insert(flat.end(), w2_[layer].begin(), w2_[layer].end());
   }
+  // Routed staging reads the pinned copies from kernels: their device addresses (the same as the
+  // host ones under unified addressing, but asked for, not assumed). A copy that cannot be
+  // mapped leaves the layer to whole-region staging.
+  device_src_.assign(plan_.size(), nullptr);
+  for (size_t job = 0; job < plan_.size(); ++job) {
+    const ExpertStore::HostRange range = store_->OffloadedHostRange(plan_[job].layer);
+    void* device = nullptr;
+    if (range.bytes > 0 &&
+        cudaHostGetDevicePointer(&device, const_cast<uint8_t*>(range.data), 0) == cudaSuccess) {
+      device_src_[job] = static_cast<const uint8_t*>(device);
+    } else {
+      cudaGetLastError();  // clear the error of a range that cannot be mapped
+    }
+  }
   const uint64_t table_bytes = flat.size() * sizeof(void*);
   if (device_tables_.bytes() < table_bytes) {
     VAMP_ASSIGN_OR_RETURN(device_tables_, DeviceBuffer::Allocate(table_bytes));
@@ -147,7 +169,22 @@ absl::Status CudaExpertStoreWeights::BeginPass() {
   if (!built_ || built_version_ != store_->table_version()) VAMP_RETURN_IF_ERROR(Rebuild());
   ++stats_.passes;
   enqueued_.assign(plan_.size(), false);
+  const int64_t tokens = pass_tokens_;
+  pass_tokens_ = -1;
+  routed_pass_ = !plan_.empty() && routed_max_tokens_ > 0 && tokens >= 0 &&
+                 tokens <= routed_max_tokens_ &&
+                 std::all_of(device_src_.begin(), device_src_.end(),
+                             [](const uint8_t* p) { return p != nullptr; });
   if (plan_.empty()) return absl::OkStatus();
+  if (routed_pass_) {
+    // The copies run on the compute stream itself (StageRouted), after the previous pass's reads
+    // of the staging buffers; only a whole-region copy still running on the copy stream (one a
+    // stopped pass never waited for) could write them meanwhile, so wait for those first.
+    VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(pass_start_, copy_stream_.get()));
+    VAMP_CUDART_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, pass_start_, 0));
+    ++stats_.routed_passes;
+    return absl::OkStatus();
+  }
   // Every copy of this pass comes after everything already on the compute stream (in particular
   // the previous pass's reads of the staging buffers).
   VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(pass_start_, compute_stream_));
@@ -158,11 +195,37 @@ absl::Status CudaExpertStoreWeights::BeginPass() {
   return absl::OkStatus();
 }
 
+absl::Status CudaExpertStoreWeights::StageRouted(int layer, const int32_t* device_expert_offsets) {
+  if (!routed_pass_) {
+    return absl::FailedPreconditionError("StageRouted outside a routed staging pass");
+  }
+  if (layer < 0 || layer >= static_cast<int>(job_of_layer_.size())) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " has no experts in the store"));
+  }
+  const int job = job_of_layer_[layer];
+  if (job < 0) return absl::OkStatus();  // fully resident layer
+  const ExpertStore::HostRange range = store_->OffloadedHostRange(layer);
+  auto* buffer = reinterpret_cast<uint8_t*>(
+      static_cast<uintptr_t>(store_->StagingBufferAddress(plan_[job].buffer)));
+  VAMP_RETURN_IF_ERROR(kernels::cuda::CopyRoutedExperts(
+      device_expert_offsets, range.first_expert, range.first_expert + range.num_experts,
+      device_src_[job], buffer, static_cast<int64_t>(store_->geometry().expert_bytes),
+      reinterpret_cast<uint64_t*>(routed_bytes_.data()), compute_stream_));
+  enqueued_[job] = true;
+  ++stats_.routed_layers;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ExpertLayerTable> CudaExpertStoreWeights::AcquireLayer(int layer) {
   if (layer < 0 || layer >= static_cast<int>(w13_.size()) || w13_[layer].empty()) {
     return absl::OutOfRangeError(absl::StrCat("layer ", layer, " has no experts in the store"));
   }
-  if (const int job = job_of_layer_[layer]; job >= 0) {
+  if (const int job = job_of_layer_[layer]; job >= 0 && routed_pass_) {
+    if (!enqueued_[job]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, " was acquired before StageRouted in a routed pass"));
+    }
+  } else if (job >= 0) {
     if (!enqueued_[job]) {
       return absl::FailedPreconditionError(
           absl::StrCat("layer ", layer, "'s staging copy was not enqueued: layers out of order"));
@@ -180,7 +243,7 @@ absl::Status CudaExpertStoreWeights::ReleaseLayer(int layer) {
     return absl::OutOfRangeError(absl::StrCat("layer ", layer, " has no experts in the store"));
   }
   const int job = job_of_layer_[layer];
-  if (job < 0) return absl::OkStatus();
+  if (job < 0 || routed_pass_) return absl::OkStatus();
   VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(released_[job], compute_stream_));
   for (size_t i = 0; i < plan_.size(); ++i) {
     if (plan_[i].after_release_of == job && !enqueued_[i]) {
@@ -192,7 +255,18 @@ absl::Status CudaExpertStoreWeights::ReleaseLayer(int layer) {
 
 absl::Status CudaExpertStoreWeights::EndPass() {
   // Nothing to wait for on the host: copies not enqueued (a pass that stopped early) never run,
-  // and the next pass orders its copies after this pass's compute through pass_start_.
+  // and the next pass orders its copies after this pass's compute through pass_start_. A routed
+  // pass's byte count is read back (8 bytes; the pass's outputs were read already, so the wait is
+  // for a finished stream) for the staging statistics.
+  if (!routed_pass_) return absl::OkStatus();
+  routed_pass_ = false;
+  uint64_t bytes = 0;
+  VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(&bytes, routed_bytes_.data(), sizeof(bytes),
+                                              cudaMemcpyDeviceToHost, compute_stream_));
+  VAMP_CUDART_RETURN_IF_ERROR(
+      cudaMemsetAsync(routed_bytes_.data(), 0, sizeof(uint64_t), compute_stream_));
+  VAMP_CUDART_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
+  stats_.bytes += bytes;
   return absl::OkStatus();
 }
 

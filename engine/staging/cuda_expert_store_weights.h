@@ -15,6 +15,15 @@
 //     layer l computes, layer l+1's copy (already enqueued) runs on the copy stream.
 // Copies read the store's pinned host copies (OffloadedHostRange), so they run at full PCIe speed.
 //
+// Routed staging (routed_max_tokens > 0): a pass of at most that many tokens copies, per staged
+// layer, only the offloaded experts the layer's tokens route to (kernels::cuda::CopyRoutedExperts,
+// on the compute stream right after the layer's MoePermute, the SMs reading the pinned copy over
+// PCIe). At batch 1 a layer of Qwen3-30B-A3B routes to 8 of 128 experts, so a VAMP-25 step copies
+// a quarter of its offloaded bytes at most instead of all of them; the copy is not hidden behind
+// the previous layer (the routing is not known before), which is why larger passes keep the
+// whole-region copy on the copy stream. Experts nobody routes to keep stale bytes in the buffer;
+// no GEMM row reads them, so outputs stay bit-identical.
+//
 // Contract: the caller enqueues each layer's expert reads on `compute_stream` between AcquireLayer
 // and ReleaseLayer, and calls these from one thread (the forward pass). The store's boundary
 // changes only between passes, after a fence on the device (the page remapper's InFlightFence);
@@ -39,8 +48,10 @@ namespace vamp {
 
 struct CudaStagingStats {
   int64_t passes = 0;
-  int64_t copies = 0;  // host->device copies enqueued
+  int64_t copies = 0;  // host->device copies enqueued (whole-region)
   uint64_t bytes = 0;  // bytes they move
+  int64_t routed_passes = 0;  // passes that staged routed experts only
+  int64_t routed_layers = 0;  // layer copies of those passes
 };
 
 class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeights {
@@ -49,8 +60,10 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   // float32 shards are rounded to bfloat16 on the way in when layout.dtype is kBFloat16) must
   // outlive this object, and so must `compute_stream`, the stream the forward pass runs on.
   // Creates the copy stream and the events; copies go to the store's staging buffers.
+  // routed_max_tokens: see "Routed staging" (0 = always the whole region).
   static absl::StatusOr<std::unique_ptr<CudaExpertStoreWeights>> Create(
-      ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream);
+      ExpertStore* store, ExpertShardLayout layout, cudaStream_t compute_stream,
+      int64_t routed_max_tokens = 0);
   // Waits for the copy stream, then frees the events.
   ~CudaExpertStoreWeights() override;
 
@@ -63,6 +76,10 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   absl::Status ReleaseLayer(int layer) override;
   absl::Status EndPass() override;
   bool PassStagesExperts() const override { return !plan_.empty(); }
+  void PlanPass(int64_t num_tokens) override { pass_tokens_ = num_tokens; }
+  bool PassStagesRouted() const override { return routed_pass_; }
+  absl::Status StageRouted(int layer, const int32_t* device_expert_offsets) override;
+  void set_routed_max_tokens(int64_t tokens) { routed_max_tokens_ = tokens; }
 
   // The decoder layers staged in the current (or last) pass, in order.
   const std::vector<int>& staged_layers() const { return staged_layers_; }
@@ -71,7 +88,7 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
 
  private:
   CudaExpertStoreWeights(ExpertStore* store, ExpertShardLayout layout,
-                         cudaStream_t compute_stream);
+                         cudaStream_t compute_stream, int64_t routed_max_tokens);
   absl::Status Init();
   // Rebuilds pointer tables and the staging plan for the store's current boundary.
   absl::Status Rebuild();
@@ -81,6 +98,7 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   ExpertStore* const store_;
   const ExpertShardLayout layout_;
   const cudaStream_t compute_stream_;
+  int64_t routed_max_tokens_;
   CudaStream copy_stream_;
   // Per plan job (at most one per eligible layer): copy done, and buffer released by its reader.
   std::vector<cudaEvent_t> copied_, released_;
@@ -95,6 +113,12 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   std::vector<std::vector<const void*>> w13_;  // by decoder layer (empty for non-MoE layers)
   std::vector<std::vector<const void*>> w2_;
   std::vector<bool> enqueued_;  // per job, in the current pass
+  int64_t pass_tokens_ = -1;     // PlanPass's count for the next pass (-1: not told)
+  bool routed_pass_ = false;     // the current pass stages routed experts
+  // Per eligible layer (plan order): device address of its pinned copy's offloaded range.
+  std::vector<const uint8_t*> device_src_;
+  // Routed bytes copied, counted on the device (one int64), and its host mirror.
+  DeviceBuffer routed_bytes_;
   // Device copy of the tables: layer l's w13 then w2 pointers start at element
   // device_table_index_[l] of device_tables_ (-1 for non-MoE layers).
   DeviceBuffer device_tables_;

@@ -1,5 +1,6 @@
 #include "kernels/cpu/copy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -31,6 +32,17 @@ inline float HalfToFloat(uint16_t h) {
 }
 
 }  // namespace
+
+void CopyRoutedExperts(const int32_t* expert_offsets, int64_t first_expert, int64_t num_experts,
+                       const uint8_t* src, uint8_t* dst, int64_t expert_bytes,
+                       uint64_t* copied_bytes) {
+  for (int64_t e = std::max<int64_t>(0, first_expert); e < num_experts; ++e) {
+    if (expert_offsets[e + 1] <= expert_offsets[e]) continue;
+    const int64_t at = (e - first_expert) * expert_bytes;
+    std::memcpy(dst + at, src + at, static_cast<size_t>(expert_bytes));
+    if (copied_bytes != nullptr) *copied_bytes += static_cast<uint64_t>(expert_bytes);
+  }
+}
 
 void GatherRows(const float* src, int64_t src_stride, const int32_t* row_index, int64_t num_rows,
                 int64_t cols, float* dst, int64_t dst_stride) {

@@ -17,6 +17,17 @@ void GatherRows(const float* src, int64_t src_stride, const int32_t* row_index, 
 void GatherRows(const BFloat16* src, int64_t src_stride, const int32_t* row_index, int64_t num_rows,
                 int64_t cols, BFloat16* dst, int64_t dst_stride);
 
+// Routed expert staging: copies expert e's `expert_bytes` from src + (e − first_expert) ·
+// expert_bytes to dst at the same offset, for every e in [first_expert, num_experts) that the
+// step's routing uses (expert_offsets[e + 1] > expert_offsets[e]; expert_offsets is MoePermute's
+// [num_experts + 1] row offsets). Experts nobody routes to are not copied: their bytes in dst are
+// left as they were, which is safe because no GEMM row reads them. `src` is the offloaded range
+// [first_expert, num_experts) of a layer (its pinned host copy), `dst` its staging buffer. When
+// `copied_bytes` is not null, the bytes copied are added to it.
+void CopyRoutedExperts(const int32_t* expert_offsets, int64_t first_expert, int64_t num_experts,
+                       const uint8_t* src, uint8_t* dst, int64_t expert_bytes,
+                       uint64_t* copied_bytes);
+
 // Widening conversions of `n` elements; exact (every bf16 and fp16 value, subnormals, infinities
 // and NaNs included, is representable in float32).
 void Bf16ToFloat(const uint16_t* src, int64_t n, float* dst);

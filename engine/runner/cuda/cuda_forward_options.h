@@ -41,6 +41,10 @@ struct CudaForwardOptions {
   int64_t graph_stride_bucket_blocks = 64;
   // Captured graphs kept; beyond this the cache is cleared and refilled.
   int64_t max_cuda_graphs = 64;
+  // Passes of at most this many tokens stage only the offloaded experts their tokens route to
+  // (CudaExpertStoreWeights, "Routed staging"); larger ones copy the whole offloaded region
+  // behind compute. 0 = always the whole region.
+  int64_t routed_staging_max_tokens = 0;
 };
 
 }  // namespace vamp

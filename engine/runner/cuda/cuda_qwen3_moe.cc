@@ -401,7 +401,10 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
   bucketed.max_seq_len = static_cast<int32_t>(std::max<int64_t>(
       batch.max_seq_len,
       std::min(stride * runner_config_.block_size, runner_config_.max_model_len)));
-  if (experts != nullptr) VAMP_RETURN_IF_ERROR(experts->BeginPass());
+  if (experts != nullptr) {
+    experts->PlanPass(batch.num_tokens());
+    VAMP_RETURN_IF_ERROR(experts->BeginPass());
+  }
   absl::Status status;
   if (GraphEligible(bucketed, sampling, experts)) {
     status = RunGraph(bucketed, *sampling, kv, experts);
@@ -668,6 +671,9 @@ absl::Status CudaQwen3MoeModel::Moe(int layer, int64_t n, ExpertWeights* experts
   T* expert_out = As<T>(expert_out_);
   VAMP_RETURN_IF_ERROR(kc::GatherRows(x, H, row_token_, rows, H, permuted, H, stream_));
 
+  if (experts->PassStagesRouted()) {
+    VAMP_RETURN_IF_ERROR(experts->StageRouted(layer, expert_offsets_));
+  }
   VAMP_ASSIGN_OR_RETURN(const ExpertLayerTable table, experts->AcquireLayer(layer));
   if (on_device) {
     if constexpr (std::is_same_v<T, BFloat16>) {

@@ -332,6 +332,18 @@ TEST(MoeTest, SiluAndMulAndUnpermute) {
   EXPECT_EQ(y, (std::vector<float>{50.25f, 100.5f, 210.0f, 420.0f}));
 }
 
+TEST(CopyTest, CopyRoutedExpertsCopiesOnlyRoutedOffloadedExperts) {
+  // 4 experts of 2 bytes, [2, 4) offloaded; experts 0 and 3 routed.
+  const std::vector<int32_t> offsets = {0, 1, 1, 1, 3};
+  const std::vector<uint8_t> src = {20, 21, 30, 31};
+  std::vector<uint8_t> dst = {9, 9, 9, 9};
+  uint64_t copied = 5;
+  CopyRoutedExperts(offsets.data(), 2, 4, src.data(), dst.data(), 2, &copied);
+  EXPECT_EQ(dst, (std::vector<uint8_t>{9, 9, 30, 31})) << "expert 2 is not routed: left alone";
+  EXPECT_EQ(copied, 7u);
+  CopyRoutedExperts(offsets.data(), 2, 4, src.data(), dst.data(), 2, nullptr);  // no counter
+}
+
 TEST(CopyTest, GatherAndConversions) {
   const std::vector<float> table = {0, 1, 10, 11, 20, 21};
   const std::vector<int32_t> ids = {2, 0, 2};

@@ -342,5 +342,45 @@ TEST_F(GemmTest, MoeLayerMatchesCpuStepByStep) {
   }
 }
 
+using RoutedCopyTest = CudaTest;
+
+// Routed expert staging from pinned host memory, against the CPU twin: only the routed experts of
+// the offloaded range land in the buffer (bit-exact), the rest keeps its old bytes, and the device
+// counter adds the bytes copied. Experts of 600 KiB + 16 B: more than one 256 KiB chunk, not a
+// multiple of it.
+TEST_F(RoutedCopyTest, CopiesOnlyRoutedOffloadedExpertsFromPinnedMemory) {
+  constexpr int64_t kExperts = 12, kFirst = 5, kBytes = 600 * 1024 + 16;
+  constexpr int64_t kOffloaded = kExperts - kFirst;
+  // Experts 5, 8 and 11 are routed (plus 1 and 3, which are resident and must not be copied).
+  const std::vector<int32_t> counts = {0, 2, 0, 1, 0, 3, 0, 0, 1, 0, 0, 4};
+  std::vector<int32_t> offsets(kExperts + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+  uint8_t* host = nullptr;
+  VAMP_ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&host), kOffloaded * kBytes,
+                                 cudaHostAllocDefault));
+  for (int64_t i = 0; i < kOffloaded * kBytes; ++i) host[i] = static_cast<uint8_t>(i * 131 + 7);
+  std::vector<uint8_t> want(kOffloaded * kBytes, 0xEE);
+  uint64_t want_bytes = 0;
+  cpu::CopyRoutedExperts(offsets.data(), kFirst, kExperts, host, want.data(), kBytes, &want_bytes);
+  EXPECT_EQ(want_bytes, 3u * kBytes);
+
+  void* device_src = nullptr;
+  VAMP_ASSERT_CUDA(cudaHostGetDevicePointer(&device_src, host, 0));
+  uint8_t* dst = Upload(std::vector<uint8_t>(kOffloaded * kBytes, 0xEE));
+  uint64_t* counter = Upload(std::vector<uint64_t>{10});
+  const int32_t* dev_offsets = Upload(offsets);
+  VAMP_ASSERT_OK(CopyRoutedExperts(dev_offsets, kFirst, kExperts,
+                                   static_cast<const uint8_t*>(device_src), dst, kBytes, counter,
+                                   stream_));
+  const std::vector<uint8_t> got = Download(dst, kOffloaded * kBytes);
+  EXPECT_EQ(Download(counter, 1)[0], 10 + want_bytes);
+  VAMP_ASSERT_CUDA(cudaFreeHost(host));
+  EXPECT_TRUE(got == want) << "the staging buffer differs from the CPU twin's";
+
+  EXPECT_EQ(CopyRoutedExperts(dev_offsets, kFirst, kExperts, dst, dst, 100, nullptr, stream_).code(),
+            absl::StatusCode::kInvalidArgument)
+      << "expert bytes not a multiple of 16";
+}
+
 }  // namespace
 }  // namespace vamp::kernels::cuda

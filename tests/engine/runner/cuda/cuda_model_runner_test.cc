@@ -564,10 +564,18 @@ void CheckEveryResidencyBoundary(CudaForwardOptions forward) {
     ASSERT_EQ(e.memory.experts->boundary(), 16 - 4 * groups);
     ASSERT_TRUE(e.RefreshKv().ok());
     EXPECT_GT(runner.kv_cache().num_blocks, baseline_blocks);
-    const int64_t copies_before = StoreWeights(e).stats().copies;
+    const CudaStagingStats before = StoreWeights(e).stats();
     check("boundary " + std::to_string(16 - 4 * groups));
     EXPECT_EQ(StoreWeights(e).staged_layers(), (std::vector<int>{1, 2}));
-    EXPECT_GT(StoreWeights(e).stats().copies, copies_before);
+    const CudaStagingStats after = StoreWeights(e).stats();
+    // Whole-region copies for passes above the routed threshold, routed ones at or below it.
+    if (forward.routed_staging_max_tokens < (int64_t{1} << 20)) {
+      EXPECT_GT(after.copies, before.copies);
+    }
+    if (forward.routed_staging_max_tokens > 0) {
+      EXPECT_GT(after.routed_layers, before.routed_layers);
+      EXPECT_GT(after.bytes, before.bytes) << "routed copies are counted";
+    }
   }
   EXPECT_FALSE(e.memory.page_remapper->Offload(1).ok()) << "past the cap";
 
@@ -589,6 +597,24 @@ TEST_F(CudaModelRunnerTest, EveryResidencyBoundaryGivesBitIdenticalLogits) {
 
 TEST_F(CudaModelRunnerTest, EveryResidencyBoundaryGivesBitIdenticalLogitsInBFloat16) {
   CheckEveryResidencyBoundary(Bf16Forward());
+}
+
+// Routed staging (only the offloaded experts a pass routes to are copied, the rest of the staging
+// buffer stale): every pass routed, and passes of up to 8 tokens routed with the prefill chunks
+// copying the whole region, so that the buffers change hands between the two kinds of copy.
+TEST_F(CudaModelRunnerTest, RoutedStagingGivesBitIdenticalLogitsInBFloat16) {
+  CudaForwardOptions forward = Bf16Forward();
+  forward.routed_staging_max_tokens = int64_t{1} << 20;
+  CheckEveryResidencyBoundary(forward);
+}
+
+TEST_F(CudaModelRunnerTest, RoutedStagingOfSmallPassesGivesBitIdenticalLogits) {
+  CudaForwardOptions bf16 = Bf16Forward();
+  bf16.routed_staging_max_tokens = 8;
+  CheckEveryResidencyBoundary(bf16);
+  CudaForwardOptions f32 = F32Forward();
+  f32.routed_staging_max_tokens = 8;
+  CheckEveryResidencyBoundary(f32);
 }
 
 TEST_F(CudaModelRunnerTest, BFloat16WithCublasExpertsGivesBitIdenticalLogitsAcrossBoundaries) {
