@@ -10,27 +10,18 @@ namespace vamp::kernels::cpu {
 namespace {
 
 absl::Status Check(const GatedDeltaRuleArgs& a, int64_t chunk_size) {
-  auto bad = [](auto... parts) {
-    return absl::InvalidArgumentError(absl::StrCat("gated delta rule: ", parts...));
-  };
-  if (a.num_k_heads < 1 || a.num_v_heads < 1 || a.k_dim < 1 || a.v_dim < 1) {
-    return bad("num_k_heads ", a.num_k_heads, ", num_v_heads ", a.num_v_heads, ", k_dim ", a.k_dim,
-               " and v_dim ", a.v_dim, " must be positive");
-  }
-  if (a.num_v_heads % a.num_k_heads != 0) {
-    return bad("num_v_heads ", a.num_v_heads, " is not a multiple of num_k_heads ", a.num_k_heads);
-  }
-  if (chunk_size < 1) return bad("chunk_size ", chunk_size, " must be positive");
-  if (a.state_slot_stride < a.num_v_heads * a.v_dim * a.k_dim) {
-    return bad("state_slot_stride ", a.state_slot_stride, " is below num_v_heads * v_dim * k_dim");
-  }
+  if (absl::Status s = CheckGatedDeltaRuleShapes(a, chunk_size); !s.ok()) return s;
   const int64_t need = GatedDeltaRuleWorkspaceFloats(chunk_size, a.k_dim, a.v_dim);
   if (a.workspace == nullptr || a.workspace_floats < need) {
-    return bad("workspace of ", a.workspace_floats, " floats; ", need, " needed");
+    return absl::InvalidArgumentError(absl::StrCat("gated delta rule: workspace of ",
+                                                   a.workspace_floats, " floats; ", need,
+                                                   " needed"));
   }
   for (int64_t i = 0; i < a.num_seqs; ++i) {
     if (a.query_start_loc[i + 1] < a.query_start_loc[i] || a.state_slots[i] < 0) {
-      return bad("sequence ", i, " has a negative length or state slot ", a.state_slots[i]);
+      return absl::InvalidArgumentError(absl::StrCat("gated delta rule: sequence ", i,
+                                                     " has a negative length or state slot ",
+                                                     a.state_slots[i]));
     }
   }
   return absl::OkStatus();
@@ -52,6 +43,24 @@ float* HeadState(const GatedDeltaRuleArgs& a, int64_t i, int64_t h) {
 }
 
 }  // namespace
+
+absl::Status CheckGatedDeltaRuleShapes(const GatedDeltaRuleArgs& a, int64_t chunk_size) {
+  auto bad = [](auto... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("gated delta rule: ", parts...));
+  };
+  if (a.num_k_heads < 1 || a.num_v_heads < 1 || a.k_dim < 1 || a.v_dim < 1) {
+    return bad("num_k_heads ", a.num_k_heads, ", num_v_heads ", a.num_v_heads, ", k_dim ", a.k_dim,
+               " and v_dim ", a.v_dim, " must be positive");
+  }
+  if (a.num_v_heads % a.num_k_heads != 0) {
+    return bad("num_v_heads ", a.num_v_heads, " is not a multiple of num_k_heads ", a.num_k_heads);
+  }
+  if (chunk_size < 1) return bad("chunk_size ", chunk_size, " must be positive");
+  if (a.state_slot_stride < a.num_v_heads * a.v_dim * a.k_dim) {
+    return bad("state_slot_stride ", a.state_slot_stride, " is below num_v_heads * v_dim * k_dim");
+  }
+  return absl::OkStatus();
+}
 
 int64_t GatedDeltaRuleWorkspaceFloats(int64_t chunk_size, int64_t k_dim, int64_t v_dim) {
   // Normalised q and k, the deltas u, the log decays, their cumulative sums and the decays to one

@@ -100,6 +100,9 @@ int64_t GatedDeltaRuleWorkspaceFloats(int64_t chunk_size, int64_t k_dim, int64_t
 // num_k_heads, chunk_size < 1, a state_slot_stride below num_v_heads * v_dim * k_dim, a negative
 // slot, decreasing query_start_loc, or too small a workspace.
 absl::Status GatedDeltaRuleRecurrent(const GatedDeltaRuleArgs& a);
+// The checks of the above that read no per-sequence array and not the workspace (sizes, head
+// ratio, chunk_size, state_slot_stride), shared with the CUDA twin, whose arrays are on the device.
+absl::Status CheckGatedDeltaRuleShapes(const GatedDeltaRuleArgs& a, int64_t chunk_size);
 absl::Status GatedDeltaRuleChunked(const GatedDeltaRuleArgs& a, int64_t chunk_size);
 
 // The per-token gates of Gated DeltaNet from the projections a and b ([num_tokens, num_heads]

@@ -15,15 +15,22 @@ namespace {
 
 using testing::ArbiterFixture;
 
-TEST(OffloadTaxTest, ExposedCopyTimePerGroupCount) {
+// A tax at 1 GB/s (1 MB = 1,000 µs), half of each step's compute hiding copies, a fixed
+// bandwidth, a window of 1,000 µs in 10 slots, and groups of 1 MB up to 4.
+OffloadTax FixedTax() {
   OffloadTaxOptions o;
-  o.h2d_bytes_per_s = 1e9;  // 1 GB/s: 1 MB = 1,000 µs
+  o.h2d_bytes_per_s = 1e9;
   o.overlap_fraction = 0.5;
   o.learn_bandwidth = false;
   o.window_micros = 1000;
   o.window_slots = 10;
   OffloadTax tax(o);
   tax.SetGeometry(/*staged_bytes_per_group=*/1'000'000, /*max_groups=*/4);
+  return tax;
+}
+
+TEST(OffloadTaxTest, ExposedCopyTimePerGroupCount) {
+  OffloadTax tax = FixedTax();
   for (int64_t s = 1; s <= 100; ++s) tax.ObserveStep({s, 1000, 0, 0});
   // Each step: max(0, 1000·g − 0.5·1000).
   EXPECT_DOUBLE_EQ(tax.StepMicros(1, 1000), 500);
@@ -36,14 +43,7 @@ TEST(OffloadTaxTest, ExposedCopyTimePerGroupCount) {
 }
 
 TEST(OffloadTaxTest, StepsThatCopyPartOfEachGroupPayThatShare) {
-  OffloadTaxOptions o;
-  o.h2d_bytes_per_s = 1e9;  // 1 MB = 1,000 µs
-  o.overlap_fraction = 0.5;
-  o.learn_bandwidth = false;
-  o.window_micros = 1000;
-  o.window_slots = 10;
-  OffloadTax tax(o);
-  tax.SetGeometry(/*staged_bytes_per_group=*/1'000'000, /*max_groups=*/4);
+  OffloadTax tax = FixedTax();
   // An engine that copies only routed experts: these steps copy a quarter of each group.
   for (int64_t s = 1; s <= 10; ++s) tax.ObserveStep({s, 1000, 0, 0, 0.25});
   EXPECT_DOUBLE_EQ(tax.StepMicros(4, 1000, 0.25), 500);  // max(0, 0.25·4·1000 − 500)
