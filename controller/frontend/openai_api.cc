@@ -462,7 +462,8 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view text,
   for (size_t e = 0; e < elements.size(); ++e) {
     const Json& p = *elements[e];
     const std::string which = batch ? absl::StrCat("element ", e, " ") : std::string();
-    if (strings != p.is_string()) {
+    // A token-id batch element must be an array itself: [[1, 2], 3] is refused here, not indexed.
+    if (strings ? !p.is_string() : !p.is_array()) {
       return FieldError("prompt",
                         absl::StrCat(which, "must be a ", strings ? "string" : "token-id array",
                                      " like element 0 (a batch holds one kind)"));
