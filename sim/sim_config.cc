@@ -52,10 +52,10 @@ void DeclareSimFlags(ConfigSchema& s) {
       .Double("page_mib", d.sim.offload.page_bytes / kMiB, 1.0 / 1024, 1024, "VMM page size (MiB)")
       .Int("staging_buffer_experts", d.sim.offload.staging_buffer_experts, 0, kInt32Max,
            "E_buffer: experts a staging buffer holds (0 = what the cap needs)")
-      .String("staging", "whole",
-              "What a staged step copies: whole (every offloaded byte, this engine) or routed "
-              "(only the experts the step's tokens route to: a what-if upper bound for the "
-              "engine issue 18 asks for)")
+      .Enum("staging", "whole", {"whole", "routed"},
+            "What a staged step copies: whole (every offloaded byte, this engine) or routed "
+            "(only the experts the step's tokens route to: a what-if upper bound for the "
+            "engine issue 18 asks for)")
       .Double("remap_us_per_group_layer", d.sim.remap.per_group_layer_micros, 0, 1e9,
               "Virtual time to remap one group in one layer (µs)")
       // Scheduler.
@@ -195,15 +195,8 @@ absl::StatusOr<SimConfig> SimConfigFromConfig(const Config& config) {
   o.offload.base_kv_bytes = static_cast<int64_t>(config.GetDouble("kv_pool_gib") * kGiB);
   o.offload.page_bytes = static_cast<int64_t>(config.GetDouble("page_mib") * kMiB);
   o.offload.staging_buffer_experts = static_cast<int32_t>(config.GetInt("staging_buffer_experts"));
-  const std::string staging = config.GetString("staging");
-  if (staging == "whole") {
-    o.staging = StagingMode::kWholeRegion;
-  } else if (staging == "routed") {
-    o.staging = StagingMode::kRoutedOnly;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config field 'staging': '", staging, "' is not whole or routed"));
-  }
+  o.staging = config.GetString("staging") == "routed" ? StagingMode::kRoutedOnly
+                                                       : StagingMode::kWholeRegion;
   o.remap.per_group_layer_micros = config.GetDouble("remap_us_per_group_layer");
   o.remap.h2d_bytes_per_s = o.calibration.hardware.h2d_bytes_per_s;
   o.max_time_s = config.GetDouble("max_time_s");

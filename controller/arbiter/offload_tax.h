@@ -4,8 +4,8 @@
 // offloaded stalls for about
 //     exposed(g) = max(0, s · g · B / bw − f · K)
 // µs, where B is the bytes one group stages per step on a rank, s the share of them the step
-// copies (1 unless the engine copies only the routed experts: StepCost::staged_share), bw the achieved host→device
-// bandwidth and f the share of a step's compute that copies can hide behind (all layers but the
+// copies (1 unless the engine copies only the routed experts: StepCost::staged_share), bw the
+// achieved host→device bandwidth and f the share of a step's compute that copies can hide behind (all layers but the
 // first, less the LM head and per-step overhead). The stall delays every request in the step.
 //
 // For each executed step this adds exposed(g) for every reachable g (0..max_groups) to a sliding

@@ -120,6 +120,7 @@ absl::Status CudaExpertStoreWeights::Rebuild() {
   // host ones under unified addressing, but asked for, not assumed). A copy that cannot be
   // mapped leaves the layer to whole-region staging.
   device_src_.assign(plan_.size(), nullptr);
+  routable_ = true;
   for (size_t job = 0; job < plan_.size(); ++job) {
     const ExpertStore::HostRange range = store_->OffloadedHostRange(plan_[job].layer);
     void* device = nullptr;
@@ -128,6 +129,7 @@ absl::Status CudaExpertStoreWeights::Rebuild() {
       device_src_[job] = static_cast<const uint8_t*>(device);
     } else {
       cudaGetLastError();  // clear the error of a range that cannot be mapped
+      routable_ = false;
     }
   }
   const uint64_t table_bytes = flat.size() * sizeof(void*);
@@ -171,10 +173,8 @@ absl::Status CudaExpertStoreWeights::BeginPass() {
   enqueued_.assign(plan_.size(), false);
   const int64_t tokens = pass_tokens_;
   pass_tokens_ = -1;
-  routed_pass_ = !plan_.empty() && routed_max_tokens_ > 0 && tokens >= 0 &&
-                 tokens <= routed_max_tokens_ &&
-                 std::all_of(device_src_.begin(), device_src_.end(),
-                             [](const uint8_t* p) { return p != nullptr; });
+  routed_pass_ = !plan_.empty() && routable_ && routed_max_tokens_ > 0 && tokens >= 0 &&
+                 tokens <= routed_max_tokens_;
   if (plan_.empty()) return absl::OkStatus();
   if (routed_pass_) {
     // The copies run on the compute stream itself (StageRouted), after the previous pass's reads

@@ -115,8 +115,10 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   std::vector<bool> enqueued_;  // per job, in the current pass
   int64_t pass_tokens_ = -1;     // PlanPass's count for the next pass (-1: not told)
   bool routed_pass_ = false;     // the current pass stages routed experts
-  // Per eligible layer (plan order): device address of its pinned copy's offloaded range.
+  // Per plan job: device address of its layer's pinned offloaded range; routable_ when every
+  // job has one (routed passes need them all).
   std::vector<const uint8_t*> device_src_;
+  bool routable_ = false;
   // Routed bytes copied, counted on the device (one int64), and its host mirror.
   DeviceBuffer routed_bytes_;
   // Device copy of the tables: layer l's w13 then w2 pointers start at element

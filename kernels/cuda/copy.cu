@@ -78,6 +78,10 @@ absl::Status CopyRoutedExperts(const int32_t* expert_offsets, int64_t first_expe
         "16-byte aligned src and dst");
   }
   if (first_expert >= num_experts) return absl::OkStatus();
+  if (num_experts - first_expert > 65535) {
+    return absl::InvalidArgumentError(
+        "CopyRoutedExperts: more than 65535 offloaded experts (one grid row each)");
+  }
   const int64_t words = expert_bytes / static_cast<int64_t>(sizeof(uint4));
   const dim3 grid(static_cast<unsigned>(internal::CeilDiv(words, kRoutedCopyChunkWords)),
                   static_cast<unsigned>(num_experts - first_expert));

@@ -25,8 +25,8 @@ absl::Status GatherRows(const BFloat16* src, int64_t src_stride, const int32_t* 
 // layer's MoePermute, so the routing it reads is the step's own and no host round trip is needed
 // (the copy stream cannot know which experts a layer will use before its router has run). A
 // bit-exact copy; `copied_bytes` (a device counter, or null) grows by the bytes copied. Refuses
-// (InvalidArgument) a negative first_expert or expert_bytes that is not a positive multiple of
-// 16, or pointers that are not 16-byte aligned.
+// (InvalidArgument) a negative first_expert, more than 65535 experts from it, expert_bytes that
+// is not a positive multiple of 16, or pointers that are not 16-byte aligned.
 absl::Status CopyRoutedExperts(const int32_t* expert_offsets, int64_t first_expert,
                                int64_t num_experts, const uint8_t* src, uint8_t* dst,
                                int64_t expert_bytes, uint64_t* copied_bytes,
