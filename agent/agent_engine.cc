@@ -12,6 +12,7 @@
 #include "agent/init_request.h"
 #include "agent/rank_remapper.h"
 #include "agent/step_executor.h"
+#include "agent/step_staging.h"
 #include "agent/tensor_parallel_group.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -40,6 +41,14 @@ struct AgentEngine::Instance {
 namespace {
 
 using Steady = std::chrono::steady_clock;
+
+// Tokens the step's forward pass computes.
+int64_t StepTokens(const vamp::v1::StepRequest& request) {
+  int64_t tokens = 0;
+  for (const auto& r : request.new_requests()) tokens += std::max(0, r.num_scheduled_tokens());
+  for (const auto& r : request.cached_requests()) tokens += std::max(0, r.num_scheduled_tokens());
+  return tokens;
+}
 
 }  // namespace
 
@@ -337,6 +346,15 @@ vamp::v1::StepResponse AgentEngine::Step(const vamp::v1::StepRequest& request) {
   vamp::v1::StepTimings& t = *response.mutable_timings();
   t.set_staging_stall_us(static_cast<int64_t>(staging_after.wait_us - staging_before.wait_us));
   t.set_staged_bytes(staging_after.bytes - staging_before.bytes);
+  if (instance_ != nullptr) {
+    const ModelConfig& model = instance_->rank->config;
+    const StepStaging staging =
+        DescribeStepStaging(staging_before, staging_after, StepTokens(request),
+                            instance_->rank->experts->routed_staging_max_tokens(),
+                            model.num_experts_per_tok, model.num_experts);
+    t.set_routed_staging(staging.routed);
+    t.set_staged_share(staging.share);
+  }
   t.set_total_us(static_cast<int64_t>(MicrosSince(start)));
   *response.mutable_memory() = MemoryLocked();
   if (!errors.empty()) {

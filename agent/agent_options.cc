@@ -117,7 +117,8 @@ const ConfigSchema& AgentConfigSchema() {
         .Int("routed_staging_max_tokens", d.routed_staging_max_tokens, 0, 1 << 30,
              "CUDA agents: steps of at most this many tokens copy only the offloaded experts "
              "their tokens route to (on the compute stream, after each layer's router) instead "
-             "of every offloaded byte behind compute; 0: always every offloaded byte")
+             "of every offloaded byte behind compute (default chosen on an H200: "
+             "bench/results/2026-12-02-routed-staging.md); 0: always every offloaded byte")
         .Int("register_max_backoff_ms", d.registration.max_backoff_ms, 10, kMaxMillis,
              "longest wait between two registration attempts")
         .String("controller_ca_file", "",

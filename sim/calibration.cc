@@ -47,6 +47,7 @@ absl::StatusOr<Calibration> CalibrationPreset(const std::string& name) {
     h.dense_flops_per_s = h200.dense_flops_per_s * kFlops;
     h.attention_flops_per_s = h200.attention_flops_per_s * kFlops;
     h.h2d_bytes_per_s = 50e9;
+    h.routed_h2d_bytes_per_s = h200.routed_h2d_bytes_per_s * 50e9 / h200.h2d_bytes_per_s;
     h.allreduce_us = 25;
     // No NVLink between the two PCIe cards: NCCL's bus bandwidth over PCIe Gen5 peer-to-peer.
     h.allreduce_bytes_per_s = 25e9;
@@ -160,8 +161,8 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
     s.Update(CheckKnown(
         h, "hardware",
         {"name", "weight_read_bytes_per_s", "kv_read_bytes_per_s", "moe_flops_per_s",
-         "dense_flops_per_s", "attention_flops_per_s", "h2d_bytes_per_s", "step_overhead_us",
-         "layer_overhead_us", "allreduce_us", "allreduce_bytes_per_s"},
+         "dense_flops_per_s", "attention_flops_per_s", "h2d_bytes_per_s", "routed_h2d_bytes_per_s",
+         "step_overhead_us", "layer_overhead_us", "allreduce_us", "allreduce_bytes_per_s"},
         path));
     s.Update(ReadField(h, "hardware", "name", &o.name, path));
     s.Update(ReadField(h, "hardware", "weight_read_bytes_per_s", &o.weight_read_bytes_per_s, path));
@@ -170,6 +171,7 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
     s.Update(ReadField(h, "hardware", "dense_flops_per_s", &o.dense_flops_per_s, path));
     s.Update(ReadField(h, "hardware", "attention_flops_per_s", &o.attention_flops_per_s, path));
     s.Update(ReadField(h, "hardware", "h2d_bytes_per_s", &o.h2d_bytes_per_s, path));
+    s.Update(ReadField(h, "hardware", "routed_h2d_bytes_per_s", &o.routed_h2d_bytes_per_s, path));
     s.Update(ReadField(h, "hardware", "step_overhead_us", &o.step_overhead_us, path));
     s.Update(ReadField(h, "hardware", "layer_overhead_us", &o.layer_overhead_us, path));
     s.Update(ReadField(h, "hardware", "allreduce_us", &o.allreduce_us, path));
@@ -185,8 +187,9 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
         "moe_intermediate and num_q_heads divisible by tp_size)"));
   }
   if (c.hardware.weight_read_bytes_per_s <= 0 || c.hardware.h2d_bytes_per_s <= 0 ||
-      c.hardware.moe_flops_per_s <= 0 || c.hardware.kv_read_bytes_per_s <= 0 ||
-      c.hardware.dense_flops_per_s <= 0 || c.hardware.attention_flops_per_s <= 0) {
+      c.hardware.routed_h2d_bytes_per_s <= 0 || c.hardware.moe_flops_per_s <= 0 ||
+      c.hardware.kv_read_bytes_per_s <= 0 || c.hardware.dense_flops_per_s <= 0 ||
+      c.hardware.attention_flops_per_s <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": hardware bandwidths and throughputs must be positive"));
   }

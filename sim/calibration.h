@@ -52,6 +52,9 @@ struct HardwareCalibration {
   double attention_flops_per_s = 510e12;
   // Pinned host→device copies: 55.5 GB/s.
   double h2d_bytes_per_s = 55.5e9;
+  // Routed staging's copies (SM loads over PCIe of the routed experts only): 50 GB/s on the
+  // H200 (bench/results/2026-12-02-routed-staging.md).
+  double routed_h2d_bytes_per_s = 50e9;
   // Fixed cost per step (scheduling, launches, sampling), µs.
   double step_overhead_us = 400;
   // Fixed cost per layer (kernel launches), µs.

@@ -1,5 +1,7 @@
 #include "sim/sim_config.h"
 
+#include <string>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -52,10 +54,15 @@ void DeclareSimFlags(ConfigSchema& s) {
       .Double("page_mib", d.sim.offload.page_bytes / kMiB, 1.0 / 1024, 1024, "VMM page size (MiB)")
       .Int("staging_buffer_experts", d.sim.offload.staging_buffer_experts, 0, kInt32Max,
            "E_buffer: experts a staging buffer holds (0 = what the cap needs)")
-      .Enum("staging", "whole", {"whole", "routed"},
-            "What a staged step copies: whole (every offloaded byte, this engine) or routed "
-            "(only the experts the step's tokens route to: a what-if upper bound for the "
-            "engine issue 18 asks for)")
+      .Enum("staging", "routed", {"whole", "routed", "routed_prefetch"},
+            "What a staged step copies: whole (every offloaded byte behind compute), routed "
+            "(the engine's routed staging: steps of at most --routed_staging_max_tokens copy "
+            "only the experts their tokens route to, not hidden behind compute; larger ones the "
+            "whole region) or routed_prefetch (every step copies only its routed experts, hidden "
+            "behind compute: a what-if upper bound for predicting the next layer's experts)")
+      .Int("routed_staging_max_tokens", d.sim.routed_staging_max_tokens, 0, kInt32Max,
+           "With --staging=routed: the largest step (tokens) that copies only its routed "
+           "experts, as the agent's flag of that name")
       .Double("remap_us_per_group_layer", d.sim.remap.per_group_layer_micros, 0, 1e9,
               "Virtual time to remap one group in one layer (µs)")
       // Scheduler.
@@ -195,8 +202,11 @@ absl::StatusOr<SimConfig> SimConfigFromConfig(const Config& config) {
   o.offload.base_kv_bytes = static_cast<int64_t>(config.GetDouble("kv_pool_gib") * kGiB);
   o.offload.page_bytes = static_cast<int64_t>(config.GetDouble("page_mib") * kMiB);
   o.offload.staging_buffer_experts = static_cast<int32_t>(config.GetInt("staging_buffer_experts"));
-  o.staging = config.GetString("staging") == "routed" ? StagingMode::kRoutedOnly
-                                                       : StagingMode::kWholeRegion;
+  const std::string staging = config.GetString("staging");
+  o.staging = staging == "routed"            ? StagingMode::kRouted
+              : staging == "routed_prefetch" ? StagingMode::kRoutedPrefetch
+                                             : StagingMode::kWholeRegion;
+  o.routed_staging_max_tokens = config.GetInt("routed_staging_max_tokens");
   o.remap.per_group_layer_micros = config.GetDouble("remap_us_per_group_layer");
   o.remap.h2d_bytes_per_s = o.calibration.hardware.h2d_bytes_per_s;
   o.max_time_s = config.GetDouble("max_time_s");

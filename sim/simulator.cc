@@ -115,7 +115,7 @@ class Simulation {
       : workload_(workload),
         policy_(policy),
         options_(options),
-        model_(options.calibration, options.staging),
+        model_(options.calibration, options.staging, options.routed_staging_max_tokens),
         log_(std::max<size_t>(1, options.decision_log_capacity)) {}
 
   absl::StatusOr<SimResult> Run();
@@ -417,6 +417,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
       timing.offloaded_experts_per_layer = offloaded;
       timing.end_micros = clock_.NowMicros();
       timing.staged_share = t.copy_share;
+      timing.routed_staging = t.routed;
       if (offloader_) {
         timing.staged_bytes = static_cast<int64_t>(
             t.copy_share * static_cast<double>(offloaded) /

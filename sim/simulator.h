@@ -45,9 +45,12 @@ absl::StatusOr<PolicySpec> ParsePolicy(absl::string_view label, const VampArbite
 
 struct SimOptions {
   Calibration calibration;
-  // What a staged step copies (step_time_model.h): the whole offloaded region (this engine) or,
-  // as a what-if for issue 18, only the routed experts.
-  StagingMode staging = StagingMode::kWholeRegion;
+  // What a staged step copies (step_time_model.h): the whole offloaded region, the engine's
+  // routed staging for steps of at most routed_staging_max_tokens tokens, or the prefetch
+  // what-if of issue 18.
+  // The defaults are the engine's (CudaForwardOptions::routed_staging_max_tokens).
+  StagingMode staging = StagingMode::kRouted;
+  int64_t routed_staging_max_tokens = 16;
   // num_blocks is ignored: the baseline pool comes from `offload.base_kv_bytes`.
   SchedulerConfig scheduler;
   // cap is ignored: it comes from the policy.

@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/uniform_routing.h"
+
 namespace vamp::sim {
 
 double StepTimeModel::RoutedShare(int64_t tokens) const {
-  if (tokens <= 0) return 0;
-  const SimModelShape& m = c_.model;
-  // Distinct experts that `tokens` tokens route to, for uniform routing: E·(1 − (1 − k/E)^T).
-  const double p_miss = 1.0 - static_cast<double>(m.top_k) / m.num_experts;
-  return 1.0 - std::pow(p_miss, static_cast<double>(tokens));
+  return UniformRoutedShare(tokens, c_.model.top_k, c_.model.num_experts);
 }
 
 double StepTimeModel::MoeLayerMicros(int64_t tokens) const {
@@ -64,10 +62,11 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
           ? 1e6 * static_cast<double>(tokens) * m.hidden * m.dtype_bytes / h.allreduce_bytes_per_s
           : 0;
   const double tp_us = m.tp_size > 1 ? 2 * (h.allreduce_us + allreduce_volume_us) : 0;
-  t.copy_share = staging_ == StagingMode::kRoutedOnly ? RoutedShare(tokens) : 1.0;
-  const double copy_per_layer_us = 1e6 * t.copy_share *
-                                   static_cast<double>(offloaded_experts_per_layer) *
-                                   m.ExpertBytes() / h.h2d_bytes_per_s;
+  t.routed = staging_ == StagingMode::kRouted && tokens <= routed_max_tokens_;
+  t.copy_share = t.routed || staging_ == StagingMode::kRoutedPrefetch ? RoutedShare(tokens) : 1.0;
+  const double copy_per_layer_us =
+      1e6 * t.copy_share * static_cast<double>(offloaded_experts_per_layer) * m.ExpertBytes() /
+      (t.routed ? h.routed_h2d_bytes_per_s : h.h2d_bytes_per_s);
 
   // Linear-attention layers (Qwen3-Next's Gated DeltaNet) are costed like a dense projection:
   // their state is O(1) in the context length.
@@ -79,6 +78,14 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
     const double compute =
         h.layer_overhead_us + dense_us + moe_us + tp_us + (kv_layer ? attention_us : 0);
     t.compute_us += compute;
+    if (t.routed) {
+      // Layer l's routed experts are copied after its router, before its expert GEMMs; layer 0
+      // (the first MoE layer) stays resident.
+      const double copy = l > 0 ? copy_per_layer_us : 0;
+      t.copy_us += copy;
+      layers_us += compute + copy;
+      continue;
+    }
     // Layer l+1's offloaded experts are copied while layer l runs; layer 0 (the first MoE layer)
     // stays resident, so the copy under the last layer belongs to no one.
     const double copy_next = l + 1 < m.num_layers ? copy_per_layer_us : 0;

@@ -8,10 +8,16 @@
 // (double-buffered staging), so a layer costs max(compute_l, copy_{l+1}) and the step
 //   total = overhead + Σ_l max(compute_l, copy_{l+1}) + LM head.
 // Every offloaded byte is copied once per step whatever the router picks (the staging buffer holds
-// all of [b, E) of a layer), which is VAMP's TPOT cost. StagingMode::kRoutedOnly models the
-// engine that issue 18 asks for instead: a layer copies only the offloaded experts its tokens
-// route to (uniform routing, as the MoE term), still hidden behind the previous layer — an upper
-// bound, as if the next layer's experts were predicted without a miss.
+// all of [b, E) of a layer), which is VAMP's TPOT cost. Two other ways of staging:
+//   - StagingMode::kRouted, the engine's routed staging (CudaForwardOptions::
+//     routed_staging_max_tokens): a step of at most routed_max_tokens tokens copies, per eligible
+//     layer, only the offloaded experts its tokens route to (uniform routing, as the MoE term),
+//     after the layer's router and on the compute path, at the routed copy bandwidth:
+//       layer l costs compute_l + copy_l;
+//     larger steps copy the whole region as above;
+//   - StagingMode::kRoutedPrefetch, the what-if issue 18 aims at: every step copies only the
+//     routed experts, hidden behind the previous layer as the whole region is — an upper bound,
+//     as if the next layer's experts were predicted without a miss.
 #ifndef VAMP_SIM_STEP_TIME_MODEL_H_
 #define VAMP_SIM_STEP_TIME_MODEL_H_
 
@@ -28,21 +34,24 @@ struct SequenceWork {
   int64_t context_tokens = 0;  // tokens already in the KV cache before this step
 };
 
-enum class StagingMode { kWholeRegion, kRoutedOnly };
+enum class StagingMode { kWholeRegion, kRouted, kRoutedPrefetch };
 
 struct StepTime {
   double compute_us = 0;       // all layers' compute, no staging
   double copy_us = 0;          // host→device copy time of the bytes copied
   double copy_share = 1;       // share of the offloaded bytes copied (1 for kWholeRegion)
+  bool routed = false;         // copied the routed way, on the compute path (kRouted)
   double exposed_copy_us = 0;  // copy time not hidden behind compute
   double total_us = 0;         // the step as the client sees it
 };
 
 class StepTimeModel {
  public:
+  // routed_max_tokens: the largest step kRouted stages the routed way.
   explicit StepTimeModel(const Calibration& calibration,
-                         StagingMode staging = StagingMode::kWholeRegion)
-      : c_(calibration), staging_(staging) {}
+                         StagingMode staging = StagingMode::kWholeRegion,
+                         int64_t routed_max_tokens = 0)
+      : c_(calibration), staging_(staging), routed_max_tokens_(routed_max_tokens) {}
 
   // `offloaded_experts_per_layer`: experts above the residency boundary in each eligible layer
   // (every MoE layer but the first). 0 = fully resident.
@@ -59,6 +68,7 @@ class StepTimeModel {
  private:
   Calibration c_;
   StagingMode staging_;
+  int64_t routed_max_tokens_;
 };
 
 }  // namespace vamp::sim

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "common/uniform_routing.h"
 
 namespace vamp::gpu_step_bench {
 
@@ -12,9 +13,8 @@ DecodeFloor ComputeDecodeFloor(const Flags& f, const GpuEngine& e, double hbm_gb
   const double dtype = 2.0;  // bfloat16
   DecodeFloor d;
   d.tokens = f.batch;
-  const double E = static_cast<double>(c.num_experts);
-  const double k = static_cast<double>(c.num_experts_per_tok);
-  d.expected_experts_per_layer = E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(d.tokens)));
+  d.expected_experts_per_layer = static_cast<double>(c.num_experts) *
+                                 UniformRoutedShare(d.tokens, c.num_experts_per_tok, c.num_experts);
   // Every non-expert weight on the device, but only the batch's rows of an untied embedding.
   const double embed = static_cast<double>(c.vocab_size * c.hidden_size) * dtype;
   d.non_expert_bytes = static_cast<double>(e.model->weight_bytes());

@@ -154,7 +154,9 @@ absl::StatusOr<std::vector<StepSample>> Workload::Run(bool mixed) {
     sample.forward_ms = out->forward_us / 1e3;
     sample.sample_ms = out->sample_us / 1e3;
     sample.staged_bytes = after.bytes - before.bytes;
-    sample.staged_copies = after.copies - before.copies;
+    sample.staged_copies =
+        after.copies - before.copies + after.routed_layers - before.routed_layers;
+    sample.exposed_ms = (after.exposed_us - before.exposed_us) / 1e3;
     samples.push_back(sample);
   }
   if (mixed) {
@@ -239,25 +241,27 @@ absl::StatusOr<std::vector<PointResult>> MeasurePoints(const Flags& f, GpuEngine
       p.offloaded_bytes_per_layer = static_cast<uint64_t>(offloaded) * g.expert_bytes;
       p.tokens_per_step = f.batch + (mixed ? f.prefill_tokens : 0);
       std::vector<double> step, fwd, smp;
-      double bytes = 0, copies = 0;
+      double bytes = 0, copies = 0, exposed = 0;
       for (const StepSample& s : *samples) {
         step.push_back(s.step_ms);
         fwd.push_back(s.forward_ms);
         smp.push_back(s.sample_ms);
         bytes += static_cast<double>(s.staged_bytes);
         copies += static_cast<double>(s.staged_copies);
+        exposed += s.exposed_ms;
       }
       p.step_ms = Summarise(step);
       p.forward_ms = Summarise(fwd);
       p.sample_ms = Summarise(smp);
       p.staged_bytes_per_step = bytes / static_cast<double>(samples->size());
       p.copies_per_step = copies / static_cast<double>(samples->size());
+      p.exposed_ms_per_step = exposed / static_cast<double>(samples->size());
       p.copies_alone_ms = replay_ms;
       VAMP_LOG(INFO) << absl::StrFormat(
           "VAMP-r %.2f %s: step p50 %.2f ms (forward %.2f, sampling %.2f), %.1f MiB staged per "
-          "step in %.1f copies",
+          "step in %.1f copies, %.2f ms exposed",
           ratio, p.mode, p.step_ms.p50, p.forward_ms.p50, p.sample_ms.p50,
-          p.staged_bytes_per_step / kMiB, p.copies_per_step);
+          p.staged_bytes_per_step / kMiB, p.copies_per_step, p.exposed_ms_per_step);
       points.push_back(p);
     }
   }

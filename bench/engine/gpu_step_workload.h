@@ -24,6 +24,7 @@ struct StepSample {
   double sample_ms = 0;   // StepOutput::sample_us
   uint64_t staged_bytes = 0;
   int64_t staged_copies = 0;
+  double exposed_ms = 0;  // CudaStagingStats::exposed_us: staging the compute stream waited for
 };
 
 struct PointResult {
@@ -37,8 +38,9 @@ struct PointResult {
   Summary step_ms, forward_ms, sample_ms;
   double staged_bytes_per_step = 0;
   double copies_per_step = 0;
-  double copies_alone_ms = 0;  // the step's staging copies replayed alone
-  int64_t graph_replays = 0;   // steps of the point (warm-up included) replayed from CUDA graphs
+  double exposed_ms_per_step = 0;  // mean of StepSample::exposed_ms
+  double copies_alone_ms = 0;      // the step's staging copies replayed alone
+  int64_t graph_replays = 0;  // steps of the point (warm-up included) replayed from CUDA graphs
   // Filled in once the resident reference of the mode is known.
   double floor_ms = 0;
   double forward_over_floor = 0;

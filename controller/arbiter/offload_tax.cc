@@ -31,11 +31,18 @@ double OffloadTax::h2d_bytes_per_s() const {
   return bw_samples_ >= options_.min_samples ? bw_estimate_ : options_.h2d_bytes_per_s;
 }
 
-double OffloadTax::StepMicros(int32_t groups, double compute_micros, double staged_share) const {
-  const double bw = h2d_bytes_per_s();
+double OffloadTax::routed_h2d_bytes_per_s() const {
+  return routed_bw_samples_ >= options_.min_samples ? routed_bw_estimate_
+                                                    : options_.routed_h2d_bytes_per_s;
+}
+
+double OffloadTax::StepMicros(int32_t groups, double compute_micros, double staged_share,
+                              bool routed) const {
+  const double bw = routed ? routed_h2d_bytes_per_s() : h2d_bytes_per_s();
   if (groups <= 0 || bytes_per_group_ <= 0 || !(bw > 0)) return 0;
   const double share = std::isfinite(staged_share) ? std::clamp(staged_share, 0.0, 1.0) : 1.0;
   const double copy = 1e6 * share * static_cast<double>(groups) * bytes_per_group_ / bw;
+  if (routed) return copy;
   return std::max(0.0, copy - options_.overlap_fraction * std::max(0.0, compute_micros));
 }
 
@@ -47,19 +54,21 @@ void OffloadTax::ObserveStep(const StepCost& s) {
   const double exposed = std::clamp(s.exposed_staging_micros, 0.0, s.step_micros);
   const double compute = s.step_micros - exposed;
   if (options_.learn_bandwidth && s.staged_bytes > 0 && exposed > 0) {
-    // Copy-bound: the copies ran through the hidden share of compute and the exposed stall.
-    const double sample =
-        static_cast<double>(s.staged_bytes) / ((options_.overlap_fraction * compute + exposed) * 1e-6);
-    bw_estimate_ = bw_samples_ == 0
-                       ? sample
-                       : (1 - options_.ewma_weight) * bw_estimate_ + options_.ewma_weight * sample;
-    ++bw_samples_;
+    // Copy-bound: whole-region copies ran through the hidden share of compute and the exposed
+    // stall; routed copies through the exposed time alone.
+    const double seconds =
+        (s.routed ? exposed : options_.overlap_fraction * compute + exposed) * 1e-6;
+    const double sample = static_cast<double>(s.staged_bytes) / seconds;
+    double& estimate = s.routed ? routed_bw_estimate_ : bw_estimate_;
+    int64_t& samples = s.routed ? routed_bw_samples_ : bw_samples_;
+    estimate = samples == 0 ? sample
+                            : (1 - options_.ewma_weight) * estimate + options_.ewma_weight * sample;
+    ++samples;
   }
   steps_.Add(s.now_micros, 0, 1);
   steps_.Add(s.now_micros, 1, s.step_micros);
   for (int32_t g = 1; g <= max_groups_; ++g) {
-    const double t = StepMicros(g, compute, s.staged_share);
-    tax_.Add(s.now_micros, g, t);
+    tax_.Add(s.now_micros, g, StepMicros(g, compute, s.staged_share, s.routed));
   }
 }
 

@@ -27,6 +27,7 @@ absl::Status VampArbiterConfig::Validate() const {
     return bad("vamp_window_s", "must be at least vamp_window_slots microseconds");
   }
   if (!(tax.h2d_bytes_per_s > 0)) return bad("vamp_h2d_gbps", "must be > 0");
+  if (!(tax.routed_h2d_bytes_per_s > 0)) return bad("vamp_routed_h2d_gbps", "must be > 0");
   if (!(tax.overlap_fraction >= 0 && tax.overlap_fraction <= 1)) {
     return bad("vamp_staging_overlap", "must be in [0, 1]");
   }
@@ -107,6 +108,9 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
       .Double("vamp_h2d_gbps", d.tax.h2d_bytes_per_s * 1e-9, 1e-6, 1e6,
               "Tax model: host-to-device bandwidth the tax starts from (GB/s); learned from "
               "copy-bound steps with vamp_self_calibration")
+      .Double("vamp_routed_h2d_gbps", d.tax.routed_h2d_bytes_per_s * 1e-9, 1e-6, 1e6,
+              "Tax model: the same for routed staging's copies (small steps that copy only the "
+              "experts they route to, not hidden behind compute; GB/s)")
       .Double("vamp_staging_overlap", d.tax.overlap_fraction, 0, 1,
               "Tax model: share of a step's compute that expert staging copies hide behind")
       .Double("vamp_margin", d.tax.margin, 0, 1e6,
@@ -200,6 +204,7 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
   v.tax.window_micros = static_cast<int64_t>(config.GetDouble("vamp_window_s") * 1e6);
   v.tax.window_slots = static_cast<int32_t>(config.GetInt("vamp_window_slots"));
   v.tax.h2d_bytes_per_s = config.GetDouble("vamp_h2d_gbps") * 1e9;
+  v.tax.routed_h2d_bytes_per_s = config.GetDouble("vamp_routed_h2d_gbps") * 1e9;
   v.tax.overlap_fraction = config.GetDouble("vamp_staging_overlap");
   v.tax.margin = config.GetDouble("vamp_margin");
   v.tax.min_evidence_steps = config.GetInt("vamp_min_evidence_steps");
@@ -262,6 +267,7 @@ std::unique_ptr<OffloadTax> MakeOffloadTax(const VampArbiterConfig& config) {
   if (config.cost_model != VampCostModel::kTax) return nullptr;
   OffloadTaxOptions o;
   o.h2d_bytes_per_s = config.tax.h2d_bytes_per_s;
+  o.routed_h2d_bytes_per_s = config.tax.routed_h2d_bytes_per_s;
   o.overlap_fraction = config.tax.overlap_fraction;
   o.learn_bandwidth = config.self_calibration.enabled;
   o.ewma_weight = config.self_calibration.ewma_weight;
@@ -309,8 +315,8 @@ void VampArbiter::Observe(const SchedulerCounters& counters) {
 
 void VampArbiter::ObserveStep(const StepTiming& t) {
   if (tax_ != nullptr) {
-    tax_->ObserveStep(
-        {t.end_micros, t.step_micros, t.exposed_staging_micros, t.staged_bytes, t.staged_share});
+    tax_->ObserveStep({t.end_micros, t.step_micros, t.exposed_staging_micros, t.staged_bytes,
+                       t.staged_share, t.routed_staging});
   }
   const SelfCalibrationConfig& s = config_.self_calibration;
   if (!s.enabled) return;
@@ -338,6 +344,7 @@ absl::Status VampArbiter::Reconfigure(const VampArbiterConfig& config) {
   const bool rebuild = config.cost_model != config_.cost_model ||
                        a.window_micros != b.window_micros || a.window_slots != b.window_slots ||
                        a.h2d_bytes_per_s != b.h2d_bytes_per_s ||
+                       a.routed_h2d_bytes_per_s != b.routed_h2d_bytes_per_s ||
                        a.overlap_fraction != b.overlap_fraction ||
                        config.self_calibration.enabled != config_.self_calibration.enabled;
   config_ = config;
@@ -372,6 +379,8 @@ LiveCoefficients VampArbiter::live() const {
   if (tax_ != nullptr) {
     l.h2d_bytes_per_s = tax_->h2d_bytes_per_s();
     l.h2d_samples = tax_->bandwidth_samples();
+    l.routed_h2d_bytes_per_s = tax_->routed_h2d_bytes_per_s();
+    l.routed_h2d_samples = tax_->routed_bandwidth_samples();
   }
   return l;
 }
@@ -619,6 +628,7 @@ TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double
   cmp.window_micros = tax_->window_micros();
   cmp.observed_steps = tax_->StepsInWindow(now);
   cmp.h2d_bytes_per_s = tax_->h2d_bytes_per_s();
+  cmp.routed_h2d_bytes_per_s = tax_->routed_h2d_bytes_per_s();
   return cmp;
 }
 

@@ -159,6 +159,11 @@ struct TaxModelConfig {
   // Host→device bandwidth the tax starts from (bytes/s); learned from copy-bound steps with
   // self-calibration.
   double h2d_bytes_per_s = 55.5e9;
+  // The same for routed staging's copies (small steps copy only the experts they route to, from
+  // the SMs over PCIe, not hidden behind compute): 50 GB/s, what the H200's decode steps of 1 to
+  // 16 tokens reached over their measured exposed time at VAMP-15/25 (47.6-51.1 GB/s,
+  // bench/results/2026-12-02-routed-staging.md).
+  double routed_h2d_bytes_per_s = 50e9;
   // Share of a step's compute that staging copies hide behind.
   double overlap_fraction = 0.9;
   // Hysteresis: offload when value > (1 + margin) · tax; restore when tax > (1 + margin) · value.
@@ -219,6 +224,7 @@ struct StepTiming {
   int64_t end_micros = 0;                   // scheduler clock when the step's output arrived
   int64_t staged_bytes = 0;                 // host→device expert bytes copied (slowest rank)
   double staged_share = 1;                  // share of each offloaded group copied (StepCost)
+  bool routed_staging = false;              // copies on the compute path only (StepCost)
 };
 
 // The coefficients the arbiter prices with now (learned values where it has them).
@@ -232,6 +238,8 @@ struct LiveCoefficients {
   int64_t t_queue_samples = 0;
   double h2d_bytes_per_s = 0;  // tax model: the bandwidth the tax is priced at
   int64_t h2d_samples = 0;
+  double routed_h2d_bytes_per_s = 0;  // the same for routed staging's copies
+  int64_t routed_h2d_samples = 0;
 };
 
 class VampArbiter final : public MemoryArbiter {

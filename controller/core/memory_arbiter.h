@@ -86,6 +86,7 @@ struct TaxComparison {
   int64_t window_micros = 0;
   int64_t observed_steps = 0;  // executed steps in the window (the sums cover these)
   double h2d_bytes_per_s = 0;  // the bandwidth the tax was priced at
+  double routed_h2d_bytes_per_s = 0;  // the same for routed staging's copies
   // Restores: the working set (blocks) and the reuse age (steps) that bounded it; -1 otherwise.
   int64_t working_set_blocks = -1;
   int64_t reuse_age_steps = -1;

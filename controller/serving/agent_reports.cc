@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/offload_cap.h"
@@ -128,6 +129,12 @@ absl::Status CheckStepTimings(const vamp::v1::StepTimings& t, int rank) {
                             kMaxAgentStepMicros));
   s.Update(
       InRange<uint64_t>(rank, "timings.staged_bytes", t.staged_bytes(), 0, kMaxAgentDeviceBytes));
+  // NaN passes every comparison: refused by name first.
+  if (!std::isfinite(t.staged_share())) {
+    s.Update(Refuse(rank, "timings.staged_share", "is not a finite number"));
+  } else {
+    s.Update(InRange<double>(rank, "timings.staged_share", t.staged_share(), 0.0, 1.0));
+  }
   return s;
 }
 

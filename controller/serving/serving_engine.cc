@@ -44,6 +44,7 @@ struct EngineMetrics {
   prometheus::Gauge& ghost_tokens;
   prometheus::Gauge& preempt_tokens;
   prometheus::Gauge& h2d_bytes_per_second;
+  prometheus::Gauge& routed_h2d_bytes_per_second;
   prometheus::Family<prometheus::Counter>& prompt_tokens;
   prometheus::Family<prometheus::Counter>& generation_tokens;
 
@@ -103,6 +104,8 @@ struct EngineMetrics {
                 "Tax model: tokens recomputed after preemptions over the arbiter window"),
           gauge("vamp_arbiter_h2d_bytes_per_second",
                 "Tax model: host-to-device bandwidth the offload tax is priced at (learned)"),
+          gauge("vamp_arbiter_routed_h2d_bytes_per_second",
+                "Tax model: the same for routed staging's copies (small steps; learned)"),
           counters("vamp_prompt_tokens_total", "Prompt tokens of admitted requests"),
           counters("vamp_generation_tokens_total", "Tokens generated and sent to clients")};
     }();
@@ -433,6 +436,7 @@ void ServingEngine::RunStep() {
       metrics.ghost_tokens.Set(t.ghost_tokens);
       metrics.preempt_tokens.Set(t.preempt_tokens);
       metrics.h2d_bytes_per_second.Set(t.h2d_bytes_per_s);
+      metrics.routed_h2d_bytes_per_second.Set(t.routed_h2d_bytes_per_s);
     }
     absl::MutexLock lock(&mu_);
     decisions_.push_back(d);
@@ -534,13 +538,22 @@ void ServingEngine::RunStep() {
   if (vamp_arbiter_ != nullptr) {
     // Feeds the cost model's self-calibration (a no-op unless enabled): the slowest rank's time.
     StepTiming timing;
+    // Routed when every rank copied only routed experts; the largest share any rank copied
+    // (a whole-region rank counts 1, whatever it left in staged_share).
+    timing.routed_staging = !responses->empty();
+    timing.staged_share = 0;
     for (const vamp::v1::StepResponse& r : *responses) {
-      timing.step_micros = std::max<double>(timing.step_micros, r.timings().total_us());
+      const vamp::v1::StepTimings& t = r.timings();
+      timing.step_micros = std::max<double>(timing.step_micros, t.total_us());
       timing.exposed_staging_micros =
-          std::max<double>(timing.exposed_staging_micros, r.timings().staging_stall_us());
+          std::max<double>(timing.exposed_staging_micros, t.staging_stall_us());
       timing.staged_bytes =
-          std::max<int64_t>(timing.staged_bytes, static_cast<int64_t>(r.timings().staged_bytes()));
+          std::max<int64_t>(timing.staged_bytes, static_cast<int64_t>(t.staged_bytes()));
+      timing.routed_staging = timing.routed_staging && t.routed_staging();
+      timing.staged_share =
+          std::max(timing.staged_share, t.routed_staging() ? t.staged_share() : 1.0);
     }
+    if (responses->empty()) timing.staged_share = 1;
     for (const NewRequestPlan& n : plan->new_requests) timing.prefill_tokens += n.num_scheduled_tokens;
     for (const CachedRequestPlan& c : plan->cached_requests) {
       const Request* r = scheduler_->FindRequest(c.request_id);

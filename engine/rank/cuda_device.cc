@@ -81,8 +81,15 @@ class CudaDevice final : public Device {
 }  // namespace
 
 StagingStats CudaRankExperts::stats() const {
+  const CudaStagingStats& c = weights_->stats();
   StagingStats s;
-  s.bytes = weights_->stats().bytes;
+  s.passes = c.passes;
+  s.copies = c.copies + c.routed_layers;
+  s.bytes = c.bytes;
+  s.wait_us = c.exposed_us;
+  s.routed_passes = c.routed_passes;
+  s.routed_bytes = c.routed_bytes;
+  s.routed_region_bytes = c.routed_region_bytes;
   return s;
 }
 

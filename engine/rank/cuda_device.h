@@ -30,8 +30,9 @@ class CudaRankExperts final : public RankExperts {
       : stream_(std::move(stream)), weights_(std::move(weights)) {}
   ExpertWeightSink& sink() override { return *weights_; }
   ExpertWeights& weights() override { return *weights_; }
-  // The GPU path never waits on the host: wait_us stays 0.
+  // wait_us is the compute stream's exposed staging time (CudaStagingStats::exposed_us).
   StagingStats stats() const override;
+  int64_t routed_staging_max_tokens() const override { return weights_->routed_max_tokens(); }
   CudaExpertStoreWeights& store_weights() { return *weights_; }
   cudaStream_t stream() const { return stream_.get(); }
 

@@ -37,9 +37,12 @@ class RankExperts {
   virtual ~RankExperts() = default;
   virtual ExpertWeightSink& sink() = 0;
   virtual ExpertWeights& weights() = 0;
-  // Staging so far: bytes copied, and the host's wait for copies in µs (0 on devices that never
-  // wait on the host).
+  // Staging so far: bytes copied, and the time the forward pass waited for copies in µs (on
+  // CUDA: the compute stream's exposed staging time, measured on the device).
   virtual StagingStats stats() const = 0;
+  // Passes of at most this many tokens copy only the offloaded experts they route to (0: every
+  // pass copies the whole offloaded region, as the host device always does).
+  virtual int64_t routed_staging_max_tokens() const { return 0; }
 };
 
 // What a device runs a loaded model with.

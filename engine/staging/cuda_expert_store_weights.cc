@@ -49,9 +49,14 @@ absl::Status CudaExpertStoreWeights::Init() {
   const size_t jobs = g.eligible_layers.size();
   copied_.assign(jobs, nullptr);
   released_.assign(jobs, nullptr);
+  stall_begin_.assign(jobs, nullptr);
+  stall_end_.assign(jobs, nullptr);
+  timed_.assign(jobs, false);
   for (size_t i = 0; i < jobs; ++i) {
     VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied_[i], cudaEventDisableTiming));
     VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreateWithFlags(&released_[i], cudaEventDisableTiming));
+    VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreate(&stall_begin_[i]));
+    VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreate(&stall_end_[i]));
   }
   VAMP_CUDART_RETURN_IF_ERROR(cudaEventCreateWithFlags(&pass_start_, cudaEventDisableTiming));
   VAMP_ASSIGN_OR_RETURN(routed_bytes_, DeviceBuffer::Allocate(sizeof(uint64_t)));
@@ -66,6 +71,11 @@ CudaExpertStoreWeights::~CudaExpertStoreWeights() {
   }
   for (cudaEvent_t e : released_) {
     if (e != nullptr) cudaEventDestroy(e);
+  }
+  for (const std::vector<cudaEvent_t>* events : {&stall_begin_, &stall_end_}) {
+    for (cudaEvent_t e : *events) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
   }
   if (pass_start_ != nullptr) cudaEventDestroy(pass_start_);
 }
@@ -171,6 +181,7 @@ absl::Status CudaExpertStoreWeights::BeginPass() {
   if (!built_ || built_version_ != store_->table_version()) VAMP_RETURN_IF_ERROR(Rebuild());
   ++stats_.passes;
   enqueued_.assign(plan_.size(), false);
+  timed_.assign(plan_.size(), false);
   const int64_t tokens = pass_tokens_;
   pass_tokens_ = -1;
   routed_pass_ = !plan_.empty() && routable_ && routed_max_tokens_ > 0 && tokens >= 0 &&
@@ -207,12 +218,16 @@ absl::Status CudaExpertStoreWeights::StageRouted(int layer, const int32_t* devic
   const ExpertStore::HostRange range = store_->OffloadedHostRange(layer);
   auto* buffer = reinterpret_cast<uint8_t*>(
       static_cast<uintptr_t>(store_->StagingBufferAddress(plan_[job].buffer)));
+  VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(stall_begin_[job], compute_stream_));
   VAMP_RETURN_IF_ERROR(kernels::cuda::CopyRoutedExperts(
       device_expert_offsets, range.first_expert, range.first_expert + range.num_experts,
       device_src_[job], buffer, static_cast<int64_t>(store_->geometry().expert_bytes),
       reinterpret_cast<uint64_t*>(routed_bytes_.data()), compute_stream_));
+  VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(stall_end_[job], compute_stream_));
   enqueued_[job] = true;
+  timed_[job] = true;
   ++stats_.routed_layers;
+  stats_.routed_region_bytes += range.bytes;
   return absl::OkStatus();
 }
 
@@ -230,7 +245,10 @@ absl::StatusOr<ExpertLayerTable> CudaExpertStoreWeights::AcquireLayer(int layer)
       return absl::FailedPreconditionError(
           absl::StrCat("layer ", layer, "'s staging copy was not enqueued: layers out of order"));
     }
+    VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(stall_begin_[job], compute_stream_));
     VAMP_CUDART_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copied_[job], 0));
+    VAMP_CUDART_RETURN_IF_ERROR(cudaEventRecord(stall_end_[job], compute_stream_));
+    timed_[job] = true;
   }
   const auto* device =
       reinterpret_cast<const void* const*>(device_tables_.data()) + device_table_index_[layer];
@@ -253,21 +271,41 @@ absl::Status CudaExpertStoreWeights::ReleaseLayer(int layer) {
   return absl::OkStatus();
 }
 
-absl::Status CudaExpertStoreWeights::EndPass() {
-  // Nothing to wait for on the host: copies not enqueued (a pass that stopped early) never run,
-  // and the next pass orders its copies after this pass's compute through pass_start_. A routed
-  // pass's byte count is read back (8 bytes; the pass's outputs were read already, so the wait is
-  // for a finished stream) for the staging statistics.
-  if (!routed_pass_) return absl::OkStatus();
-  routed_pass_ = false;
-  uint64_t bytes = 0;
-  VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(&bytes, routed_bytes_.data(), sizeof(bytes),
-                                              cudaMemcpyDeviceToHost, compute_stream_));
-  VAMP_CUDART_RETURN_IF_ERROR(
-      cudaMemsetAsync(routed_bytes_.data(), 0, sizeof(uint64_t), compute_stream_));
-  VAMP_CUDART_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
-  stats_.bytes += bytes;
+absl::Status CudaExpertStoreWeights::CollectExposedTime() {
+  double exposed_ms = 0;
+  for (size_t job = 0; job < timed_.size(); ++job) {
+    if (!timed_[job]) continue;
+    float ms = 0;
+    VAMP_CUDART_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, stall_begin_[job], stall_end_[job]));
+    exposed_ms += ms;
+  }
+  timed_.assign(timed_.size(), false);
+  stats_.exposed_us += 1e3 * exposed_ms;
   return absl::OkStatus();
+}
+
+absl::Status CudaExpertStoreWeights::EndPass() {
+  // Copies not enqueued (a pass that stopped early) never run, and the next pass orders its
+  // copies after this pass's compute through pass_start_. The forward pass synchronises the
+  // compute stream right after this call (its outputs are read already), so waiting for it here
+  // costs nothing: then the timing events and a routed pass's byte count (8 bytes) are read back
+  // for the staging statistics.
+  const bool routed_pass = routed_pass_;
+  routed_pass_ = false;
+  if (plan_.empty()) return absl::OkStatus();
+  uint64_t routed = 0;
+  if (routed_pass) {
+    VAMP_CUDART_RETURN_IF_ERROR(cudaMemcpyAsync(&routed, routed_bytes_.data(), sizeof(routed),
+                                                cudaMemcpyDeviceToHost, compute_stream_));
+    VAMP_CUDART_RETURN_IF_ERROR(
+        cudaMemsetAsync(routed_bytes_.data(), 0, sizeof(uint64_t), compute_stream_));
+  }
+  VAMP_CUDART_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
+  if (routed_pass) {
+    stats_.bytes += routed;
+    stats_.routed_bytes += routed;
+  }
+  return CollectExposedTime();
 }
 
 }  // namespace vamp

@@ -24,6 +24,11 @@
 // whole-region copy on the copy stream. Experts nobody routes to keep stale bytes in the buffer;
 // no GEMM row reads them, so outputs stay bit-identical.
 //
+// Exposed staging time (CudaStagingStats::exposed_us): what the compute stream spent on staging
+// rather than compute, measured on the device with a pair of timing events per staged layer
+// around the wait for its copy (whole region) or around its routed copy (which runs on the
+// compute stream, so all of it is exposed). EndPass reads them back after the pass's work is done.
+//
 // Contract: the caller enqueues each layer's expert reads on `compute_stream` between AcquireLayer
 // and ReleaseLayer, and calls these from one thread (the forward pass). The store's boundary
 // changes only between passes, after a fence on the device (the page remapper's InFlightFence);
@@ -52,6 +57,12 @@ struct CudaStagingStats {
   uint64_t bytes = 0;  // bytes they move
   int64_t routed_passes = 0;  // passes that staged routed experts only
   int64_t routed_layers = 0;  // layer copies of those passes
+  // Of `bytes`: those routed copies moved, and the offloaded bytes of the layers they served
+  // (the whole region those layers would have copied); their ratio is the routed share.
+  uint64_t routed_bytes = 0;
+  uint64_t routed_region_bytes = 0;
+  // µs the compute stream waited for whole-region copies or ran routed copies (see above).
+  double exposed_us = 0;
 };
 
 class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeights {
@@ -80,6 +91,7 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   bool PassStagesRouted() const override { return routed_pass_; }
   absl::Status StageRouted(int layer, const int32_t* device_expert_offsets) override;
   void set_routed_max_tokens(int64_t tokens) { routed_max_tokens_ = tokens; }
+  int64_t routed_max_tokens() const { return routed_max_tokens_; }
 
   // The decoder layers staged in the current (or last) pass, in order.
   const std::vector<int>& staged_layers() const { return staged_layers_; }
@@ -92,6 +104,9 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   absl::Status Init();
   // Rebuilds pointer tables and the staging plan for the store's current boundary.
   absl::Status Rebuild();
+  // Adds the exposed time of the pass's timed jobs to stats_ (the compute stream must be done
+  // with them).
+  absl::Status CollectExposedTime();
   // Enqueues plan_[job]'s copy on the copy stream (after its buffer's previous reader released it).
   absl::Status EnqueueCopy(int job);
 
@@ -103,6 +118,10 @@ class CudaExpertStoreWeights final : public ExpertWeightSink, public ExpertWeigh
   // Per plan job (at most one per eligible layer): copy done, and buffer released by its reader.
   std::vector<cudaEvent_t> copied_, released_;
   cudaEvent_t pass_start_ = nullptr;
+  // Per plan job: timing events on the compute stream around its wait or routed copy, and
+  // whether the current pass recorded them.
+  std::vector<cudaEvent_t> stall_begin_, stall_end_;
+  std::vector<bool> timed_;
 
   // Below: touched only by the thread running the forward pass.
   bool built_ = false;

@@ -29,6 +29,12 @@ struct StagingStats {
   // was not done yet (the part of staging not hidden behind compute), microseconds.
   double copy_us = 0;
   double wait_us = 0;
+  // Routed staging (devices that copy only the experts a pass routes to; 0 elsewhere): passes
+  // that did, the bytes they copied (part of `bytes`), and the offloaded bytes of the layers they
+  // served. routed_bytes / routed_region_bytes is the share of the region they copied.
+  int64_t routed_passes = 0;
+  uint64_t routed_bytes = 0;
+  uint64_t routed_region_bytes = 0;
 };
 
 // What happened, in order, when event recording is on (tests check the schedule with it).

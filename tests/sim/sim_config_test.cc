@@ -44,7 +44,8 @@ TEST(SimConfigTest, DefaultsAreSimConfigs) {
   // Vocabulary and h2d bandwidth come from the calibration.
   EXPECT_EQ(c->multi_turn.vocab_size, c->sim.calibration.model.vocab);
   EXPECT_EQ(c->sim.remap.h2d_bytes_per_s, c->sim.calibration.hardware.h2d_bytes_per_s);
-  EXPECT_EQ(c->sim.staging, StagingMode::kWholeRegion) << "this engine's staging";
+  EXPECT_EQ(c->sim.staging, StagingMode::kRouted) << "this engine's staging";
+  EXPECT_EQ(c->sim.routed_staging_max_tokens, 16) << "the agent's default";
 }
 
 TEST(SimConfigTest, EveryFlagLandsInItsField) {
@@ -52,7 +53,8 @@ TEST(SimConfigTest, EveryFlagLandsInItsField) {
       Bind({"--workload=low-reuse", "--policies=static,vamp-25", "--kv_pool_gib=2",
             "--page_mib=4", "--block_size=32", "--max_num_seqs=64", "--workload_seed=5",
             "--low_reuse_requests=10", "--threads=3", "--no-progress", "--report=/tmp/x.md",
-            "--decision_log_entries=9", "--max_time_s=60", "--staging=routed"});
+            "--decision_log_entries=9", "--max_time_s=60", "--staging=routed",
+            "--routed_staging_max_tokens=24"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->workload, "low-reuse");
   ASSERT_EQ(c->policies.size(), 2u);
@@ -69,7 +71,11 @@ TEST(SimConfigTest, EveryFlagLandsInItsField) {
   EXPECT_EQ(c->report, "/tmp/x.md");
   EXPECT_EQ(c->sim.decision_log_capacity, 9u);
   EXPECT_EQ(c->sim.max_time_s, 60);
-  EXPECT_EQ(c->sim.staging, StagingMode::kRoutedOnly);
+  EXPECT_EQ(c->sim.staging, StagingMode::kRouted);
+  EXPECT_EQ(c->sim.routed_staging_max_tokens, 24);
+  absl::StatusOr<SimConfig> prefetch = Bind({"--staging=routed_prefetch"});
+  ASSERT_TRUE(prefetch.ok()) << prefetch.status();
+  EXPECT_EQ(prefetch->sim.staging, StagingMode::kRoutedPrefetch);
   EXPECT_FALSE(c->sim.exclude_first_turn) << "auto: no for low-reuse";
   EXPECT_TRUE(c->concurrencies.empty()) << "only multi-turn sweeps";
 }

@@ -77,10 +77,10 @@ TEST(StepTimeModelTest, StagingHidesUnderComputeUntilCopyDominates) {
   EXPECT_GE(decode.total_us, decode.copy_us);
 }
 
-TEST(StepTimeModelTest, RoutedStagingCopiesOnlyTheRoutedShare) {
+TEST(StepTimeModelTest, RoutedPrefetchCopiesOnlyTheRoutedShareBehindCompute) {
   const Calibration c;
   const StepTimeModel whole(c);
-  const StepTimeModel routed(c, StagingMode::kRoutedOnly);
+  const StepTimeModel routed(c, StagingMode::kRoutedPrefetch);
   // One decode token routes to top_k of num_experts (8 of 128); 8 tokens to 1 − (120/128)^8.
   EXPECT_DOUBLE_EQ(routed.RoutedShare(1), 8.0 / 128);
   EXPECT_NEAR(routed.RoutedShare(8), 0.4033, 1e-4);
@@ -90,10 +90,36 @@ TEST(StepTimeModelTest, RoutedStagingCopiesOnlyTheRoutedShare) {
   const StepTime few = routed.Estimate(decode, 32);
   EXPECT_DOUBLE_EQ(all.copy_share, 1.0);
   EXPECT_DOUBLE_EQ(few.copy_share, 8.0 / 128);
+  EXPECT_FALSE(few.routed) << "prefetched copies are hidden like the whole region's";
   EXPECT_NEAR(few.copy_us, all.copy_us * 8.0 / 128, 1e-6 * all.copy_us);
   EXPECT_LT(few.total_us, all.total_us);
   // Nothing offloaded: the same step either way.
   EXPECT_DOUBLE_EQ(routed.Estimate(decode, 0).total_us, whole.Estimate(decode, 0).total_us);
+}
+
+TEST(StepTimeModelTest, RoutedStagingCopiesSmallStepsOnTheComputePath) {
+  const Calibration c;
+  const StepTimeModel whole(c);
+  const StepTimeModel routed(c, StagingMode::kRouted, /*routed_max_tokens=*/8);
+  const std::vector<SequenceWork> decode = {{1, 4000}};
+  const StepTime resident = routed.Estimate(decode, 0);
+  const StepTime few = routed.Estimate(decode, 32);
+  EXPECT_TRUE(few.routed);
+  EXPECT_DOUBLE_EQ(few.copy_share, 8.0 / 128);
+  // Every eligible layer (all but the first) copies its routed share at the routed bandwidth,
+  // none of it hidden: the step grows by exactly the copies.
+  const double per_layer =
+      1e6 * (8.0 / 128) * 32 * c.model.ExpertBytes() / c.hardware.routed_h2d_bytes_per_s;
+  EXPECT_NEAR(few.copy_us, per_layer * (c.model.num_layers - 1), 1e-6 * few.copy_us);
+  EXPECT_NEAR(few.total_us, resident.total_us + few.copy_us, 1e-6 * few.total_us);
+  EXPECT_NEAR(few.exposed_copy_us, few.copy_us, 1e-6 * few.copy_us);
+  EXPECT_LT(few.total_us, whole.Estimate(decode, 32).total_us);
+  // Above the threshold: the whole region, as without routed staging.
+  std::vector<SequenceWork> batch(9, SequenceWork{1, 4000});
+  const StepTime large = routed.Estimate(batch, 32);
+  EXPECT_FALSE(large.routed);
+  EXPECT_DOUBLE_EQ(large.copy_share, 1.0);
+  EXPECT_DOUBLE_EQ(large.total_us, whole.Estimate(batch, 32).total_us);
 }
 
 TEST(CalibrationTest, FileOverridesAndErrorsNameField) {

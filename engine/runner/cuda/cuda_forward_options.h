@@ -43,8 +43,10 @@ struct CudaForwardOptions {
   int64_t max_cuda_graphs = 64;
   // Passes of at most this many tokens stage only the offloaded experts their tokens route to
   // (CudaExpertStoreWeights, "Routed staging"); larger ones copy the whole offloaded region
-  // behind compute. 0 = always the whole region.
-  int64_t routed_staging_max_tokens = 0;
+  // behind compute. 0 = always the whole region. 16 by measurement on the H200
+  // (bench/results/2026-12-02-routed-staging.md): routed copies win while a step routes to well
+  // under the whole offloaded region, i.e. up to about 20 tokens of Qwen3-30B-A3B's top-8 of 128.
+  int64_t routed_staging_max_tokens = 16;
 };
 
 }  // namespace vamp

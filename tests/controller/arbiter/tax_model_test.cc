@@ -54,6 +54,43 @@ TEST(OffloadTaxTest, StepsThatCopyPartOfEachGroupPayThatShare) {
   EXPECT_DOUBLE_EQ(tax.StepMicros(1, 0, std::nan("")), 1000);
 }
 
+TEST(OffloadTaxTest, RoutedStepsPayTheirWholeCopyAtTheRoutedBandwidth) {
+  OffloadTaxOptions o;
+  o.h2d_bytes_per_s = 1e9;
+  o.routed_h2d_bytes_per_s = 0.5e9;  // 1 MB = 2,000 µs
+  o.overlap_fraction = 0.5;
+  o.learn_bandwidth = false;
+  o.window_micros = 1000;
+  o.window_slots = 10;
+  OffloadTax tax(o);
+  tax.SetGeometry(1'000'000, 4);
+  // A routed step copies a quarter of each group after the router: nothing hides behind its
+  // 1,000 µs of compute, 0.25·g·2000 µs.
+  for (int64_t s = 1; s <= 10; ++s) tax.ObserveStep({s, 1000, 0, 0, 0.25, /*routed=*/true});
+  EXPECT_DOUBLE_EQ(tax.StepMicros(1, 1000, 0.25, true), 500);
+  EXPECT_DOUBLE_EQ(tax.WindowMicros(10, 1), 10 * 500);
+  EXPECT_DOUBLE_EQ(tax.WindowMicros(10, 4), 10 * 2000);
+  // The same share copied the whole region's way would hide behind compute.
+  EXPECT_DOUBLE_EQ(tax.StepMicros(1, 1000, 0.25, false), 0);
+}
+
+TEST(OffloadTaxTest, LearnsTheRoutedBandwidthFromRoutedStepsAlone) {
+  OffloadTaxOptions o;
+  o.h2d_bytes_per_s = 1e9;
+  o.routed_h2d_bytes_per_s = 2e9;
+  o.overlap_fraction = 0.5;
+  o.min_samples = 2;
+  OffloadTax tax(o);
+  tax.SetGeometry(1'000'000, 4);
+  // 1 MB copied in 4,000 µs of exposed time: 0.25 GB/s, whatever the step's compute.
+  tax.ObserveStep({1, 5000, 4000, 1'000'000, 0.5, true});
+  tax.ObserveStep({2, 9000, 4000, 1'000'000, 0.5, true});
+  EXPECT_NEAR(tax.routed_h2d_bytes_per_s(), 0.25e9, 1);
+  EXPECT_EQ(tax.routed_bandwidth_samples(), 2);
+  EXPECT_EQ(tax.bandwidth_samples(), 0);
+  EXPECT_DOUBLE_EQ(tax.h2d_bytes_per_s(), 1e9) << "whole-region copies keep their own estimate";
+}
+
 TEST(OffloadTaxTest, LearnsTheBandwidthFromCopyBoundSteps) {
   OffloadTaxOptions o;
   o.h2d_bytes_per_s = 1e9;

@@ -1,6 +1,9 @@
 // The controller's checks of what agents report (controller/serving/agent_reports.h).
 #include "controller/serving/agent_reports.h"
 
+#include <cmath>
+#include <limits>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -126,6 +129,20 @@ TEST(AgentReportsTest, TimingsAreBounded) {
   t.set_staging_stall_us(0);
   t.set_total_us(INT64_MAX);
   EXPECT_THAT(CheckStepTimings(t, 0).message(), HasSubstr("timings.total_us"));
+}
+
+TEST(AgentReportsTest, StagedShareIsAFraction) {
+  vamp::v1::StepTimings t;
+  t.set_total_us(1500);
+  t.set_routed_staging(true);
+  t.set_staged_share(0.0625);
+  EXPECT_TRUE(CheckStepTimings(t, 0).ok());
+  for (double bad : {-0.1, 1.5, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    t.set_staged_share(bad);
+    const absl::Status s = CheckStepTimings(t, 1);
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << bad << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr("agent rank 1 reported timings.staged_share")) << bad;
+  }
 }
 
 }  // namespace

@@ -61,15 +61,18 @@ absl::StatusOr<MemoryPlan> TestPlan(const ModelConfig& config, uint64_t page, in
                          kv_pages);
 }
 
+// Whole-region staging unless a test asks for routed staging.
 CudaForwardOptions F32Forward() {
   CudaForwardOptions o;
   o.dtype = DType::kFloat32;
+  o.routed_staging_max_tokens = 0;
   return o;
 }
 
 CudaForwardOptions Bf16Forward() {
   CudaForwardOptions o;
   o.dtype = DType::kBFloat16;
+  o.routed_staging_max_tokens = 0;
   return o;
 }
 
@@ -575,7 +578,16 @@ void CheckEveryResidencyBoundary(CudaForwardOptions forward) {
     if (forward.routed_staging_max_tokens > 0) {
       EXPECT_GT(after.routed_layers, before.routed_layers);
       EXPECT_GT(after.bytes, before.bytes) << "routed copies are counted";
+      // What the agent reports as the routed share: copied bytes of the served layers' region.
+      const uint64_t region = after.routed_region_bytes - before.routed_region_bytes;
+      const uint64_t routed = after.routed_bytes - before.routed_bytes;
+      EXPECT_GT(routed, 0u);
+      EXPECT_LE(routed, region);
+      // A routed copy is a kernel on the compute stream: all of it is exposed, so its time is
+      // measured and positive.
+      EXPECT_GT(after.exposed_us, before.exposed_us) << "routed copies take exposed time";
     }
+    EXPECT_GE(after.exposed_us, before.exposed_us);
   }
   EXPECT_FALSE(e.memory.page_remapper->Offload(1).ok()) << "past the cap";
 
