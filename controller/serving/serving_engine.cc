@@ -366,10 +366,19 @@ void ServingEngine::AdmitPending() {
     }
     series_->prompt_tokens.Increment(prompt_tokens);
   }
+  const int64_t now = SteadyClock::Get().NowMicros();
   for (const auto& [id, reason] : aborts) {
-    if (live_.erase(id) > 0 && scheduler_->AbortRequest(id).ok()) {
-      // Clients that went away (or timed out) and stop strings end requests too: count them.
-      series_->Finished(reason).Increment();
+    auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    const int64_t arrival_micros = it->second.arrival_micros;
+    live_.erase(it);
+    if (!scheduler_->AbortRequest(id).ok()) continue;
+    // Clients that went away (or timed out) and stop strings end requests too: count them. A
+    // stop string completes the request as the model's own stop would, so its end-to-end
+    // latency counts too; an abort's does not (nobody received the request's end).
+    series_->Finished(reason).Increment();
+    if (reason == FinishReason::kStop) {
+      series_->e2e.Observe(static_cast<double>(now - arrival_micros) * 1e-6);
     }
   }
 }

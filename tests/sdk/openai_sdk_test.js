@@ -37,7 +37,7 @@ async function metric(name, labels = {}) {
   const text = await (await fetch(`${baseURL}/metrics`)).text();
   let sum = 0;
   for (const line of text.split('\n')) {
-    const m = line.match(/^([a-z_]+)(\{[^}]*\})? (\S+)$/);
+    const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$/);
     if (!m || m[1] !== name) continue;
     const got = Object.fromEntries([...(m[2] ?? '').matchAll(/(\w+)="([^"]*)"/g)].map(x => [x[1], x[2]]));
     if (Object.entries(labels).every(([k, v]) => got[k] === v)) sum += Number(m[3]);
@@ -178,6 +178,7 @@ test('stop strings: chat unary and streaming, a single string', async () => {
 test('stop strings end the request in the scheduler (its KV is freed)', async () => {
   const {stop, before} = stopFrom(await greedy(false));
   const stopped = await metric('vamp_requests_finished_total', {reason: 'stop'});
+  const e2e = await metric('vamp_request_e2e_latency_seconds_count');
   const r = await client.completions.create({model: MODEL, prompt: 'Once upon a time',
                                              max_tokens: 1900, temperature: 0, ignore_eos: true,
                                              stop});
@@ -185,6 +186,8 @@ test('stop strings end the request in the scheduler (its KV is freed)', async ()
   await waitFor(async () => (await metric('vamp_scheduler_requests_running')) === 0,
                 'the scheduler to drop the stopped request', 2000);
   assert.equal(await metric('vamp_requests_finished_total', {reason: 'stop'}), stopped + 1);
+  assert.equal(await metric('vamp_request_e2e_latency_seconds_count'), e2e + 1,
+               'a request a stop string ended has an end-to-end latency');
 });
 
 test('n: choices indexed 0..n-1, choice i seeded seed + i, prompt counted once', async () => {
