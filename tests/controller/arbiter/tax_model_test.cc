@@ -15,11 +15,13 @@ namespace {
 
 using testing::ArbiterFixture;
 
-// A tax at 1 GB/s (1 MB = 1,000 µs), half of each step's compute hiding copies, a fixed
-// bandwidth, a window of 1,000 µs in 10 slots, and groups of 1 MB up to 4.
-OffloadTax FixedTax() {
+// A tax at 1 GB/s (1 MB = 1,000 µs; routed copies at `routed_h2d_bytes_per_s`), half of each
+// step's compute hiding copies, a fixed bandwidth, a window of 1,000 µs in 10 slots, and groups
+// of 1 MB up to 4.
+OffloadTax FixedTax(double routed_h2d_bytes_per_s = 1e9) {
   OffloadTaxOptions o;
   o.h2d_bytes_per_s = 1e9;
+  o.routed_h2d_bytes_per_s = routed_h2d_bytes_per_s;
   o.overlap_fraction = 0.5;
   o.learn_bandwidth = false;
   o.window_micros = 1000;
@@ -55,15 +57,7 @@ TEST(OffloadTaxTest, StepsThatCopyPartOfEachGroupPayThatShare) {
 }
 
 TEST(OffloadTaxTest, RoutedStepsPayTheirWholeCopyAtTheRoutedBandwidth) {
-  OffloadTaxOptions o;
-  o.h2d_bytes_per_s = 1e9;
-  o.routed_h2d_bytes_per_s = 0.5e9;  // 1 MB = 2,000 µs
-  o.overlap_fraction = 0.5;
-  o.learn_bandwidth = false;
-  o.window_micros = 1000;
-  o.window_slots = 10;
-  OffloadTax tax(o);
-  tax.SetGeometry(1'000'000, 4);
+  OffloadTax tax = FixedTax(/*routed_h2d_bytes_per_s=*/0.5e9);  // 1 MB = 2,000 µs
   // A routed step copies a quarter of each group after the router: nothing hides behind its
   // 1,000 µs of compute, 0.25·g·2000 µs.
   for (int64_t s = 1; s <= 10; ++s) tax.ObserveStep({s, 1000, 0, 0, 0.25, /*routed=*/true});
