@@ -70,8 +70,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
     VAMP_RETURN_IF_ERROR(model->ReserveRecurrentStates(c.max_num_seqs));
     VAMP_LOG(INFO) << mc.model_type << " keeps per-request recurrent state: " << floats * 4 / 1024
                    << " KiB per request, " << c.max_num_seqs
-                   << " requests (not in the memory plan yet); prefix caching is off for it until "
-                      "state snapshots exist: a prefix-cache hit is refused";
+                   << " requests; prefix caching is off for it until state snapshots exist: a "
+                      "prefix-cache hit is refused";
   }
   return std::unique_ptr<ModelRunner>(
       new ModelRunner(c, model, experts, comm, std::move(kv), max_blocks));
