@@ -573,6 +573,8 @@ absl::StatusOr<KvCacheView> KvRegionView(const KvRegion& region, int num_decoder
     view.k[layer] = base + g.KOffset(layer);
     view.v[layer] = base + g.VOffset(layer);
   }
+  view.blocks = base;
+  view.block_bytes = static_cast<int64_t>(g.block_bytes);
   return view;
 }
 
