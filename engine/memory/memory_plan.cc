@@ -123,8 +123,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelShape& shape, const MemoryPlanC
         " (experts ", FormatBytes(plan.expert_weight_bytes), ", other ",
         FormatBytes(plan.other_weight_bytes), ") + activations ",
         FormatBytes(plan.activation_bytes), " + staging buffers ",
-        FormatBytes(plan.reserved_staging_bytes), " + recurrent state ",
-        FormatBytes(plan.recurrent_state_bytes), " + runtime overhead ",
+        FormatBytes(plan.reserved_staging_bytes),
+        plan.recurrent_state_bytes > 0
+            ? absl::StrCat(" + recurrent state ", FormatBytes(plan.recurrent_state_bytes))
+            : std::string(),
+        " + runtime overhead ",
         FormatBytes(plan.runtime_overhead_bytes), " + at least one KV page/block ",
         FormatBytes(min_kv), " = ", FormatBytes(fixed + min_kv), " do not fit in ", budget_text,
         ": short by ", FormatBytes(fixed + min_kv - plan.budget_bytes),

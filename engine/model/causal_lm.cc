@@ -54,9 +54,9 @@ absl::Status CheckForwardAndSampleArgs(const ForwardBatch& batch, const StepSamp
                                                    " rows; the batch has ", m, " logits rows"));
   }
   if (sampling.top_counts.size() != (max_top > 0 ? m : 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_counts for ", sampling.top_counts.size(),
-                                                   " rows with max_top_logprobs ", max_top,
-                                                   "; the batch has ", m, " logits rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_counts for ", sampling.top_counts.size(), " rows with max_top_logprobs ",
+                     max_top, "; the batch has ", m, " logits rows"));
   }
   if (max_top < 0 || max_top > kernels::cpu::kMaxTopLogprobs) {
     return absl::InvalidArgumentError(absl::StrCat("max_top_logprobs ", max_top, " outside [0, ",

@@ -270,12 +270,10 @@ absl::Status ModelRunner::Validate(const StepInput& input) const {
     if (!(sp.repetition_penalty > 0.0f) || !std::isfinite(sp.repetition_penalty) ||
         !std::isfinite(sp.frequency_penalty) || !std::isfinite(sp.presence_penalty) ||
         !(sp.min_p >= 0.0f && sp.min_p <= 1.0f) || sp.min_tokens < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("new request ", r.id,
-                       ": repetition_penalty must be > 0, the other penalties finite, "
-                       "min_p in [0, 1] and min_tokens >= 0; got ",
-                       sp.repetition_penalty, ", ", sp.frequency_penalty, ", ", sp.presence_penalty,
-                       ", ", sp.min_p, ", ", sp.min_tokens));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "new request ", r.id, ": repetition_penalty must be > 0, the other penalties finite, "
+          "min_p in [0, 1] and min_tokens >= 0; got ", sp.repetition_penalty, ", ",
+          sp.frequency_penalty, ", ", sp.presence_penalty, ", ", sp.min_p, ", ", sp.min_tokens));
     }
     for (int32_t id : sp.min_tokens_banned_ids) {
       if (id < 0 || id >= vocab) {
@@ -572,9 +570,10 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
       min_ps_.push_back(p.min_p);
     }
   }
-  const StepLogitsProcessing processing{
-      entry_offsets_,        entry_tokens_,        entry_counts_,       entry_flags_,
-      repetition_penalties_, frequency_penalties_, presence_penalties_, min_ps_};
+  const StepLogitsProcessing processing{entry_offsets_,       entry_tokens_,
+                                        entry_counts_,        entry_flags_,
+                                        repetition_penalties_, frequency_penalties_,
+                                        presence_penalties_,  min_ps_};
 
   // Without return_all_logits or prompt rows the logits rows are exactly the sampling rows, in
   // order: a model that samples on its device does so and returns only tokens, logprobs and

@@ -209,7 +209,7 @@ TEST(KvBlockPoolTest, CachedFreeDepthCountsBlocksEvictedFirst) {
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(pool.Cache(ids[i], H(i + 1)));
   for (int i = 0; i < 6; ++i) pool.Release(ids[i]);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(pool.CachedFreeDepth(ids[i]), i) << i;
-  pool.Acquire(ids[0]);                        // leaves from the LRU end: depths stay exact
+  pool.Acquire(ids[0]);  // leaves from the LRU end: depths stay exact
   EXPECT_EQ(pool.CachedFreeDepth(ids[0]), 0);  // not free any more
   EXPECT_EQ(pool.CachedFreeDepth(ids[1]), 0);
   EXPECT_EQ(pool.CachedFreeDepth(ids[5]), 4);
