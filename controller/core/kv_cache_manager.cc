@@ -104,15 +104,28 @@ int32_t KvCacheManager::SnapshotPoint(const Request& request, int32_t begin, int
   return last > begin && last > prompt_point ? last : 0;
 }
 
-bool KvCacheManager::EnsureSnapshot(Request& request, int32_t* evicted) {
+bool KvCacheManager::EnsureSnapshot(Request& request, int32_t* evicted, bool* taken) {
   *evicted = 0;
-  if (request.snapshot() != kNoSnapshot) return true;
+  *taken = false;
+  if (const SnapshotId held = request.snapshot(); held != kNoSnapshot) {
+    const std::vector<BlockId>& blocks = pool_.snapshot(held).blocks;
+    if (!pool_.shrink_pending() ||
+        std::none_of(blocks.begin(), blocks.end(),
+                     [&](BlockId b) { return b >= pool_.shrink_begin(); })) {
+      return true;
+    }
+    // A pending shrink waits for these blocks: the capture goes elsewhere and they go now (the
+    // state they hold is superseded by this capture anyway).
+    pool_.FreeSnapshot(held);
+    request.set_snapshot(kNoSnapshot, 0);
+  }
   const int32_t shortfall = snapshot_blocks_ - pool_.num_free_uncached();
   if (shortfall > 0) {
     if (shortfall > pool_.num_free_cached()) return false;
     *evicted = pool_.EvictCached(shortfall);
   }
   request.set_snapshot(pool_.AllocateSnapshot(snapshot_blocks_), 0);
+  *taken = true;
   return true;
 }
 

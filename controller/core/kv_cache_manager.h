@@ -76,11 +76,12 @@ class KvCacheManager {
   // when the range reaches it, else (snapshot_outputs) the range's last block boundary past it;
   // 0 for nowhere (or when snapshots are not taken).
   int32_t SnapshotPoint(const Request& request, int32_t begin, int32_t end) const;
-  // Gives `request` a snapshot to capture into if it holds none: uncached free blocks, or cached
-  // ones evicted in LRU order when they cover the shortfall (a snapshot is cache content: it never
-  // makes the arbiter preempt or offload). Returns false (no capture this step) when neither
-  // suffices; `*evicted` gets the blocks evictions freed.
-  bool EnsureSnapshot(Request& request, int32_t* evicted);
+  // Gives `request` a snapshot to capture into if it holds none (or holds one with blocks in a
+  // shrinking tail, which it gives back): uncached free blocks, or cached ones evicted in LRU
+  // order when they cover the shortfall (a snapshot is cache content: it never makes the arbiter
+  // preempt or offload). Returns false (no capture this step) when neither suffices; `*evicted`
+  // gets the blocks evictions freed, `*taken` whether the snapshot was taken now.
+  bool EnsureSnapshot(Request& request, int32_t* evicted, bool* taken);
   // The step being planned captures the request's state after `tokens` tokens into its snapshot.
   void BeginCapture(Request& request, int32_t tokens);
   // That step's output arrived: the snapshot holds that state. At the prompt's point it is

@@ -375,16 +375,16 @@ void Scheduler::PlanCapture(Scheduled& s) {
   const int32_t point =
       kv_.SnapshotPoint(*r, s.num_computed_before, s.num_computed_before + s.num_new_tokens);
   if (point == 0) return;
-  const bool held = r->snapshot() != kNoSnapshot;
   int32_t evicted = 0;
-  const bool ok = kv_.EnsureSnapshot(*r, &evicted);
+  bool taken = false;
+  const bool ok = kv_.EnsureSnapshot(*r, &evicted, &taken);
   counters_.num_evicted_blocks += evicted;
   if (!ok) {
     ++counters_.num_state_captures_skipped;
     return;
   }
   s.capture_tokens = point;
-  s.snapshot_taken = !held;
+  s.snapshot_taken = taken;
 }
 
 void Scheduler::RecordAdmission(const Scheduled& s, int64_t now) {

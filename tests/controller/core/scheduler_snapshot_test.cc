@@ -232,6 +232,27 @@ TEST(SchedulerSnapshotTest, APreemptedRequestResumesFromItsSnapshot) {
   EXPECT_FALSE(s.has_unfinished_requests());
 }
 
+// A shrink (a restore's) waits for the blocks in its tail; a snapshot a running request holds
+// there moves out at the request's next capture instead of holding the shrink up until it ends.
+TEST(SchedulerSnapshotTest, AHeldSnapshotLeavesAShrinkingTailAtItsNextCapture) {
+  auto h = RecurrentHarness(RecurrentConfig(24));
+  Scheduler& s = h->scheduler();
+  ASSERT_TRUE(s.AddRequest(Spec(1, Iota(40), 1)).ok());       // blocks 0..9, snapshot 10, 11
+  ASSERT_TRUE(s.AddRequest(Spec(2, Iota(10, 500), 20)).ok());  // 12..14, snapshot 15, 16
+  for (int i = 0; i < 3; ++i) h->Step();  // request 2 captures after 12 tokens into 17, 18
+  const Request& r = *s.FindRequest(2);
+  ASSERT_NE(r.snapshot(), kNoSnapshot);
+  EXPECT_EQ(s.pool().snapshot(r.snapshot()).blocks, (std::vector<BlockId>{17, 18}));
+  ASSERT_TRUE(s.BeginShrinkPool(7).ok());
+  EXPECT_EQ(s.pool().shrink_outstanding(), 2);
+  while (s.FindRequest(2)->num_computed_tokens() < 16) h->Step();  // the capture after 16
+  EXPECT_EQ(s.pool().shrink_outstanding(), 0);
+  ASSERT_TRUE(s.CommitShrinkPool().ok());
+  EXPECT_EQ(s.pool().num_blocks(), 17);
+  h->RunToCompletion();
+  EXPECT_EQ(s.counters().num_finished, 2);
+}
+
 // Attention-only models (recurrent_state_blocks 0) capture nothing and hit as before.
 TEST(SchedulerSnapshotTest, AttentionOnlyModelsTakeNoSnapshots) {
   SchedulerConfig c = RecurrentConfig();
