@@ -205,7 +205,11 @@ absl::StatusOr<vamp::v1::InitResponse> AgentEngine::Init(const vamp::v1::InitReq
   response.set_experts_per_group(static_cast<int32_t>(plan.experts.group_experts));
   response.set_vocab_size(static_cast<int32_t>(config.vocab_size));
   response.set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
-  response.set_prefix_caching_unsupported(in->rank->model().RecurrentStateFloatsPerSlot() > 0);
+  // A model with recurrent state serves prefix-cache hits from snapshots of it, which this
+  // rank's runner keeps in KV blocks when the model can take them.
+  response.set_recurrent_state_bytes(plan.recurrent_state_bytes_per_seq);
+  response.set_prefix_caching_unsupported(plan.recurrent_state_bytes_per_seq > 0 &&
+                                          in->rank->runner->snapshot_blocks() == 0);
   vamp::v1::OffloadGeometry& offload = *response.mutable_offload();
   offload.set_kv_block_bytes(plan.kv.block_bytes);
   offload.set_kv_pages_per_group(plan.experts.kv_pages_per_group());

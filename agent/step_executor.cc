@@ -77,6 +77,19 @@ absl::Status StepExecutor::Run(const vamp::v1::StepRequest& request, int64_t poo
     return absl::OkStatus();
   };
 
+  // A snapshot of recurrent state, in range like every block id (what it holds is the runner's
+  // to check).
+  auto snapshot = [&](const vamp::v1::StateSnapshot& from,
+                      const std::string& field) -> absl::StatusOr<StateSnapshotBlocks> {
+    VAMP_RETURN_IF_ERROR(check_blocks(from.block_ids(), field + ".block_ids"));
+    if (from.num_tokens() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".num_tokens must be >= 0, got ", from.num_tokens()));
+    }
+    return StateSnapshotBlocks{from.num_tokens(),
+                               {from.block_ids().begin(), from.block_ids().end()}};
+  };
+
   // Where every request the step touches ends up, if the step is applied.
   enum class Fate { kRunning, kPreempted, kGone };
   absl::flat_hash_map<uint64_t, Fate> fate;
@@ -159,11 +172,15 @@ absl::Status StepExecutor::Run(const vamp::v1::StepRequest& request, int64_t poo
     data.block_ids.assign(r.block_ids().begin(), r.block_ids().end());
     data.num_computed_tokens = r.num_computed_tokens();
     data.sampling = sampling;
+    VAMP_ASSIGN_OR_RETURN(data.restore_state,
+                          snapshot(r.restore_state(), field + ".restore_state"));
+    VAMP_ASSIGN_OR_RETURN(StateSnapshotBlocks capture,
+                          snapshot(r.capture_state(), field + ".capture_state"));
     step.new_requests.push_back(std::move(data));
     fresh.insert(r.request_id());
     fate[r.request_id()] = Fate::kRunning;
     if (r.num_scheduled_tokens() > 0) {
-      step.scheduled.push_back({r.request_id(), r.num_scheduled_tokens()});
+      step.scheduled.push_back({r.request_id(), r.num_scheduled_tokens(), std::move(capture)});
     }
   }
   for (int i = 0; i < request.cached_requests_size(); ++i) {
@@ -180,6 +197,10 @@ absl::Status StepExecutor::Run(const vamp::v1::StepRequest& request, int64_t poo
           absl::StrCat(field, ": num_computed_tokens and num_scheduled_tokens must be >= 0, got ",
                        r.num_computed_tokens(), " and ", r.num_scheduled_tokens()));
     }
+    VAMP_ASSIGN_OR_RETURN(StateSnapshotBlocks restore,
+                          snapshot(r.restore_state(), field + ".restore_state"));
+    VAMP_ASSIGN_OR_RETURN(StateSnapshotBlocks capture,
+                          snapshot(r.capture_state(), field + ".capture_state"));
     if (*f == Fate::kPreempted) {
       if (!r.resumed()) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -195,6 +216,7 @@ absl::Status StepExecutor::Run(const vamp::v1::StepRequest& request, int64_t poo
       data.block_ids.assign(r.new_block_ids().begin(), r.new_block_ids().end());
       data.num_computed_tokens = r.num_computed_tokens();
       data.sampling = state.sampling;
+      data.restore_state = std::move(restore);
       step.new_requests.push_back(std::move(data));
     } else {
       CachedRequestData data;
@@ -202,11 +224,12 @@ absl::Status StepExecutor::Run(const vamp::v1::StepRequest& request, int64_t poo
       data.new_block_ids.assign(r.new_block_ids().begin(), r.new_block_ids().end());
       data.num_computed_tokens = r.num_computed_tokens();
       data.resumed_from_preemption = r.resumed();
+      data.restore_state = std::move(restore);
       step.cached_requests.push_back(std::move(data));
     }
     fate[r.request_id()] = Fate::kRunning;
     if (r.num_scheduled_tokens() > 0) {
-      step.scheduled.push_back({r.request_id(), r.num_scheduled_tokens()});
+      step.scheduled.push_back({r.request_id(), r.num_scheduled_tokens(), std::move(capture)});
     }
   }
 

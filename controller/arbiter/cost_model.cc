@@ -22,9 +22,9 @@ double EvictionCost(const CostCoefficients& c, const KvBlockPool& pool, int64_t 
   double cost = 0;
   int32_t seen = 0;
   pool.ForEachCachedFree([&](const KvBlock& b) {
-    if (seen == n) return false;
+    if (seen >= n) return false;
     cost += BlockEvictionCost(c, hit_rate, step - b.last_used_step, block_size);
-    ++seen;
+    seen += b.EvictionBlocks();
     return true;
   });
   return cost;
@@ -36,9 +36,9 @@ bool OldestCachedAreCold(const KvBlockPool& pool, int64_t step, int32_t n, int64
   int32_t seen = 0;
   int64_t last_used = std::numeric_limits<int64_t>::min();
   pool.ForEachCachedFree([&](const KvBlock& b) {
-    if (seen == n) return false;
+    if (seen >= n) return false;
     last_used = b.last_used_step;
-    ++seen;
+    seen += b.EvictionBlocks();
     return true;
   });
   return n <= 0 || step - last_used >= min_age_steps;

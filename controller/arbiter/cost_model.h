@@ -51,13 +51,14 @@ double EffectiveReuse(const CostCoefficients& c, double hit_rate, int64_t age_st
 double BlockEvictionCost(const CostCoefficients& c, double hit_rate, int64_t age_steps,
                          int32_t block_tokens);
 
-// C_c of evicting the `n` least recently used cached free blocks of `pool` at scheduler step
-// `step`, each a full block of `block_size` tokens. -1 when fewer than `n` are cached and free.
+// C_c of evicting least recently used cached free blocks of `pool` at scheduler step `step`,
+// each a full block of `block_size` tokens, until `n` blocks are freed (a block anchoring a
+// recurrent-state snapshot frees its blocks too). -1 when eviction cannot free `n`.
 double EvictionCost(const CostCoefficients& c, const KvBlockPool& pool, int64_t step,
                     int32_t block_size, double hit_rate, int32_t n);
 
-// Whether the `n` least recently used cached free blocks all have an age of at least
-// `min_age_steps` (false when fewer than n exist).
+// Whether the least recently used cached free blocks that free `n` blocks all have an age of at
+// least `min_age_steps` (false when eviction cannot free n).
 bool OldestCachedAreCold(const KvBlockPool& pool, int64_t step, int32_t n, int64_t min_age_steps);
 
 // C_e = min(g·groups, E)·c_eff·w. `experts_per_layer` <= 0 means E unknown (no cap).

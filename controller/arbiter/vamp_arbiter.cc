@@ -938,7 +938,7 @@ int32_t VampArbiter::RestorePaper(const ArbiterContext& context) {
   if (idle < required) {
     pool.ForEachCachedFree([&](const KvBlock& b) {
       if (step - b.last_used_step < r.cold_age_steps) return false;  // LRU: the rest are younger
-      return ++idle < required;
+      return (idle += b.EvictionBlocks()) < required;
     });
   }
   if (idle < required) {

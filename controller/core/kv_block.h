@@ -15,10 +15,15 @@ namespace vamp {
 using BlockId = int32_t;
 inline constexpr BlockId kNoBlock = -1;
 
+// A snapshot of one request's recurrent state (models with recurrent state, e.g. Qwen3-Next's
+// linear attention), stored by the agents in KV blocks of the pool (KvBlockPool::snapshot).
+using SnapshotId = int32_t;
+inline constexpr SnapshotId kNoSnapshot = -1;
+
 struct KvBlock {
   BlockId id = kNoBlock;
-  // Number of requests whose block table holds this block. 0 means free (in the free queue) or
-  // withdrawn for a pending shrink.
+  // Number of requests whose block table holds this block. 0 means free (in the free queue),
+  // withdrawn for a pending shrink, or storing a snapshot (`stores`).
   int32_t ref_count = 0;
   // Whether `hash` is valid and the block is registered in the prefix cache under it.
   bool cached = false;
@@ -29,9 +34,19 @@ struct KvBlock {
   // this is when it became free, so `current step - last_used_step` is its age in steps (the cost
   // model's recency term).
   int64_t last_used_step = 0;
-  // For a free cached block: the pool's count of blocks that had joined the cached LRU segment
-  // when this one did (KvBlockPool::CachedFreeDepth reads LRU positions from it).
+  // For a free cached block: the blocks that had joined the cached LRU segment before this one,
+  // each weighted by EvictionBlocks() (KvBlockPool::CachedFreeDepth reads LRU positions from it).
   int64_t lru_seq = 0;
+  // A cached block may anchor the snapshot of the recurrent state after its last token, where a
+  // prefix-cache hit on a model with recurrent state can end; the snapshot lives as long as the
+  // block stays cached and is evicted with it. snapshot_blocks: the blocks that snapshot fills.
+  SnapshotId snapshot = kNoSnapshot;
+  int32_t snapshot_blocks = 0;
+  // The snapshot whose data this block stores (in no table, not free), or kNoSnapshot.
+  SnapshotId stores = kNoSnapshot;
+
+  // Blocks that evicting this block frees: itself and the snapshot it anchors.
+  int32_t EvictionBlocks() const { return 1 + snapshot_blocks; }
 };
 
 }  // namespace vamp

@@ -1,5 +1,6 @@
 #include "controller/core/kv_block_pool.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -36,19 +37,94 @@ void KvBlockPool::Uncache(KvBlock& b) {
   cache_.erase(b.hash);
   b.cached = false;
   b.hash = BlockHash{};
+  if (b.snapshot != kNoSnapshot) {
+    const SnapshotId id = b.snapshot;
+    b.snapshot = kNoSnapshot;
+    b.snapshot_blocks = 0;
+    ReleaseSnapshotBlocks(id);
+  }
+}
+
+void KvBlockPool::LeaveCachedSegment(KvBlock& b) {
+  cached_steps_.Remove(b.lru_seq, b.EvictionBlocks());
+  free_snapshot_blocks_ -= b.snapshot_blocks;
 }
 
 int32_t KvBlockPool::EvictCached(int32_t n) {
-  int32_t evicted = 0;
-  while (evicted < n && free_.num_cached() > 0) {
+  int32_t freed = 0;
+  while (freed < n && free_.num_cached() > 0) {
     KvBlock& b = blocks_[free_.DemoteOldestCached()];
-    cached_steps_.Remove(b.lru_seq);
+    LeaveCachedSegment(b);
     if (on_evict_) on_evict_(b.hash);
+    freed += b.EvictionBlocks();
     Uncache(b);
-    ++evicted;
+    ++num_evicted_;
   }
-  num_evicted_ += evicted;
-  return evicted;
+  return freed;
+}
+
+SnapshotId KvBlockPool::AllocateSnapshot(int32_t n) {
+  VAMP_CHECK(n > 0 && n <= free_.num_uncached())
+      << "a snapshot of " << n << " blocks, " << free_.num_uncached() << " uncached free";
+  SnapshotId id;
+  if (!free_snapshot_ids_.empty()) {
+    id = free_snapshot_ids_.back();
+    free_snapshot_ids_.pop_back();
+  } else {
+    id = static_cast<SnapshotId>(snapshots_.size());
+    snapshots_.emplace_back();
+  }
+  StateSnapshot& snapshot = snapshots_[id];
+  for (int32_t i = 0; i < n; ++i) {
+    const BlockId b = free_.PopUncached();
+    blocks_[b].stores = id;
+    blocks_[b].last_used_step = step_;
+    snapshot.blocks.push_back(b);
+  }
+  num_snapshot_blocks_ += n;
+  return id;
+}
+
+bool KvBlockPool::AttachSnapshot(SnapshotId id, BlockId anchor, int32_t num_tokens) {
+  StateSnapshot& snapshot = snapshots_[id];
+  VAMP_CHECK(!snapshot.blocks.empty() && snapshot.anchor == kNoBlock)
+      << "snapshot " << id << " is not held by a request";
+  KvBlock& a = blocks_[anchor];
+  if (!a.cached || a.ref_count == 0 || a.snapshot != kNoSnapshot || InShrinkingTail(anchor)) {
+    return false;
+  }
+  for (BlockId b : snapshot.blocks) {
+    if (InShrinkingTail(b)) return false;
+  }
+  snapshot.anchor = anchor;
+  snapshot.num_tokens = num_tokens;
+  a.snapshot = id;
+  a.snapshot_blocks = static_cast<int32_t>(snapshot.blocks.size());
+  return true;
+}
+
+void KvBlockPool::FreeSnapshot(SnapshotId id) {
+  VAMP_CHECK(!snapshots_[id].blocks.empty() && snapshots_[id].anchor == kNoBlock)
+      << "snapshot " << id << " is not held by a request";
+  ReleaseSnapshotBlocks(id);
+}
+
+void KvBlockPool::ReleaseSnapshotBlocks(SnapshotId id) {
+  StateSnapshot& snapshot = snapshots_[id];
+  for (BlockId b : snapshot.blocks) {
+    KvBlock& block = blocks_[b];
+    block.stores = kNoSnapshot;
+    block.last_used_step = step_;
+    if (InShrinkingTail(b)) {
+      block.withdrawn = true;
+      ++num_withdrawn_;
+    } else {
+      free_.PushUncachedFront(b);
+    }
+  }
+  num_snapshot_blocks_ -= static_cast<int32_t>(snapshot.blocks.size());
+  snapshot = StateSnapshot{};
+  free_snapshot_ids_.push_back(id);
 }
 
 BlockId KvBlockPool::Lookup(const BlockHash& hash) const {
@@ -60,7 +136,7 @@ void KvBlockPool::Acquire(BlockId id) {
   KvBlock& b = blocks_[id];
   VAMP_CHECK(!b.withdrawn) << "block " << id << " is withdrawn";
   if (b.ref_count == 0) {
-    if (free_.ContainsCached(id)) cached_steps_.Remove(b.lru_seq);
+    if (free_.ContainsCached(id)) LeaveCachedSegment(b);
     free_.Remove(id);
     ++num_used_;
   }
@@ -87,9 +163,11 @@ void KvBlockPool::Release(BlockId id) {
   if (InShrinkingTail(id)) {
     Withdraw(b);
   } else if (b.cached) {
-    b.lru_seq = ++lru_clock_;
+    b.lru_seq = lru_clock_;
+    lru_clock_ += b.EvictionBlocks();
     free_.PushCached(id);
-    cached_steps_.Push(b.lru_seq, b.last_used_step);
+    cached_steps_.Push(b.lru_seq, b.last_used_step, b.EvictionBlocks());
+    free_snapshot_blocks_ += b.snapshot_blocks;
   } else {
     free_.PushUncachedFront(id);
   }
@@ -132,10 +210,34 @@ absl::Status KvBlockPool::BeginShrink(int32_t n) {
         absl::StrCat("BeginShrink: n must be in [1, ", num_blocks() - 1, "], got ", n));
   }
   shrink_begin_ = num_blocks() - n;
+  // Attached snapshots with their anchor or a block in the tail go first: a free anchor is evicted
+  // with its snapshot (its weight in the LRU segment cannot change in place), one in use loses it.
+  for (SnapshotId id = 0; id < static_cast<SnapshotId>(snapshots_.size()); ++id) {
+    const StateSnapshot& snapshot = snapshots_[id];
+    if (snapshot.anchor == kNoBlock) continue;  // free or held
+    const bool in_tail = InShrinkingTail(snapshot.anchor) ||
+                         std::any_of(snapshot.blocks.begin(), snapshot.blocks.end(),
+                                     [&](BlockId b) { return InShrinkingTail(b); });
+    if (!in_tail) continue;
+    KvBlock& anchor = blocks_[snapshot.anchor];
+    if (anchor.ref_count > 0) {
+      anchor.snapshot = kNoSnapshot;
+      anchor.snapshot_blocks = 0;
+      ReleaseSnapshotBlocks(id);
+      continue;
+    }
+    LeaveCachedSegment(anchor);
+    free_.Remove(anchor.id);
+    if (on_evict_) on_evict_(anchor.hash);
+    Uncache(anchor);
+    ++num_evicted_;
+    free_.PushUncachedFront(anchor.id);  // withdrawn below when in the tail
+  }
   for (BlockId id = shrink_begin_; id < num_blocks(); ++id) {
     KvBlock& b = blocks_[id];
+    if (b.withdrawn || b.stores != kNoSnapshot) continue;  // a snapshot's, withdrawn when freed
     if (b.ref_count == 0) {
-      if (free_.ContainsCached(id)) cached_steps_.Remove(b.lru_seq);
+      if (free_.ContainsCached(id)) LeaveCachedSegment(b);
       free_.Remove(id);
       Withdraw(b);
     } else if (b.cached) {
@@ -180,21 +282,46 @@ absl::Status KvBlockPool::CancelShrink() {
 int64_t KvBlockPool::CachedFreeDepth(BlockId id) const {
   if (id < 0 || id >= num_blocks() || !free_.ContainsCached(id)) return 0;
   const int64_t oldest = blocks_[free_.OldestCached()].lru_seq;
-  const int64_t newest = blocks_[free_.NewestCached()].lru_seq;
+  const KvBlock& newest_block = blocks_[free_.NewestCached()];
+  const int64_t newest = newest_block.lru_seq;
   if (newest <= oldest) return 0;
-  // Stamps are increasing from the LRU end to the back; scale the stamp distance by the share
-  // of stamps in that range still present.
-  const double share = static_cast<double>(free_.num_cached() - 1) / (newest - oldest);
+  // Stamps grow by each block's EvictionBlocks() from the LRU end to the back; scale the stamp
+  // distance by the share of the weight in that range still present.
+  const double share =
+      static_cast<double>(num_free_cached() - newest_block.EvictionBlocks()) / (newest - oldest);
   return static_cast<int64_t>(static_cast<double>(blocks_[id].lru_seq - oldest) * share);
 }
 
 absl::Status KvBlockPool::CheckInvariants() const {
-  int32_t used = 0, withdrawn = 0, cached = 0;
+  int32_t used = 0, withdrawn = 0, cached = 0, snapshot_blocks = 0, free_snapshot_blocks = 0;
   for (BlockId id = 0; id < num_blocks(); ++id) {
     const KvBlock& b = blocks_[id];
     if (b.id != id) return absl::InternalError(absl::StrCat("block ", id, " has id ", b.id));
     if (b.ref_count < 0) return absl::InternalError(absl::StrCat("block ", id, " ref < 0"));
     if (b.ref_count > 0) ++used;
+    if (b.stores != kNoSnapshot) {
+      ++snapshot_blocks;
+      const std::vector<BlockId>& held = b.stores < static_cast<SnapshotId>(snapshots_.size())
+                                             ? snapshots_[b.stores].blocks
+                                             : std::vector<BlockId>{};
+      if (b.ref_count != 0 || free_.Contains(id) || b.withdrawn || b.cached ||
+          std::find(held.begin(), held.end(), id) == held.end()) {
+        return absl::InternalError(
+            absl::StrCat("block ", id, " stores snapshot ", b.stores, " but is also live"));
+      }
+      continue;
+    }
+    if (b.snapshot != kNoSnapshot) {
+      if (!b.cached || b.snapshot >= static_cast<SnapshotId>(snapshots_.size()) ||
+          snapshots_[b.snapshot].anchor != id ||
+          static_cast<int32_t>(snapshots_[b.snapshot].blocks.size()) != b.snapshot_blocks) {
+        return absl::InternalError(
+            absl::StrCat("block ", id, " anchors snapshot ", b.snapshot, " inconsistently"));
+      }
+      if (free_.ContainsCached(id)) free_snapshot_blocks += b.snapshot_blocks;
+    } else if (b.snapshot_blocks != 0) {
+      return absl::InternalError(absl::StrCat("block ", id, " counts a snapshot it lacks"));
+    }
     if (b.withdrawn) {
       ++withdrawn;
       if (b.ref_count != 0 || free_.Contains(id) || !InShrinkingTail(id) || b.cached) {
@@ -226,9 +353,28 @@ absl::Status KvBlockPool::CheckInvariants() const {
     return absl::InternalError(absl::StrCat("counters: used ", num_used_, " vs ", used,
                                             ", withdrawn ", num_withdrawn_, " vs ", withdrawn));
   }
-  if (used + free_.size() + withdrawn != num_blocks()) {
+  if (snapshot_blocks != num_snapshot_blocks_ || free_snapshot_blocks != free_snapshot_blocks_) {
+    return absl::InternalError(absl::StrCat("snapshot blocks ", num_snapshot_blocks_, " vs ",
+                                            snapshot_blocks, ", of free anchors ",
+                                            free_snapshot_blocks_, " vs ", free_snapshot_blocks));
+  }
+  for (SnapshotId id = 0; id < static_cast<SnapshotId>(snapshots_.size()); ++id) {
+    const StateSnapshot& snapshot = snapshots_[id];
+    for (BlockId b : snapshot.blocks) {
+      if (b < 0 || b >= num_blocks() || blocks_[b].stores != id) {
+        return absl::InternalError(absl::StrCat("snapshot ", id, " lists block ", b));
+      }
+    }
+    if (snapshot.anchor != kNoBlock &&
+        (snapshot.anchor >= num_blocks() || blocks_[snapshot.anchor].snapshot != id)) {
+      return absl::InternalError(absl::StrCat("snapshot ", id, " has anchor ", snapshot.anchor,
+                                              " that does not anchor it"));
+    }
+  }
+  if (used + free_.size() + withdrawn + snapshot_blocks != num_blocks()) {
     return absl::InternalError(absl::StrCat("used ", used, " + free ", free_.size(),
-                                            " + withdrawn ", withdrawn, " != ", num_blocks()));
+                                            " + withdrawn ", withdrawn, " + snapshots ",
+                                            snapshot_blocks, " != ", num_blocks()));
   }
   // Queue layout: all uncached blocks, then cached ones in non-decreasing last-use order.
   bool seen_cached = false;
@@ -242,7 +388,7 @@ absl::Status KvBlockPool::CheckInvariants() const {
         return absl::InternalError(absl::StrCat("cached free block ", id, " out of LRU order"));
       }
       if (runs.empty() || b.last_used_step != last_step) runs.emplace_back(b.last_used_step, 0);
-      ++runs.back().second;
+      runs.back().second += b.EvictionBlocks();
       last_step = b.last_used_step;
     } else if (seen_cached) {
       return absl::InternalError(absl::StrCat("uncached block ", id, " behind cached ones"));
@@ -257,7 +403,7 @@ absl::Status KvBlockPool::CheckInvariants() const {
       indexed.emplace_back(step, count);
     }
   });
-  if (indexed != runs || cached_steps_.size() != free_.num_cached()) {
+  if (indexed != runs || cached_steps_.size() != num_free_cached()) {
     return absl::InternalError("the LRU step index disagrees with the cached free blocks");
   }
   return absl::OkStatus();

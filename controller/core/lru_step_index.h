@@ -24,14 +24,15 @@ namespace vamp {
 class LruStepIndex {
  public:
   // A block joined the most recently used end: `seq` is larger than every earlier Push's, `step`
-  // its last use.
-  void Push(int64_t seq, int64_t step);
-  // The block pushed with `seq` left the segment (it must be in it).
-  void Remove(int64_t seq);
-  // Blocks counted from the least recently used end up to (not including) the first one last used
-  // at or after `step`: what a walk from the oldest block that stops there would count.
+  // its last use, `weight` (>= 1) what it counts for (the blocks evicting it frees).
+  void Push(int64_t seq, int64_t step, int64_t weight = 1);
+  // The block pushed with `seq` and `weight` left the segment (it must be in it).
+  void Remove(int64_t seq, int64_t weight = 1);
+  // Weights counted from the least recently used end up to (not including) the first block last
+  // used at or after `step`: what a walk from the oldest block that stops there would count.
   int64_t CountFromOldestBefore(int64_t step) const;
 
+  // The weights of the blocks in the segment.
   int64_t size() const { return size_; }
   // Runs held now, empty ones included (for tests).
   int64_t num_runs() const { return static_cast<int64_t>(runs_.size()); }
@@ -47,7 +48,7 @@ class LruStepIndex {
   struct Run {
     int64_t first_seq;  // the sequence number of the run's first block
     int64_t step;
-    int64_t count;  // blocks of the run still in the segment
+    int64_t count;  // weights of the run's blocks still in the segment
   };
   void Compact();
 

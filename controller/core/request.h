@@ -128,6 +128,14 @@ class Request {
   // Extends block_hashes() to the first `n` full blocks; requires n * block_size <= num_tokens().
   void EnsureBlockHashes(int32_t n, int32_t block_size, const BlockHasher& hasher);
 
+  // ---- Recurrent-state snapshot (models with recurrent state; KvCacheManager) ----
+  // The snapshot the request holds while its steps capture into it, or kNoSnapshot.
+  SnapshotId snapshot() const { return snapshot_; }
+  // Tokens whose state it holds: the latest capture whose step's output was applied (0: none).
+  int32_t snapshot_tokens() const { return snapshot_tokens_; }
+  // Tokens of the capture into it that the step in flight makes (0: none).
+  int32_t capture_in_flight() const { return capture_in_flight_; }
+
   // ---- Mutators (scheduler and KV cache manager) ----
   void set_status(RequestStatus s) { status_ = s; }
   void set_num_computed_tokens(int32_t n) { num_computed_tokens_ = n; }
@@ -142,6 +150,11 @@ class Request {
   bool AppendOutputToken(TokenId token, int32_t max_model_len);
   std::vector<BlockId>& mutable_block_ids() { return block_ids_; }
   void set_num_cached_blocks(int32_t n) { num_cached_blocks_ = n; }
+  void set_snapshot(SnapshotId id, int32_t tokens) {
+    snapshot_ = id;
+    snapshot_tokens_ = tokens;
+  }
+  void set_capture_in_flight(int32_t tokens) { capture_in_flight_ = tokens; }
 
  private:
   const RequestId id_;
@@ -167,6 +180,9 @@ class Request {
   std::vector<BlockId> block_ids_;
   int32_t num_cached_blocks_ = 0;
   std::vector<BlockHash> block_hashes_;
+  SnapshotId snapshot_ = kNoSnapshot;
+  int32_t snapshot_tokens_ = 0;
+  int32_t capture_in_flight_ = 0;
 };
 
 }  // namespace vamp

@@ -27,7 +27,8 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Clock* clock,
       arbiter_(std::move(arbiter)),
       offloader_(offloader),
       kv_(config.num_blocks, config.block_size, config.enable_prefix_caching,
-          BlockHasher(config.prefix_cache_hash_key0, config.prefix_cache_hash_key1)),
+          BlockHasher(config.prefix_cache_hash_key0, config.prefix_cache_hash_key1),
+          config.recurrent_state_blocks, config.snapshot_outputs),
       waiting_(config.policy) {
   // Evicted hashes feed the arbiter's ghost list, when it keeps one.
   kv_.pool().set_eviction_listener([this](const BlockHash& hash) {
@@ -369,6 +370,23 @@ Scheduler::Room Scheduler::EnsureBlocks(Request* request, int32_t num_total_toke
   }
 }
 
+void Scheduler::PlanCapture(Scheduled& s) {
+  Request* r = s.request;
+  const int32_t point =
+      kv_.SnapshotPoint(*r, s.num_computed_before, s.num_computed_before + s.num_new_tokens);
+  if (point == 0) return;
+  int32_t evicted = 0;
+  bool taken = false;
+  const bool ok = kv_.EnsureSnapshot(*r, &evicted, &taken);
+  counters_.num_evicted_blocks += evicted;
+  if (!ok) {
+    ++counters_.num_state_captures_skipped;
+    return;
+  }
+  s.capture_tokens = point;
+  s.snapshot_taken = taken;
+}
+
 void Scheduler::RecordAdmission(const Scheduled& s, int64_t now) {
   Request* r = s.request;
   const int64_t queued = std::max<int64_t>(0, now - r->queued_since_micros());
@@ -441,6 +459,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     }
     scheduled_.push_back(
         {r, n, computed, first_new_block, /*admitted=*/false, RequestStatus::kRunning});
+    PlanCapture(scheduled_.back());
     token_budget_ -= n;
     ++running_cursor_;
   }
@@ -488,6 +507,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     r->set_status(RequestStatus::kRunning);
     running_.push_back(r);
     scheduled_.push_back({r, n, hit.num_tokens, 0, /*admitted=*/true, waited_as});
+    PlanCapture(scheduled_.back());
     token_budget_ -= n;
   }
 
@@ -504,11 +524,27 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   plan.step = step_;
   const int64_t now = clock_->NowMicros();
   last_plan_.requests.reserve(scheduled_.size());
+  const KvBlockPool& pool = kv_.pool();
   for (const Scheduled& s : scheduled_) {
     Request* r = s.request;
     last_plan_.requests.push_back(
         {r->id(), r->seq(), s, r->known_to_agents(), r->num_cached_tokens()});
     if (s.admitted) RecordAdmission(s, now);
+    // Recurrent state: the snapshot a hit restores (its last block anchors it, and the request
+    // holds that block, so it cannot go), and the one the step captures into.
+    const std::vector<BlockId>* restore = nullptr;
+    if (s.admitted && s.num_computed_before > 0 && kv_.takes_snapshots()) {
+      const BlockId anchor = r->block_ids()[s.num_computed_before / config_.block_size - 1];
+      const SnapshotId id = pool.block(anchor).snapshot;
+      VAMP_CHECK(id != kNoSnapshot) << "request " << r->id() << " hit a block without a snapshot";
+      restore = &pool.snapshot(id).blocks;
+    }
+    const std::vector<BlockId>* capture = nullptr;
+    if (s.capture_tokens > 0) {
+      kv_.BeginCapture(*r, s.capture_tokens);
+      capture = &pool.snapshot(r->snapshot()).blocks;
+      ++counters_.num_state_captures;
+    }
     if (!r->known_to_agents()) {
       NewRequestPlan& p = plan.new_requests.emplace_back();
       p.request_id = r->id();
@@ -519,6 +555,11 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       p.block_ids = r->block_ids();
       p.num_computed_tokens = s.num_computed_before;
       p.num_scheduled_tokens = s.num_new_tokens;
+      if (restore != nullptr) p.restore_state_blocks = *restore;
+      if (capture != nullptr) {
+        p.capture_state_tokens = s.capture_tokens;
+        p.capture_state_blocks = *capture;
+      }
       r->set_known_to_agents();
     } else {
       CachedRequestPlan& p = plan.cached_requests.emplace_back();
@@ -528,6 +569,11 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
       p.new_block_ids.assign(table.begin() + (s.admitted ? 0 : s.first_new_block), table.end());
       p.num_computed_tokens = s.num_computed_before;
       p.num_scheduled_tokens = s.num_new_tokens;
+      if (restore != nullptr) p.restore_state_blocks = *restore;
+      if (capture != nullptr) {
+        p.capture_state_tokens = s.capture_tokens;
+        p.capture_state_blocks = *capture;
+      }
     }
     r->set_num_computed_tokens(s.num_computed_before + s.num_new_tokens);
     plan.total_num_scheduled_tokens += s.num_new_tokens;
@@ -634,8 +680,10 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const Ste
       out.finish_reason = r->finish_reason();
       out.stop_token_id = r->stop_token_id();
     }
-    // The step computed these tokens' KV: their full blocks can now be shared.
+    // The step computed these tokens' KV: their full blocks can now be shared, and a state it
+    // captured restored.
     kv_.CacheComputedBlocks(*r);
+    if (r->capture_in_flight() > 0) kv_.EndCapture(*r);
     if (r->is_finished()) {
       kv_.Free(*r);
       pending_finished_ids_.push_back(r->id());
@@ -735,6 +783,7 @@ absl::Status Scheduler::RevertStep(int32_t pool_blocks_delta) {
     }
     Request* r = found->second.get();
     const Scheduled& s = it->scheduled;
+    if (s.capture_tokens > 0) kv_.AbandonCapture(*r, s.snapshot_taken);
     if (s.admitted) {
       running_.erase(std::find(running_.begin(), running_.end(), r));
       kv_.Free(*r);
@@ -792,6 +841,7 @@ absl::Status Scheduler::RevertStep(int32_t pool_blocks_delta) {
   c.total_queue_micros = before.total_queue_micros;
   c.num_resumed = before.num_resumed;
   c.total_resume_delay_micros = before.total_resume_delay_micros;
+  c.num_state_captures = before.num_state_captures;
   ++c.num_reverted_steps;
   step_num_scheduled_tokens_ = 0;
   step_queue_times_.clear();
@@ -819,6 +869,7 @@ SchedulerStats Scheduler::Stats() const {
   s.num_free_cached_blocks = pool.num_free_cached();
   s.num_withdrawn_blocks = pool.num_withdrawn();
   s.num_cached_blocks = pool.num_cached();
+  s.num_snapshot_blocks = pool.num_snapshot_blocks();
   s.kv_usage = pool.Usage();
   s.num_running = static_cast<int32_t>(running_.size());
   s.num_waiting = static_cast<int32_t>(waiting_.size());
@@ -865,6 +916,13 @@ absl::Status Scheduler::CheckInvariants() const {
       return absl::InternalError(absl::StrCat("request ", id, " status ",
                                               RequestStatusName(r.status()),
                                               " disagrees with the running list"));
+    }
+    // A snapshot is held while running (never attached: that ends the hold), none while waiting.
+    if (r.snapshot() != kNoSnapshot &&
+        (r.status() != RequestStatus::kRunning || pool.snapshot(r.snapshot()).blocks.empty() ||
+         pool.snapshot(r.snapshot()).anchor != kNoBlock)) {
+      return absl::InternalError(
+          absl::StrCat("request ", id, " holds snapshot ", r.snapshot(), " wrongly"));
     }
     const std::vector<BlockId>& table = r.block_ids();
     if (static_cast<int64_t>(table.size()) * bs < r.num_computed_tokens()) {

@@ -164,6 +164,10 @@ class Scheduler {
     size_t first_new_block;       // index in the block table of the first block added this step
     bool admitted;                // came from the waiting queue this step
     RequestStatus status_before;  // kRunning, or the waiting status it was admitted from
+    // Recurrent state: where the step captures it (0: no capture), and whether the snapshot it
+    // captures into was taken for this step.
+    int32_t capture_tokens = 0;
+    bool snapshot_taken = false;
   };
   // A request of the step in flight (seq tells a re-added id apart).
   struct InFlight {
@@ -191,6 +195,10 @@ class Scheduler {
 
   // Makes room (via the arbiter) for `request`'s table to cover `num_total_tokens`, then allocates.
   Room EnsureBlocks(Request* request, int32_t num_total_tokens, bool running);
+  // A step computing tokens [s.num_computed_before, + s.num_new_tokens) of a model with recurrent
+  // state captures the state where KvCacheManager::SnapshotPoint says, when a snapshot's blocks
+  // can be had.
+  void PlanCapture(Scheduled& s);
   OffloadState OffloadStateNow() const;
   // Hands the offload geometry to the arbiter's reuse tracker (if it keeps one).
   void SyncReuseGeometry();

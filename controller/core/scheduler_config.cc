@@ -46,6 +46,10 @@ absl::Status SchedulerConfig::Validate() const {
                absl::StrCat(max_model_len, " tokens need ", blocks_per_seq, " blocks of ",
                             block_size, " but the pool has ", num_blocks));
   }
+  if (recurrent_state_blocks < 0) {
+    return Bad("recurrent_state_blocks",
+               absl::StrCat("must be >= 0, got ", recurrent_state_blocks));
+  }
   if (!enable_chunked_prefill && max_num_batched_tokens < max_model_len) {
     return Bad("max_num_batched_tokens",
                absl::StrCat("must be >= max_model_len (", max_model_len,
@@ -67,6 +71,10 @@ void AddSchedulerConfigFields(ConfigSchema& schema) {
       .Bool("enable_prefix_caching", d.enable_prefix_caching, "Reuse KV of shared prefixes")
       .Bool("enable_chunked_prefill", d.enable_chunked_prefill,
             "Split long prefills across steps under the token budget")
+      .Bool("snapshot_outputs", d.snapshot_outputs,
+            "Models with recurrent state (Qwen3-Next): keep a state snapshot at the last block "
+            "boundary each request's output reaches, where the next turn of a conversation "
+            "hits, besides the one at each prompt's; costs one snapshot per running request")
       .Int("long_prefill_token_threshold", d.long_prefill_token_threshold, 0, kInt32Max,
            "Most prefill tokens one request takes per step (0 = no limit)")
       .Enum("scheduling_policy", "fcfs", {"fcfs", "priority"},
@@ -85,6 +93,7 @@ absl::StatusOr<SchedulerConfig> SchedulerConfigFromConfig(const Config& config) 
   c.max_model_len = static_cast<int32_t>(config.GetInt("max_model_len"));
   c.enable_prefix_caching = config.GetBool("enable_prefix_caching");
   c.enable_chunked_prefill = config.GetBool("enable_chunked_prefill");
+  c.snapshot_outputs = config.GetBool("snapshot_outputs");
   c.long_prefill_token_threshold =
       static_cast<int32_t>(config.GetInt("long_prefill_token_threshold"));
   c.policy = config.GetString("scheduling_policy") == "priority" ? SchedulingPolicy::kPriority

@@ -41,6 +41,15 @@ struct SchedulerConfig {
   // SipHash key of the prefix cache (see block_hash.h). Reproducible by default.
   uint64_t prefix_cache_hash_key0 = BlockHasher::kDefaultKey0;
   uint64_t prefix_cache_hash_key1 = BlockHasher::kDefaultKey1;
+  // Models with recurrent state (Qwen3-Next's linear attention): the KV blocks one snapshot of a
+  // request's state fills, the most over the agents' ranks (from their InitResponse, not a flag);
+  // 0 for attention-only models. With prefix caching, hits then end at blocks that carry a
+  // snapshot (KvCacheManager).
+  int32_t recurrent_state_blocks = 0;
+  // With recurrent state: besides the snapshot at each prompt's last block boundary, keep one at
+  // the last block boundary each request's output reaches (where the next turn of a conversation
+  // continues), at recurrent_state_blocks more blocks per running request.
+  bool snapshot_outputs = true;
 
   // InvalidArgument naming the field when a value or a combination is impossible.
   absl::Status Validate() const;

@@ -36,7 +36,7 @@ struct SchedulerCounters {
   int64_t num_aborted = 0;
   int64_t num_preemptions = 0;
   int64_t num_arbiter_calls = 0;
-  int64_t num_evicted_blocks = 0;  // cached blocks evicted on the arbiter's order
+  int64_t num_evicted_blocks = 0;  // blocks cached ones' evictions freed (with their snapshots)
   int64_t num_offloads = 0;        // successful offloads
   int64_t num_offloaded_blocks = 0;
   int64_t num_restores_started = 0;       // restores the arbiter asked for
@@ -49,6 +49,10 @@ struct SchedulerCounters {
   int64_t num_resumed = 0;                // admissions after a preemption
   int64_t total_resume_delay_micros = 0;  // preemption → re-admission, summed (the cost model's
                                           // observed t_queue)
+  // Models with recurrent state: snapshots of it captured (planned), and captures skipped for
+  // want of blocks.
+  int64_t num_state_captures = 0;
+  int64_t num_state_captures_skipped = 0;
 };
 
 // Queue time of one admission in the latest step.
@@ -67,6 +71,7 @@ struct SchedulerStats {
   int32_t num_free_cached_blocks = 0;
   int32_t num_withdrawn_blocks = 0;  // held back for a pending shrink
   int32_t num_cached_blocks = 0;     // registered in the prefix cache (used or free)
+  int32_t num_snapshot_blocks = 0;   // storing snapshots of recurrent state
   double kv_usage = 0;               // used / num_blocks
   // Requests.
   int32_t num_running = 0;

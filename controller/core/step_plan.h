@@ -15,6 +15,13 @@
 //  - For each scheduled request the agent computes KV for token positions
 //    [num_computed_tokens, num_computed_tokens + num_scheduled_tokens) into the block table, and
 //    samples a token exactly when that range reaches the end of the request's known tokens.
+//  - Models with recurrent state: a request that starts past token 0 (a prefix-cache hit, new or
+//    resumed) comes with restore_state_blocks, where a snapshot of its state after exactly
+//    num_computed_tokens tokens is (captured in an earlier step); the agent restores it first.
+//    A step with capture_state_tokens > 0 copies the request's state after that many tokens
+//    into capture_state_blocks. Snapshot blocks are in no block table; the controller never
+//    names one for a restore before the step that captured it has answered, nor after it
+//    handed one of its blocks to anything else. An agent refuses a restore it cannot serve.
 //  - Only one step is in flight: the next plan comes after the controller applied this step's
 //    StepOutput. Blocks freed by the controller are therefore never written by an older step.
 #ifndef VAMP_CONTROLLER_CORE_STEP_PLAN_H_
@@ -42,6 +49,10 @@ struct NewRequestPlan {
   // Tokens already in the KV cache (the prefix-cache hit).
   int32_t num_computed_tokens = 0;
   int32_t num_scheduled_tokens = 0;
+  // Recurrent state (see the contract above): the snapshot a hit restores; one to capture.
+  std::vector<BlockId> restore_state_blocks;
+  int32_t capture_state_tokens = 0;
+  std::vector<BlockId> capture_state_blocks;
 };
 
 struct CachedRequestPlan {
@@ -51,6 +62,10 @@ struct CachedRequestPlan {
   std::vector<BlockId> new_block_ids;
   int32_t num_computed_tokens = 0;
   int32_t num_scheduled_tokens = 0;
+  // As NewRequestPlan's; restore_state_blocks only when resumed.
+  std::vector<BlockId> restore_state_blocks;
+  int32_t capture_state_tokens = 0;
+  std::vector<BlockId> capture_state_blocks;
 };
 
 struct StepPlan {

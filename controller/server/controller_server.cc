@@ -459,8 +459,27 @@ absl::Status ControllerServer::BringUp(const std::vector<AgentEndpoint>& endpoin
   }
   if (first.prefix_caching_unsupported() && scheduler.enable_prefix_caching) {
     VAMP_LOG(WARNING) << "prefix caching off: the model keeps per-request linear-attention state "
-                         "that a prefix-cache hit cannot restore yet (no state snapshots)";
+                         "and the agents keep no snapshots of it for a prefix-cache hit to restore";
     scheduler.enable_prefix_caching = false;
+  }
+  if (first.recurrent_state_bytes() > 0) {
+    // Snapshots of it live in the KV pool, in as many blocks as the rank that needs most (the
+    // pools share block ids).
+    int64_t blocks = 0;
+    for (const auto& r : ranks) {
+      const uint64_t block = r.offload().kv_block_bytes();
+      blocks = std::max<int64_t>(
+          blocks, static_cast<int64_t>((r.recurrent_state_bytes() + block - 1) / block));
+    }
+    scheduler.recurrent_state_blocks = static_cast<int32_t>(blocks);
+    VAMP_LOG(INFO) << "recurrent state: " << first.recurrent_state_bytes()
+                   << " bytes per request on rank 0, in the agents' memory plans outside the KV "
+                      "pool; prefix-cache hits resume from snapshots of "
+                   << blocks << " KV blocks each"
+                   << (scheduler.enable_prefix_caching
+                           ? (scheduler.snapshot_outputs ? " (at prompt and output ends)"
+                                                         : " (at prompt ends)")
+                           : " (prefix caching off: none are taken)");
   }
   ServingEngineOptions engine_options;
   engine_options.scheduler = scheduler;

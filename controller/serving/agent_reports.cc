@@ -52,9 +52,12 @@ absl::Status CheckInitResponses(const vamp::v1::InitRequest& request,
     if (r.num_layers() != first.num_layers() || r.num_experts() != first.num_experts() ||
         r.experts_per_group() != first.experts_per_group() ||
         r.vocab_size() != first.vocab_size() || r.eos_token_id() != first.eos_token_id() ||
-        r.max_position_embeddings() != first.max_position_embeddings()) {
+        r.max_position_embeddings() != first.max_position_embeddings() ||
+        (r.recurrent_state_bytes() > 0) != (first.recurrent_state_bytes() > 0) ||
+        r.prefix_caching_unsupported() != first.prefix_caching_unsupported()) {
       return Refuse(rank, "a model shape",
-                    "(layers, experts, groups, vocabulary, EOS or context) unlike rank 0's");
+                    "(layers, experts, groups, vocabulary, EOS, context or recurrent state) "
+                    "unlike rank 0's");
     }
     const int32_t groups = r.num_experts() / r.experts_per_group();
 
@@ -96,6 +99,7 @@ absl::Status CheckInitResponses(const vamp::v1::InitRequest& request,
     s.Update(InRange<uint64_t>(rank, "offload.kv_block_bytes", g.kv_block_bytes(), 1, total));
     s.Update(InRange<uint64_t>(rank, "offload.staged_bytes_per_group", g.staged_bytes_per_group(),
                                0, total));
+    s.Update(InRange<uint64_t>(rank, "recurrent_state_bytes", r.recurrent_state_bytes(), 0, total));
     if (!s.ok()) return s;
     s.Update(InRange<int64_t>(rank, "offload.kv_pages_per_group", g.kv_pages_per_group(), 0,
                               static_cast<int64_t>(total / m.page_bytes())));

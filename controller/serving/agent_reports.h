@@ -31,7 +31,8 @@ inline constexpr int64_t kMaxAgentStepMicros = int64_t{24} * 3600 * 1000000;
 // model's shape within bounds and the same on every rank, the memory split within the declared
 // device memory, KV blocks that fit in it (each block holds at least one byte of K and of V per
 // layer and token) and in the KV bytes mapped, group counts within the model's experts and under
-// the cap the request asked for (memory.max_offload_ratio), and an offload geometry whose every
+// the cap the request asked for (memory.max_offload_ratio), recurrent state within the device
+// memory (and on every rank or none), and an offload geometry whose every
 // reachable pool (all groups offloaded included) fits in the device and in kMaxAgentKvBlocks:
 // the controller sizes every later remap from it without asking again.
 absl::Status CheckInitResponses(const vamp::v1::InitRequest& request,

@@ -165,6 +165,12 @@ void ToProto(const SamplingParams& sp, vamp::v1::SamplingParams* out) {
   }
 }
 
+// A snapshot of recurrent state after `tokens` tokens in `blocks` (step_plan.h's contract).
+void ToProto(int32_t tokens, const std::vector<BlockId>& blocks, vamp::v1::StateSnapshot* out) {
+  out->set_num_tokens(tokens);
+  out->mutable_block_ids()->Add(blocks.begin(), blocks.end());
+}
+
 }  // namespace
 
 ServingEngine::ServingEngine(AgentGroup* group, ServingEngineOptions options)
@@ -477,6 +483,12 @@ void ServingEngine::RunStep() {
         it != live_.end() && it->second.prompt_logprobs != nullptr) {
       r->set_prompt_logprobs(true);
     }
+    if (!n.restore_state_blocks.empty()) {
+      ToProto(n.num_computed_tokens, n.restore_state_blocks, r->mutable_restore_state());
+    }
+    if (n.capture_state_tokens > 0) {
+      ToProto(n.capture_state_tokens, n.capture_state_blocks, r->mutable_capture_state());
+    }
   }
   for (const CachedRequestPlan& c : plan->cached_requests) {
     vamp::v1::CachedRequest* r = request.add_cached_requests();
@@ -485,6 +497,12 @@ void ServingEngine::RunStep() {
     r->mutable_new_block_ids()->Add(c.new_block_ids.begin(), c.new_block_ids.end());
     r->set_num_computed_tokens(c.num_computed_tokens);
     r->set_num_scheduled_tokens(c.num_scheduled_tokens);
+    if (!c.restore_state_blocks.empty()) {
+      ToProto(c.num_computed_tokens, c.restore_state_blocks, r->mutable_restore_state());
+    }
+    if (c.capture_state_tokens > 0) {
+      ToProto(c.capture_state_tokens, c.capture_state_blocks, r->mutable_capture_state());
+    }
   }
   request.mutable_preempted_request_ids()->Add(plan->preempted_ids.begin(),
                                                plan->preempted_ids.end());

@@ -51,9 +51,15 @@ uint64_t EstimateActivationBytes(const ModelShape& shape, int tp_size,
 
 uint64_t MemoryPlan::slack_bytes() const {
   const uint64_t used = expert_weight_bytes + other_weight_bytes + activation_bytes +
-                        runtime_overhead_bytes + reserved_staging_bytes +
+                        runtime_overhead_bytes + reserved_staging_bytes + recurrent_state_bytes +
                         static_cast<uint64_t>(kv_baseline_pages) * experts.page_bytes;
   return budget_bytes - used;
+}
+
+int64_t MemoryPlan::snapshot_blocks() const {
+  if (recurrent_state_bytes_per_seq == 0 || kv.block_bytes == 0) return 0;
+  return static_cast<int64_t>((recurrent_state_bytes_per_seq + kv.block_bytes - 1) /
+                              kv.block_bytes);
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelShape& shape, const MemoryPlanConfig& config) {
@@ -97,10 +103,14 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelShape& shape, const MemoryPlanC
   plan.runtime_overhead_bytes = config.runtime_overhead_bytes;
   plan.reserved_staging_bytes =
       static_cast<uint64_t>(plan.experts.reserved_staging_pages()) * config.page_bytes;
+  plan.recurrent_state_bytes_per_seq =
+      static_cast<uint64_t>(shape.RecurrentStateBytesPerSeqPerRank(config.tp_size));
+  plan.recurrent_state_bytes =
+      plan.recurrent_state_bytes_per_seq * static_cast<uint64_t>(config.max_num_seqs);
 
   const uint64_t fixed = plan.expert_weight_bytes + plan.other_weight_bytes +
                          plan.activation_bytes + plan.runtime_overhead_bytes +
-                         plan.reserved_staging_bytes;
+                         plan.reserved_staging_bytes + plan.recurrent_state_bytes;
   const std::string budget_text =
       absl::StrFormat("the budget of %s (gpu_memory_utilization %.2f x %s device memory)",
                       FormatBytes(plan.budget_bytes), config.gpu_memory_utilization,
@@ -113,7 +123,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelShape& shape, const MemoryPlanC
         " (experts ", FormatBytes(plan.expert_weight_bytes), ", other ",
         FormatBytes(plan.other_weight_bytes), ") + activations ",
         FormatBytes(plan.activation_bytes), " + staging buffers ",
-        FormatBytes(plan.reserved_staging_bytes), " + runtime overhead ",
+        FormatBytes(plan.reserved_staging_bytes),
+        plan.recurrent_state_bytes > 0
+            ? absl::StrCat(" + recurrent state ", FormatBytes(plan.recurrent_state_bytes))
+            : std::string(),
+        " + runtime overhead ",
         FormatBytes(plan.runtime_overhead_bytes), " + at least one KV page/block ",
         FormatBytes(min_kv), " = ", FormatBytes(fixed + min_kv), " do not fit in ", budget_text,
         ": short by ", FormatBytes(fixed + min_kv - plan.budget_bytes),
@@ -181,6 +195,14 @@ std::string MemoryPlan::Summary() const {
                           e.staging_buffer_experts);
   } else {
     absl::StrAppendFormat(&out, "  staging buffers:  none (no expert can be offloaded)\n");
+  }
+  if (recurrent_state_bytes > 0) {
+    absl::StrAppendFormat(&out,
+                          "  recurrent state:  %s = %d sequences x %s (conv + delta-rule state of "
+                          "the linear-attention layers); a prefix-cache snapshot of one takes %d "
+                          "KV blocks\n",
+                          FormatBytes(recurrent_state_bytes), config.max_num_seqs,
+                          FormatBytes(recurrent_state_bytes_per_seq), snapshot_blocks());
   }
   absl::StrAppendFormat(&out, "  KV cache: %s blocks = %s tokens (%s; block %d tokens x %s)\n",
                         WithCommas(kv_baseline_blocks), WithCommas(kv_baseline_tokens()),

@@ -1,6 +1,6 @@
 // The agent's memory plan: how one rank's device-memory budget divides into weights, activations,
-// staging buffers and the baseline KV pool, and how much more KV VAMP-r can add by offloading
-// experts. Computed once at start-up and printed the way operators of vLLM-style engines expect:
+// staging buffers, the recurrent state of models with linear attention (one slot per sequence)
+// and the baseline KV pool, and how much more KV VAMP-r can add by offloading experts. Computed once at start-up and printed the way operators of vLLM-style engines expect:
 //
 //   KV cache: 52,102 blocks = 833,632 tokens (9.54 GiB); VAMP-r can add 57,385 blocks = ...
 //
@@ -55,6 +55,11 @@ struct MemoryPlan {
   // Staging buffers reserved at start-up: experts.reserved_staging_pages(), 0 where they are carved
   // out of the offloaded pages (ExpertGeometry::staging_carved).
   uint64_t reserved_staging_bytes = 0;
+  // Recurrent state (linear-attention layers, Qwen3-Next): one slot per sequence a step may hold
+  // (config.max_num_seqs), each ModelShape::RecurrentStateBytesPerSeqPerRank, reserved before the
+  // KV pool is sized: unlike KV it does not grow with the sequence. 0 for attention-only models.
+  uint64_t recurrent_state_bytes_per_seq = 0;
+  uint64_t recurrent_state_bytes = 0;  // recurrent_state_bytes_per_seq x max_num_seqs
 
   int64_t kv_baseline_pages = 0;
   int64_t kv_baseline_blocks = 0;
@@ -69,6 +74,10 @@ struct MemoryPlan {
     return experts.total_pages() + experts.reserved_staging_pages() + kv_baseline_pages;
   }
   int64_t kv_baseline_tokens() const { return kv_baseline_blocks * kv.block_size; }
+  // KV blocks one copy of a sequence's recurrent state fills: a prefix-cache snapshot is stored in
+  // the KV pool (the controller counts its blocks there), ceil(recurrent_state_bytes_per_seq /
+  // kv.block_bytes); 0 without recurrent state.
+  int64_t snapshot_blocks() const;
   int64_t vamp_extra_blocks() const { return kv_max_blocks - kv_baseline_blocks; }
   // Bytes left unplanned inside the budget (less than one page).
   uint64_t slack_bytes() const;

@@ -87,6 +87,16 @@ absl::Status ModelShape::Validate() const {
         "model shape: vocab_size, dense_intermediate_size, shared_expert_intermediate_size and "
         "linear_attention_params_per_layer must not be negative");
   }
+  if (linear_num_key_heads < 0 || linear_num_value_heads < 0 || linear_key_head_dim < 0 ||
+      linear_value_head_dim < 0 || linear_conv_kernel_dim < 0) {
+    return absl::InvalidArgumentError(
+        "model shape: linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, "
+        "linear_value_head_dim and linear_conv_kernel_dim must not be negative");
+  }
+  if (absl::Status s = CheckPositive("recurrent_state_dtype_bytes", recurrent_state_dtype_bytes);
+      !s.ok()) {
+    return s;
+  }
   return absl::OkStatus();
 }
 
@@ -109,6 +119,18 @@ int64_t ModelShape::KvBytesPerTokenPerRank(int tp_size) const {
 
 bool ModelShape::IsMoeLayer(int layer) const {
   return std::binary_search(moe_layers.begin(), moe_layers.end(), layer);
+}
+
+int64_t ModelShape::RecurrentStateBytesPerSeqPerRank(int tp_size) const {
+  const int64_t linear_layers = num_layers - static_cast<int64_t>(attention_layers.size());
+  if (linear_layers <= 0 || linear_num_key_heads <= 0) return 0;
+  const int64_t key_heads = linear_num_key_heads / tp_size;
+  const int64_t value_heads = linear_num_value_heads / tp_size;
+  const int64_t conv_channels =
+      2 * key_heads * linear_key_head_dim + value_heads * linear_value_head_dim;
+  const int64_t conv = std::max<int64_t>(0, linear_conv_kernel_dim - 1) * conv_channels;
+  const int64_t delta = value_heads * linear_value_head_dim * linear_key_head_dim;
+  return linear_layers * (conv + delta) * recurrent_state_dtype_bytes;
 }
 
 int64_t ModelShape::NonExpertWeightBytesPerRank(int tp_size) const {
@@ -181,6 +203,11 @@ ModelShape Qwen3Next_80B_A3B_Shape() {
   s.linear_attention_params_per_layer = 2048 * (2 * kKeyDim + 2 * kValueDim) + 2048 * 2 * 32 +
                                         (2 * kKeyDim + kValueDim) * 4 + kValueDim * 2048 + 2 * 32 +
                                         128;
+  s.linear_num_key_heads = 16;
+  s.linear_num_value_heads = 32;
+  s.linear_key_head_dim = 128;
+  s.linear_value_head_dim = 128;
+  s.linear_conv_kernel_dim = 4;
   return s;
 }
 

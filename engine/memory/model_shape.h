@@ -52,6 +52,17 @@ struct ModelShape {
   bool attention_output_gate = false;
   // Parameters of one linear-attention layer (all of them, before sharding); 0 when there are none.
   int64_t linear_attention_params_per_layer = 0;
+  // Gated DeltaNet geometry (before sharding; 0 without linear attention), for the recurrent state
+  // each sequence keeps per linear-attention layer: the conv state, (conv kernel - 1) inputs of the
+  // q, k and v channels (2 key heads' worth + value heads), and the delta-rule state, one
+  // [value dim, key dim] matrix per value head.
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;
+  // Bytes per recurrent-state element: float32, as HF keeps it and the CPU engine stores it.
+  int64_t recurrent_state_dtype_bytes = 4;
 
   // Checks that sizes are positive, layer lists are sorted, unique and in range, top-k <= experts,
   // and heads divide as attention needs. Errors name the field.
@@ -75,6 +86,10 @@ struct ModelShape {
   int64_t NonExpertWeightBytesPerRank(int tp_size) const;
   // Whether `layer` holds routed experts.
   bool IsMoeLayer(int layer) const;
+  // Bytes of one sequence's recurrent state on one rank (key heads, with their value heads, split
+  // over ranks): conv and delta-rule state of every linear-attention layer; 0 for a model without
+  // linear attention. Per sequence and fixed: it does not grow with the sequence.
+  int64_t RecurrentStateBytesPerSeqPerRank(int tp_size) const;
 };
 
 // Qwen3-30B-A3B (HF Qwen3MoeForCausalLM): 48 layers, all MoE and full attention; 128 experts,

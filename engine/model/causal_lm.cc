@@ -1,9 +1,46 @@
 #include "engine/model/causal_lm.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/sampling.h"
 
 namespace vamp {
+namespace {
+
+constexpr int64_t kFloatBytes = sizeof(float);
+
+// Calls fn(stored, done, n) for the pieces of the snapshot's bytes [offset, offset + bytes), chunk
+// by chunk: `n` bytes at `stored`, `done` bytes into the range.
+template <typename Fn>
+void ForEachPiece(const StateSnapshotView& view, int64_t offset, int64_t bytes, Fn fn) {
+  for (int64_t done = 0; done < bytes;) {
+    const int64_t at = offset + done;
+    const int64_t within = at % view.chunk_bytes;
+    const int64_t n = std::min(bytes - done, view.chunk_bytes - within);
+    fn(view.chunks[static_cast<size_t>(at / view.chunk_bytes)] + within, done, n);
+    done += n;
+  }
+}
+
+}  // namespace
+
+void StateSnapshotView::Write(int64_t offset, const float* data, int64_t count) const {
+  const auto* src = reinterpret_cast<const uint8_t*>(data);
+  ForEachPiece(*this, offset * kFloatBytes, count * kFloatBytes,
+               [&](uint8_t* stored, int64_t done, int64_t n) {
+                 std::memcpy(stored, src + done, static_cast<size_t>(n));
+               });
+}
+
+void StateSnapshotView::Read(int64_t offset, float* data, int64_t count) const {
+  auto* dst = reinterpret_cast<uint8_t*>(data);
+  ForEachPiece(*this, offset * kFloatBytes, count * kFloatBytes,
+               [&](uint8_t* stored, int64_t done, int64_t n) {
+                 std::memcpy(dst + done, stored, static_cast<size_t>(n));
+               });
+}
 
 absl::Status CheckForwardAndSampleArgs(const ForwardBatch& batch, const StepSampling& sampling,
                                        const StepSamplingOutput& out, int64_t max_rows) {
@@ -54,6 +91,8 @@ KvCacheView BlockMajorKvLayout::View(void* base, int64_t num_blocks,
     view.k[attention_layers[i]] = k;
     view.v[attention_layers[i]] = k + block_size * kv_heads * head_dim * DTypeBytes(dtype);
   }
+  view.blocks = static_cast<uint8_t*>(base);
+  view.block_bytes = BlockBytes();
   return view;
 }
 

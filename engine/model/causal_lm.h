@@ -21,6 +21,31 @@
 
 namespace vamp {
 
+// A copy of one sequence's whole recurrent state (CausalLm::RecurrentStateFloatsPerSlot() floats,
+// laid out as a slot holds them) stored across `chunks` of `chunk_bytes` bytes each: chunk i holds
+// bytes [i * chunk_bytes, (i + 1) * chunk_bytes) of it, the last one possibly in part. The runner
+// keeps such snapshots in KV blocks that no request's table holds (prefix caching for models with
+// recurrent state), so a chunk is a block. Host memory on the CPU backend.
+struct StateSnapshotView {
+  std::vector<uint8_t*> chunks;
+  int64_t chunk_bytes = 0;
+
+  int64_t capacity_bytes() const { return static_cast<int64_t>(chunks.size()) * chunk_bytes; }
+  // Copy `count` floats from `data` to floats [offset, offset + count) of the snapshot, or back;
+  // the range must lie within capacity_bytes().
+  void Write(int64_t offset, const float* data, int64_t count) const;
+  void Read(int64_t offset, float* data, int64_t count) const;
+};
+
+// A copy of a sequence's recurrent state that a step takes (ForwardBatch::state_captures).
+struct StateCapture {
+  int32_t seq = 0;  // the sequence's index in the batch
+  // The state after this many of the sequence's tokens of this step, 1 up to its step length: a
+  // block boundary inside a prefill chunk, or the end of the step.
+  int32_t after_tokens = 0;
+  StateSnapshotView to;
+};
+
 // One step's tokens, packed sequence after sequence. Host memory on the CPU backend.
 struct ForwardBatch {
   // [num_tokens] each: the token, its position in its sequence, its KV cache slot
@@ -42,6 +67,13 @@ struct ForwardBatch {
   // distinct within a step; read only by models with recurrent state (Qwen3-Next's linear
   // attention), may be empty for the others.
   absl::Span<const int32_t> state_slots;
+  // Copies of recurrent state to take during the step, at most one per sequence: only for models
+  // that SupportsStateSnapshots (the runner gives the others none). Each holds exactly the state
+  // a step ending after `after_tokens` of the sequence's tokens would leave in its slot. A capture
+  // inside a step splits the sequence's recurrence there, so the rest of the step computes what a
+  // step restoring that copy and continuing computes, bit for bit (the prefix hit it serves);
+  // against the same step without the capture, results differ by float32 rounding only.
+  absl::Span<const StateCapture> state_captures;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(seq_lens.size()); }
@@ -58,6 +90,11 @@ struct KvCacheView {
   kernels::cpu::KvCacheStrides strides;
   std::vector<void*> k;
   std::vector<void*> v;
+  // The pool's raw bytes, in the view's backend's addresses (host pointers on the host backend):
+  // block b is block_bytes bytes at blocks + b * block_bytes. Where the runner stores recurrent-
+  // state snapshots, in blocks no request's table holds. Null when the view has no such access.
+  uint8_t* blocks = nullptr;
+  int64_t block_bytes = 0;
 };
 
 // The block-major layout of shared/DESIGN.md ("KV region"): block i holds, for every attention
@@ -220,6 +257,16 @@ class CausalLm {
   // Holds `num_slots` slots (discarding every state held). Models without recurrent state accept
   // any count and hold nothing.
   virtual absl::Status ReserveRecurrentStates(int64_t num_slots) { return absl::OkStatus(); }
+  // Snapshots of recurrent state, what prefix caching needs for such a model: whether Forward takes
+  // ForwardBatch::state_captures and RestoreRecurrentState works. Default: no.
+  virtual bool SupportsStateSnapshots() const { return false; }
+  // Makes `slot` hold the state `from` holds, captured after `num_tokens` (> 0) tokens of a
+  // sequence: the sequence of the next step that names the slot continues there with num_tokens
+  // tokens of context (a prefix-cache hit). The caller vouches that `from` holds such a capture.
+  virtual absl::Status RestoreRecurrentState(int32_t slot, const StateSnapshotView& from,
+                                             int64_t num_tokens) {
+    return absl::UnimplementedError("this model keeps no recurrent-state snapshots");
+  }
 
   // Runs every layer over `batch`: writes the new tokens' K/V into `kv`, reads experts through
   // `experts`, all-reduces through `comm` (may be null when tp_size == 1), and writes logits

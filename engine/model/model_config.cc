@@ -390,6 +390,11 @@ ModelShape ModelConfig::ToModelShape(int64_t dtype_bytes) const {
   s.shared_expert_intermediate_size = shared_expert_intermediate_size;
   s.attention_output_gate = attention_output_gate;
   s.linear_attention_params_per_layer = LinearAttentionParamsPerLayer();
+  s.linear_num_key_heads = linear_num_key_heads;
+  s.linear_num_value_heads = linear_num_value_heads;
+  s.linear_key_head_dim = linear_key_head_dim;
+  s.linear_value_head_dim = linear_value_head_dim;
+  s.linear_conv_kernel_dim = linear_conv_kernel_dim;
   return s;
 }
 

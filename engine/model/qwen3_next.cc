@@ -110,6 +110,7 @@ absl::StatusOr<std::unique_ptr<Qwen3NextModel>> Qwen3NextModel::Load(const Model
     m->key_dim_ = m->k_heads_ * c.linear_key_head_dim;
     m->value_dim_ = m->v_heads_ * c.linear_value_head_dim;
     m->conv_dim_ = 2 * m->key_dim_ + m->value_dim_;
+    m->zero_row_.assign(m->conv_dim_, 0.0f);
   }
   m->dense_inter_ = any_dense ? c.intermediate_size / tp : 0;
   m->shared_inter_ = c.shared_expert_intermediate_size / tp;
@@ -303,6 +304,28 @@ absl::Status Qwen3NextModel::ReserveRecurrentStates(int64_t num_slots) {
   return absl::OkStatus();
 }
 
+absl::Status Qwen3NextModel::RestoreRecurrentState(int32_t slot, const StateSnapshotView& from,
+                                                   int64_t num_tokens) {
+  if (slot < 0 || slot >= num_state_slots()) {
+    return absl::FailedPreconditionError(absl::StrCat("recurrent-state slot ", slot,
+                                                      " is outside the ", num_state_slots(),
+                                                      " reserved (ReserveRecurrentStates)"));
+  }
+  if (num_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("restoring recurrent state after ", num_tokens, " tokens: must be >= 1"));
+  }
+  const int64_t bytes = slot_floats_ * static_cast<int64_t>(sizeof(float));
+  if (from.chunk_bytes < 1 || from.capacity_bytes() < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a recurrent-state snapshot of ",
+                                                   from.capacity_bytes(),
+                                                   " bytes cannot hold a slot of ", bytes));
+  }
+  from.Read(0, states_.data() + static_cast<int64_t>(slot) * slot_floats_, slot_floats_);
+  slot_tokens_[slot] = num_tokens;
+  return absl::OkStatus();
+}
+
 void Qwen3NextModel::ForEachWeight(
     const std::function<void(absl::string_view, absl::Span<const float>)>& fn) const {
   fn("model.embed_tokens.weight", embed_);
@@ -372,11 +395,62 @@ absl::Status Qwen3NextModel::PrepareStates(const ForwardBatch& batch) {
           slot, ", which holds ",
           slot_tokens_[slot] < 0 ? std::string("no usable state")
                                  : absl::StrCat("the state after ", slot_tokens_[slot], " tokens"),
-          " (linear-attention state cannot be restored: no prefix-cache hits for this model)"));
+          " (a prefix-cache hit must first restore a snapshot taken there)"));
     }
     has_initial_state_[i] = 1;
   }
+  capture_of_seq_.assign(num_seqs, -1);
+  const int64_t slot_bytes = slot_floats_ * static_cast<int64_t>(sizeof(float));
+  for (size_t c = 0; c < batch.state_captures.size(); ++c) {
+    const StateCapture& capture = batch.state_captures[c];
+    if (capture.seq < 0 || capture.seq >= num_seqs || capture_of_seq_[capture.seq] >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("state capture ", c, " names sequence ",
+                                                     capture.seq, ": out of range or taken twice"));
+    }
+    const int64_t len = batch.query_start_loc[capture.seq + 1] - batch.query_start_loc[capture.seq];
+    if (capture.after_tokens < 1 || capture.after_tokens > len) {
+      return absl::InvalidArgumentError(absl::StrCat("state capture ", c, " after ",
+                                                     capture.after_tokens, " tokens of sequence ",
+                                                     capture.seq, ", whose step has ", len));
+    }
+    if (capture.to.chunk_bytes < 1 || capture.to.capacity_bytes() < slot_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("state capture ", c, ": ",
+                                                     capture.to.capacity_bytes(),
+                                                     " bytes cannot hold a slot of ", slot_bytes));
+    }
+    capture_of_seq_[capture.seq] = static_cast<int32_t>(c);
+  }
   return absl::OkStatus();
+}
+
+void Qwen3NextModel::CaptureConvState(int layer, const ForwardBatch& batch, int64_t seq,
+                                      int64_t after, const float* proj, const float* history,
+                                      const StateSnapshotView& to) {
+  const Layer& L = layers_[layer];
+  const int64_t hist = config_.linear_conv_kernel_dim - 1;
+  const int64_t W = conv_dim_ + value_dim_ + 2 * v_heads_;
+  const int64_t begin = batch.query_start_loc[seq];
+  for (int64_t row = 0; row < hist; ++row) {
+    // Input `r` of the step (r < 0: before it), as CausalConv1d numbers them.
+    const int64_t r = after - hist + row;
+    const int64_t offset = L.state_offset + row * conv_dim_;
+    if (r >= 0) {
+      to.Write(offset, proj + (begin + r) * W, conv_dim_);
+    } else if (has_initial_state_[seq] != 0) {
+      to.Write(offset, history + (hist + r) * conv_dim_, conv_dim_);
+    } else {
+      to.Write(offset, zero_row_.data(), conv_dim_);
+    }
+  }
+}
+
+absl::Status Qwen3NextModel::DeltaRuleRun(k::GatedDeltaRuleArgs& args, int32_t begin, int32_t end,
+                                          uint8_t has_initial) {
+  const int32_t range[2] = {begin, end};
+  args.query_start_loc = range;
+  args.has_initial_state = &has_initial;
+  return end - begin == 1 ? k::GatedDeltaRuleRecurrent(args)
+                          : k::GatedDeltaRuleChunked(args, kDeltaRuleChunkSize);
 }
 
 absl::Status Qwen3NextModel::Forward(const ForwardBatch& batch, const KvCacheView& kv,
@@ -493,6 +567,18 @@ absl::Status Qwen3NextModel::LinearAttention(int layer, const ForwardBatch& batc
   k::Gemm(hidden_.data(), H, L.in_proj.data(), H, proj, W, n, W, H);
 
   float* const slot_states = states_.data() + L.state_offset;
+  const int64_t hist = K - 1;
+  const int64_t history_floats = hist * conv_dim_;
+  // A capture within a sequence's first K - 1 tokens reads conv inputs from before the step, which
+  // the conv is about to overwrite in the slot.
+  float* history = GrowScratch(conv_history_, batch.state_captures.size() * history_floats);
+  for (size_t c = 0; c < batch.state_captures.size(); ++c) {
+    const StateCapture& capture = batch.state_captures[c];
+    if (capture.after_tokens < hist && has_initial_state_[capture.seq] != 0) {
+      std::copy_n(slot_states + batch.state_slots[capture.seq] * slot_floats_, history_floats,
+                  history + c * history_floats);
+    }
+  }
   float* conv_out = GrowScratch(conv_out_, n * conv_dim_);
   VAMP_RETURN_IF_ERROR(k::CausalConv1d({.x = proj,
                                         .x_stride = W,
@@ -508,6 +594,11 @@ absl::Status Qwen3NextModel::LinearAttention(int layer, const ForwardBatch& batc
                                         .silu = true,
                                         .out = conv_out,
                                         .out_stride = conv_dim_}));
+  for (size_t c = 0; c < batch.state_captures.size(); ++c) {
+    const StateCapture& capture = batch.state_captures[c];
+    CaptureConvState(layer, batch, capture.seq, capture.after_tokens, proj,
+                     history + c * history_floats, capture.to);
+  }
 
   float* g = GrowScratch(gates_, 2 * n * v_heads_);
   float* beta = g + n * v_heads_;
@@ -541,15 +632,25 @@ absl::Status Qwen3NextModel::LinearAttention(int layer, const ForwardBatch& batc
                              .out_stride = value_dim_,
                              .workspace = ws,
                              .workspace_floats = ws_floats};
-  // One sequence at a time, each through the form its step length calls for (see the header).
+  // One sequence at a time, each through the form its step length calls for (see the header); a
+  // sequence with a capture in two runs, split at the capture.
+  const int64_t delta_offset = hist * conv_dim_;
+  const int64_t delta_floats = v_heads_ * dv * dk;
   for (int64_t i = 0; i < batch.num_seqs(); ++i) {
-    const int64_t len = batch.query_start_loc[i + 1] - batch.query_start_loc[i];
-    if (len == 0) continue;
-    args.query_start_loc = batch.query_start_loc.data() + i;
+    const int32_t begin = batch.query_start_loc[i], end = batch.query_start_loc[i + 1];
+    if (end == begin) continue;
     args.state_slots = batch.state_slots.data() + i;
-    args.has_initial_state = has_initial_state_.data() + i;
-    VAMP_RETURN_IF_ERROR(len == 1 ? k::GatedDeltaRuleRecurrent(args)
-                                  : k::GatedDeltaRuleChunked(args, kDeltaRuleChunkSize));
+    const int32_t c = capture_of_seq_[i];
+    if (c < 0) {
+      VAMP_RETURN_IF_ERROR(DeltaRuleRun(args, begin, end, has_initial_state_[i]));
+      continue;
+    }
+    const StateCapture& capture = batch.state_captures[c];
+    const int32_t split = begin + capture.after_tokens;
+    VAMP_RETURN_IF_ERROR(DeltaRuleRun(args, begin, split, has_initial_state_[i]));
+    capture.to.Write(L.state_offset + delta_offset,
+                     args.states + batch.state_slots[i] * slot_floats_, delta_floats);
+    if (split < end) VAMP_RETURN_IF_ERROR(DeltaRuleRun(args, split, end, 1));
   }
   // The gated norm per value head of each token (z follows the conv channels in proj).
   for (int64_t t = 0; t < n; ++t) {

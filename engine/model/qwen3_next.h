@@ -35,11 +35,16 @@
 // Recurrent state: per sequence, for every linear-attention layer, the conv state
 // ([K - 1, conv channels]) and the delta-rule state ([value heads, v_dim, k_dim]), float32, held
 // by the model in slots (ReserveRecurrentStates; ForwardBatch::state_slots). A slot's states of
-// all layers are contiguous (slot-major) so that one copy moves a sequence's whole state (the
-// block-aligned snapshots prefix caching will need). The model counts the tokens each slot has
-// absorbed and rejects a step that would continue a sequence from a slot holding another
-// context (FailedPrecondition): a prefix-cache hit cannot restore linear-attention state yet,
-// so the agent serves this model with prefix caching off.
+// all layers are contiguous (slot-major) so that one copy moves a sequence's whole state. The
+// model counts the tokens each slot has absorbed and rejects a step that would continue a
+// sequence from a slot holding another context (FailedPrecondition).
+//
+// Snapshots (prefix caching): a step copies a sequence's state after a given number of its tokens
+// into a StateSnapshotView (ForwardBatch::state_captures), in the slot's layout, and
+// RestoreRecurrentState puts such a copy into a slot, so a prefix-cache hit continues from it.
+// The conv state at a point inside the step is the K - 1 conv inputs before it (from the step's
+// projections, or the state before the step); the delta rule is run in two calls split at the
+// point, the copy taken in between.
 //
 // Tensor parallelism: attention heads, KV heads, key-head groups of Gated DeltaNet (with their
 // value heads), experts, the shared expert and the dense MLP are split across ranks; the partial
@@ -59,6 +64,7 @@
 #include "engine/model/causal_lm.h"
 #include "engine/model/feed_forward.h"
 #include "engine/model/weight_source.h"
+#include "kernels/cpu/gated_delta_rule.h"
 
 namespace vamp {
 
@@ -86,11 +92,19 @@ class Qwen3NextModel : public CausalLm {
   int64_t RecurrentStateFloatsPerSlot() const override { return slot_floats_; }
   absl::Status ReserveRecurrentStates(int64_t num_slots) override;
   int64_t num_state_slots() const { return static_cast<int64_t>(slot_tokens_.size()); }
+  bool SupportsStateSnapshots() const override { return true; }
+  // FailedPrecondition for a slot outside those reserved; InvalidArgument for num_tokens < 1 or a
+  // view smaller than a slot.
+  absl::Status RestoreRecurrentState(int32_t slot, const StateSnapshotView& from,
+                                     int64_t num_tokens) override;
 
   // Also FailedPrecondition (before anything runs) when the model has linear-attention layers and
   // batch.state_slots is not one slot in range per sequence, distinct, each either starting its
-  // sequence (context before the step == 0) or continuing the context its slot holds. A failure
-  // after the layers started leaves the batch's slots usable only by sequences that start over.
+  // sequence (context before the step == 0) or continuing the context its slot holds; and
+  // InvalidArgument for state_captures that name a sequence twice or out of range, a point outside
+  // [1, the sequence's step length], or a view smaller than a slot. A failure after the layers
+  // started leaves the batch's slots usable only by sequences that start over, and the captures'
+  // views holding no usable state.
   absl::Status Forward(const ForwardBatch& batch, const KvCacheView& kv, ExpertWeights* experts,
                        Communicator* comm, float* logits) override;
 
@@ -135,8 +149,18 @@ class Qwen3NextModel : public CausalLm {
   absl::Status LoadLinearAttention(int layer, WeightSource& source, Layer& L);
   absl::Status LoadMlp(int layer, WeightSource& source, ExpertWeightSink& experts, Layer& L);
 
-  // Checks batch.state_slots and fills has_initial_state_ (linear-attention models only).
+  // Checks batch.state_slots and batch.state_captures, fills has_initial_state_ and
+  // capture_of_seq_ (linear-attention models only).
   absl::Status PrepareStates(const ForwardBatch& batch);
+  // Runs the gated delta rule over rows [begin, end) of one sequence, from its slot's state
+  // (`has_initial`) or from zero, by the form the run's length calls for (see the header).
+  absl::Status DeltaRuleRun(kernels::cpu::GatedDeltaRuleArgs& args, int32_t begin, int32_t end,
+                            uint8_t has_initial);
+  // Writes layer `layer`'s conv state after `after` of sequence `seq`'s tokens of this step into
+  // `to`: the K - 1 conv inputs before that point (rows of `proj`, or `history`, the sequence's
+  // conv state before the step, for the inputs before the step).
+  void CaptureConvState(int layer, const ForwardBatch& batch, int64_t seq, int64_t after,
+                        const float* proj, const float* history, const StateSnapshotView& to);
   absl::Status FullAttention(int layer, const ForwardBatch& batch, const KvCacheView& kv);
   absl::Status LinearAttention(int layer, const ForwardBatch& batch);
   absl::Status Mlp(int layer, int64_t num_tokens, ExpertWeights* experts);
@@ -176,6 +200,12 @@ class Qwen3NextModel : public CausalLm {
   // Tokens of context each slot's state has absorbed; -1 = unusable until a sequence starts over.
   std::vector<int64_t> slot_tokens_;
   std::vector<uint8_t> has_initial_state_;  // [num_seqs] of the current step
+  // Per sequence of the current step: its index in batch.state_captures, or -1.
+  std::vector<int32_t> capture_of_seq_;
+  // Per capture of the current step: the sequence's conv state before the step (a capture within
+  // its first K - 1 tokens reads it after the conv has overwritten the slot).
+  std::vector<float> conv_history_;
+  std::vector<float> zero_row_;  // [conv_dim_]: the conv inputs before a sequence's start
 
   // Step workspaces, grown on demand (Forward is single-threaded by contract).
   std::vector<float> hidden_, residual_, proj_, conv_out_, gates_, mixer_out_, attn_ws_;

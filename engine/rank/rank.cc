@@ -91,6 +91,15 @@ absl::StatusOr<std::unique_ptr<Rank>> BuildRank(RankSpec spec) {
         " heads of ", rank->config.head_dim, ", the memory plan ", rank->plan.kv.kv_heads_per_rank,
         " of ", rank->plan.kv.head_dim));
   }
+  // The plan reserved the recurrent state before sizing the KV pool; the model must hold what was
+  // planned (float32 slots).
+  const uint64_t state_bytes =
+      static_cast<uint64_t>(rank->host_model->RecurrentStateFloatsPerSlot()) * sizeof(float);
+  if (state_bytes != rank->plan.recurrent_state_bytes_per_seq) {
+    return absl::InternalError(absl::StrCat(
+        "recurrent state mismatch: the model keeps ", state_bytes, " bytes per sequence, the memory "
+        "plan ", rank->plan.recurrent_state_bytes_per_seq));
+  }
   VAMP_RETURN_IF_ERROR(rank->ResetRunner(spec.comm));
   return rank;
 }

@@ -6,7 +6,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/integer_math.h"
 #include "common/logging.h"
@@ -66,45 +68,122 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
   const int64_t max_blocks = CeilDiv(c.max_model_len, c.block_size);
   // A model with recurrent state (Qwen3-Next's linear attention) keeps one slot per persistent-
   // batch slot: a request's state lives in its slot from its first token to its last.
+  int64_t snapshot_blocks = 0;
   if (const int64_t floats = model->RecurrentStateFloatsPerSlot(); floats > 0) {
     VAMP_RETURN_IF_ERROR(model->ReserveRecurrentStates(c.max_num_seqs));
-    VAMP_LOG(INFO) << mc.model_type << " keeps per-request recurrent state: " << floats * 4 / 1024
-                   << " KiB per request, " << c.max_num_seqs
-                   << " requests (not in the memory plan yet); prefix caching is off for it until "
-                      "state snapshots exist: a prefix-cache hit is refused";
+    const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
+    if (model->SupportsStateSnapshots() && kv.blocks != nullptr && kv.block_bytes > 0) {
+      snapshot_blocks = CeilDiv(bytes, kv.block_bytes);
+    }
+    VAMP_LOG(INFO) << mc.model_type << " keeps per-request recurrent state: " << bytes / 1024
+                   << " KiB per request, " << c.max_num_seqs << " requests; "
+                   << (snapshot_blocks > 0
+                           ? absl::StrCat("prefix-cache hits resume from snapshots of ",
+                                          snapshot_blocks, " KV blocks")
+                           : std::string("no snapshots: a prefix-cache hit is refused"));
   }
   return std::unique_ptr<ModelRunner>(
-      new ModelRunner(c, model, experts, comm, std::move(kv), max_blocks));
+      new ModelRunner(c, model, experts, comm, std::move(kv), max_blocks, snapshot_blocks));
 }
 
 ModelRunner::ModelRunner(const RunnerConfig& config, CausalLm* model, ExpertWeights* experts,
-                         Communicator* comm, KvCacheView kv, int64_t max_blocks_per_seq)
+                         Communicator* comm, KvCacheView kv, int64_t max_blocks_per_seq,
+                         int64_t snapshot_blocks)
     : config_(config),
       model_(model),
       experts_(experts),
       comm_(comm),
       kv_(std::move(kv)),
-      batch_(config.max_num_seqs, max_blocks_per_seq) {}
+      batch_(config.max_num_seqs, max_blocks_per_seq),
+      snapshot_blocks_(snapshot_blocks) {}
 
 absl::Status ModelRunner::SetKvCache(KvCacheView kv) {
   if (kv.block_size != config_.block_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV cache block size ", kv.block_size, " differs from the runner's ", config_.block_size));
   }
+  if (snapshot_blocks_ > 0 && kv.block_bytes != kv_.block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV block of ", kv.block_bytes, " bytes differs from the runner's ", kv_.block_bytes));
+  }
+  // Snapshots in blocks the pool no longer has are gone.
+  std::vector<int32_t> gone;
+  for (const auto& [block, first] : snapshot_of_block_) {
+    if (block >= kv.num_blocks) gone.push_back(block);
+  }
+  ForgetSnapshotsIn(gone);
   kv_ = std::move(kv);
   return absl::OkStatus();
 }
 
-absl::Status ModelRunner::CheckNoPrefixHit(absl::string_view what, RunnerRequestId id,
-                                           int32_t num_computed_tokens) const {
-  if (num_computed_tokens == 0 || model_->RecurrentStateFloatsPerSlot() == 0) {
+size_t ModelRunner::Fingerprint(absl::Span<const int32_t> tokens, int32_t n) {
+  return absl::Hash<absl::Span<const int32_t>>()(tokens.subspan(0, static_cast<size_t>(n)));
+}
+
+void ModelRunner::ForgetSnapshotsIn(absl::Span<const int32_t> blocks) {
+  for (int32_t b : blocks) {
+    auto it = snapshot_of_block_.find(b);
+    if (it == snapshot_of_block_.end()) continue;
+    auto snapshot = snapshots_.find(it->second);
+    for (int32_t held : snapshot->second.block_ids) snapshot_of_block_.erase(held);
+    snapshots_.erase(snapshot);
+  }
+}
+
+StateSnapshotView ModelRunner::SnapshotView(const StateSnapshotBlocks& blocks) const {
+  StateSnapshotView view;
+  view.chunk_bytes = kv_.block_bytes;
+  for (int32_t b : blocks.block_ids) view.chunks.push_back(kv_.blocks + b * kv_.block_bytes);
+  return view;
+}
+
+absl::Status ModelRunner::CheckPrefixHit(absl::string_view what, RunnerRequestId id,
+                                         int32_t num_computed_tokens,
+                                         absl::Span<const int32_t> tokens,
+                                         const StateSnapshotBlocks& restore) const {
+  if (model_->RecurrentStateFloatsPerSlot() == 0) {
+    if (!restore.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", id, ": restore_state for a model without recurrent state"));
+    }
     return absl::OkStatus();
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, " ", id, ": num_computed_tokens ", num_computed_tokens,
-      " (a prefix-cache hit) cannot be served: ", model_->config().model_type,
-      " keeps per-request linear-attention state that a hit cannot restore yet; serve it with "
-      "prefix caching off"));
+  if (num_computed_tokens == 0) {
+    if (!restore.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", id, ": restore_state without a prefix-cache hit"));
+    }
+    return absl::OkStatus();
+  }
+  const std::string hit = absl::StrCat(what, " ", id, ": num_computed_tokens ", num_computed_tokens,
+                                       " (a prefix-cache hit) cannot be "
+                                       "served: ");
+  if (snapshot_blocks_ == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        hit, model_->config().model_type,
+        " keeps per-request linear-attention state and this engine keeps no snapshots of it; "
+        "serve it with prefix caching off"));
+  }
+  if (restore.num_tokens != num_computed_tokens || restore.block_ids.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        hit, "it needs restore_state, a snapshot of the recurrent state after exactly those ",
+        num_computed_tokens, " tokens; got one after ", restore.num_tokens, " tokens in ",
+        restore.block_ids.size(), " blocks"));
+  }
+  auto it = snapshots_.find(restore.block_ids.front());
+  if (it == snapshots_.end() || it->second.block_ids != restore.block_ids) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        hit, "blocks [", absl::StrJoin(restore.block_ids, ", "),
+        "] hold no snapshot of recurrent state (never captured here, or reused since)"));
+  }
+  if (it->second.num_tokens != num_computed_tokens ||
+      it->second.fingerprint != Fingerprint(tokens, num_computed_tokens)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(hit, "the snapshot in blocks [", absl::StrJoin(restore.block_ids, ", "),
+                     "] holds the state after ", it->second.num_tokens,
+                     " tokens of another context, not after these ", num_computed_tokens));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ModelRunner::Validate(const StepInput& input) const {
@@ -181,7 +260,8 @@ absl::Status ModelRunner::Validate(const StepInput& input) const {
                                                 r.num_computed_tokens,
                                                 " exceeds its tokens or blocks"));
     }
-    VAMP_RETURN_IF_ERROR(CheckNoPrefixHit("new request", r.id, r.num_computed_tokens));
+    VAMP_RETURN_IF_ERROR(CheckPrefixHit("new request", r.id, r.num_computed_tokens,
+                                        r.prompt_token_ids, r.restore_state));
     if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "new request ", r.id, ": sampling.top_p must be in (0, 1], got ", r.sampling.top_p));
@@ -228,7 +308,14 @@ absl::Status ModelRunner::Validate(const StepInput& input) const {
                                                   ": num_computed_tokens ", r.num_computed_tokens,
                                                   " exceeds its tokens or blocks"));
       }
-      VAMP_RETURN_IF_ERROR(CheckNoPrefixHit("resumed request", r.id, r.num_computed_tokens));
+      const int slot = batch_.SlotOf(r.id);
+      VAMP_RETURN_IF_ERROR(CheckPrefixHit(
+          "resumed request", r.id, r.num_computed_tokens,
+          slot >= 0 ? absl::MakeConstSpan(batch_.tokens(slot)) : absl::Span<const int32_t>(),
+          r.restore_state));
+    } else if (!r.restore_state.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cached request ", r.id, ": restore_state on a request not resumed"));
     } else if (r.num_computed_tokens != s.num_computed) {
       return absl::FailedPreconditionError(
           absl::StrCat("cached request ", r.id, ": num_computed_tokens ", r.num_computed_tokens,
@@ -267,6 +354,28 @@ absl::Status ModelRunner::Validate(const StepInput& input) const {
                                                 CeilDiv(end, bs), " blocks for ", end,
                                                 " tokens but has ", s.num_blocks));
     }
+    if (const StateSnapshotBlocks& c = r.capture_state; !c.empty()) {
+      if (snapshot_blocks_ == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "scheduled request ", r.id, ": capture_state, but this model keeps no snapshots"));
+      }
+      if (c.num_tokens <= s.num_computed || c.num_tokens > end) {
+        return absl::OutOfRangeError(
+            absl::StrCat("scheduled request ", r.id, ": capture_state after ", c.num_tokens,
+                         " tokens is outside the step's (", s.num_computed, ", ", end, "]"));
+      }
+      if (static_cast<int64_t>(c.block_ids.size()) < snapshot_blocks_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("scheduled request ", r.id, ": capture_state has ", c.block_ids.size(),
+                         " blocks; a snapshot takes ", snapshot_blocks_));
+      }
+      VAMP_RETURN_IF_ERROR(check_blocks(r.id, "capture_state.block_ids", c.block_ids));
+      absl::flat_hash_set<int32_t> distinct(c.block_ids.begin(), c.block_ids.end());
+      if (distinct.size() != c.block_ids.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "scheduled request ", r.id, ": capture_state.block_ids holds a block twice"));
+      }
+    }
     total += r.num_tokens;
   }
   if (total > config_.max_num_batched_tokens) {
@@ -278,20 +387,37 @@ absl::Status ModelRunner::Validate(const StepInput& input) const {
 }
 
 absl::Status ModelRunner::ApplyDiffs(const StepInput& input) {
+  // Prefix-cache hits take their snapshots before anything of this step is written (a snapshot's
+  // blocks handed to a request this step would be a controller's fault; the restore still reads
+  // what was captured).
+  auto restore = [&](int slot, int32_t num_computed, const StateSnapshotBlocks& from) {
+    if (from.empty() || num_computed == 0) return absl::OkStatus();
+    return model_->RestoreRecurrentState(slot, SnapshotView(from), num_computed);
+  };
   for (RunnerRequestId id : input.finished_ids) batch_.Remove(id);
   for (const NewRequestData& r : input.new_requests) {
     const uint64_t seed =
         r.sampling.seed.has_value() ? *r.sampling.seed : MixSeed(config_.seed, r.id);
-    VAMP_RETURN_IF_ERROR(batch_.Add(r, seed).status());
+    VAMP_ASSIGN_OR_RETURN(const int slot, batch_.Add(r, seed));
+    VAMP_RETURN_IF_ERROR(restore(slot, r.num_computed_tokens, r.restore_state));
   }
   for (const CachedRequestData& r : input.cached_requests) {
     const int slot = batch_.SlotOf(r.id);
     if (r.resumed_from_preemption) {
       VAMP_RETURN_IF_ERROR(batch_.ReplaceBlocks(slot, r.new_block_ids));
+      VAMP_RETURN_IF_ERROR(restore(slot, r.num_computed_tokens, r.restore_state));
     } else {
       VAMP_RETURN_IF_ERROR(batch_.AppendBlocks(slot, r.new_block_ids));
     }
     batch_.set_num_computed(slot, r.num_computed_tokens);
+  }
+  // Blocks handed to requests, or captured into this step, no longer hold what they held.
+  if (!snapshots_.empty()) {
+    for (const NewRequestData& r : input.new_requests) ForgetSnapshotsIn(r.block_ids);
+    for (const CachedRequestData& r : input.cached_requests) ForgetSnapshotsIn(r.new_block_ids);
+    for (const ScheduledRequest& r : input.scheduled) {
+      ForgetSnapshotsIn(r.capture_state.block_ids);
+    }
   }
   return absl::OkStatus();
 }
@@ -384,6 +510,15 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
   fb.block_table_stride = max_blocks;
   fb.logits_indices = logits_indices_;
   fb.state_slots = state_slots_;
+  state_captures_.clear();
+  for (size_t i = 0; i < num_seqs; ++i) {
+    const StateSnapshotBlocks& c = input.scheduled[i].capture_state;
+    if (c.empty()) continue;
+    state_captures_.push_back({static_cast<int32_t>(i),
+                               c.num_tokens - (seq_lens_[i] - input.scheduled[i].num_tokens),
+                               SnapshotView(c)});
+  }
+  fb.state_captures = state_captures_;
 
   // Sampling parameters of the sequences that sample, in logits-row order (they do not depend on
   // the logits: the draw index is the position of the token being generated, stable across
@@ -464,6 +599,16 @@ absl::StatusOr<StepOutput> ModelRunner::ExecuteStep(const StepInput& input) {
     VAMP_RETURN_IF_ERROR(model_->Forward(fb, kv_, experts_, comm_, logits_.data()));
   }
   out.forward_us = MicrosSince(start);
+  // The captures hold what the step computed: hits may restore them from now on.
+  for (const StateCapture& c : state_captures_) {
+    const ScheduledRequest& r = input.scheduled[c.seq];
+    ForgetSnapshotsIn(r.capture_state.block_ids);
+    const int32_t first = r.capture_state.block_ids.front();
+    for (int32_t b : r.capture_state.block_ids) snapshot_of_block_[b] = first;
+    snapshots_[first] = {r.capture_state.num_tokens,
+                         Fingerprint(batch_.tokens(slots[c.seq]), r.capture_state.num_tokens),
+                         r.capture_state.block_ids};
+  }
 
   // Every scheduled request has computed its tokens, sampled or not.
   for (size_t i = 0; i < num_seqs; ++i) {
@@ -573,6 +718,8 @@ absl::StatusOr<KvCacheView> KvRegionView(const KvRegion& region, int num_decoder
     view.k[layer] = base + g.KOffset(layer);
     view.v[layer] = base + g.VOffset(layer);
   }
+  view.blocks = base;
+  view.block_bytes = static_cast<int64_t>(g.block_bytes);
   return view;
 }
 

@@ -14,10 +14,16 @@
 //
 // A model with recurrent state (CausalLm::RecurrentStateFloatsPerSlot, Qwen3-Next) gets one state
 // slot per persistent-batch slot (reserved by Create, so a fresh runner forgets every state) and
-// each sequence's slot in ForwardBatch::state_slots. Such a model cannot start a request past
-// token 0 yet: a prefix-cache hit (new or resumed request with num_computed_tokens > 0) is
-// rejected; the controller turns prefix caching off for it
-// (InitResponse.prefix_caching_unsupported).
+// each sequence's slot in ForwardBatch::state_slots. A prefix-cache hit on such a model (a new or
+// resumed request with num_computed_tokens > 0) resumes from a snapshot of the state after exactly
+// those tokens: the controller has a step copy a request's state into KV blocks no table holds
+// (ScheduledRequest::capture_state) and names them when a later request hits there
+// (restore_state). The runner remembers what each capture holds (its blocks, token count and a
+// fingerprint of the tokens) until one of its blocks is handed to a request, captured into again
+// or unmapped, and refuses, before anything changes, a hit that no such snapshot serves: never a
+// restore of a state that is not the hit's. Models that keep no snapshots
+// (CausalLm::SupportsStateSnapshots) refuse every hit; the agent tells the controller
+// (InitResponse.prefix_caching_unsupported), which then serves them without prefix caching.
 //
 // Not thread-safe: one thread calls ExecuteStep at a time.
 #ifndef VAMP_ENGINE_RUNNER_MODEL_RUNNER_H_
@@ -27,8 +33,10 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "engine/kv/kv_region.h"
 #include "engine/model/causal_lm.h"
 #include "engine/runner/persistent_batch.h"
@@ -72,15 +80,35 @@ class ModelRunner {
   const RunnerConfig& config() const { return config_; }
   const PersistentBatch& batch() const { return batch_; }
   const KvCacheView& kv_cache() const { return kv_; }
+  // KV blocks one snapshot of a request's recurrent state fills on this rank; 0 when the model
+  // keeps no snapshots (no recurrent state, or CausalLm::SupportsStateSnapshots is false).
+  int64_t snapshot_blocks() const { return snapshot_blocks_; }
+  // Snapshots the runner holds (captured and not invalidated since).
+  size_t num_snapshots() const { return snapshots_.size(); }
 
  private:
+  // What a capture left in its blocks.
+  struct Snapshot {
+    int32_t num_tokens = 0;
+    size_t fingerprint = 0;  // of the request's first num_tokens tokens (Fingerprint)
+    std::vector<int32_t> block_ids;
+  };
+
   ModelRunner(const RunnerConfig& config, CausalLm* model, ExpertWeights* experts,
-              Communicator* comm, KvCacheView kv, int64_t max_blocks_per_seq);
+              Communicator* comm, KvCacheView kv, int64_t max_blocks_per_seq,
+              int64_t snapshot_blocks);
   absl::Status Validate(const StepInput& input) const;
-  // FailedPrecondition when a request would start past token 0 (a prefix-cache hit) on a model
-  // with recurrent state, which the runner cannot restore.
-  absl::Status CheckNoPrefixHit(absl::string_view what, RunnerRequestId id,
-                                int32_t num_computed_tokens) const;
+  // A request that starts past token 0 (`num_computed_tokens` of `tokens` cached: a prefix-cache
+  // hit) on a model with recurrent state needs `restore` to be a snapshot this runner holds of
+  // exactly those tokens: FailedPrecondition otherwise, and for a model without snapshots.
+  absl::Status CheckPrefixHit(absl::string_view what, RunnerRequestId id,
+                              int32_t num_computed_tokens, absl::Span<const int32_t> tokens,
+                              const StateSnapshotBlocks& restore) const;
+  // Where a snapshot's blocks are, for the model.
+  StateSnapshotView SnapshotView(const StateSnapshotBlocks& blocks) const;
+  static size_t Fingerprint(absl::Span<const int32_t> tokens, int32_t n);
+  // Forgets the snapshots any of `blocks` holds (they are about to hold something else).
+  void ForgetSnapshotsIn(absl::Span<const int32_t> blocks);
   absl::Status ApplyDiffs(const StepInput& input);
 
   const RunnerConfig config_;
@@ -89,11 +117,16 @@ class ModelRunner {
   Communicator* const comm_;
   KvCacheView kv_;
   PersistentBatch batch_;
+  const int64_t snapshot_blocks_;
+  // Snapshots by their first block, and the first block of the snapshot each stored block holds.
+  absl::flat_hash_map<int32_t, Snapshot> snapshots_;
+  absl::flat_hash_map<int32_t, int32_t> snapshot_of_block_;
 
   // Step metadata, reused across steps.
   std::vector<int32_t> token_ids_, query_start_loc_, seq_lens_, block_tables_, logits_indices_;
   // The persistent-batch slot of each scheduled request: its recurrent-state slot.
   std::vector<int32_t> state_slots_;
+  std::vector<StateCapture> state_captures_;
   std::vector<int64_t> positions_, slot_mapping_;
   std::vector<float> logits_;
   // Sampling inputs and workspaces.

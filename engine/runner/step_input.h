@@ -49,6 +49,18 @@ struct RunnerSamplingParams {
   }
 };
 
+// A copy of a request's whole recurrent state (models with recurrent state: Qwen3-Next's linear
+// attention) kept in KV blocks that no request's table holds: where a prefix-cache hit on such a
+// model resumes (ModelRunner keeps them).
+struct StateSnapshotBlocks {
+  // The state after this many of the request's tokens; 0 = no snapshot.
+  int32_t num_tokens = 0;
+  // The blocks holding it, in order: at least ModelRunner::snapshot_blocks() of them.
+  std::vector<int32_t> block_ids;
+
+  bool empty() const { return num_tokens == 0; }
+};
+
 // A request the runner has not seen (or has forgotten, e.g. after an agent restart).
 struct NewRequestData {
   RunnerRequestId id = 0;
@@ -62,6 +74,10 @@ struct NewRequestData {
   // How many of prompt_token_ids are the request's prompt (the rest are outputs, which the
   // penalties and min_tokens count); 0 means all of them.
   int32_t num_prompt_tokens = 0;
+  // A prefix-cache hit on a model with recurrent state (num_computed_tokens > 0): the snapshot
+  // taken after exactly num_computed_tokens of these tokens, which the runner restores into the
+  // request's slot. Empty otherwise.
+  StateSnapshotBlocks restore_state;
 };
 
 // Changes to a request the runner already holds.
@@ -74,11 +90,17 @@ struct CachedRequestData {
   // any prefix-cache hit).
   int32_t num_computed_tokens = 0;
   bool resumed_from_preemption = false;
+  // Resumed with num_computed_tokens > 0 on a model with recurrent state: as NewRequestData's.
+  StateSnapshotBlocks restore_state;
 };
 
 struct ScheduledRequest {
   RunnerRequestId id = 0;
   int32_t num_tokens = 0;  // tokens to compute this step (a prefill chunk, or 1 to decode)
+  // Copy the request's recurrent state after capture_state.num_tokens of its tokens (a point in
+  // this step's range) into capture_state.block_ids, for later prefix-cache hits to restore.
+  // Empty: no copy.
+  StateSnapshotBlocks capture_state;
 };
 
 struct StepInput {

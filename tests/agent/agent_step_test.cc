@@ -1,6 +1,6 @@
 // vamp-agent's steps over gRPC on loopback, CPU, tiny qwen3_moe checkpoint: golden greedy
 // decoding, prefix-cache hits, preemption and resume, and bad steps naming the field while the
-// stream keeps serving.
+// stream keeps serving; and the tiny qwen3_next, whose hits restore recurrent-state snapshots.
 #include "agent/agent_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -161,6 +161,87 @@ TEST(AgentTest, BadStepNamesFieldAndStreamKeepsServing) {
   EXPECT_THAT(r->error_message(), HasSubstr("new_requests[0].request_id 1 is already known"));
   controller.Run(client);
   EXPECT_EQ(controller.request(1).outputs, LoadGoldens().continuations[1]);
+}
+
+// Qwen3-Next (the tiny checkpoint): the agent declares its recurrent state and serves prefix hits
+// from the snapshots its steps capture: a hit with its snapshot gives the fresh prefill's tokens,
+// one without is refused naming the request, and the stream keeps serving.
+TEST(AgentTest, Qwen3NextServesHitsFromTheSnapshotsItsStepsCapture) {
+  auto agent = StartAgent();
+  ASSERT_NE(agent, nullptr);
+  AgentClient client(agent->grpc_port());
+  vamp::v1::InitRequest request = TinyInitRequest();
+  request.set_model_path(TestDataDir() + "/tiny-qwen3-next");
+  vamp::v1::InitResponse init;
+  ASSERT_TRUE(client.Init(request, &init).ok());
+  // 2 linear-attention layers x (3 x 96 conv + 4 x 8 x 16 delta-rule floats) x 4 bytes.
+  EXPECT_EQ(init.recurrent_state_bytes(), 6400u);
+  EXPECT_FALSE(init.prefix_caching_unsupported());
+  EXPECT_THAT(init.memory_plan_text(), HasSubstr("recurrent state:"));
+
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % 256);
+  int64_t step_id = 0;
+  // Request `id` prefilled on blocks `blocks` after `hit` cached tokens, then decoded to 4
+  // tokens; `edit` shapes its first step. The tokens, or the first step's error.
+  auto run =
+      [&](uint64_t id, std::vector<int32_t> blocks, int32_t hit,
+          std::function<void(vamp::v1::NewRequest*)> edit) -> absl::StatusOr<std::vector<int32_t>> {
+    vamp::v1::StepRequest step;
+    step.set_step_id(++step_id);
+    step.set_num_blocks(init.memory().kv_blocks());
+    vamp::v1::NewRequest* r = step.add_new_requests();
+    r->set_request_id(id);
+    r->mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+    r->mutable_block_ids()->Add(blocks.begin(), blocks.end());
+    r->set_num_computed_tokens(hit);
+    r->set_num_scheduled_tokens(40 - hit);
+    r->mutable_sampling()->set_temperature(0);
+    edit(r);
+    std::vector<int32_t> tokens;
+    for (int32_t computed = 40; tokens.size() < 4; ++computed) {
+      absl::StatusOr<vamp::v1::StepResponse> out = client.Step(step);
+      if (!out.ok()) return out.status();
+      if (!out->error_message().empty()) return absl::InternalError(out->error_message());
+      tokens.push_back(out->sampled(0).token_ids(0));
+      step = vamp::v1::StepRequest();
+      step.set_step_id(++step_id);
+      step.set_num_blocks(init.memory().kv_blocks());
+      vamp::v1::CachedRequest* c = step.add_cached_requests();
+      c->set_request_id(id);
+      c->set_num_computed_tokens(computed);
+      c->set_num_scheduled_tokens(1);
+    }
+    step.clear_cached_requests();
+    step.add_finished_request_ids(id);
+    EXPECT_TRUE(client.Step(step).ok());
+    return tokens;
+  };
+  // Request 1 captures its state after 32 tokens into block 20.
+  auto fresh = run(1, {0, 1, 2}, 0, [](vamp::v1::NewRequest* r) {
+    r->mutable_capture_state()->set_num_tokens(32);
+    r->mutable_capture_state()->add_block_ids(20);
+  });
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  // Without the snapshot, a hit on its blocks is refused.
+  auto refused = run(2, {0, 1, 3}, 32, [](vamp::v1::NewRequest*) {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("new request 2: num_computed_tokens 32 (a prefix-cache hit) cannot be "
+                        "served: it needs restore_state"));
+  auto wrong = run(3, {0, 1, 3}, 32, [](vamp::v1::NewRequest* r) {
+    r->mutable_restore_state()->set_num_tokens(32);
+    r->mutable_restore_state()->add_block_ids(21);
+  });
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("blocks [21] hold no snapshot"));
+  // With it, the fresh prefill's tokens.
+  auto hit = run(4, {0, 1, 3}, 32, [](vamp::v1::NewRequest* r) {
+    r->mutable_restore_state()->set_num_tokens(32);
+    r->mutable_restore_state()->add_block_ids(20);
+  });
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(*hit, *fresh);
 }
 
 }  // namespace

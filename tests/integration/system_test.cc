@@ -244,10 +244,11 @@ TEST(SystemTest, PrefixHitsAcrossTurnsAndForcedRemapKeepTokens) {
 }
 
 // Qwen3-Next (the tiny config of tests/engine/model/tiny_qwen3_next.h, dummy weights) through the
-// whole system, one agent and two (tensor parallel): the agent reports that its recurrent state
-// rules out prefix caching, the controller serves with it off, and a second turn that re-sends
-// the first one's tokens (a prefix hit otherwise) is computed afresh.
-TEST(SystemTest, Qwen3NextServesWithPrefixCachingOff) {
+// whole system, one agent and two (tensor parallel), with prefix caching on: the first turn (40
+// prompt tokens, 16 outputs) leaves state snapshots after 32 tokens (its prompt's last block
+// boundary) and 48 (the last its output reached); a second turn that re-sends it hits 48 tokens
+// and answers as a system without prefix caching does; the first prompt again hits 32.
+TEST(SystemTest, Qwen3NextServesMultiTurnFromStateSnapshots) {
   const std::string dir = ::testing::TempDir() + "/vamp_qwen3_next_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
   const Json config = {{"architectures", {"Qwen3NextForCausalLM"}},
@@ -276,27 +277,42 @@ TEST(SystemTest, Qwen3NextServesWithPrefixCachingOff) {
   std::ofstream(dir + "/config.json") << config.dump();
   std::vector<int> turn1;
   for (int i = 0; i < 40; ++i) turn1.push_back((i * 37 + 11) % 256);
-  std::vector<std::vector<int>> outputs;
+  std::vector<std::vector<int>> answers;
   for (int agents : {1, 2}) {
-    std::unique_ptr<ControllerServer> server =
-        StartSystem(agents, {"--model_path=" + dir, "--load_format=dummy"});
-    ASSERT_NE(server, nullptr);
-    Json r1 = Completion(server->http_port(), GreedyBody(turn1, 8));
-    const std::vector<int> answer = r1["choices"][0]["token_ids"].get<std::vector<int>>();
-    ASSERT_EQ(answer.size(), 8u) << r1.dump();
-    std::vector<int> turn2 = turn1;
-    turn2.insert(turn2.end(), answer.begin(), answer.end());
-    turn2.insert(turn2.end(), {65, 66, 67});
-    Json r2 = Completion(server->http_port(), GreedyBody(turn2, 8));
-    EXPECT_EQ(r2["choices"][0]["token_ids"].size(), 8u) << r2.dump();
-    EXPECT_EQ(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
-    // Greedy decoding of the same prompt repeats itself.
-    Json again = Completion(server->http_port(), GreedyBody(turn1, 8));
-    EXPECT_EQ(again["choices"][0]["token_ids"].get<std::vector<int>>(), answer);
-    outputs.push_back(answer);
+    // Both turns on a system with prefix caching (`cached`) or without; the tokens each gives.
+    auto turns = [&](bool cached, std::vector<int>* cached_tokens) {
+      std::vector<std::string> flags = {"--model_path=" + dir, "--load_format=dummy"};
+      if (!cached) flags.push_back("--no-enable_prefix_caching");
+      std::unique_ptr<ControllerServer> server = StartSystem(agents, flags);
+      EXPECT_NE(server, nullptr);
+      if (server == nullptr) return std::vector<std::vector<int>>{};
+      Json r1 = Completion(server->http_port(), GreedyBody(turn1, 16));
+      const std::vector<int> answer = r1["choices"][0]["token_ids"].get<std::vector<int>>();
+      EXPECT_EQ(answer.size(), 16u) << r1.dump();
+      std::vector<int> turn2 = turn1;
+      turn2.insert(turn2.end(), answer.begin(), answer.end());
+      turn2.insert(turn2.end(), {65, 66, 67});
+      Json r2 = Completion(server->http_port(), GreedyBody(turn2, 8));
+      Json again = Completion(server->http_port(), GreedyBody(turn1, 16));
+      cached_tokens->push_back(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>());
+      cached_tokens->push_back(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>());
+      return std::vector<std::vector<int>>{
+          answer, r2["choices"][0]["token_ids"].get<std::vector<int>>(),
+          again["choices"][0]["token_ids"].get<std::vector<int>>()};
+    };
+    std::vector<int> hits, no_hits;
+    const auto with_cache = turns(true, &hits);
+    const auto without = turns(false, &no_hits);
+    ASSERT_EQ(with_cache.size(), 3u);
+    EXPECT_EQ(hits, (std::vector<int>{48, 32})) << agents << " agent(s)";
+    EXPECT_EQ(no_hits, (std::vector<int>{0, 0}));
+    // A hit restores the state a fresh prefill computes (to float32 rounding): the same tokens.
+    EXPECT_EQ(with_cache, without) << agents << " agent(s)";
+    EXPECT_EQ(with_cache[2], with_cache[0]) << "greedy decoding of the same prompt";
+    answers.push_back(with_cache[0]);
   }
   // Tensor parallel sums in another order; with these weights the tokens do not change.
-  EXPECT_EQ(outputs[0], outputs[1]);
+  EXPECT_EQ(answers[0], answers[1]);
   std::system(("rm -rf " + dir).c_str());
 }
 

@@ -45,6 +45,29 @@ TEST(CostModelTest, EvictionCostSumsTheLeastRecentlyUsedBlocks) {
   EXPECT_FALSE(OldestCachedAreCold(f.pool(), 6000, 4, 0));
 }
 
+// A cached block anchoring a recurrent-state snapshot frees the snapshot's blocks too: pricing a
+// gap walks fewer blocks (each still priced as one block's recompute).
+TEST(CostModelTest, EvictionCountsTheSnapshotsBlocksFreeWithTheirAnchor) {
+  ArbiterFixture f;
+  KvBlockPool& pool = f.pool();
+  pool.SetStep(0);
+  std::vector<BlockId> anchor;
+  pool.AllocateUncached(1, &anchor);
+  ASSERT_TRUE(pool.Cache(anchor[0], BlockHash{1000, 7}));
+  ASSERT_TRUE(pool.AttachSnapshot(pool.AllocateSnapshot(3), anchor[0], 16));
+  pool.Release(anchor[0]);                // age 6000: p_eff 0.1, frees 4 blocks
+  f.AddCachedFree(1, /*used_at=*/4000);  // age 2000: 0.2
+  const CostCoefficients c;
+  pool.SetStep(6000);
+  EXPECT_EQ(pool.num_free_cached(), 5);
+  EXPECT_DOUBLE_EQ(EvictionCost(c, pool, 6000, 16, 0.8, 1), 25.0);
+  EXPECT_DOUBLE_EQ(EvictionCost(c, pool, 6000, 16, 0.8, 4), 25.0);  // the anchor covers 4
+  EXPECT_DOUBLE_EQ(EvictionCost(c, pool, 6000, 16, 0.8, 5), 75.0);
+  EXPECT_EQ(EvictionCost(c, pool, 6000, 16, 0.8, 6), -1);
+  EXPECT_TRUE(OldestCachedAreCold(pool, 6000, 4, 6000));
+  EXPECT_FALSE(OldestCachedAreCold(pool, 6000, 5, 6000));
+}
+
 TEST(CostModelTest, OffloadCostCountsShardEquivalentsCappedAtE) {
   const CostCoefficients c;  // c_eff 12.3 µs
   // 4 groups × 2 shards × 12.3 µs × 64 steps = 6,297.6 µs.

@@ -218,5 +218,112 @@ TEST(KvBlockPoolTest, CachedFreeDepthCountsBlocksEvictedFirst) {
   EXPECT_EQ(pool.CachedFreeDepth(ids[5]), 3);
 }
 
+// A snapshot of recurrent state lives in blocks of its own, attached to the cached block whose
+// last token it follows, and goes with it: evicting the anchor frees both, and every count the
+// arbiters read (free cached blocks, the LRU step index, depths) includes its blocks.
+TEST(KvBlockPoolTest, SnapshotsAreEvictedWithTheirAnchor) {
+  KvBlockPool pool(10, true);
+  std::vector<BlockHash> evicted;
+  pool.set_eviction_listener([&](const BlockHash& h) { evicted.push_back(h); });
+  const std::vector<BlockId> table = Alloc(pool, 3);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.Cache(table[i], H(i + 1)));
+  const SnapshotId snapshot = pool.AllocateSnapshot(4);
+  EXPECT_THAT(pool.snapshot(snapshot).blocks, ElementsAre(3, 4, 5, 6));
+  EXPECT_EQ(pool.num_snapshot_blocks(), 4);
+  EXPECT_EQ(pool.num_free_uncached(), 3);
+  ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  ASSERT_TRUE(pool.AttachSnapshot(snapshot, table[1], 32));
+  EXPECT_EQ(pool.block(table[1]).snapshot, snapshot);
+  EXPECT_EQ(pool.block(table[1]).EvictionBlocks(), 5);
+  EXPECT_EQ(pool.snapshot(snapshot).num_tokens, 32);
+  // Released deepest first, as KvCacheManager::Free does: LRU order 2, 1, 0.
+  pool.SetStep(7);
+  for (int i = 2; i >= 0; --i) pool.Release(table[i]);
+  ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  EXPECT_EQ(pool.num_free_cached(), 3 + 4);
+  EXPECT_EQ(pool.CountCachedFreeUsedBefore(8), 7);
+  EXPECT_EQ(pool.CachedFreeDepth(table[2]), 0);
+  EXPECT_EQ(pool.CachedFreeDepth(table[1]), 1);
+  EXPECT_EQ(pool.CachedFreeDepth(table[0]), 6);  // behind the anchor and its snapshot
+  std::vector<int32_t> weights;
+  pool.ForEachCachedFree([&](const KvBlock& b) {
+    weights.push_back(b.EvictionBlocks());
+    return true;
+  });
+  EXPECT_THAT(weights, ElementsAre(1, 5, 1));
+  // Two blocks asked for: the oldest frees one, the anchor five.
+  EXPECT_EQ(pool.EvictCached(2), 6);
+  EXPECT_THAT(evicted, ElementsAre(H(3), H(2)));
+  EXPECT_EQ(pool.num_snapshots(), 0);
+  EXPECT_EQ(pool.num_snapshot_blocks(), 0);
+  EXPECT_EQ(pool.num_free_uncached(), 9);
+  EXPECT_EQ(pool.num_free_cached(), 1);
+  EXPECT_EQ(pool.num_evicted(), 2);
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  // A prefix hit takes a free anchor out with its weight.
+  const std::vector<BlockId> again = Alloc(pool, 1);
+  ASSERT_TRUE(pool.Cache(again[0], H(9)));
+  const SnapshotId second = pool.AllocateSnapshot(2);
+  ASSERT_TRUE(pool.AttachSnapshot(second, again[0], 16));
+  pool.Release(again[0]);
+  EXPECT_EQ(pool.num_free_cached(), 1 + 3);
+  pool.Acquire(again[0]);
+  EXPECT_EQ(pool.num_free_cached(), 1);
+  EXPECT_EQ(pool.num_snapshots(), 1);
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+}
+
+TEST(KvBlockPoolTest, OnlyACachedBlockInUseWithoutOneTakesASnapshot) {
+  KvBlockPool pool(10, true);
+  const std::vector<BlockId> table = Alloc(pool, 2);
+  ASSERT_TRUE(pool.Cache(table[0], H(1)));
+  const SnapshotId a = pool.AllocateSnapshot(2);
+  EXPECT_FALSE(pool.AttachSnapshot(a, table[1], 32));  // not cached
+  ASSERT_TRUE(pool.AttachSnapshot(a, table[0], 16));
+  const SnapshotId b = pool.AllocateSnapshot(2);
+  EXPECT_FALSE(pool.AttachSnapshot(b, table[0], 16));  // has one
+  pool.Release(table[0]);
+  ASSERT_TRUE(pool.Cache(table[1], H(2)));
+  pool.Release(table[1]);
+  EXPECT_FALSE(pool.AttachSnapshot(b, table[1], 32));  // free
+  pool.FreeSnapshot(b);
+  EXPECT_EQ(pool.num_snapshots(), 1);
+  EXPECT_EQ(pool.num_snapshot_blocks(), 2);
+  EXPECT_EQ(pool.num_free_uncached(), 6);
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+}
+
+// A restore's shrink takes the tail with the snapshots in it: an attached one with a block in the
+// tail is dropped (its free anchor evicted with it), one whose anchor is in use just loses it, and
+// a snapshot a request holds is withdrawn when freed, which the commit waits for.
+TEST(KvBlockPoolTest, ShrinkTakesTheSnapshotsInTheTail) {
+  KvBlockPool pool(12, true);
+  const std::vector<BlockId> table = Alloc(pool, 3);  // 0, 1, 2
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.Cache(table[i], H(i + 1)));
+  const SnapshotId low = pool.AllocateSnapshot(3);    // 3, 4, 5
+  const SnapshotId mixed = pool.AllocateSnapshot(3);  // 6, 7, 8
+  const SnapshotId held = pool.AllocateSnapshot(2);   // 9, 10
+  ASSERT_TRUE(pool.AttachSnapshot(low, table[0], 16));
+  ASSERT_TRUE(pool.AttachSnapshot(mixed, table[1], 32));
+  pool.Release(table[1]);                 // the anchor of `mixed` is free
+  ASSERT_TRUE(pool.BeginShrink(5).ok());  // blocks 7..11
+  ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  EXPECT_EQ(pool.block(table[0]).snapshot, low);  // untouched
+  EXPECT_FALSE(pool.block(table[1]).cached);      // evicted with `mixed`
+  EXPECT_EQ(pool.Lookup(H(2)), kNoBlock);
+  EXPECT_EQ(pool.num_snapshots(), 2);       // low, held
+  EXPECT_EQ(pool.shrink_outstanding(), 2);  // 9 and 10, held
+  EXPECT_FALSE(pool.CommitShrink().ok());
+  const SnapshotId more = pool.AllocateSnapshot(2);
+  for (BlockId b : pool.snapshot(more).blocks) EXPECT_LT(b, 7);
+  EXPECT_FALSE(pool.AttachSnapshot(held, table[2], 48));  // its blocks are in the tail
+  pool.FreeSnapshot(held);
+  EXPECT_EQ(pool.shrink_outstanding(), 0);
+  ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  ASSERT_TRUE(pool.CommitShrink().ok());
+  EXPECT_EQ(pool.num_blocks(), 7);
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+}
+
 }  // namespace
 }  // namespace vamp

@@ -8,6 +8,8 @@
 //    tokens, recomputed here independently;
 //  - the agent's block tables, rebuilt from plan diffs alone, equal the scheduler's;
 //  - no request is lost or duplicated: every added request finishes exactly once or is aborted.
+// A second suite runs the same with recurrent state (Qwen3-Next): the fake agent keeps the state
+// snapshots the plans capture and refuses any hit that none of exactly its tokens serves.
 #include <algorithm>
 #include <iostream>
 #include <map>
@@ -99,11 +101,13 @@ struct Coverage {
   int64_t shrink_commits = 0;
   int64_t finished = 0;
   int64_t reverts = 0;
+  int64_t snapshot_restores = 0;
 };
 
 class PropertyRun {
  public:
-  explicit PropertyRun(uint64_t seed) : seed_(seed), rng_(seed * 7919 + 17) {}
+  explicit PropertyRun(uint64_t seed, bool recurrent = false)
+      : seed_(seed), recurrent_(recurrent), rng_(seed * 7919 + 17) {}
 
   void Run() {
     SchedulerConfig c;
@@ -120,6 +124,10 @@ class PropertyRun {
     c.long_prefill_token_threshold = rng_() % 3 == 0 ? 1 + static_cast<int32_t>(rng_() % 32) : 0;
     c.policy = rng_() % 2 ? SchedulingPolicy::kFcfs : SchedulingPolicy::kPriority;
     c.enable_prefix_caching = rng_() % 5 != 0;
+    if (recurrent_) {
+      c.recurrent_state_blocks = 1 + static_cast<int32_t>(seed_ % 3);
+      c.snapshot_outputs = seed_ % 4 != 0;
+    }
     config_ = c;
     hasher_ = BlockHasher(c.prefix_cache_hash_key0, c.prefix_cache_hash_key1);
     std::unique_ptr<MemoryArbiter> arbiter;
@@ -136,6 +144,7 @@ class PropertyRun {
     agent_ = std::make_unique<FakeAgent>([this](RequestId id, int32_t pos) {
       return static_cast<TokenId>((id * 2654435761u + pos * 40503u + seed_) % kVocab);
     });
+    agent_->set_recurrent(recurrent_);
     for (int p = 0; p < 4; ++p) {
       std::vector<TokenId> prefix(rng_() % (c.max_model_len / 2 + 1));
       for (TokenId& t : prefix) t = static_cast<TokenId>(rng_() % kVocab);
@@ -171,6 +180,7 @@ class PropertyRun {
     coverage_.aborts = k.num_aborted;
     coverage_.finished = k.num_finished;
     coverage_.reverts = k.num_reverted_steps;
+    coverage_.snapshot_restores = agent_->num_restores();
   }
 
   const Coverage& coverage() const { return coverage_; }
@@ -343,6 +353,7 @@ class PropertyRun {
   }
 
   const uint64_t seed_;
+  const bool recurrent_;
   std::mt19937_64 rng_;
   SchedulerConfig config_;
   BlockHasher hasher_;
@@ -365,6 +376,33 @@ TEST_P(SchedulerPropertyTest, InvariantsHoldUnderRandomWorkloads) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerPropertyTest, ::testing::Range<uint64_t>(0, 100));
+
+class RecurrentSchedulerPropertyTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(RecurrentSchedulerPropertyTest, InvariantsHoldAndEveryHitHasItsSnapshot) {
+  PropertyRun run(GetParam(), /*recurrent=*/true);
+  run.Run();
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RecurrentSchedulerPropertyTest, ::testing::Range<uint64_t>(0, 50));
+
+TEST(SchedulerPropertyCoverageTest, RecurrentWorkloadsHitFromSnapshots) {
+  int64_t restores = 0, hit_tokens = 0, preemptions = 0, evictions = 0;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    PropertyRun run(seed, /*recurrent=*/true);
+    ASSERT_NO_FATAL_FAILURE(run.Run());
+    restores += run.coverage().snapshot_restores;
+    hit_tokens += run.coverage().hit_tokens;
+    preemptions += run.coverage().preemptions;
+    evictions += run.coverage().evictions;
+  }
+  EXPECT_GT(restores, 100);
+  EXPECT_GT(hit_tokens, 1000);
+  EXPECT_GT(preemptions, 20);
+  EXPECT_GT(evictions, 20);
+  std::cout << "recurrent, over 20 seeds: snapshot restores " << restores << ", hit tokens "
+            << hit_tokens << ", preemptions " << preemptions << ", evictions " << evictions << "\n";
+}
 
 TEST(SchedulerPropertyCoverageTest, RandomWorkloadsReachEveryPath) {
   Coverage total;

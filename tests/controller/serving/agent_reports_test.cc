@@ -75,6 +75,8 @@ TEST(AgentReportsTest, LiesRefuseTheAgentNamingRankAndField) {
       {"eos", [](auto* r) { r->set_eos_token_id(256); }, "eos_token_id"},
       {"context", [](auto* r) { r->set_max_position_embeddings(-1); }, "max_position_embeddings"},
       {"shape", [](auto* r) { r->set_num_layers(5); }, "unlike rank 0"},
+      // Recurrent state (prefix-cache snapshots are sized from it) on every rank or none.
+      {"state on one rank", [](auto* r) { r->set_recurrent_state_bytes(6400); }, "unlike rank 0"},
       // The offload geometry the controller sizes every remap by.
       {"no block bytes", [](auto* r) { r->mutable_offload()->set_kv_block_bytes(0); },
        "offload.kv_block_bytes"},
@@ -104,6 +106,17 @@ TEST(AgentReportsTest, LiesRefuseTheAgentNamingRankAndField) {
     EXPECT_THAT(s.message(), HasSubstr("agent rank 1")) << c.name;
     EXPECT_THAT(s.message(), HasSubstr(c.field)) << c.name;
   }
+}
+
+TEST(AgentReportsTest, RecurrentStateMustFitTheDevice) {
+  vamp::v1::InitResponse r = Honest();
+  r.set_recurrent_state_bytes(6400);
+  EXPECT_TRUE(CheckInitResponses(Request(), {r, r}).ok());
+  vamp::v1::InitResponse liar = r;
+  liar.set_recurrent_state_bytes(uint64_t{2} << 30);
+  absl::Status s = CheckInitResponses(Request(), {r, liar});
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("agent rank 1 reported recurrent_state_bytes"));
 }
 
 TEST(AgentReportsTest, TheRequestedCapBoundsTheOffloadableGroups) {

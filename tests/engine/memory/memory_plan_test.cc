@@ -7,6 +7,7 @@ namespace vamp {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kGiB = uint64_t{1} << 30;
@@ -79,6 +80,57 @@ TEST(MemoryPlanTest, Qwen3Next_80B_Tp2_OnH200) {
   EXPECT_EQ(plan->experts.max_kv_offload_pages(), 5358 - 2 * 114);
   EXPECT_NEAR(static_cast<double>(plan->vamp_extra_blocks()), 5130.0 * 2 * 1024 / 192, 1.0);
   EXPECT_THAT(plan->Summary(), HasSubstr("TP rank 1 of 2"));
+}
+
+// Qwen3-Next's 36 Gated DeltaNet layers keep, per sequence and layer, a conv state of 3 inputs of
+// 8,192 channels and 32 delta-rule matrices of 128 x 128, float32: 2.09 MiB a layer, 75.4 MiB a
+// sequence, half of it per rank under TP2. The plan reserves max_num_seqs of them before the KV
+// pool, and a snapshot of one fills whole KV blocks.
+TEST(MemoryPlanTest, Qwen3NextRecurrentStateIsPlannedBeforeTheKvPool) {
+  const ModelShape shape = Qwen3Next_80B_A3B_Shape();
+  constexpr int64_t kPerLayer = (3 * 8192 + 32 * 128 * 128) * 4;
+  EXPECT_EQ(shape.RecurrentStateBytesPerSeqPerRank(1), 36 * kPerLayer);
+  EXPECT_EQ(shape.RecurrentStateBytesPerSeqPerRank(2), 36 * kPerLayer / 2);
+  EXPECT_EQ(Qwen3_30B_A3B_Shape().RecurrentStateBytesPerSeqPerRank(1), 0);
+
+  MemoryPlanConfig c = Config(2, kH200Bytes);
+  c.max_num_seqs = 64;
+  auto few = PlanMemory(shape, c);
+  c.max_num_seqs = 128;
+  auto many = PlanMemory(shape, c);
+  ASSERT_TRUE(few.ok() && many.ok()) << few.status() << many.status();
+  ExpectConsistent(*few);
+  ExpectConsistent(*many);
+  EXPECT_EQ(few->recurrent_state_bytes_per_seq, uint64_t{36 * kPerLayer / 2});
+  EXPECT_EQ(few->recurrent_state_bytes, 64 * few->recurrent_state_bytes_per_seq);
+  // 64 more slots (and their activations) come out of the KV pool.
+  const uint64_t more = 64 * few->recurrent_state_bytes_per_seq +
+                        (many->activation_bytes - few->activation_bytes);
+  EXPECT_NEAR(static_cast<double>(few->kv_baseline_pages - many->kv_baseline_pages),
+              static_cast<double>(more) / (2 * kMiB), 1.0);
+  // 37.7 MiB per rank in blocks of 192 KiB: 201 blocks.
+  EXPECT_EQ(few->snapshot_blocks(), 201);
+  EXPECT_THAT(few->Summary(),
+              HasSubstr("recurrent state:  2.36 GiB = 64 sequences x 37.7 MiB (conv + delta-rule "
+                        "state of the linear-attention layers); a prefix-cache snapshot of one "
+                        "takes 201 KV blocks"));
+
+  // An attention-only model plans none and says nothing about it.
+  auto dense = PlanMemory(Qwen3_30B_A3B_Shape(), Config(1, kH100Bytes));
+  ASSERT_TRUE(dense.ok());
+  EXPECT_EQ(dense->recurrent_state_bytes, 0u);
+  EXPECT_EQ(dense->snapshot_blocks(), 0);
+  EXPECT_THAT(dense->Summary(), Not(HasSubstr("recurrent state")));
+}
+
+// Too many sequences' state for the device is an error that names it.
+TEST(MemoryPlanTest, RecurrentStateOverTheBudgetSaysSo) {
+  MemoryPlanConfig c = Config(2, kH200Bytes);
+  c.max_num_seqs = 2048;  // 75 GiB of state per rank
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(Qwen3Next_80B_A3B_Shape(), c);
+  ASSERT_TRUE(absl::IsResourceExhausted(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("recurrent state 75.38 GiB"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("max_num_seqs"));
 }
 
 TEST(MemoryPlanTest, WeightsOverTheBudgetSayWhatDoesNotFitAndByHowMuch) {

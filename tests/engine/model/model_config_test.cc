@@ -227,6 +227,7 @@ TEST(ModelConfigTest, Qwen3Next80BConfigGivesTheMemoryLayersPreset) {
     EXPECT_EQ(got.ExpertBytesPerRank(tp), want.ExpertBytesPerRank(tp));
     EXPECT_EQ(got.KvBytesPerTokenPerRank(tp), want.KvBytesPerTokenPerRank(tp));
     EXPECT_EQ(got.NonExpertWeightBytesPerRank(tp), want.NonExpertWeightBytesPerRank(tp));
+    EXPECT_EQ(got.RecurrentStateBytesPerSeqPerRank(tp), want.RecurrentStateBytesPerSeqPerRank(tp));
   }
 }
 

@@ -1,8 +1,8 @@
 // The qwen3_next model on the CPU reference kernels: weight loading by HF's names and layouts,
 // tensor-parallel shards, the recurrent state carried across steps (prefill == token-by-token
 // decode, chunked prefill == one step, batch composition changes nothing), the state-slot
-// contract, and, once tests/data/make_tiny_qwen3_next.py has run on a host with transformers,
-// HF's goldens.
+// contract, state snapshots (captured inside or at the end of a step, restored bit for bit), and,
+// once tests/data/make_tiny_qwen3_next.py has run on a host with transformers, HF's goldens.
 #include "engine/model/qwen3_next.h"
 
 #include <cmath>
@@ -273,6 +273,117 @@ TEST(Qwen3NextTest, StateSlotsAreChecked) {
   EXPECT_NE(std::string(s.message()).find("names 0 recurrent-state slots for 1 sequences"),
             std::string::npos)
       << s;
+}
+
+// Storage for one snapshot in chunks of an odd size, so that floats straddle chunks as they may
+// straddle KV blocks.
+struct SnapshotStore {
+  SnapshotStore(int64_t bytes, int64_t chunk_bytes)
+      : data((bytes / chunk_bytes + 1) * chunk_bytes) {
+    view.chunk_bytes = chunk_bytes;
+    for (size_t at = 0; at < data.size(); at += chunk_bytes) view.chunks.push_back(&data[at]);
+  }
+  std::vector<uint8_t> data;
+  StateSnapshotView view;
+};
+
+std::vector<float> Rows(const std::vector<float>& logits, int64_t first, int64_t count) {
+  constexpr int64_t V = 256;
+  return std::vector<float>(logits.begin() + first * V, logits.begin() + (first + count) * V);
+}
+
+// A capture taken inside a step (past its first K - 1 tokens, or within them, where the conv state
+// comes from before the step) or at its end, restored into another sequence's slot with the KV of
+// the blocks before it (a prefix-cache hit), continues with the very bits of the sequence it was
+// taken from. Against the same steps without captures, logits differ by float32 rounding only.
+TEST(Qwen3NextTest, SnapshotsLetAnotherSequenceContinueBitForBit) {
+  auto m = LoadDummy(TinyQwen3NextConfig(), 15);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->model->SupportsStateSnapshots());
+  const int64_t bytes = m->model->RecurrentStateFloatsPerSlot() * 4;
+  SnapshotStore at32(bytes, 1002), at48(bytes, 1002), at96(bytes, 4096);
+  const auto prompt = Prompt(100);
+  auto slice = [&](int begin, int end) {
+    return std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end);
+  };
+  SequenceStepper stepper(*m, 4);
+  auto step = [&](const std::vector<SequenceStepper::Work>& work) {
+    auto r = stepper.Step(work);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? (*r)[0] : std::vector<float>{};
+  };
+  // Sequence 0: tokens [0, 30); [30, 80) captured after 2 of them (at 32, inside the conv's
+  // history); [80, 96) captured at its end; [96, 100). Sequence 3: the same steps, no captures.
+  step({{.seq = 0, .tokens = slice(0, 30)}});
+  const auto b0 =
+      step({{.seq = 0, .tokens = slice(30, 80), .capture_after = 2, .capture = &at32.view}});
+  const auto c0 =
+      step({{.seq = 0, .tokens = slice(80, 96), .capture_after = 16, .capture = &at96.view}});
+  const auto d0 = step({{.seq = 0, .tokens = slice(96, 100)}});
+  const auto plain = RunInSteps(stepper, 3, prompt, {30, 50, 16, 4});
+  EXPECT_LT(MaxScaledDiff(Concat({b0, c0, d0}), Rows(plain, 30, 70)), 1e-4);
+
+  ASSERT_TRUE(stepper.ContinueFrom(1, 0, 32, at32.view).ok());
+  EXPECT_EQ(step({{.seq = 1, .tokens = slice(32, 80)}}), Rows(b0, 2, 48));
+  ASSERT_TRUE(stepper.ContinueFrom(2, 0, 96, at96.view).ok());
+  EXPECT_EQ(step({{.seq = 2, .tokens = slice(96, 100)}}), d0);
+
+  // A capture past the step's first K - 1 tokens, splitting one 80-token prefill at 48.
+  stepper.Restart(0);
+  const auto whole =
+      step({{.seq = 0, .tokens = slice(0, 80), .capture_after = 48, .capture = &at48.view}});
+  ASSERT_TRUE(stepper.ContinueFrom(1, 0, 48, at48.view).ok());
+  EXPECT_EQ(step({{.seq = 1, .tokens = slice(48, 80)}}), Rows(whole, 48, 32));
+  // Both continue alike: one decode token each.
+  EXPECT_EQ(step({{.seq = 1, .tokens = {7}}}), step({{.seq = 0, .tokens = {7}}}));
+
+  // A sequence that starts in the step, captured within its first K - 1 tokens (blocks of 2).
+  SequenceStepper small(*m, 2, 64, 2);
+  SnapshotStore at2(bytes, 1002);
+  auto first =
+      small.Step({{.seq = 0, .tokens = slice(0, 20), .capture_after = 2, .capture = &at2.view}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(small.ContinueFrom(1, 0, 2, at2.view).ok());
+  auto rest = small.Step({{.seq = 1, .tokens = slice(2, 20)}});
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ((*rest)[0], Rows((*first)[0], 2, 18));
+}
+
+TEST(Qwen3NextTest, StateCapturesAndRestoresAreChecked) {
+  auto m = LoadDummy(TinyQwen3NextConfig(), 16);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const int64_t bytes = m->model->RecurrentStateFloatsPerSlot() * 4;
+  SnapshotStore store(bytes, 1024), small(bytes / 2, 1024);
+  SequenceStepper stepper(*m, 2);
+  auto expect_invalid = [&](const std::vector<SequenceStepper::Work>& work,
+                            const std::string& msg) {
+    auto r = stepper.Step(work);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(std::string(r.status().message()).find(msg), std::string::npos) << r.status();
+  };
+  expect_invalid({{.seq = 0, .tokens = Prompt(5), .capture_after = 6, .capture = &store.view}},
+                 "state capture 0 after 6 tokens of sequence 0, whose step has 5");
+  expect_invalid({{.seq = 0, .tokens = Prompt(5), .capture_after = 0, .capture = &store.view}},
+                 "after 0 tokens");
+  expect_invalid({{.seq = 0, .tokens = Prompt(5), .capture_after = 5, .capture = &small.view}},
+                 "cannot hold a slot of 6400");
+  // Nothing ran: the sequence still starts at context 0.
+  ASSERT_TRUE(
+      stepper.Step({{.seq = 0, .tokens = Prompt(5), .capture_after = 5, .capture = &store.view}})
+          .ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(m->model->RestoreRecurrentState(2, store.view, 5)));
+  EXPECT_TRUE(absl::IsInvalidArgument(m->model->RestoreRecurrentState(1, store.view, 0)));
+  EXPECT_TRUE(absl::IsInvalidArgument(m->model->RestoreRecurrentState(1, small.view, 5)));
+  // A restored slot continues after the snapshot's tokens, and only there: not after the 3 of
+  // the sequence that held it.
+  ASSERT_TRUE(stepper.Step({{.seq = 1, .tokens = Prompt(3)}}).ok());
+  ASSERT_TRUE(m->model->RestoreRecurrentState(1, store.view, 5).ok());
+  auto r = stepper.Step({{.seq = 1, .tokens = {3}}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("which holds the state after 5 tokens"),
+            std::string::npos)
+      << r.status();
 }
 
 TEST(Qwen3NextTest, TensorParallelShardsPartitionTheFullWeights) {

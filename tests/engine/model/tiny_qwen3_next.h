@@ -6,6 +6,7 @@
 #ifndef VAMP_TESTS_ENGINE_MODEL_TINY_QWEN3_NEXT_H_
 #define VAMP_TESTS_ENGINE_MODEL_TINY_QWEN3_NEXT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -206,6 +207,9 @@ class SequenceStepper {
     int32_t seq = 0;
     std::vector<int32_t> tokens;
     int32_t state_slot = -1;  // -1: the sequence's own slot
+    // Copy the sequence's state after this many of the step's tokens into `capture` (0: none).
+    int32_t capture_after = 0;
+    const StateSnapshotView* capture = nullptr;
   };
 
   SequenceStepper(LoadedModel& m, int32_t num_seqs, int64_t max_len = 256, int64_t block_size = 16)
@@ -227,10 +231,26 @@ class SequenceStepper {
   void Restart(int32_t seq) { context_[seq] = 0; }
   int32_t context(int32_t seq) const { return context_[seq]; }
 
+  // A prefix-cache hit: sequence `to` takes the first `tokens` tokens of `from`'s context (a
+  // multiple of the block size): a copy of their KV blocks and the state in `snapshot`, restored
+  // into `to`'s slot.
+  absl::Status ContinueFrom(int32_t to, int32_t from, int32_t tokens,
+                            const StateSnapshotView& snapshot) {
+    const int64_t block_elems = view_.block_bytes / static_cast<int64_t>(sizeof(float));
+    for (int64_t b = 0; b < tokens / block_size_; ++b) {
+      std::copy_n(kv_.begin() + (from * blocks_per_seq_ + b) * block_elems, block_elems,
+                  kv_.begin() + (to * blocks_per_seq_ + b) * block_elems);
+    }
+    absl::Status s = m_.model->RestoreRecurrentState(to, snapshot, tokens);
+    if (s.ok()) context_[to] = tokens;
+    return s;
+  }
+
   absl::StatusOr<std::vector<std::vector<float>>> Step(const std::vector<Work>& work,
                                                        Communicator* comm = nullptr) {
     std::vector<int32_t> tokens, qsl = {0}, lens, table, rows, slots;
     std::vector<int64_t> positions, slot_mapping;
+    std::vector<StateCapture> captures;
     int32_t max_len = 0;
     for (const Work& w : work) {
       const int32_t ctx = context_[w.seq];
@@ -249,6 +269,9 @@ class SequenceStepper {
         table.push_back(static_cast<int32_t>(w.seq * blocks_per_seq_ + j));
       }
       slots.push_back(w.state_slot >= 0 ? w.state_slot : w.seq);
+      if (w.capture != nullptr) {
+        captures.push_back({static_cast<int32_t>(slots.size() - 1), w.capture_after, *w.capture});
+      }
     }
     ForwardBatch batch;
     batch.token_ids = tokens;
@@ -261,6 +284,7 @@ class SequenceStepper {
     batch.block_table_stride = blocks_per_seq_;
     batch.logits_indices = rows;
     batch.state_slots = slots;
+    batch.state_captures = captures;
     const int64_t V = m_.config.vocab_size;
     std::vector<float> logits(rows.size() * V);
     absl::Status s = m_.model->Forward(batch, view_, m_.experts.get(), comm, logits.data());

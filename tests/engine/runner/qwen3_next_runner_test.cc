@@ -1,7 +1,9 @@
 // ModelRunner over the tiny qwen3_next (dummy values in an HF-named checkpoint): each request's
 // recurrent state lives in its persistent-batch slot across prefill chunks and decodes, slots
-// are reused cleanly, preemption recomputes, a prefix-cache hit is refused, and a host rank
-// (memory plan, KV region with KV for the full-attention layers only) serves it.
+// are reused cleanly, preemption recomputes, a prefix-cache hit resumes from a state snapshot the
+// runner captured (the same logits as a fresh prefill) and is refused, before anything changes,
+// when no snapshot serves it, and a host rank (memory plan, KV region with KV for the
+// full-attention layers only) serves it.
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -145,14 +147,15 @@ TEST(Qwen3NextRunnerTest, PreemptedRequestResumesByRecomputation) {
     ++computed;
   }
   ASSERT_TRUE(runner.ExecuteStep(StepInput{}).ok());  // preempted: a step without it
-  // A resume that keeps a computed prefix would need the state at that point: refused.
+  // A resume that keeps a computed prefix needs a snapshot of the state there: refused without.
   StepInput keep;
   keep.cached_requests.push_back({9, {40, 41, 42}, 16, true});
   keep.scheduled.push_back({9, 4});
   auto refused = runner.ExecuteStep(keep);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(std::string(refused.status().message())
-                .find("resumed request 9: num_computed_tokens 16 (a prefix-cache hit)"),
+                .find("resumed request 9: num_computed_tokens 16 (a prefix-cache hit) cannot be "
+                      "served: it needs restore_state"),
             std::string::npos)
       << refused.status();
   // Resumed from 0 into other blocks, recomputing every known token.
@@ -173,24 +176,169 @@ TEST(Qwen3NextRunnerTest, PreemptedRequestResumesByRecomputation) {
   EXPECT_EQ(outputs, RunAll(1 << 20).request(2).outputs);
 }
 
-TEST(Qwen3NextRunnerTest, PrefixCacheHitsAreRefusedBeforeAnythingChanges) {
+// A snapshot of one request's state, captured by the runner into a spare block, lets a later
+// request with the same prefix start there (a prefix-cache hit): the same logits as a fresh
+// prefill. At a multiple of the delta rule's chunk size (64) even the capture's own split leaves
+// every chunk as it was, so hit, capture and plain prefill agree bit for bit; elsewhere (32) the
+// hit continues the capturing request's bits and differs from a plain prefill by rounding only.
+TEST(Qwen3NextRunnerTest, PrefixHitFromASnapshotEqualsAFreshPrefill) {
   auto engine = MakeTinyEngine({}, nullptr, 256, {}, CheckpointDir());
   ASSERT_NE(engine, nullptr);
-  MiniScheduler sched(16, Range(0, 256));
+  ModelRunner& runner = *engine->runner;
+  ASSERT_EQ(runner.snapshot_blocks(), 1);            // 6,400 bytes of state in a block of the pool
+  const std::vector<int32_t> prompt = Prompts()[3];  // 70 tokens
+  MiniScheduler sched(16, Range(0, 200));
+  sched.Submit(1, prompt, 8);
+  sched.mutable_request(1).capture = {64, {250}};
+  sched.Submit(2, prompt, 8);
+  sched.mutable_request(2).capture = {32, {251}};
+  sched.RunAll(runner);
+  EXPECT_EQ(runner.num_snapshots(), 2u);
+  // `tokens` prefilled in one step, then 8 decodes, on a fresh runner without snapshots.
+  auto fresh = [](const std::vector<int32_t>& tokens) {
+    auto engine = MakeTinyEngine({}, nullptr, 256, {}, CheckpointDir());
+    MiniScheduler plain(16, Range(0, 200));
+    plain.Submit(1, tokens, 8);
+    plain.RunAll(*engine->runner);
+    return plain.request(1);
+  };
+  const MiniScheduler::Request plain = fresh(prompt);
+  EXPECT_EQ(sched.request(1).all_logits, plain.all_logits);
+  EXPECT_LT(MaxScaledDiff(sched.request(2).all_logits, plain.all_logits), 1e-4);
+  EXPECT_EQ(sched.request(2).outputs, plain.outputs);
+
+  // The same prompt again, hitting 64 and 32 tokens: request 1's KV blocks and snapshots.
+  const auto& first = sched.request(1).blocks;
+  sched.Submit(11, prompt, 8, MiniScheduler::Greedy(), {first.begin(), first.begin() + 4}, 64);
+  sched.mutable_request(11).restore = {64, {250}};
+  const auto& second = sched.request(2).blocks;
+  sched.Submit(12, prompt, 8, MiniScheduler::Greedy(), {second.begin(), second.begin() + 2}, 32);
+  sched.mutable_request(12).restore = {32, {251}};
+  // A second turn: the prompt, request 1's answer and three more tokens, from 64 tokens on.
+  std::vector<int32_t> turn2 = prompt;
+  turn2.insert(turn2.end(), sched.request(1).outputs.begin(), sched.request(1).outputs.end());
+  turn2.insert(turn2.end(), {65, 66, 67});
+  sched.Submit(13, turn2, 8, MiniScheduler::Greedy(), {first.begin(), first.begin() + 4}, 64);
+  sched.mutable_request(13).restore = {64, {250}};
+  sched.RunAll(runner);
+  constexpr int64_t V = kVocab;
+  auto rows_from = [&](const std::vector<float>& logits, int64_t first_row) {
+    return std::vector<float>(logits.begin() + first_row * V, logits.end());
+  };
+  EXPECT_EQ(sched.request(11).all_logits, rows_from(sched.request(1).all_logits, 64));
+  EXPECT_EQ(sched.request(11).outputs, sched.request(1).outputs);
+  EXPECT_EQ(sched.request(12).all_logits, rows_from(sched.request(2).all_logits, 32));
+  EXPECT_EQ(sched.request(12).outputs, sched.request(2).outputs);
+  // The second turn prefilled afresh in one step: the delta rule's chunks [0, 64) and [64, 81)
+  // are the hit's too, so the same bits.
+  const MiniScheduler::Request turn2_fresh = fresh(turn2);
+  EXPECT_EQ(sched.request(13).all_logits, rows_from(turn2_fresh.all_logits, 64));
+  EXPECT_EQ(sched.request(13).outputs, turn2_fresh.outputs);
+}
+
+TEST(Qwen3NextRunnerTest, HitsNoSnapshotServesAreRefusedBeforeAnythingChanges) {
+  auto engine = MakeTinyEngine({}, nullptr, 256, {}, CheckpointDir());
+  ASSERT_NE(engine, nullptr);
+  ModelRunner& runner = *engine->runner;
+  MiniScheduler sched(16, Range(0, 200));
   sched.Submit(1, Prompts()[3], 2);
-  sched.RunAll(*engine->runner);
+  sched.mutable_request(1).capture = {64, {250}};
+  sched.Submit(2, Prompts()[2], 2);  // 33 other tokens
+  sched.mutable_request(2).capture = {32, {251}};
+  sched.RunAll(runner);
   const std::vector<int32_t> shared(sched.request(1).blocks.begin(),
-                                    sched.request(1).blocks.begin() + 2);
-  sched.Submit(2, Prompts()[3], 2, MiniScheduler::Greedy(), shared, 32);
-  auto out = engine->runner->ExecuteStep(sched.Next());
-  ASSERT_FALSE(out.ok());
-  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(std::string(out.status().message())
-                .find("new request 2: num_computed_tokens 32 (a prefix-cache hit) cannot be "
-                      "served: qwen3_next keeps per-request linear-attention state"),
-            std::string::npos)
-      << out.status();
-  EXPECT_EQ(engine->runner->batch().num_requests(), 1);  // request 1 (finished), not request 2
+                                    sched.request(1).blocks.begin() + 4);
+  auto expect_refused = [&](RunnerRequestId id, int32_t hit, StateSnapshotBlocks restore,
+                            const std::string& message) {
+    sched.Submit(id, Prompts()[3], 2, MiniScheduler::Greedy(),
+                 {shared.begin(), shared.begin() + hit / 16}, hit);
+    sched.mutable_request(id).restore = std::move(restore);
+    const int before = runner.batch().num_requests();
+    auto out = runner.ExecuteStep(sched.Next());
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+    EXPECT_NE(std::string(out.status().message())
+                  .find(absl::StrCat("new request ", id, ": num_computed_tokens ", hit,
+                                     " (a prefix-cache hit) cannot be served: ", message)),
+              std::string::npos)
+        << out.status();
+    // Nothing changed (not even the finished ids the step carried are applied).
+    EXPECT_EQ(runner.batch().num_requests(), before);
+    sched.mutable_request(id).finished = true;
+  };
+  expect_refused(3, 64, {}, "it needs restore_state");
+  // The hit goes beyond the last snapshot (at 64 tokens): no snapshot of 48 tokens exists.
+  expect_refused(
+      4, 48, {48, {250}},
+      "the snapshot in blocks [250] holds the state after 64 tokens of another context, not "
+      "after these 48");
+  expect_refused(5, 64, {64, {249}}, "blocks [249] hold no snapshot");
+  // Request 2's snapshot is of other tokens.
+  expect_refused(6, 32, {32, {251}},
+                 "the snapshot in blocks [251] holds the state after 32 tokens of another context");
+  // Once its block is handed to a request, a snapshot is gone.
+  sched.Submit(7, Prompts()[1], 2, MiniScheduler::Greedy(), {251});
+  sched.RunAll(runner);
+  EXPECT_EQ(runner.num_snapshots(), 1u);
+  expect_refused(8, 32, {32, {251}}, "blocks [251] hold no snapshot");
+  // And the snapshot that is still there serves.
+  sched.Submit(9, Prompts()[3], 2, MiniScheduler::Greedy(), shared, 64);
+  sched.mutable_request(9).restore = {64, {250}};
+  sched.RunAll(runner);
+  EXPECT_EQ(sched.request(9).outputs, sched.request(1).outputs);
+}
+
+TEST(Qwen3NextRunnerTest, CapturesAreChecked) {
+  auto engine = MakeTinyEngine({}, nullptr, 256, {}, CheckpointDir());
+  ASSERT_NE(engine, nullptr);
+  auto expect_error = [&](StateSnapshotBlocks capture, absl::StatusCode code,
+                          const std::string& message) {
+    StepInput in;
+    in.new_requests.push_back({1, Prompts()[3], {0, 1, 2, 3, 4}, 0, MiniScheduler::Greedy()});
+    in.scheduled.push_back({1, 70, std::move(capture)});
+    auto out = engine->runner->ExecuteStep(in);
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), code) << out.status();
+    EXPECT_NE(std::string(out.status().message()).find(message), std::string::npos) << out.status();
+  };
+  expect_error({71, {9}}, absl::StatusCode::kOutOfRange,
+               "capture_state after 71 tokens is outside the step's (0, 70]");
+  expect_error({16, {256}}, absl::StatusCode::kOutOfRange, "outside the KV pool of 256 blocks");
+  expect_error({16, {}}, absl::StatusCode::kInvalidArgument, "a snapshot takes 1");
+  EXPECT_EQ(engine->runner->batch().num_requests(), 0);
+  // A model without recurrent state keeps no snapshots and takes none.
+  auto moe = MakeTinyEngine();
+  ASSERT_NE(moe, nullptr);
+  EXPECT_EQ(moe->runner->snapshot_blocks(), 0);
+  StepInput in;
+  in.new_requests.push_back({1, Prompts()[3], {0, 1, 2, 3, 4}, 0, MiniScheduler::Greedy()});
+  in.scheduled.push_back({1, 70, {16, {9}}});
+  EXPECT_TRUE(absl::IsFailedPrecondition(moe->runner->ExecuteStep(in).status()));
+  in.scheduled[0].capture_state = {};
+  in.new_requests[0].restore_state = {16, {9}};
+  EXPECT_TRUE(absl::IsInvalidArgument(moe->runner->ExecuteStep(in).status()));
+}
+
+// A shrinking pool takes the snapshots stored in its tail with it.
+TEST(Qwen3NextRunnerTest, SnapshotsLeaveWithTheirBlocks) {
+  auto engine = MakeTinyEngine({}, nullptr, 256, {}, CheckpointDir());
+  ASSERT_NE(engine, nullptr);
+  ModelRunner& runner = *engine->runner;
+  MiniScheduler sched(16, Range(0, 200));
+  sched.Submit(1, Prompts()[3], 2);
+  sched.mutable_request(1).capture = {64, {250}};
+  sched.Submit(2, Prompts()[2], 2);
+  sched.mutable_request(2).capture = {32, {210}};
+  sched.RunAll(runner);
+  ASSERT_EQ(runner.num_snapshots(), 2u);
+  KvCacheView smaller = runner.kv_cache();
+  smaller.num_blocks = 240;
+  ASSERT_TRUE(runner.SetKvCache(smaller).ok());
+  EXPECT_EQ(runner.num_snapshots(), 1u);
+  sched.Submit(3, Prompts()[3], 2, MiniScheduler::Greedy(),
+               {sched.request(1).blocks.begin(), sched.request(1).blocks.begin() + 4}, 64);
+  sched.mutable_request(3).restore = {64, {250}};
+  EXPECT_TRUE(absl::IsFailedPrecondition(runner.ExecuteStep(sched.Next()).status()));
 }
 
 TEST(Qwen3NextRunnerTest, AHostRankPlansKvForTheFullAttentionLayersOnly) {

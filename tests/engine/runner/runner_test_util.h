@@ -86,6 +86,10 @@ class MiniScheduler {
     std::vector<std::vector<float>> sampled_logits;
     // The logits of every computed position, in order (needs return_all_logits).
     std::vector<float> all_logits;
+    // Models with recurrent state: the snapshot a prefix-cache hit restores (sent with the new
+    // request), and one to capture in the step whose range reaches capture.num_tokens.
+    StateSnapshotBlocks restore;
+    StateSnapshotBlocks capture;
   };
 
   MiniScheduler(int64_t block_size, std::vector<int32_t> free_blocks, int chunk = 1 << 20)
@@ -146,12 +150,16 @@ class MiniScheduler {
         nr.block_ids = r.blocks;
         nr.num_computed_tokens = r.num_computed;
         nr.sampling = r.sampling;
+        nr.restore_state = r.restore;
         in.new_requests.push_back(std::move(nr));
         r.sent = true;
       } else {
         in.cached_requests.push_back({id, added, r.num_computed, false});
       }
-      in.scheduled.push_back({id, n});
+      ScheduledRequest& scheduled = in.scheduled.emplace_back(ScheduledRequest{id, n});
+      if (r.capture.num_tokens > r.num_computed && r.capture.num_tokens <= r.num_computed + n) {
+        scheduled.capture_state = r.capture;
+      }
     }
     return in;
   }
