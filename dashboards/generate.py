@@ -206,6 +206,11 @@ def memory():
             "short",
             [(f"vamp_arbiter_ghost_hit_tokens{{{R}}}", "{{replica}} ghost hits"),
              (f"vamp_arbiter_preempt_recompute_tokens{{{R}}}", "{{replica}} preemption recompute")])
+    l.panel("Arbiter: TTFT weight", "Weight the latest priced move's prefill tokens carried: "
+            "vamp_ttft_weight while first tokens waited for memory (mean queue time above "
+            "vamp_ttft_queue_threshold_s, few steps queued for compute), else 1. A line that "
+            "jumps between the two on every decision means the load sits at the threshold.",
+            "short", [(f"vamp_arbiter_ttft_weight{{{R}}}", "{{replica}} weight")])
     l.row("Steps and staging")
     l.panel("Step time", "Time to apply one step on a rank (remaps, forward pass, sampling).", "s",
             quantiles("vamp_agent_step_duration_seconds", RR, by=("replica", "rank")))

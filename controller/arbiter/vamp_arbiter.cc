@@ -629,6 +629,9 @@ TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double
   cmp.observed_steps = tax_->StepsInWindow(now);
   cmp.h2d_bytes_per_s = tax_->h2d_bytes_per_s();
   cmp.routed_h2d_bytes_per_s = tax_->routed_h2d_bytes_per_s();
+  cmp.ttft_weight = TtftWeight(now);
+  cmp.mean_queue_micros = reuse_->MeanQueueMicros(now);
+  cmp.compute_bound_share = reuse_->ComputeBoundShare(now);
   return cmp;
 }
 

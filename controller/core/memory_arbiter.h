@@ -87,6 +87,12 @@ struct TaxComparison {
   int64_t observed_steps = 0;  // executed steps in the window (the sums cover these)
   double h2d_bytes_per_s = 0;  // the bandwidth the tax was priced at
   double routed_h2d_bytes_per_s = 0;  // the same for routed staging's copies
+  // The weight the value's prefill tokens carried (the TTFT weight, or 1 when first tokens were
+  // not late for memory) and the evidence it was chosen on: the window's mean queue time of first
+  // admissions (µs) and the share of its queued steps that queued for compute.
+  double ttft_weight = 1;
+  double mean_queue_micros = 0;
+  double compute_bound_share = 0;
   // Restores: the working set (blocks) and the reuse age (steps) that bounded it; -1 otherwise.
   int64_t working_set_blocks = -1;
   int64_t reuse_age_steps = -1;

@@ -273,6 +273,10 @@ grpc::ServerUnaryReactor* AdminService::ListDecisions(grpc::CallbackServerContex
         d->set_preempt_tokens(t.preempt_tokens);
         d->set_window_seconds(t.window_micros * 1e-6);
         d->set_h2d_gbps(t.h2d_bytes_per_s * 1e-9);
+        d->set_routed_h2d_gbps(t.routed_h2d_bytes_per_s * 1e-9);
+        d->set_ttft_weight(t.ttft_weight);
+        d->set_mean_queue_seconds(t.mean_queue_micros * 1e-6);
+        d->set_compute_bound_share(t.compute_bound_share);
       }
       d->set_detail(absl::StrCat("requester ", r.requester, r.requester_running ? " (running)"
                                                                                 : " (waiting)",

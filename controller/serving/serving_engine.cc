@@ -45,6 +45,7 @@ struct EngineMetrics {
   prometheus::Gauge& preempt_tokens;
   prometheus::Gauge& h2d_bytes_per_second;
   prometheus::Gauge& routed_h2d_bytes_per_second;
+  prometheus::Gauge& ttft_weight;
   prometheus::Family<prometheus::Counter>& prompt_tokens;
   prometheus::Family<prometheus::Counter>& generation_tokens;
 
@@ -106,6 +107,9 @@ struct EngineMetrics {
                 "Tax model: host-to-device bandwidth the offload tax is priced at (learned)"),
           gauge("vamp_arbiter_routed_h2d_bytes_per_second",
                 "Tax model: the same for routed staging's copies (small steps; learned)"),
+          gauge("vamp_arbiter_ttft_weight",
+                "Tax model, latest priced boundary move: weight its value's prefill tokens "
+                "carried (vamp_ttft_weight while first tokens waited for memory, else 1)"),
           counters("vamp_prompt_tokens_total", "Prompt tokens of admitted requests"),
           counters("vamp_generation_tokens_total", "Tokens generated and sent to clients")};
     }();
@@ -452,6 +456,7 @@ void ServingEngine::RunStep() {
       metrics.preempt_tokens.Set(t.preempt_tokens);
       metrics.h2d_bytes_per_second.Set(t.h2d_bytes_per_s);
       metrics.routed_h2d_bytes_per_second.Set(t.routed_h2d_bytes_per_s);
+      metrics.ttft_weight.Set(t.ttft_weight);
     }
     absl::MutexLock lock(&mu_);
     decisions_.push_back(d);

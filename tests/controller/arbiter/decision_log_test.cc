@@ -75,6 +75,13 @@ TEST(DecisionLogTest, FormatShowsBothSidesOfRestoresAndTheirPreemptions) {
   const std::string line = DecisionLog::Format({1'000'000, restore});
   EXPECT_THAT(line, HasSubstr("step=7 restore groups=8 tax[-8 groups]=21.834ms"));
   EXPECT_THAT(line, HasSubstr("working_set=98519 blocks reuse_age=64 steps"));
+  // The TTFT weight the value carried, with the evidence it was chosen on.
+  restore.plan.tax.ttft_weight = 16;
+  restore.plan.tax.mean_queue_micros = 1'260'000;
+  restore.plan.tax.compute_bound_share = 0.125;
+  restore.plan.tax.routed_h2d_bytes_per_s = 48.5e9;
+  EXPECT_THAT(DecisionLog::Format({1'000'000, restore}),
+              HasSubstr("routed_h2d=48.5GB/s weight=16 queue=1.26s compute_share=0.12"));
 
   ArbiterRecord preempt;
   preempt.step = 8;

@@ -178,6 +178,30 @@ TEST_F(TaxModelTest, MeasuredReuseWorthMoreThanTheTaxOffloads) {
   EXPECT_DOUBLE_EQ(plan.tax.tax_micros, 50000);
 }
 
+// The comparison says which weight its value carried and on what evidence: 16 once admissions
+// queued longer than the threshold (1 s) on average with no step queued for compute, else 1.
+TEST_F(TaxModelTest, ComparisonReportsTheTtftWeightAndItsEvidence) {
+  VampArbiterConfig c = Config();
+  c.tax.ttft_weight = 16;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  Warm(0);
+  AddCachedFree(500, 10);
+  Request* r = AddRunning(1, 4, 3, 200);
+  arbiter_.reuse_tracker()->RecordPreemption(50, /*gap_blocks=*/50, /*recompute_tokens=*/100);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/60, /*queue_micros=*/500'000);
+  ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  ASSERT_TRUE(plan.tax.evaluated);
+  EXPECT_DOUBLE_EQ(plan.tax.ttft_weight, 1);
+  EXPECT_DOUBLE_EQ(plan.tax.mean_queue_micros, 500'000);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 100 * 15);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/70, /*queue_micros=*/3'500'000);
+  plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  EXPECT_DOUBLE_EQ(plan.tax.ttft_weight, 16);
+  EXPECT_DOUBLE_EQ(plan.tax.mean_queue_micros, 2'000'000);
+  EXPECT_DOUBLE_EQ(plan.tax.compute_bound_share, 0);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 100 * 15 * 16);
+}
+
 TEST_F(TaxModelTest, ReuseWorthLessThanTheTaxWithMarginEvicts) {
   Warm(0);
   AddCachedFree(500, 10);
