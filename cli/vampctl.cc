@@ -387,6 +387,12 @@ int Status(const Options& options, const std::shared_ptr<grpc::Channel>& channel
       kv.total_blocks(), kv.used_blocks(), kv.cached_free_blocks(), kv.uncached_free_blocks(),
       kv.block_size(), 100 * kv.prefix_cache_hit_ratio(), response.queue().running(),
       response.queue().waiting(), response.queue().preempted(), response.queue().finished_total());
+  if (kv.snapshots() > 0 || kv.state_captures_total() > 0) {
+    std::cout << absl::StrFormat(
+        "state          %d snapshots in %d blocks, %d captures (%d skipped for want of blocks)\n",
+        kv.snapshots(), kv.snapshot_blocks(), kv.state_captures_total(),
+        kv.state_captures_skipped_total());
+  }
   if (response.agents_size() == 0) {
     std::cout << "agents         none registered\n";
   } else {

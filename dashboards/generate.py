@@ -185,6 +185,14 @@ def memory():
               "{{replica}} rank {{rank}}"),
              (f"vamp_kv_offload_ratio{{{R}}}", "{{replica}} controller")], width=8,
             extra={"min": 0, "max": 1})
+    l.panel("Recurrent-state snapshots", "Models with linear attention (Qwen3-Next): KV blocks "
+            "storing the snapshots that prefix-cache hits resume from, and captures per second "
+            "(skipped: no block was free for one, so a later hit at that boundary misses).",
+            "short",
+            [(f"vamp_kv_snapshot_blocks{{{R}}}", "{{replica}} snapshot blocks"),
+             (f"rate(vamp_state_captures_total{{{R}}}[{RATE}])", "{{replica}} captures/s"),
+             (f"rate(vamp_state_captures_skipped_total{{{R}}}[{RATE}])",
+              "{{replica}} skipped/s")])
     l.row("Experts")
     l.panel("Resident vs offloaded expert bytes", "Expert weights mapped on the device vs living "
             "only in pinned host memory (their pages serve the KV cache).", "bytes",

@@ -870,6 +870,7 @@ SchedulerStats Scheduler::Stats() const {
   s.num_withdrawn_blocks = pool.num_withdrawn();
   s.num_cached_blocks = pool.num_cached();
   s.num_snapshot_blocks = pool.num_snapshot_blocks();
+  s.num_snapshots = pool.num_snapshots();
   s.kv_usage = pool.Usage();
   s.num_running = static_cast<int32_t>(running_.size());
   s.num_waiting = static_cast<int32_t>(waiting_.size());

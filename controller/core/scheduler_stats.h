@@ -72,6 +72,7 @@ struct SchedulerStats {
   int32_t num_withdrawn_blocks = 0;  // held back for a pending shrink
   int32_t num_cached_blocks = 0;     // registered in the prefix cache (used or free)
   int32_t num_snapshot_blocks = 0;   // storing snapshots of recurrent state
+  int32_t num_snapshots = 0;         // those snapshots (held by requests or attached)
   double kv_usage = 0;               // used / num_blocks
   // Requests.
   int32_t num_running = 0;

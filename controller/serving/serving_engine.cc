@@ -22,6 +22,10 @@ struct EngineMetrics {
   prometheus::Gauge& kv_usage;
   prometheus::Gauge& kv_blocks;
   prometheus::Gauge& offload_ratio;
+  prometheus::Gauge& snapshot_blocks;
+  prometheus::Gauge& snapshots;
+  prometheus::Counter& state_captures;
+  prometheus::Counter& state_captures_skipped;
   prometheus::Gauge& offloaded_groups;
   // First admissions only (scheduler_stats.h, as vLLM): a resumed request's own blocks are not
   // reuse. Resumed admissions are counted apart.
@@ -72,6 +76,13 @@ struct EngineMetrics {
           gauge("vamp_kv_usage_ratio", "Used KV blocks over all KV blocks, 0..1"),
           gauge("vamp_kv_pool_blocks", "KV blocks in the pool (grows with offload)"),
           gauge("vamp_kv_offload_ratio", "Offloaded groups over the cap's groups, 0..1"),
+          gauge("vamp_kv_snapshot_blocks",
+                "KV blocks storing snapshots of recurrent state (models with linear attention)"),
+          gauge("vamp_kv_snapshots",
+                "Snapshots of recurrent state that prefix-cache hits can resume from"),
+          counter("vamp_state_captures_total", "Snapshots of recurrent state captured (planned)"),
+          counter("vamp_state_captures_skipped_total",
+                  "Captures of recurrent state skipped because no KV blocks were free for them"),
           gauge("vamp_experts_offloaded_groups", "Expert groups offloaded per eligible layer"),
           counter("vamp_prefix_cache_query_tokens_total",
                   "Prompt tokens looked up in the cache at first admissions"),
@@ -759,6 +770,10 @@ void ServingEngine::PublishSnapshot() {
   follow(metrics.resumed_query_tokens, c.prefix_cache.preempted_query_tokens);
   follow(metrics.resumed_hit_tokens, c.prefix_cache.preempted_hit_tokens);
   follow(metrics.preemptions, c.num_preemptions);
+  follow(metrics.state_captures, c.num_state_captures);
+  follow(metrics.state_captures_skipped, c.num_state_captures_skipped);
+  metrics.snapshot_blocks.Set(stats.num_snapshot_blocks);
+  metrics.snapshots.Set(stats.num_snapshots);
 
   vamp::v1::GetStatusResponse s;
   s.set_serving(healthy_);
@@ -773,6 +788,10 @@ void ServingEngine::PublishSnapshot() {
   const int64_t queries = c.prefix_cache.query_tokens;
   kv->set_prefix_cache_hit_ratio(
       queries == 0 ? 0.0 : static_cast<double>(c.prefix_cache.hit_tokens) / queries);
+  kv->set_snapshot_blocks(stats.num_snapshot_blocks);
+  kv->set_snapshots(stats.num_snapshots);
+  kv->set_state_captures_total(c.num_state_captures);
+  kv->set_state_captures_skipped_total(c.num_state_captures_skipped);
   auto* q = s.mutable_queue();
   q->set_running(stats.num_running);
   q->set_waiting(stats.num_waiting - stats.num_waiting_preempted);

@@ -294,6 +294,26 @@ TEST(SystemTest, Qwen3NextServesMultiTurnFromStateSnapshots) {
       turn2.insert(turn2.end(), {65, 66, 67});
       Json r2 = Completion(server->http_port(), GreedyBody(turn2, 8));
       Json again = Completion(server->http_port(), GreedyBody(turn1, 16));
+      if (cached) {
+        // The snapshots are in the pool's status and metrics: at least the two turn 1 left
+        // (prompt end, output end), none skipped in a pool this size.
+        auto admin = vamp::v1::Admin::NewStub(
+            grpc::CreateChannel("127.0.0.1:" + std::to_string(server->admin_port()),
+                                grpc::InsecureChannelCredentials()));
+        grpc::ClientContext ctx;
+        vamp::v1::GetStatusResponse st;
+        EXPECT_TRUE(admin->GetStatus(&ctx, {}, &st).ok());
+        EXPECT_GE(st.kv_pool().snapshots(), 2);
+        EXPECT_GE(st.kv_pool().snapshot_blocks(), st.kv_pool().snapshots());
+        EXPECT_GE(st.kv_pool().state_captures_total(), 2);
+        EXPECT_EQ(st.kv_pool().state_captures_skipped_total(), 0);
+        absl::StatusOr<std::string> metrics = testing::ScrapeMetrics(server->http_port());
+        EXPECT_TRUE(metrics.ok());
+        if (metrics.ok()) {
+          EXPECT_GE(MetricValue(*metrics, "vamp_kv_snapshot_blocks"), 2);
+          EXPECT_GE(MetricValue(*metrics, "vamp_state_captures_total"), 2);
+        }
+      }
       cached_tokens->push_back(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>());
       cached_tokens->push_back(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>());
       return std::vector<std::vector<int>>{
