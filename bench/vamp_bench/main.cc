@@ -426,7 +426,9 @@ int AbCommand(int argc, char** argv) {
     spec.ideal_hit_rate_label =
         absl::StrCat("ideal, 16-token blocks, ", o.sessions.front(), " sessions");
   }
-  spec.workload = DescribeWorkload(c.workload, 0, model_dir);
+  // A sweep of one point describes that point (not --sessions, which the sweep overrides).
+  spec.workload = DescribeWorkload(c.workload, o.sessions.size() == 1 ? o.sessions.front() : 0,
+                                   model_dir);
   if (o.sessions.size() > 1) {
     absl::StrAppend(&spec.workload, "; sessions swept over ", absl::StrJoin(o.sessions, ", "));
   }
