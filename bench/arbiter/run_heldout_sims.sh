@@ -17,19 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 date=${1:-$(date -u +%F)}
-sim=${VAMP_SIM:-build/release/sim/vamp-sim}
-[[ -x $sim ]] || bash scripts/build.sh vamp-sim
 out=${VAMP_SIM_OUT:-bench/results/$date-heldout}
-mkdir -p "$out"
-read -r -a extra <<< "${VAMP_SIM_ARGS:-}"
-pol="static,vamp-10,vamp-15,vamp-25,vamp-15+paper,vamp-25+paper"
-run() {  # NAME TITLE ARGS...
-  local name=$1 title=$2
-  shift 2
-  echo "==> $name" >&2
-  "$sim" --progress=false "--policies=$pol" "--title=$title" \
-    "--report=$out/sim-$date-tax-$name.md" "$@" ${extra[@]+"${extra[@]}"} > /dev/null
-}
+source bench/arbiter/sim_suite.sh
 run fig9-odd "Held out: the Figure 9 shape at c = 18, 22, 26, 32, H100 TP2" \
   --paper_figure9 --concurrency=18,22,26,32
 for ts in 1.5 2.5 6; do

@@ -8,19 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 date=${1:-$(date -u +%F)}
-sim=${VAMP_SIM:-build/release/sim/vamp-sim}
-[[ -x $sim ]] || bash scripts/build.sh vamp-sim
 out=${VAMP_SIM_OUT:-bench/results}
-mkdir -p "$out"
-read -r -a extra <<< "${VAMP_SIM_ARGS:-}"
-pol="static,vamp-10,vamp-15,vamp-25,vamp-15+paper,vamp-25+paper"
-run() {  # NAME TITLE ARGS...
-  local name=$1 title=$2
-  shift 2
-  echo "==> $name" >&2
-  "$sim" --progress=false "--policies=$pol" "--title=$title" \
-    "--report=$out/sim-$date-tax-$name.md" "$@" ${extra[@]+"${extra[@]}"} > /dev/null
-}
+source bench/arbiter/sim_suite.sh
 # High reuse: the paper's Figure 9 sweep (H100 TP2, Qwen3-Next shapes) and its phased extension.
 run fig9 "Tax model vs paper: Figure 9 multi-turn sweep, H100 TP2" --paper_figure9
 run phased "Tax model vs paper: c = 28, then 6 sessions from t = 600 s" \
