@@ -183,8 +183,7 @@ int Decisions(const Options& options, const std::shared_ptr<grpc::Channel>& chan
   for (const auto& d : response.decisions()) {
     std::cout << absl::StrFormat(
         "%-8d %-22s %6d %10s %10s %10s %10s %6d %7d %7d %11s %11s %9s %6s %7s\n", d.step_id(),
-        d.action(),
-        d.gap_blocks(), cost(d.cost_evict_us()), cost(d.cost_offload_us()),
+        d.action(), d.gap_blocks(), cost(d.cost_evict_us()), cost(d.cost_offload_us()),
         cost(d.cost_preempt_us()), cost(d.cost_combined_us()), d.groups(), d.evicted_blocks(),
         d.preempted_requests(), d.tax_evaluated() ? cost(d.tax_us()) : "-",
         d.tax_evaluated() ? cost(d.value_us()) : "-",

@@ -427,8 +427,8 @@ int AbCommand(int argc, char** argv) {
         absl::StrCat("ideal, 16-token blocks, ", o.sessions.front(), " sessions");
   }
   // A sweep of one point describes that point (not --sessions, which the sweep overrides).
-  spec.workload = DescribeWorkload(c.workload, o.sessions.size() == 1 ? o.sessions.front() : 0,
-                                   model_dir);
+  spec.workload =
+      DescribeWorkload(c.workload, o.sessions.size() == 1 ? o.sessions.front() : 0, model_dir);
   if (o.sessions.size() > 1) {
     absl::StrAppend(&spec.workload, "; sessions swept over ", absl::StrJoin(o.sessions, ", "));
   }

@@ -89,7 +89,7 @@ struct TaxComparison {
   double routed_h2d_bytes_per_s = 0;  // the same for routed staging's copies
   // The weight the value's prefill tokens carried (the TTFT weight, or 1 when first tokens were
   // not late for memory) and the evidence it was chosen on: the window's mean queue time of first
-  // admissions (µs) and the share of its queued steps that queued for compute.
+  // admissions (µs) and the share of its steps that left requests queued for compute.
   double ttft_weight = 1;
   double mean_queue_micros = 0;
   double compute_bound_share = 0;
