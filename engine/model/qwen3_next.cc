@@ -295,34 +295,17 @@ absl::Status Qwen3NextModel::LoadMlp(int layer, WeightSource& source, ExpertWeig
 }
 
 absl::Status Qwen3NextModel::ReserveRecurrentStates(int64_t num_slots) {
-  if (num_slots < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("recurrent state slots: ", num_slots, " is negative"));
-  }
+  VAMP_RETURN_IF_ERROR(
+      slots_.Reserve(num_slots, slot_floats_ * static_cast<int64_t>(sizeof(float))));
   states_.assign(static_cast<size_t>(num_slots * slot_floats_), 0.0f);
-  slot_tokens_.assign(num_slots, -1);
   return absl::OkStatus();
 }
 
 absl::Status Qwen3NextModel::RestoreRecurrentState(int32_t slot, const StateSnapshotView& from,
                                                    int64_t num_tokens) {
-  if (slot < 0 || slot >= num_state_slots()) {
-    return absl::FailedPreconditionError(absl::StrCat("recurrent-state slot ", slot,
-                                                      " is outside the ", num_state_slots(),
-                                                      " reserved (ReserveRecurrentStates)"));
-  }
-  if (num_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("restoring recurrent state after ", num_tokens, " tokens: must be >= 1"));
-  }
-  const int64_t bytes = slot_floats_ * static_cast<int64_t>(sizeof(float));
-  if (from.chunk_bytes < 1 || from.capacity_bytes() < bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a recurrent-state snapshot of ",
-                                                   from.capacity_bytes(),
-                                                   " bytes cannot hold a slot of ", bytes));
-  }
+  VAMP_RETURN_IF_ERROR(slots_.CheckRestore(slot, from, num_tokens));
   from.Read(0, states_.data() + static_cast<int64_t>(slot) * slot_floats_, slot_floats_);
-  slot_tokens_[slot] = num_tokens;
+  slots_.MarkRestored(slot, num_tokens);
   return absl::OkStatus();
 }
 
@@ -363,66 +346,6 @@ void Qwen3NextModel::ForEachWeight(
   }
 }
 
-absl::Status Qwen3NextModel::PrepareStates(const ForwardBatch& batch) {
-  const int64_t num_seqs = batch.num_seqs();
-  if (static_cast<int64_t>(batch.state_slots.size()) != num_seqs) {
-    return absl::FailedPreconditionError(absl::StrCat("the step names ", batch.state_slots.size(),
-                                                      " recurrent-state slots for ", num_seqs,
-                                                      " sequences"));
-  }
-  has_initial_state_.assign(num_seqs, 0);
-  std::vector<bool> used(slot_tokens_.size(), false);
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    const int32_t slot = batch.state_slots[i];
-    if (slot < 0 || slot >= num_state_slots()) {
-      return absl::FailedPreconditionError(absl::StrCat("sequence ", i, ": recurrent-state slot ",
-                                                        slot, " is outside the ", num_state_slots(),
-                                                        " reserved (ReserveRecurrentStates)"));
-    }
-    if (used[slot]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("recurrent-state slot ", slot, " is named by two sequences of the step"));
-    }
-    used[slot] = true;
-    const int64_t context =
-        batch.seq_lens[i] - (batch.query_start_loc[i + 1] - batch.query_start_loc[i]);
-    if (context == 0) continue;
-    if (slot_tokens_[slot] != context) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "sequence ", i, " continues after ", context,
-          " tokens of context from recurrent-state "
-          "slot ",
-          slot, ", which holds ",
-          slot_tokens_[slot] < 0 ? std::string("no usable state")
-                                 : absl::StrCat("the state after ", slot_tokens_[slot], " tokens"),
-          " (a prefix-cache hit must first restore a snapshot taken there)"));
-    }
-    has_initial_state_[i] = 1;
-  }
-  capture_of_seq_.assign(num_seqs, -1);
-  const int64_t slot_bytes = slot_floats_ * static_cast<int64_t>(sizeof(float));
-  for (size_t c = 0; c < batch.state_captures.size(); ++c) {
-    const StateCapture& capture = batch.state_captures[c];
-    if (capture.seq < 0 || capture.seq >= num_seqs || capture_of_seq_[capture.seq] >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("state capture ", c, " names sequence ",
-                                                     capture.seq, ": out of range or taken twice"));
-    }
-    const int64_t len = batch.query_start_loc[capture.seq + 1] - batch.query_start_loc[capture.seq];
-    if (capture.after_tokens < 1 || capture.after_tokens > len) {
-      return absl::InvalidArgumentError(absl::StrCat("state capture ", c, " after ",
-                                                     capture.after_tokens, " tokens of sequence ",
-                                                     capture.seq, ", whose step has ", len));
-    }
-    if (capture.to.chunk_bytes < 1 || capture.to.capacity_bytes() < slot_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("state capture ", c, ": ",
-                                                     capture.to.capacity_bytes(),
-                                                     " bytes cannot hold a slot of ", slot_bytes));
-    }
-    capture_of_seq_[capture.seq] = static_cast<int32_t>(c);
-  }
-  return absl::OkStatus();
-}
-
 void Qwen3NextModel::CaptureConvState(int layer, const ForwardBatch& batch, int64_t seq,
                                       int64_t after, const float* proj, const float* history,
                                       const StateSnapshotView& to) {
@@ -436,7 +359,7 @@ void Qwen3NextModel::CaptureConvState(int layer, const ForwardBatch& batch, int6
     const int64_t offset = L.state_offset + row * conv_dim_;
     if (r >= 0) {
       to.Write(offset, proj + (begin + r) * W, conv_dim_);
-    } else if (has_initial_state_[seq] != 0) {
+    } else if (plan_.has_initial_state[seq] != 0) {
       to.Write(offset, history + (hist + r) * conv_dim_, conv_dim_);
     } else {
       to.Write(offset, zero_row_.data(), conv_dim_);
@@ -474,7 +397,7 @@ absl::Status Qwen3NextModel::Forward(const ForwardBatch& batch, const KvCacheVie
     return absl::FailedPreconditionError("the CPU engine stores KV and experts in float32");
   }
   const bool recurrent = slot_floats_ > 0;
-  if (recurrent) VAMP_RETURN_IF_ERROR(PrepareStates(batch));
+  if (recurrent) VAMP_RETURN_IF_ERROR(slots_.PrepareStep(batch, plan_));
 
   float* x = GrowScratch(hidden_, n * H);
   float* res = GrowScratch(residual_, n * H);
@@ -503,12 +426,8 @@ absl::Status Qwen3NextModel::Forward(const ForwardBatch& batch, const KvCacheVie
     const absl::Status end = experts->EndPass();
     if (status.ok()) status = end;
   }
-  if (recurrent) {
-    // The states advanced to the end of the step, or (after a failure) to no known context.
-    for (int64_t i = 0; i < batch.num_seqs(); ++i) {
-      slot_tokens_[batch.state_slots[i]] = status.ok() ? batch.seq_lens[i] : -1;
-    }
-  }
+  // The states advanced to the end of the step, or (after a failure) to no known context.
+  if (recurrent) slots_.FinishStep(batch, status.ok());
   VAMP_RETURN_IF_ERROR(status);
 
   // Final norm and LM head, only for the requested rows.
@@ -574,7 +493,7 @@ absl::Status Qwen3NextModel::LinearAttention(int layer, const ForwardBatch& batc
   float* history = GrowScratch(conv_history_, batch.state_captures.size() * history_floats);
   for (size_t c = 0; c < batch.state_captures.size(); ++c) {
     const StateCapture& capture = batch.state_captures[c];
-    if (capture.after_tokens < hist && has_initial_state_[capture.seq] != 0) {
+    if (capture.after_tokens < hist && plan_.has_initial_state[capture.seq] != 0) {
       std::copy_n(slot_states + batch.state_slots[capture.seq] * slot_floats_, history_floats,
                   history + c * history_floats);
     }
@@ -588,7 +507,7 @@ absl::Status Qwen3NextModel::LinearAttention(int layer, const ForwardBatch& batc
                                         .query_start_loc = batch.query_start_loc.data(),
                                         .num_seqs = batch.num_seqs(),
                                         .state_slots = batch.state_slots.data(),
-                                        .has_initial_state = has_initial_state_.data(),
+                                        .has_initial_state = plan_.has_initial_state.data(),
                                         .conv_states = slot_states,
                                         .state_slot_stride = slot_floats_,
                                         .silu = true,
@@ -640,24 +559,21 @@ absl::Status Qwen3NextModel::LinearAttention(int layer, const ForwardBatch& batc
     const int32_t begin = batch.query_start_loc[i], end = batch.query_start_loc[i + 1];
     if (end == begin) continue;
     args.state_slots = batch.state_slots.data() + i;
-    const int32_t c = capture_of_seq_[i];
+    const int32_t c = plan_.capture_of_seq[i];
     if (c < 0) {
-      VAMP_RETURN_IF_ERROR(DeltaRuleRun(args, begin, end, has_initial_state_[i]));
+      VAMP_RETURN_IF_ERROR(DeltaRuleRun(args, begin, end, plan_.has_initial_state[i]));
       continue;
     }
     const StateCapture& capture = batch.state_captures[c];
     const int32_t split = begin + capture.after_tokens;
-    VAMP_RETURN_IF_ERROR(DeltaRuleRun(args, begin, split, has_initial_state_[i]));
+    VAMP_RETURN_IF_ERROR(DeltaRuleRun(args, begin, split, plan_.has_initial_state[i]));
     capture.to.Write(L.state_offset + delta_offset,
                      args.states + batch.state_slots[i] * slot_floats_, delta_floats);
     if (split < end) VAMP_RETURN_IF_ERROR(DeltaRuleRun(args, split, end, 1));
   }
   // The gated norm per value head of each token (z follows the conv channels in proj).
-  for (int64_t t = 0; t < n; ++t) {
-    float* o = core + t * value_dim_;
-    k::RmsNormGated(o, dv, proj + t * W + conv_dim_, dv, L.gated_norm.data(),
-                    static_cast<float>(c.rms_norm_eps), v_heads_, dv, o, dv);
-  }
+  k::RmsNormGated(core, value_dim_, proj + conv_dim_, W, L.gated_norm.data(),
+                  static_cast<float>(c.rms_norm_eps), n, v_heads_, dv, core, value_dim_);
   // out_proj of this rank's value heads: a partial sum when tensor parallel.
   k::Gemm(core, value_dim_, L.out_proj.data(), value_dim_, hidden_.data(), H, n, H, value_dim_);
   return absl::OkStatus();

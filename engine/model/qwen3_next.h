@@ -63,6 +63,7 @@
 
 #include "engine/model/causal_lm.h"
 #include "engine/model/feed_forward.h"
+#include "engine/model/recurrent_state_slots.h"
 #include "engine/model/weight_source.h"
 #include "kernels/cpu/gated_delta_rule.h"
 
@@ -91,7 +92,7 @@ class Qwen3NextModel : public CausalLm {
 
   int64_t RecurrentStateFloatsPerSlot() const override { return slot_floats_; }
   absl::Status ReserveRecurrentStates(int64_t num_slots) override;
-  int64_t num_state_slots() const { return static_cast<int64_t>(slot_tokens_.size()); }
+  int64_t num_state_slots() const { return slots_.num_slots(); }
   bool SupportsStateSnapshots() const override { return true; }
   // FailedPrecondition for a slot outside those reserved; InvalidArgument for num_tokens < 1 or a
   // view smaller than a slot.
@@ -149,9 +150,6 @@ class Qwen3NextModel : public CausalLm {
   absl::Status LoadLinearAttention(int layer, WeightSource& source, Layer& L);
   absl::Status LoadMlp(int layer, WeightSource& source, ExpertWeightSink& experts, Layer& L);
 
-  // Checks batch.state_slots and batch.state_captures, fills has_initial_state_ and
-  // capture_of_seq_ (linear-attention models only).
-  absl::Status PrepareStates(const ForwardBatch& batch);
   // Runs the gated delta rule over rows [begin, end) of one sequence, from its slot's state
   // (`has_initial`) or from zero, by the form the run's length calls for (see the header).
   absl::Status DeltaRuleRun(kernels::cpu::GatedDeltaRuleArgs& args, int32_t begin, int32_t end,
@@ -197,11 +195,9 @@ class Qwen3NextModel : public CausalLm {
   // state [K - 1, conv_dim_] then the delta-rule state [v_heads_, v_dim, k_dim].
   int64_t slot_floats_ = 0;
   std::vector<float> states_;
-  // Tokens of context each slot's state has absorbed; -1 = unusable until a sequence starts over.
-  std::vector<int64_t> slot_tokens_;
-  std::vector<uint8_t> has_initial_state_;  // [num_seqs] of the current step
-  // Per sequence of the current step: its index in batch.state_captures, or -1.
-  std::vector<int32_t> capture_of_seq_;
+  // What each slot holds; what the current step does with each sequence's state.
+  RecurrentStateSlots slots_;
+  RecurrentStepPlan plan_;
   // Per capture of the current step: the sequence's conv state before the step (a capture within
   // its first K - 1 tokens reads it after the conv has overwritten the slot).
   std::vector<float> conv_history_;

@@ -20,14 +20,25 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float eps, i
 void FusedAddRmsNorm(float* x, int64_t x_stride, float* residual, int64_t residual_stride,
                      const float* weight, float eps, int64_t num_rows, int64_t hidden);
 
-// Gated RMSNorm (HF Qwen3NextRMSNormGated, the output norm of Gated DeltaNet), per row of `dim`
-// elements (one value head of one token):
-//   out[i, :] = (weight * RMSNorm(x[i, :])) * silu(z[i, :]),  silu(z) = z / (1 + exp(-z)),
-// normalised exactly as RmsNorm above, then multiplied by the gate. `out` may equal `x` (same
-// strides); z must not overlap out.
+// Gated RMSNorm (HF Qwen3NextRMSNormGated, the output norm of Gated DeltaNet). Each of the
+// num_rows rows holds num_groups contiguous groups of group_dim elements (one token's value heads,
+// group_dim = the value head size), and every group is normalised on its own with the same
+// weight[group_dim]:
+//   out[i, g, :] = (weight * RMSNorm(x[i, g, :])) * silu(z[i, g, :]),  silu(z) = z / (1 + exp(-z)),
+// where element (i, g, d) is x[i * x_stride + g * group_dim + d], likewise z and out. Each group
+// is normalised exactly as RmsNorm above normalises a row of group_dim elements, then multiplied
+// by the gate: the result of a group depends only on its own x, z and weight. `out` may equal `x`
+// (same strides); z must not overlap out.
 void RmsNormGated(const float* x, int64_t x_stride, const float* z, int64_t z_stride,
-                  const float* weight, float eps, int64_t num_rows, int64_t dim, float* out,
-                  int64_t out_stride);
+                  const float* weight, float eps, int64_t num_rows, int64_t num_groups,
+                  int64_t group_dim, float* out, int64_t out_stride);
+
+// bfloat16 output: the float32 value above, rounded once (x, z and the weight stay float32; only
+// the result is stored narrow, e.g. as the input of a bf16 out_proj GEMM). out must not overlap x
+// or z.
+void RmsNormGated(const float* x, int64_t x_stride, const float* z, int64_t z_stride,
+                  const float* weight, float eps, int64_t num_rows, int64_t num_groups,
+                  int64_t group_dim, BFloat16* out, int64_t out_stride);
 
 // bfloat16 activations around a float32 residual stream (the bf16 model keeps the residual, the
 // norm weights and the reduction in float32):

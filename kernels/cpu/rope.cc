@@ -77,10 +77,14 @@ void QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, int64_t 
                     max_positions);
 }
 
-void QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride, int64_t num_tokens,
-                int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                const float* q_norm_weight, const float* k_norm_weight, float eps,
-                const int64_t* positions, const float* cos_sin_cache, int64_t max_positions) {
+void QkNormPartialRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride,
+                       int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                       int64_t head_dim, int64_t rotary_dim, const float* q_norm_weight,
+                       const float* k_norm_weight, float eps, const int64_t* positions,
+                       const float* cos_sin_cache, int64_t max_positions) {
+  // Checked here too, so that a bad rotary_dim fails even with no tokens (as the float kernel).
+  VAMP_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim)
+      << "rotary_dim " << rotary_dim << " for head_dim " << head_dim;
   // One token at a time through the float32 kernel: its arithmetic is per head, so widening a
   // token's heads into contiguous scratch changes nothing but where they sit.
   const int64_t q_width = num_q_heads * head_dim;
@@ -92,11 +96,21 @@ void QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride, in
     BFloat16* kt = k + t * k_stride;
     ToFloat(absl::MakeConstSpan(qt, q_width), q_f.data());
     ToFloat(absl::MakeConstSpan(kt, k_width), k_f.data());
-    QkNormRope(q_f.data(), q_width, k_f.data(), k_width, 1, num_q_heads, num_kv_heads, head_dim,
-               q_norm_weight, k_norm_weight, eps, positions + t, cos_sin_cache, max_positions);
+    QkNormPartialRope(q_f.data(), q_width, k_f.data(), k_width, 1, num_q_heads, num_kv_heads,
+                      head_dim, rotary_dim, q_norm_weight, k_norm_weight, eps, positions + t,
+                      cos_sin_cache, max_positions);
     ToBFloat16(absl::MakeConstSpan(q_f), qt);
     ToBFloat16(absl::MakeConstSpan(k_f), kt);
   }
+}
+
+void QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride, int64_t num_tokens,
+                int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                const float* q_norm_weight, const float* k_norm_weight, float eps,
+                const int64_t* positions, const float* cos_sin_cache, int64_t max_positions) {
+  QkNormPartialRope(q, q_stride, k, k_stride, num_tokens, num_q_heads, num_kv_heads, head_dim,
+                    head_dim, q_norm_weight, k_norm_weight, eps, positions, cos_sin_cache,
+                    max_positions);
 }
 
 }  // namespace vamp::kernels::cpu

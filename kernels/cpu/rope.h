@@ -45,6 +45,17 @@ void QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride, in
                 const float* q_norm_weight, const float* k_norm_weight, float eps,
                 const int64_t* positions, const float* cos_sin_cache, int64_t max_positions);
 
+// bfloat16 q and k for the partial rotary embedding, as the bf16 QkNormRope relates to the float
+// one: each token's heads are widened, normed and partly rotated by the float32 QkNormPartialRope
+// and rounded once. The pass-through elements are therefore the rounded normed values (unchanged
+// bits when the norm weight is null: widening and rounding back is exact). The bf16 QkNormRope is
+// this with rotary_dim == head_dim.
+void QkNormPartialRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride,
+                       int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                       int64_t head_dim, int64_t rotary_dim, const float* q_norm_weight,
+                       const float* k_norm_weight, float eps, const int64_t* positions,
+                       const float* cos_sin_cache, int64_t max_positions);
+
 }  // namespace vamp::kernels::cpu
 
 #endif  // VAMP_KERNELS_CPU_ROPE_H_

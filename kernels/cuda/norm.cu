@@ -1,3 +1,7 @@
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/reduce.cuh"
@@ -40,6 +44,61 @@ __global__ void RmsNormKernel(const T* x, int64_t x_stride, float* residual,
   }
 }
 
+// RmsNormGated: one warp per group (a Gated DeltaNet value head), kGatedNormWarps groups per
+// block. A group of 128 is 4 elements a lane, so a warp reduction replaces the block reduction
+// and its barriers, and a decode token's 32 heads spread over 4 blocks (SMs) rather than 1.
+constexpr int kGatedNormWarps = 8;
+
+// T is the storage type of out (float or __nv_bfloat16); x, z, the weight and all arithmetic are
+// float32. Warp w of block b handles group b * kGatedNormWarps + w of the (num_rows x num_groups)
+// groups in row-major order; a warp past the last group exits whole, so WarpSum's full mask holds.
+template <typename T>
+__global__ void RmsNormGatedKernel(const float* x, int64_t x_stride, const float* z,
+                                   int64_t z_stride, const float* weight, float eps,
+                                   int64_t num_groups, int64_t total_groups, int64_t group_dim,
+                                   T* out, int64_t out_stride) {
+  const int64_t group = int64_t{blockIdx.x} * kGatedNormWarps + threadIdx.x / 32;
+  if (group >= total_groups) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t i = group / num_groups, offset = (group % num_groups) * group_dim;
+  const float* xg = x + i * x_stride + offset;
+  const float* zg = z + i * z_stride + offset;
+  T* o = out + i * out_stride + offset;
+  float sum_sq = 0.0f;
+  for (int64_t j = lane; j < group_dim; j += 32) sum_sq += xg[j] * xg[j];
+  sum_sq = internal::WarpSum(sum_sq);  // every lane has read the group before any overwrites it
+  const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(group_dim) + eps);
+  for (int64_t j = lane; j < group_dim; j += 32) {
+    // The CPU twin's order: the normed value (weight * (x * inv_rms)), then times silu(z).
+    const float normed = weight[j] * (xg[j] * inv_rms);
+    const float zj = zg[j];
+    o[j] = FromFloat<T>(normed * (zj / (1.0f + expf(-zj))));
+  }
+}
+
+template <typename T>
+absl::Status LaunchRmsNormGated(const float* x, int64_t x_stride, const float* z, int64_t z_stride,
+                                const float* weight, float eps, int64_t num_rows,
+                                int64_t num_groups, int64_t group_dim, T* out, int64_t out_stride,
+                                cudaStream_t stream, const char* name) {
+  if (num_rows < 0 || num_groups < 0 || group_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("RmsNormGated: num_rows ", num_rows,
+                                                   ", num_groups ", num_groups, ", group_dim ",
+                                                   group_dim, " (group_dim must be positive)"));
+  }
+  if (num_rows == 0 || num_groups == 0) return absl::OkStatus();
+  const int64_t max_blocks = std::numeric_limits<int32_t>::max();
+  if (num_rows > max_blocks * kGatedNormWarps / num_groups) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RmsNormGated: ", num_rows, " x ", num_groups, " groups exceed the grid"));
+  }
+  const int64_t total = num_rows * num_groups;
+  RmsNormGatedKernel<T>
+      <<<internal::CeilDiv(total, kGatedNormWarps), kGatedNormWarps * 32, 0, stream>>>(
+          x, x_stride, z, z_stride, weight, eps, num_groups, total, group_dim, out, out_stride);
+  return internal::LaunchStatus(name);
+}
+
 }  // namespace
 
 absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float eps,
@@ -68,6 +127,22 @@ absl::Status FusedAddRmsNorm(BFloat16* x, int64_t x_stride, float* residual,
   RmsNormKernel<__nv_bfloat16><<<num_rows, kNormThreads, 0, stream>>>(
       xd, x_stride, residual, residual_stride, weight, eps, hidden, xd, x_stride);
   return internal::LaunchStatus("FusedAddRmsNormKernel<bf16>");
+}
+
+absl::Status RmsNormGated(const float* x, int64_t x_stride, const float* z, int64_t z_stride,
+                          const float* weight, float eps, int64_t num_rows, int64_t num_groups,
+                          int64_t group_dim, float* out, int64_t out_stride, cudaStream_t stream) {
+  return LaunchRmsNormGated(x, x_stride, z, z_stride, weight, eps, num_rows, num_groups, group_dim,
+                            out, out_stride, stream, "RmsNormGatedKernel");
+}
+
+absl::Status RmsNormGated(const float* x, int64_t x_stride, const float* z, int64_t z_stride,
+                          const float* weight, float eps, int64_t num_rows, int64_t num_groups,
+                          int64_t group_dim, BFloat16* out, int64_t out_stride,
+                          cudaStream_t stream) {
+  return LaunchRmsNormGated(x, x_stride, z, z_stride, weight, eps, num_rows, num_groups, group_dim,
+                            internal::AsDevice(out), out_stride, stream,
+                            "RmsNormGatedKernel<bf16>");
 }
 
 }  // namespace vamp::kernels::cuda

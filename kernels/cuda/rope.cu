@@ -1,3 +1,6 @@
+#include <cstdint>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/reduce.cuh"
@@ -13,18 +16,21 @@ using internal::FromFloat;
 constexpr int kRopeWarps = 4;
 
 // T is the storage type of q and k (float or __nv_bfloat16); arithmetic is float32 throughout,
-// and each element is stored once.
+// and each element is stored once. Only the first rotary_dim elements of a head rotate (the cache
+// row holds rotary_dim / 2 cos then rotary_dim / 2 sin); the rest are normalised when there is a
+// weight and otherwise left unwritten. rotary_dim == head_dim is QkNormRope: the loop over the
+// rotated pairs is then exactly the full-rotation kernel's and the pass-through loop is empty.
 template <typename T>
 __global__ void QkNormRopeKernel(T* q, int64_t q_stride, T* k, int64_t k_stride,
                                  int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                                 const float* q_norm_weight, const float* k_norm_weight, float eps,
-                                 const int64_t* positions, const float* cos_sin_cache,
-                                 int64_t max_positions) {
+                                 int64_t rotary_dim, const float* q_norm_weight,
+                                 const float* k_norm_weight, float eps, const int64_t* positions,
+                                 const float* cos_sin_cache, int64_t max_positions) {
   const int64_t t = blockIdx.x;
   const int64_t pos = positions[t];
   if (pos < 0 || pos >= max_positions) return;
-  const int64_t half = head_dim / 2;
-  const float* cos = cos_sin_cache + pos * head_dim;
+  const int64_t half = rotary_dim / 2;
+  const float* cos = cos_sin_cache + pos * rotary_dim;
   const float* sin = cos + half;
   const int lane = threadIdx.x % 32;
   for (int64_t h = threadIdx.x / 32; h < num_q_heads + num_kv_heads; h += kRopeWarps) {
@@ -51,23 +57,52 @@ __global__ void QkNormRopeKernel(T* q, int64_t q_stride, T* k, int64_t k_stride,
       x[i] = FromFloat<T>(x1 * cos[i] - x2 * sin[i]);
       x[i + half] = FromFloat<T>(x2 * cos[i] + x1 * sin[i]);
     }
+    if (w != nullptr) {
+      for (int64_t j = rotary_dim + lane; j < head_dim; j += 32) {
+        x[j] = FromFloat<T>(w[j] * (AsFloat(x[j]) * inv_rms));
+      }
+    }
   }
 }
 
+// Checks shared by both entry points, then the launch; rotary_dim is validated by the caller.
 template <typename T>
 absl::Status LaunchQkNormRope(T* q, int64_t q_stride, T* k, int64_t k_stride, int64_t num_tokens,
                               int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                              const float* q_norm_weight, const float* k_norm_weight, float eps,
-                              const int64_t* positions, const float* cos_sin_cache,
-                              int64_t max_positions, cudaStream_t stream, const char* name) {
-  if (head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("QkNormRope: head_dim ", head_dim, " is odd"));
+                              int64_t rotary_dim, const float* q_norm_weight,
+                              const float* k_norm_weight, float eps, const int64_t* positions,
+                              const float* cos_sin_cache, int64_t max_positions,
+                              cudaStream_t stream, const char* name) {
+  if (num_tokens < 0 || num_q_heads < 0 || num_kv_heads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": num_tokens ", num_tokens, ", heads ",
+                                                   num_q_heads, " / ", num_kv_heads,
+                                                   " must be non-negative"));
+  }
+  if (num_tokens > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": num_tokens ", num_tokens, " exceeds the grid"));
   }
   if (num_tokens == 0) return absl::OkStatus();
   QkNormRopeKernel<T><<<num_tokens, kRopeWarps * 32, 0, stream>>>(
-      q, q_stride, k, k_stride, num_q_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight,
-      eps, positions, cos_sin_cache, max_positions);
+      q, q_stride, k, k_stride, num_q_heads, num_kv_heads, head_dim, rotary_dim, q_norm_weight,
+      k_norm_weight, eps, positions, cos_sin_cache, max_positions);
   return internal::LaunchStatus(name);
+}
+
+absl::Status CheckHeadDim(int64_t head_dim) {
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("QkNormRope: head_dim ", head_dim, " is odd"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRotaryDim(int64_t head_dim, int64_t rotary_dim) {
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("QkNormPartialRope: rotary_dim ", rotary_dim,
+                                                   " must be even, positive and at most head_dim ",
+                                                   head_dim));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -77,8 +112,9 @@ absl::Status QkNormRope(float* q, int64_t q_stride, float* k, int64_t k_stride, 
                         const float* q_norm_weight, const float* k_norm_weight, float eps,
                         const int64_t* positions, const float* cos_sin_cache, int64_t max_positions,
                         cudaStream_t stream) {
+  if (absl::Status s = CheckHeadDim(head_dim); !s.ok()) return s;
   return LaunchQkNormRope(q, q_stride, k, k_stride, num_tokens, num_q_heads, num_kv_heads, head_dim,
-                          q_norm_weight, k_norm_weight, eps, positions, cos_sin_cache,
+                          head_dim, q_norm_weight, k_norm_weight, eps, positions, cos_sin_cache,
                           max_positions, stream, "QkNormRopeKernel");
 }
 
@@ -87,10 +123,36 @@ absl::Status QkNormRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_st
                         int64_t head_dim, const float* q_norm_weight, const float* k_norm_weight,
                         float eps, const int64_t* positions, const float* cos_sin_cache,
                         int64_t max_positions, cudaStream_t stream) {
+  if (absl::Status s = CheckHeadDim(head_dim); !s.ok()) return s;
   return LaunchQkNormRope(internal::AsDevice(q), q_stride, internal::AsDevice(k), k_stride,
-                          num_tokens, num_q_heads, num_kv_heads, head_dim, q_norm_weight,
+                          num_tokens, num_q_heads, num_kv_heads, head_dim, head_dim, q_norm_weight,
                           k_norm_weight, eps, positions, cos_sin_cache, max_positions, stream,
                           "QkNormRopeKernel<bf16>");
+}
+
+absl::Status QkNormPartialRope(float* q, int64_t q_stride, float* k, int64_t k_stride,
+                               int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                               int64_t head_dim, int64_t rotary_dim, const float* q_norm_weight,
+                               const float* k_norm_weight, float eps, const int64_t* positions,
+                               const float* cos_sin_cache, int64_t max_positions,
+                               cudaStream_t stream) {
+  if (absl::Status s = CheckRotaryDim(head_dim, rotary_dim); !s.ok()) return s;
+  return LaunchQkNormRope(q, q_stride, k, k_stride, num_tokens, num_q_heads, num_kv_heads, head_dim,
+                          rotary_dim, q_norm_weight, k_norm_weight, eps, positions, cos_sin_cache,
+                          max_positions, stream, "QkNormPartialRopeKernel");
+}
+
+absl::Status QkNormPartialRope(BFloat16* q, int64_t q_stride, BFloat16* k, int64_t k_stride,
+                               int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                               int64_t head_dim, int64_t rotary_dim, const float* q_norm_weight,
+                               const float* k_norm_weight, float eps, const int64_t* positions,
+                               const float* cos_sin_cache, int64_t max_positions,
+                               cudaStream_t stream) {
+  if (absl::Status s = CheckRotaryDim(head_dim, rotary_dim); !s.ok()) return s;
+  return LaunchQkNormRope(internal::AsDevice(q), q_stride, internal::AsDevice(k), k_stride,
+                          num_tokens, num_q_heads, num_kv_heads, head_dim, rotary_dim,
+                          q_norm_weight, k_norm_weight, eps, positions, cos_sin_cache,
+                          max_positions, stream, "QkNormPartialRopeKernel<bf16>");
 }
 
 }  // namespace vamp::kernels::cuda

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/bfloat16.h"
 #include "kernels/cpu/copy.h"
+#include "kernels/cpu/gating.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/norm.h"
@@ -335,6 +336,116 @@ TEST(Bf16KernelsTest, MoeUnpermuteEqualsFloatKernelRounded) {
                  out_b.data(), out_stride);
     ExpectSameBits(out_b, RoundRows(out0, out_f, tokens, hidden, out_stride),
                    "MoeUnpermute " + std::to_string(tokens) + "x" + std::to_string(hidden));
+  }
+}
+
+// ---- Qwen3-Next's elementwise kernels -------------------------------------------------------
+
+struct PartialRopeShape {
+  int64_t tokens, q_heads, kv_heads, head_dim, rotary_dim;
+};
+
+TEST(Bf16KernelsTest, QkNormPartialRopeEqualsFloatKernelRounded) {
+  const int64_t max_pos = 300;
+  // Qwen3-Next (16 q heads, 2 kv heads, head_dim 256, rotary 64), a small odd layout, full
+  // rotation (== QkNormRope), no tokens.
+  for (const auto& [tokens, nq, nkv, dim, rot] : std::vector<PartialRopeShape>{
+           {4, 16, 2, 256, 64}, {3, 3, 1, 10, 4}, {2, 2, 1, 8, 8}, {0, 2, 1, 8, 4}}) {
+    std::vector<float> cache(max_pos * rot);
+    BuildRopeCache(10000000.0f, rot, max_pos, cache.data());
+    const int64_t q_stride = nq * dim + 3, k_stride = nkv * dim + 5;
+    const int64_t alloc_tokens = std::max<int64_t>(tokens, 1);
+    const auto q = RandomBf16(alloc_tokens * q_stride, 44, 3.0f);
+    const auto k = RandomBf16(alloc_tokens * k_stride, 45, 3.0f);
+    const auto q_norm = RandomFloats(dim, 46);
+    const auto k_norm = RandomFloats(dim, 47);
+    std::vector<int64_t> positions(alloc_tokens);
+    for (int64_t t = 0; t < alloc_tokens; ++t) positions[t] = (t * 89 + 7) % max_pos;
+    for (bool with_norm : {true, false}) {
+      const float* qw = with_norm ? q_norm.data() : nullptr;
+      const float* kw = with_norm ? k_norm.data() : nullptr;
+      std::vector<float> q_f = Widen(q), k_f = Widen(k);
+      QkNormPartialRope(q_f.data(), q_stride, k_f.data(), k_stride, tokens, nq, nkv, dim, rot, qw,
+                        kw, 1e-6f, positions.data(), cache.data(), max_pos);
+      std::vector<BFloat16> q_b = q, k_b = k;
+      QkNormPartialRope(q_b.data(), q_stride, k_b.data(), k_stride, tokens, nq, nkv, dim, rot, qw,
+                        kw, 1e-6f, positions.data(), cache.data(), max_pos);
+      const std::string what = std::to_string(nq) + "/" + std::to_string(nkv) + " heads of " +
+                               std::to_string(dim) + " rotary " + std::to_string(rot) +
+                               (with_norm ? " with norm" : " without norm");
+      ExpectSameBits(q_b, RoundRows(q, q_f, tokens, nq * dim, q_stride), "q " + what);
+      ExpectSameBits(k_b, RoundRows(k, k_f, tokens, nkv * dim, k_stride), "k " + what);
+      if (rot == dim) {  // the bf16 QkNormRope is the full rotation
+        std::vector<BFloat16> q_full = q, k_full = k;
+        QkNormRope(q_full.data(), q_stride, k_full.data(), k_stride, tokens, nq, nkv, dim, qw, kw,
+                   1e-6f, positions.data(), cache.data(), max_pos);
+        ExpectSameBits(q_full, q_b, "QkNormRope q " + what);
+        ExpectSameBits(k_full, k_b, "QkNormRope k " + what);
+      }
+    }
+  }
+}
+
+struct GroupShape {
+  int64_t rows, groups, dim;
+};
+
+TEST(Bf16KernelsTest, RmsNormGatedEqualsFloatKernelRounded) {
+  // Qwen3-Next (32 value heads of 128), an odd layout, no rows.
+  for (const auto& [rows, groups, dim] :
+       std::vector<GroupShape>{{3, 32, 128}, {5, 3, 7}, {0, 2, 4}}) {
+    const int64_t width = groups * dim, alloc_rows = std::max<int64_t>(rows, 1);
+    const int64_t x_stride = width + 3, z_stride = 2 * width + 1, out_stride = width + 2;
+    const auto x = RandomFloats(alloc_rows * x_stride, 62, 2.0f);
+    const auto z = RandomFloats(alloc_rows * z_stride, 63, 3.0f);
+    const auto w = RandomFloats(dim, 64);
+    std::vector<float> out_f(alloc_rows * out_stride, 0.0f);
+    RmsNormGated(x.data(), x_stride, z.data() + 1, z_stride, w.data(), 1e-6f, rows, groups, dim,
+                 out_f.data(), out_stride);
+    const std::vector<BFloat16> out0(out_f.size(), BFloat16{0x4242});
+    std::vector<BFloat16> out_b = out0;
+    RmsNormGated(x.data(), x_stride, z.data() + 1, z_stride, w.data(), 1e-6f, rows, groups, dim,
+                 out_b.data(), out_stride);
+    ExpectSameBits(out_b, RoundRows(out0, out_f, rows, width, out_stride),
+                   "RmsNormGated " + std::to_string(rows) + "x" + std::to_string(groups) + "x" +
+                       std::to_string(dim));
+  }
+}
+
+TEST(Bf16KernelsTest, SigmoidGateEqualsFloatKernelRounded) {
+  // Qwen3-Next's attention output (16 heads x 256), an odd width, no rows.
+  for (const auto& [rows, cols] : std::vector<NormShape>{{4, 4096}, {3, 13}, {0, 8}}) {
+    const int64_t alloc_rows = std::max<int64_t>(rows, 1);
+    const int64_t x_stride = cols + 3, gate_stride = 2 * cols + 1;
+    const auto x = RandomBf16(alloc_rows * x_stride, 65, 2.0f);
+    const auto gate = RandomBf16(alloc_rows * gate_stride, 66, 4.0f);
+    std::vector<float> x_f = Widen(x);
+    const std::vector<float> gate_f = Widen(gate);
+    SigmoidGate(x_f.data(), x_stride, gate_f.data() + cols, gate_stride, rows, cols);
+    std::vector<BFloat16> x_b = x;
+    SigmoidGate(x_b.data(), x_stride, gate.data() + cols, gate_stride, rows, cols);
+    ExpectSameBits(x_b, RoundRows(x, x_f, rows, cols, x_stride),
+                   "SigmoidGate " + std::to_string(rows) + "x" + std::to_string(cols));
+  }
+}
+
+TEST(Bf16KernelsTest, AddSigmoidScaledEqualsFloatKernelRounded) {
+  // Qwen3-Next's hidden size (2048), an odd width, no rows; one gate logit per row, strided.
+  for (const auto& [rows, cols] : std::vector<NormShape>{{5, 2048}, {3, 13}, {0, 8}}) {
+    const int64_t alloc_rows = std::max<int64_t>(rows, 1);
+    const int64_t out_stride = cols + 2, y_stride = cols + 5, gate_stride = 3;
+    const auto out0 = RandomBf16(alloc_rows * out_stride, 67, 2.0f);
+    const auto y = RandomBf16(alloc_rows * y_stride, 68, 2.0f);
+    const auto gate = RandomFloats(alloc_rows * gate_stride, 69, 3.0f);
+    std::vector<float> out_f = Widen(out0);
+    const std::vector<float> y_f = Widen(y);
+    AddSigmoidScaled(out_f.data(), out_stride, y_f.data(), y_stride, gate.data(), gate_stride, rows,
+                     cols);
+    std::vector<BFloat16> out_b = out0;
+    AddSigmoidScaled(out_b.data(), out_stride, y.data(), y_stride, gate.data(), gate_stride, rows,
+                     cols);
+    ExpectSameBits(out_b, RoundRows(out0, out_f, rows, cols, out_stride),
+                   "AddSigmoidScaled " + std::to_string(rows) + "x" + std::to_string(cols));
   }
 }
 

@@ -446,7 +446,7 @@ TEST(RmsNormGatedTest, HandComputed) {
   //   out = w * x / sqrt(12.5 + 1e-6) * z / (1 + exp(-z)) = (1.4947621, -0.6085449).
   const float x[] = {3.0f, 4.0f}, z[] = {2.0f, -1.0f}, w[] = {1.0f, 2.0f};
   float out[2];
-  RmsNormGated(x, 2, z, 2, w, 1e-6f, 1, 2, out, 2);
+  RmsNormGated(x, 2, z, 2, w, 1e-6f, 1, 1, 2, out, 2);
   EXPECT_NEAR(out[0], 1.4947621f, 1e-6);
   EXPECT_NEAR(out[1], -0.6085449f, 1e-6);
   // In place, and the norm part equals RmsNorm exactly (z huge: silu(z) == z).
@@ -454,9 +454,60 @@ TEST(RmsNormGatedTest, HandComputed) {
   const float big[] = {1e4f, 1e4f};
   float plain[2];
   RmsNorm(y, 2, w, 1e-6f, 1, 2, plain, 2);
-  RmsNormGated(y, 2, big, 2, w, 1e-6f, 1, 2, y, 2);
+  RmsNormGated(y, 2, big, 2, w, 1e-6f, 1, 1, 2, y, 2);
   EXPECT_EQ(y[0], plain[0] * 1e4f);
   EXPECT_EQ(y[1], plain[1] * 1e4f);
+}
+
+TEST(RmsNormGatedTest, GroupsAreNormalisedSeparately) {
+  // One row of two groups of 2, weight (1, 2) for both. Group 0 as above; group 1: x = (6, 8)
+  // (mean square 50), z = (0, 1): out = (0, 2 * 8 / sqrt(50 + 1e-6) * 1 / (1 + exp(-1))) =
+  // (0, 1.6541967). Normalising the row of 4 as one group would give (0.9453706, -0.3848776, 0,
+  // 2.0924117) instead.
+  const float x[] = {3.0f, 4.0f, 6.0f, 8.0f}, z[] = {2.0f, -1.0f, 0.0f, 1.0f};
+  const float w[] = {1.0f, 2.0f};
+  float out[4];
+  RmsNormGated(x, 4, z, 4, w, 1e-6f, 1, 2, 2, out, 4);
+  EXPECT_NEAR(out[0], 1.4947621f, 1e-6);
+  EXPECT_NEAR(out[1], -0.6085449f, 1e-6);
+  EXPECT_EQ(out[2], 0.0f);
+  EXPECT_NEAR(out[3], 1.6541967f, 1e-6);
+}
+
+TEST(RmsNormGatedTest, GroupedEqualsOneCallPerGroup) {
+  // Qwen3-Next's layout (32 value heads of 128 per token) and an odd one, with padded strides; x
+  // and z are views into one projection-like buffer. Every group must equal the single-group call
+  // bit for bit, padding must stay untouched, and in place must give the same result.
+  std::mt19937 rng(41);
+  struct Shape {
+    int64_t rows, groups, dim;
+  };
+  for (const auto& [rows, groups, dim] : std::vector<Shape>{{5, 32, 128}, {3, 3, 7}, {1, 1, 5}}) {
+    const int64_t width = groups * dim;
+    const int64_t x_stride = width + 3, z_stride = width + 5, out_stride = width + 1;
+    const std::vector<float> x = Random(rows * x_stride, rng, -3.0f, 3.0f);
+    const std::vector<float> z = Random(rows * z_stride, rng, -6.0f, 6.0f);
+    const std::vector<float> w = Random(dim, rng, 0.5f, 1.5f);
+    std::vector<float> got(rows * out_stride, -7.0f), want = got;
+    RmsNormGated(x.data(), x_stride, z.data(), z_stride, w.data(), 1e-6f, rows, groups, dim,
+                 got.data(), out_stride);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t g = 0; g < groups; ++g) {
+        RmsNormGated(x.data() + i * x_stride + g * dim, dim, z.data() + i * z_stride + g * dim, dim,
+                     w.data(), 1e-6f, 1, 1, dim, want.data() + i * out_stride + g * dim, dim);
+      }
+    }
+    EXPECT_EQ(got, want) << rows << " x " << groups << " x " << dim;
+    std::vector<float> in_place = x;
+    RmsNormGated(in_place.data(), x_stride, z.data(), z_stride, w.data(), 1e-6f, rows, groups, dim,
+                 in_place.data(), x_stride);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < x_stride; ++j) {
+        const float expected = j < width ? want[i * out_stride + j] : x[i * x_stride + j];
+        ASSERT_EQ(in_place[i * x_stride + j], expected) << "in place, row " << i << " col " << j;
+      }
+    }
+  }
 }
 
 TEST(SigmoidGateTest, ElementwiseAndPerRow) {
