@@ -42,7 +42,7 @@ TEST(ChatOutputTest, ReasoningOpenedByThePromptEndsAtTheCloseTag) {
   for (size_t step : {1, 3, 100}) {
     ChatStreamParser p(o);
     std::string reasoning, content;
-    for (const std::string piece : {std::string("plan\n</th"), std::string("ink>\n\nanswer")}) {
+    for (const std::string& piece : {std::string("plan\n</th"), std::string("ink>\n\nanswer")}) {
       for (size_t i = 0; i < piece.size(); i += step) {
         ChatDelta d = p.Next(piece.substr(i, step));
         reasoning += d.reasoning_content;
