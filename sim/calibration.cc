@@ -1,5 +1,6 @@
 #include "sim/calibration.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,17 @@ int64_t SimModelShape::DenseBytesPerLayer() const {
   const int64_t router = static_cast<int64_t>(hidden) * num_experts;
   const int64_t shared = 3LL * hidden * (shared_expert_intermediate / tp_size);
   return (attention + router + shared) * dtype_bytes;
+}
+
+int64_t SimModelShape::RecurrentStateBytesPerLayer() const {
+  if (linear_value_heads == 0 || linear_conv_kernel == 0) return 0;
+  const int64_t key_heads = std::max(1, linear_key_heads / tp_size);
+  const int64_t value_heads = std::max(1, linear_value_heads / tp_size);
+  const int64_t conv_channels =
+      2 * key_heads * linear_key_head_dim + value_heads * linear_value_head_dim;
+  const int64_t floats = (linear_conv_kernel - 1) * conv_channels +
+                         value_heads * linear_value_head_dim * linear_key_head_dim;
+  return floats * static_cast<int64_t>(sizeof(float));
 }
 
 absl::StatusOr<Calibration> CalibrationPreset(const std::string& name) {
@@ -63,6 +75,13 @@ absl::StatusOr<Calibration> CalibrationPreset(const std::string& name) {
     m.shared_expert_intermediate = 512;
     m.num_layers = 48;
     m.num_kv_layers = 12;  // full attention in 1 of 4 layers
+    // Gated DeltaNet in the other 36 (tests/data/qwen3-next-80b-a3b/config.json): 37.7 MiB of
+    // state per sequence per rank at TP2, 201 KV blocks of 16 tokens per snapshot.
+    m.linear_key_heads = 16;
+    m.linear_value_heads = 32;
+    m.linear_key_head_dim = 128;
+    m.linear_value_head_dim = 128;
+    m.linear_conv_kernel = 4;
     m.num_q_heads = 16;
     m.num_kv_heads = 2;
     m.head_dim = 256;
@@ -133,7 +152,9 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
     s.Update(CheckKnown(m, "model",
                         {"name", "hidden", "moe_intermediate", "num_experts", "top_k",
                          "shared_expert_intermediate", "num_layers", "num_kv_layers", "num_q_heads",
-                         "num_kv_heads", "head_dim", "vocab", "dtype_bytes", "tp_size"},
+                         "num_kv_heads", "head_dim", "vocab", "dtype_bytes", "tp_size",
+                         "linear_key_heads", "linear_value_heads", "linear_key_head_dim",
+                         "linear_value_head_dim", "linear_conv_kernel"},
                         path));
     s.Update(ReadField(m, "model", "name", &o.name, path));
     s.Update(ReadField(m, "model", "hidden", &o.hidden, path));
@@ -154,6 +175,11 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
     s.Update(ReadField(m, "model", "vocab", &o.vocab, path));
     s.Update(ReadField(m, "model", "dtype_bytes", &o.dtype_bytes, path));
     s.Update(ReadField(m, "model", "tp_size", &o.tp_size, path));
+    s.Update(ReadField(m, "model", "linear_key_heads", &o.linear_key_heads, path));
+    s.Update(ReadField(m, "model", "linear_value_heads", &o.linear_value_heads, path));
+    s.Update(ReadField(m, "model", "linear_key_head_dim", &o.linear_key_head_dim, path));
+    s.Update(ReadField(m, "model", "linear_value_head_dim", &o.linear_value_head_dim, path));
+    s.Update(ReadField(m, "model", "linear_conv_kernel", &o.linear_conv_kernel, path));
   }
   if (doc.contains("hardware")) {
     const nlohmann::json& h = doc["hardware"];

@@ -28,11 +28,27 @@ struct SimModelShape {
   int32_t vocab = 151936;
   int32_t dtype_bytes = 2;
   int32_t tp_size = 1;
+  // Linear-attention layers (Qwen3-Next's Gated DeltaNet; the num_layers - num_kv_layers layers
+  // without KV): key and value heads, their head dims and the causal conv's kernel. 0 = none.
+  // Their per-sequence state (float32, as the engine keeps it) is what a prefix-cache hit must
+  // restore, so the scheduler keeps snapshots of it in KV blocks (SchedulerConfig::
+  // recurrent_state_blocks), and every step reads and writes it once per sequence.
+  int32_t linear_key_heads = 0;
+  int32_t linear_value_heads = 0;
+  int32_t linear_key_head_dim = 0;
+  int32_t linear_value_head_dim = 0;
+  int32_t linear_conv_kernel = 0;
 
   // Per rank, in bytes.
   int64_t ExpertBytes() const;         // one expert's shard [w13 | w2]
   int64_t KvBytesPerToken() const;     // all KV layers, K and V
   int64_t DenseBytesPerLayer() const;  // attention projections, router, shared expert
+  // One linear-attention layer's state per sequence: conv state (kernel - 1) x conv channels and
+  // the delta-rule state value heads x v_dim x k_dim, float32; 0 without linear attention.
+  int64_t RecurrentStateBytesPerLayer() const;
+  int64_t RecurrentStateBytesPerSeq() const {
+    return static_cast<int64_t>(num_layers - num_kv_layers) * RecurrentStateBytesPerLayer();
+  }
   int32_t QHeadsPerRank() const { return num_q_heads / tp_size; }
   int32_t KvHeadsPerRank() const { return std::max(1, num_kv_heads / tp_size); }
 };

@@ -157,6 +157,13 @@ absl::Status Run(const SimConfig& config, int argc, char** argv) {
       "KV %.1f KiB/token/rank",
       m.name, m.tp_size, m.num_experts, m.top_k, m.num_layers, m.num_kv_layers,
       m.ExpertBytes() / 1048576.0, m.KvBytesPerToken() / 1024.0));
+  if (const int64_t state = m.RecurrentStateBytesPerSeq(); state > 0) {
+    const int64_t block = m.KvBytesPerToken() * sc.block_size;
+    setting.push_back(absl::StrFormat(
+        "Recurrent state (linear attention, %d layers): %.1f MiB/sequence/rank; a prefix-cache "
+        "snapshot of it takes %d KV blocks",
+        m.num_layers - m.num_kv_layers, state / 1048576.0, (state + block - 1) / block));
+  }
   setting.push_back(absl::StrFormat(
       "Hardware: %s; weights %.2f TB/s, MoE %.0f TFLOP/s, attention %.0f TFLOP/s, pinned h2d "
       "%.1f GB/s, step overhead %.0f µs, all-reduce %.0f µs + volume at %.0f GB/s",

@@ -184,6 +184,11 @@ absl::Status Simulation::Setup() {
                         ComputeOffloadGeometry(options_.calibration.model, offload));
   SchedulerConfig config = options_.scheduler;
   config.num_blocks = result_.geometry.base_blocks();
+  // A model with recurrent state: prefix-cache hits need snapshots of it, in KV blocks, as the
+  // agents report to the controller (KvCacheManager keeps and evicts them).
+  const int64_t state_bytes = options_.calibration.model.RecurrentStateBytesPerSeq();
+  config.recurrent_state_blocks = static_cast<int32_t>(
+      (state_bytes + result_.geometry.kv_block_bytes - 1) / result_.geometry.kv_block_bytes);
   result_.base_blocks = config.num_blocks;
   result_.max_blocks = config.num_blocks;
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<MemoryArbiter> arbiter,
@@ -304,6 +309,7 @@ void Simulation::Sample(int64_t now) {
   TimeSample t;
   t.t_s = now * 1e-6;
   t.num_blocks = pool.num_blocks();
+  t.num_snapshot_blocks = pool.num_snapshot_blocks();
   t.offload_ratio = offloader_ ? static_cast<double>(offloader_->offloaded_experts_per_layer()) /
                                      result_.geometry.experts_per_layer
                                : 0;

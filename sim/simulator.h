@@ -75,6 +75,7 @@ struct SimOptions {
 struct TimeSample {
   double t_s = 0;
   int32_t num_blocks = 0;
+  int32_t num_snapshot_blocks = 0;  // holding recurrent-state snapshots (models with them)
   double offload_ratio = 0;  // offloaded experts / E, per eligible layer
   double kv_usage = 0;
   int32_t running = 0;

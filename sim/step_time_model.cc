@@ -68,15 +68,18 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
       1e6 * t.copy_share * static_cast<double>(offloaded_experts_per_layer) * m.ExpertBytes() /
       (t.routed ? h.routed_h2d_bytes_per_s : h.h2d_bytes_per_s);
 
-  // Linear-attention layers (Qwen3-Next's Gated DeltaNet) are costed like a dense projection:
-  // their state is O(1) in the context length.
+  // Linear-attention layers (Qwen3-Next's Gated DeltaNet) are costed like a dense projection
+  // plus one read and one write of every sequence's state (O(1) in the context length).
+  const double state_us = 1e6 * 2.0 * static_cast<double>(batch.size()) *
+                          static_cast<double>(m.RecurrentStateBytesPerLayer()) /
+                          h.kv_read_bytes_per_s;
   double layers_us = 0;
   for (int32_t l = 0; l < m.num_layers; ++l) {
     const bool kv_layer =
         m.num_kv_layers == m.num_layers || (l % std::max(1, m.num_layers / m.num_kv_layers)) ==
                                                std::max(1, m.num_layers / m.num_kv_layers) - 1;
     const double compute =
-        h.layer_overhead_us + dense_us + moe_us + tp_us + (kv_layer ? attention_us : 0);
+        h.layer_overhead_us + dense_us + moe_us + tp_us + (kv_layer ? attention_us : state_us);
     t.compute_us += compute;
     if (t.routed) {
       // Layer l's routed experts are copied after its router, before its expert GEMMs; layer 0

@@ -258,18 +258,54 @@ TEST(SimulatorTest, MooncakePrefixReplays) {
   mo.max_requests = 150;
   absl::StatusOr<workload::Workload> w = workload::ReadMooncakeTrace(path, mo);
   ASSERT_TRUE(w.ok()) << w.status();
+  for (const char* preset : {"qwen3-30b-a3b", "qwen3-next-80b-a3b-h100-tp2"}) {
+    absl::StatusOr<Calibration> c = CalibrationPreset(preset);
+    ASSERT_TRUE(c.ok());
+    SimOptions o;
+    o.calibration = *c;
+    o.scheduler.max_model_len = c->model.tp_size > 1 ? 262144 : 65536;  // what the pool holds
+    const bool recurrent = c->model.RecurrentStateBytesPerSeq() > 0;
+    for (const char* policy : {"static", "vamp-15"}) {
+      const SimResult r = Simulated(*w, policy, o);
+      EXPECT_EQ(r.turns_completed, 150) << preset << " " << policy;
+      EXPECT_EQ(r.ttft_s.size(), 150u) << preset << " " << policy;
+      EXPECT_GT(r.OutputTokensPerSecond(), 0) << preset << " " << policy;
+      if (recurrent) {
+        // A hit on a model with recurrent state must end where a snapshot of it was kept: at a
+        // prompt's or an output's last block boundary. The trace's requests share prefixes that
+        // end inside their prompts, where the engine keeps none, so none of them hits.
+        EXPECT_EQ(r.counters.prefix_cache.hit_tokens, 0) << preset << " " << policy;
+      } else {
+        EXPECT_GT(r.counters.prefix_cache.hit_tokens, 0) << preset << " " << policy;
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, RecurrentStateSnapshotsServeConversationsAndTakeBlocks) {
+  // Qwen3-Next's shape at TP2 on H100: 36 Gated DeltaNet layers of 1,097,728 bytes of float32
+  // state per sequence per rank (3 x 4,096 conv channels + 16 x 128 x 128), against 12 KiB of KV
+  // per token per rank: a snapshot takes 39,518,208 / 196,608 = 201 blocks of 16 tokens.
   absl::StatusOr<Calibration> c = CalibrationPreset("qwen3-next-80b-a3b-h100-tp2");
   ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->model.RecurrentStateBytesPerLayer(), 1097728);
+  EXPECT_EQ(c->model.RecurrentStateBytesPerSeq(), 39518208);
+  EXPECT_EQ(c->model.KvBytesPerToken() * 16, 196608);
+  EXPECT_EQ(Calibration{}.model.RecurrentStateBytesPerSeq(), 0);  // Qwen3-30B-A3B: none
   SimOptions o;
   o.calibration = *c;
   o.scheduler.max_model_len = 262144;
-  for (const char* policy : {"static", "vamp-15"}) {
-    const SimResult r = Simulated(*w, policy, o);
-    EXPECT_EQ(r.turns_completed, 150) << policy;
-    EXPECT_EQ(r.ttft_s.size(), 150u) << policy;
-    EXPECT_GT(r.counters.prefix_cache.hit_tokens, 0) << policy;  // shared hash ids are shared
-    EXPECT_GT(r.OutputTokensPerSecond(), 0) << policy;
+  const workload::Workload w = MultiTurn(4);
+  const SimResult with_state = Simulated(w, "static", o);
+  // Each turn continues its conversation at the previous output's snapshot.
+  EXPECT_GT(with_state.counters.prefix_cache.hit_tokens, 0);
+  EXPECT_EQ(with_state.turns_completed, w.NumTurns());
+  int32_t most_snapshot_blocks = 0;
+  for (const TimeSample& t : with_state.series) {
+    most_snapshot_blocks = std::max(most_snapshot_blocks, t.num_snapshot_blocks);
   }
+  EXPECT_GE(most_snapshot_blocks, 201);
+  EXPECT_EQ(most_snapshot_blocks % 201, 0);
 }
 
 TEST(ReportTest, RendersTablesAndCharts) {
