@@ -44,7 +44,20 @@ uint64_t EstimateActivationBytes(const ModelShape& shape, int tp_size,
   // q, k, v and the attention output (q + 2 kv + q); per selected expert its permuted input (h),
   // gate/up output (2 I), activated intermediate (I) and output (h).
   const int64_t per_token_elems = 4 * h + 2 * q_width + 2 * kv_width + k * (2 * h + 3 * inter);
-  const int64_t per_token_bytes = per_token_elems * shape.dtype_bytes + 4 * shape.num_experts;
+  // Gated DeltaNet (engine/runner/cuda/cuda_gated_delta_net.h), float32 per token: the input
+  // projection (conv channels, z, b and a), the conv output, the gates and the delta rule's
+  // output; then its normed output in the weights' dtype.
+  int64_t linear_bytes = 0;
+  if (shape.linear_num_value_heads > 0) {
+    const int64_t key_dim = shape.linear_num_key_heads / tp_size * shape.linear_key_head_dim;
+    const int64_t v_heads = shape.linear_num_value_heads / tp_size;
+    const int64_t value_dim = v_heads * shape.linear_value_head_dim;
+    const int64_t conv_dim = 2 * key_dim + value_dim;
+    linear_bytes = 4 * ((conv_dim + value_dim + 2 * v_heads) + conv_dim + 2 * v_heads + value_dim) +
+                   value_dim * shape.dtype_bytes;
+  }
+  const int64_t per_token_bytes =
+      per_token_elems * shape.dtype_bytes + 4 * shape.num_experts + linear_bytes;
   const int64_t logits_bytes = max_num_seqs * shape.vocab_size * 4;
   return static_cast<uint64_t>(max_num_batched_tokens * per_token_bytes + logits_bytes);
 }

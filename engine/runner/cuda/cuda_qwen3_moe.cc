@@ -15,6 +15,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/copy.h"
+#include "kernels/cuda/gating.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/moe.h"
@@ -72,9 +73,9 @@ absl::StatusOr<std::unique_ptr<CudaQwen3MoeModel>> CudaQwen3MoeModel::Create(
     CudaForwardOptions options) {
   if (host_model == nullptr) return absl::InvalidArgumentError("CudaQwen3MoeModel needs a model");
   const ModelConfig& c = host_model->config();
-  if (c.architecture != Architecture::kQwen3Moe) {
+  if (c.architecture != Architecture::kQwen3Moe && c.architecture != Architecture::kQwen3Next) {
     return absl::InvalidArgumentError(
-        absl::StrCat("CudaQwen3MoeModel runs qwen3_moe, not '", c.model_type, "'"));
+        absl::StrCat("CudaQwen3MoeModel runs qwen3_moe and qwen3_next, not '", c.model_type, "'"));
   }
   if (c.head_dim > kc::kMaxAttentionHeadDim || c.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("config field 'head_dim' (", c.head_dim,
@@ -104,6 +105,21 @@ absl::StatusOr<std::unique_ptr<CudaQwen3MoeModel>> CudaQwen3MoeModel::Create(
       new CudaQwen3MoeModel(host_model, runner_config, stream, options));
   VAMP_RETURN_IF_ERROR(m->UploadWeights());
   VAMP_RETURN_IF_ERROR(m->AllocateWorkspace());
+  const bool any_linear = std::any_of(m->layers_.begin(), m->layers_.end(),
+                                      [](const Layer& l) { return !l.full_attention; });
+  if (any_linear) {
+    const int tp = p.tp_size;
+    CudaGatedDeltaNet::Shape shape{.hidden = c.hidden_size,
+                                   .k_heads = c.linear_num_key_heads / tp,
+                                   .v_heads = c.linear_num_value_heads / tp,
+                                   .k_dim = c.linear_key_head_dim,
+                                   .v_dim = c.linear_value_head_dim,
+                                   .conv_kernel = c.linear_conv_kernel_dim,
+                                   .eps = static_cast<float>(c.rms_norm_eps)};
+    VAMP_ASSIGN_OR_RETURN(m->delta_net_, CudaGatedDeltaNet::Create(
+                                             shape, host_model->RecurrentStateFloatsPerSlot(),
+                                             m->max_tokens_, m->max_seqs_, options.dtype, stream));
+  }
   return m;
 }
 
@@ -119,14 +135,24 @@ CudaQwen3MoeModel::CudaQwen3MoeModel(const CausalLm* host, const RunnerConfig& r
   q_heads_ = c.num_attention_heads / host->parallel().tp_size;
   kv_heads_ = host->kv_heads_per_rank();
   dense_inter_ = c.intermediate_size / host->parallel().tp_size;
+  shared_inter_ = c.shared_expert_intermediate_size / host->parallel().tp_size;
+  gated_attention_ = c.architecture == Architecture::kQwen3Next;
+  qkv_cols_ = ((gated_attention_ ? 2 : 1) * q_heads_ + 2 * kv_heads_) * c.head_dim;
 }
 
 absl::Status CudaQwen3MoeModel::UploadWeights() {
   const ModelConfig& c = config();
   const int64_t H = c.hidden_size, V = c.vocab_size, hd = c.head_dim;
   const int64_t Il = dense_inter_;
-  const int64_t qkv_rows = (q_heads_ + 2 * kv_heads_) * hd;
+  const int64_t qkv_rows = qkv_cols_;
   const int64_t elem = DTypeBytes(options_.dtype);
+  // Gated DeltaNet, rank-local (Qwen3-Next).
+  const int tp = host_->parallel().tp_size;
+  const int64_t k_heads = c.linear_num_key_heads / tp, v_heads = c.linear_num_value_heads / tp;
+  const int64_t key_dim = k_heads * c.linear_key_head_dim;
+  const int64_t value_dim = v_heads * c.linear_value_head_dim;
+  const int64_t conv_dim = 2 * key_dim + value_dim;
+  const int64_t Is = shared_inter_;
   // Every weight the forward pass reads, with its expected size; norms stay float32.
   absl::flat_hash_map<std::string, absl::Span<const float>> host;
   host_->ForEachWeight([&](absl::string_view name, absl::Span<const float> data) {
@@ -145,20 +171,38 @@ absl::Status CudaQwen3MoeModel::UploadWeights() {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     wanted.push_back({p + "input_layernorm.weight", H, true});
     wanted.push_back({p + "post_attention_layernorm.weight", H, true});
-    wanted.push_back({p + "self_attn.qkv_proj.weight", qkv_rows * H, false});
-    wanted.push_back({p + "self_attn.o_proj.weight", H * q_heads_ * hd, false});
-    wanted.push_back({p + "self_attn.q_norm.weight", hd, true});
-    wanted.push_back({p + "self_attn.k_norm.weight", hd, true});
+    if (c.IsFullAttentionLayer(l)) {
+      wanted.push_back({p + "self_attn.qkv_proj.weight", qkv_rows * H, false});
+      wanted.push_back({p + "self_attn.o_proj.weight", H * q_heads_ * hd, false});
+      wanted.push_back({p + "self_attn.q_norm.weight", hd, true});
+      wanted.push_back({p + "self_attn.k_norm.weight", hd, true});
+    } else {
+      const int64_t rows = conv_dim + value_dim + 2 * v_heads;
+      wanted.push_back({p + "linear_attn.in_proj.weight", rows * H, false});
+      wanted.push_back(
+          {p + "linear_attn.conv1d.weight", conv_dim * c.linear_conv_kernel_dim, true});
+      wanted.push_back({p + "linear_attn.A_log", v_heads, true});
+      wanted.push_back({p + "linear_attn.dt_bias", v_heads, true});
+      wanted.push_back({p + "linear_attn.norm.weight", c.linear_value_head_dim, true});
+      wanted.push_back({p + "linear_attn.out_proj.weight", H * value_dim, false});
+    }
     if (c.IsMoeLayer(l)) {
       wanted.push_back({p + "mlp.gate.weight", c.num_experts * H, false});
+      if (host.contains(p + "mlp.shared_expert_gate.weight")) {
+        wanted.push_back({p + "mlp.shared_expert.gate_up_proj.weight", 2 * Is * H, false});
+        wanted.push_back({p + "mlp.shared_expert.down_proj.weight", H * Is, false});
+        wanted.push_back({p + "mlp.shared_expert_gate.weight", H, false});
+      }
     } else {
       wanted.push_back({p + "mlp.gate_up_proj.weight", 2 * Il * H, false});
       wanted.push_back({p + "mlp.down_proj.weight", H * Il, false});
     }
   }
-  std::vector<float> rope(c.max_position_embeddings * hd);
-  kernels::cpu::BuildRopeCache(static_cast<float>(c.rope_theta), hd, c.max_position_embeddings,
-                               rope.data());
+  // The rotary embedding turns the first rotary_dim elements of a head (all of them in
+  // qwen3_moe).
+  std::vector<float> rope(c.max_position_embeddings * c.rotary_dim);
+  kernels::cpu::BuildRopeCache(static_cast<float>(c.rope_theta), c.rotary_dim,
+                               c.max_position_embeddings, rope.data());
 
   Carver sizing(nullptr);
   for (const Wanted& w : wanted) {
@@ -207,22 +251,49 @@ absl::Status CudaQwen3MoeModel::UploadWeights() {
   lm_head_ = tied ? embed_ : dev.at("lm_head.weight");
   final_norm_ = As<float>(dev.at("model.norm.weight"));
   layers_.resize(c.num_hidden_layers);
+  int64_t slot_floats = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     Layer& L = layers_[l];
     L.moe = c.IsMoeLayer(l);
+    L.full_attention = c.IsFullAttentionLayer(l);
     L.input_norm = As<float>(dev.at(p + "input_layernorm.weight"));
     L.post_norm = As<float>(dev.at(p + "post_attention_layernorm.weight"));
-    L.q_norm = As<float>(dev.at(p + "self_attn.q_norm.weight"));
-    L.k_norm = As<float>(dev.at(p + "self_attn.k_norm.weight"));
-    L.qkv = dev.at(p + "self_attn.qkv_proj.weight");
-    L.o_proj = dev.at(p + "self_attn.o_proj.weight");
+    if (L.full_attention) {
+      L.q_norm = As<float>(dev.at(p + "self_attn.q_norm.weight"));
+      L.k_norm = As<float>(dev.at(p + "self_attn.k_norm.weight"));
+      L.qkv = dev.at(p + "self_attn.qkv_proj.weight");
+      L.o_proj = dev.at(p + "self_attn.o_proj.weight");
+    } else {
+      // The host model's slot layout: each linear-attention layer's conv state then its
+      // delta-rule state, layer after layer (checked against the host's slot size below).
+      L.linear = {.in_proj = dev.at(p + "linear_attn.in_proj.weight"),
+                  .conv = As<float>(dev.at(p + "linear_attn.conv1d.weight")),
+                  .a_log = As<float>(dev.at(p + "linear_attn.A_log")),
+                  .dt_bias = As<float>(dev.at(p + "linear_attn.dt_bias")),
+                  .norm = As<float>(dev.at(p + "linear_attn.norm.weight")),
+                  .out_proj = dev.at(p + "linear_attn.out_proj.weight"),
+                  .state_offset = slot_floats};
+      slot_floats += (c.linear_conv_kernel_dim - 1) * conv_dim +
+                     v_heads * c.linear_value_head_dim * c.linear_key_head_dim;
+    }
     if (L.moe) {
       L.router = dev.at(p + "mlp.gate.weight");
+      if (auto it = dev.find(p + "mlp.shared_expert_gate.weight"); it != dev.end()) {
+        L.shared_gate = it->second;
+        L.shared_w13 = dev.at(p + "mlp.shared_expert.gate_up_proj.weight");
+        L.shared_w2 = dev.at(p + "mlp.shared_expert.down_proj.weight");
+      }
     } else {
       L.mlp_w13 = dev.at(p + "mlp.gate_up_proj.weight");
       L.mlp_w2 = dev.at(p + "mlp.down_proj.weight");
     }
+  }
+  if (slot_floats != host_->RecurrentStateFloatsPerSlot()) {
+    return absl::InternalError(absl::StrCat("the GPU model lays out ", slot_floats,
+                                            " floats of recurrent state per sequence, the host "
+                                            "model ",
+                                            host_->RecurrentStateFloatsPerSlot()));
   }
   return absl::OkStatus();
 }
@@ -234,12 +305,15 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
   const int64_t top_k = E > 0 ? c.num_experts_per_tok : 0;
   const int64_t R = T * top_k;
   const int64_t Il = expert_layout().inter;
-  const int64_t qkv_cols = (q_heads_ + 2 * kv_heads_) * hd;
+  const int64_t qkv_cols = qkv_cols_;
   const int64_t elem = DTypeBytes(options_.dtype);
   const bool any_dense =
       std::any_of(layers_.begin(), layers_.end(), [](const Layer& l) { return !l.moe; });
-  const int64_t h13 = std::max(R * 2 * Il, any_dense ? T * 2 * dense_inter_ : 0);
-  const int64_t act = std::max(R * Il, any_dense ? T * dense_inter_ : 0);
+  const bool any_shared = std::any_of(layers_.begin(), layers_.end(),
+                                      [](const Layer& l) { return l.shared_gate != nullptr; });
+  const int64_t mlp_inter = std::max(any_dense ? dense_inter_ : 0, any_shared ? shared_inter_ : 0);
+  const int64_t h13 = std::max(R * 2 * Il, T * 2 * mlp_inter);
+  const int64_t act = std::max(R * Il, T * mlp_inter);
   attn_ws_floats_ =
       options_.dtype == DType::kBFloat16
           ? kc::PagedAttentionWorkspaceFloats(T, S, q_heads_, hd, runner_config_.max_model_len)
@@ -277,6 +351,8 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
     qkv_ = typed(T * qkv_cols);
     attn_out_ = typed(T * q_heads_ * hd);
     router_logits_ = w.Take<float>(T * E);
+    shared_out_ = typed(any_shared ? T * H : 0);
+    shared_logit_ = w.Take<float>(any_shared ? T : 0);
     topk_weights_ = w.Take<float>(R);
     permuted_ = typed(R * H);
     h13_ = typed(h13);
@@ -401,9 +477,15 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
   bucketed.max_seq_len = static_cast<int32_t>(std::max<int64_t>(
       batch.max_seq_len,
       std::min(stride * runner_config_.block_size, runner_config_.max_model_len)));
+  // The recurrent-state checks run before anything is enqueued: a refused step changes nothing.
+  if (delta_net_ != nullptr) VAMP_RETURN_IF_ERROR(delta_net_->BeginStep(bucketed));
   if (experts != nullptr) {
     experts->PlanPass(batch.num_tokens());
-    VAMP_RETURN_IF_ERROR(experts->BeginPass());
+    const absl::Status begin = experts->BeginPass();
+    if (!begin.ok()) {
+      if (delta_net_ != nullptr) delta_net_->EndStep(bucketed, /*ok=*/false);
+      return begin;
+    }
   }
   absl::Status status;
   if (GraphEligible(bucketed, sampling, experts)) {
@@ -433,6 +515,7 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
   absl::Status sync =
       CudaRuntimeStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (forward pass)");
   if (sync.ok() && parallel().tp_size > 1) sync = options_.all_reduce->Check();
+  if (delta_net_ != nullptr) delta_net_->EndStep(bucketed, status.ok() && sync.ok());
   if (!status.ok()) return status;
   if (!sync.ok()) return sync;
   if (sampling != nullptr) {
@@ -452,6 +535,20 @@ absl::Status CudaQwen3MoeModel::Run(const ForwardBatch& batch, const KvCacheView
 
 CudaQwen3MoeModel::~CudaQwen3MoeModel() { ClearGraphs(); }
 
+absl::Status CudaQwen3MoeModel::ReserveRecurrentStates(int64_t num_slots) {
+  if (delta_net_ == nullptr) return absl::OkStatus();
+  return delta_net_->ReserveSlots(num_slots);
+}
+
+absl::Status CudaQwen3MoeModel::RestoreRecurrentState(int32_t slot, const StateSnapshotView& from,
+                                                      int64_t num_tokens) {
+  if (delta_net_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(config().model_type, " keeps no recurrent state to restore"));
+  }
+  return delta_net_->Restore(slot, from, num_tokens);
+}
+
 bool CudaQwen3MoeModel::DeviceExpertGemm(int64_t rows) const {
   const int64_t per_expert = options_.device_gemm_max_rows_per_expert;
   return per_expert < 0 || rows <= per_expert * config().num_experts;
@@ -465,9 +562,10 @@ void CudaQwen3MoeModel::ClearGraphs() {
 bool CudaQwen3MoeModel::GraphEligible(const ForwardBatch& batch, const StepSampling* sampling,
                                       ExpertWeights* experts) const {
   // Logits processing uploads arrays of a size that changes every step: run it eagerly.
+  // State captures copy to addresses that change every step.
   if (!options_.cuda_graphs || graphs_failed_ || sampling == nullptr ||
       sampling->processing != nullptr || options_.dtype != DType::kBFloat16 ||
-      parallel().tp_size != 1) {
+      parallel().tp_size != 1 || (delta_net_ != nullptr && delta_net_->step_has_captures())) {
     return false;
   }
   const int64_t n = batch.num_tokens();
@@ -502,6 +600,7 @@ absl::Status CudaQwen3MoeModel::RunGraph(const ForwardBatch& batch, const StepSa
   }
   mix(static_cast<uint64_t>(kv.strides.block_stride));
   mix(static_cast<uint64_t>(kv.strides.token_stride));
+  if (delta_net_ != nullptr) mix(reinterpret_cast<uintptr_t>(delta_net_->states_address()));
   for (int layer : moe_layers()) {
     VAMP_ASSIGN_OR_RETURN(const ExpertLayerTable table, experts->AcquireLayer(layer));
     mix(reinterpret_cast<uintptr_t>(table.device_w13));
@@ -565,7 +664,12 @@ absl::Status CudaQwen3MoeModel::RunLayers(const ForwardBatch& batch, const KvCac
     const Layer& L = layers_[l];
     VAMP_RETURN_IF_ERROR(
         kc::FusedAddRmsNorm(As<T>(x_), H, res_, H, L.input_norm, eps, n, H, stream_));
-    VAMP_RETURN_IF_ERROR(Attention<T>(l, batch, kv));
+    if (L.full_attention) {
+      VAMP_RETURN_IF_ERROR(Attention<T>(l, batch, kv));
+    } else {
+      VAMP_RETURN_IF_ERROR(delta_net_->RunLayer<T>(L.linear, batch, As<T>(x_), As<T>(x_)));
+      VAMP_RETURN_IF_ERROR(AllReduceHidden(n));
+    }
     VAMP_RETURN_IF_ERROR(
         kc::FusedAddRmsNorm(As<T>(x_), H, res_, H, L.post_norm, eps, n, H, stream_));
     VAMP_RETURN_IF_ERROR(L.moe ? Moe<T>(l, n, experts) : DenseMlp<T>(l, n));
@@ -585,17 +689,26 @@ absl::Status CudaQwen3MoeModel::Attention(int layer, const ForwardBatch& batch,
   const Layer& L = layers_[layer];
   const int64_t n = batch.num_tokens(), H = c.hidden_size, hd = c.head_dim;
   const int64_t q_cols = q_heads_ * hd, kv_cols = kv_heads_ * hd;
-  const int64_t qkv_cols = q_cols + 2 * kv_cols;
+  const int64_t qkv_cols = qkv_cols_;
   T* qkv = As<T>(qkv_);
   VAMP_RETURN_IF_ERROR(
       kc::Gemm(As<T>(x_), H, As<T>(L.qkv), H, qkv, qkv_cols, n, qkv_cols, H, stream_));
+  // qwen3_moe: q | k | v; Qwen3-Next: q | output gate | k | v.
   T* q = qkv;
-  T* k = qkv + q_cols;
-  T* v = qkv + q_cols + kv_cols;
+  const T* gate = gated_attention_ ? qkv + q_cols : nullptr;
+  T* k = qkv + (gated_attention_ ? 2 : 1) * q_cols;
+  T* v = k + kv_cols;
   const auto* positions = reinterpret_cast<const int64_t*>(meta_dev_ + meta_.positions);
-  VAMP_RETURN_IF_ERROR(kc::QkNormRope(q, qkv_cols, k, qkv_cols, n, q_heads_, kv_heads_, hd,
-                                      L.q_norm, L.k_norm, static_cast<float>(c.rms_norm_eps),
-                                      positions, rope_cache_, c.max_position_embeddings, stream_));
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (c.rotary_dim == hd) {
+    VAMP_RETURN_IF_ERROR(kc::QkNormRope(q, qkv_cols, k, qkv_cols, n, q_heads_, kv_heads_, hd,
+                                        L.q_norm, L.k_norm, eps, positions, rope_cache_,
+                                        c.max_position_embeddings, stream_));
+  } else {
+    VAMP_RETURN_IF_ERROR(kc::QkNormPartialRope(q, qkv_cols, k, qkv_cols, n, q_heads_, kv_heads_, hd,
+                                               c.rotary_dim, L.q_norm, L.k_norm, eps, positions,
+                                               rope_cache_, c.max_position_embeddings, stream_));
+  }
   T* k_cache = As<T>(kv.k[layer]);
   T* v_cache = As<T>(kv.v[layer]);
   if (k_cache == nullptr || v_cache == nullptr) {
@@ -636,6 +749,9 @@ absl::Status CudaQwen3MoeModel::Attention(int layer, const ForwardBatch& batch,
     args.workspace_floats = attn_ws_floats_;
   }
   VAMP_RETURN_IF_ERROR(kc::PagedAttention(args, stream_));
+  if (gate != nullptr) {
+    VAMP_RETURN_IF_ERROR(kc::SigmoidGate(out, q_cols, gate, qkv_cols, n, q_cols, stream_));
+  }
   VAMP_RETURN_IF_ERROR(
       kc::Gemm(out, q_cols, As<T>(L.o_proj), q_cols, As<T>(x_), H, n, H, q_cols, stream_));
   return AllReduceHidden(n);
@@ -648,6 +764,13 @@ absl::Status CudaQwen3MoeModel::Moe(int layer, int64_t n, ExpertWeights* experts
   const int64_t H = c.hidden_size, E = c.num_experts, top_k = c.num_experts_per_tok;
   const int64_t Il = expert_layout().inter, rows = n * top_k;
   T* x = As<T>(x_);
+  // The shared expert and its gate read x before the routed experts overwrite it.
+  if (L.shared_gate != nullptr) {
+    VAMP_RETURN_IF_ERROR(
+        SiluMlp<T>(L.shared_w13, L.shared_w2, shared_inter_, n, As<T>(shared_out_)));
+    VAMP_RETURN_IF_ERROR(
+        kc::Gemm(x, H, As<T>(L.shared_gate), H, shared_logit_, 1, n, 1, H, stream_));
+  }
   VAMP_RETURN_IF_ERROR(kc::Gemm(x, H, As<T>(L.router), H, router_logits_, E, n, E, H, stream_));
   VAMP_RETURN_IF_ERROR(kc::RouterTopK(router_logits_, E, n, E, top_k, c.norm_topk_prob, topk_ids_,
                                       topk_weights_, stream_));
@@ -724,19 +847,29 @@ absl::Status CudaQwen3MoeModel::Moe(int layer, int64_t n, ExpertWeights* experts
   VAMP_RETURN_IF_ERROR(experts->ReleaseLayer(layer));
   VAMP_RETURN_IF_ERROR(
       kc::MoeUnpermute(expert_out, H, pair_row_, topk_weights_, n, top_k, H, x, H, stream_));
+  if (L.shared_gate != nullptr) {
+    VAMP_RETURN_IF_ERROR(
+        kc::AddSigmoidScaled(x, H, As<T>(shared_out_), H, shared_logit_, 1, n, H, stream_));
+  }
   return AllReduceHidden(n);
+}
+
+template <typename T>
+absl::Status CudaQwen3MoeModel::SiluMlp(const void* w13, const void* w2, int64_t inter, int64_t n,
+                                        T* out) {
+  const int64_t H = config().hidden_size;
+  T* h13 = As<T>(h13_);
+  T* act = As<T>(act_);
+  VAMP_RETURN_IF_ERROR(
+      kc::Gemm(As<T>(x_), H, As<T>(w13), H, h13, 2 * inter, n, 2 * inter, H, stream_));
+  VAMP_RETURN_IF_ERROR(kc::SiluAndMul(h13, 2 * inter, n, inter, act, inter, stream_));
+  return kc::Gemm(act, inter, As<T>(w2), inter, out, H, n, H, inter, stream_);
 }
 
 template <typename T>
 absl::Status CudaQwen3MoeModel::DenseMlp(int layer, int64_t n) {
   const Layer& L = layers_[layer];
-  const int64_t H = config().hidden_size, Il = dense_inter_;
-  T* x = As<T>(x_);
-  T* h13 = As<T>(h13_);
-  T* act = As<T>(act_);
-  VAMP_RETURN_IF_ERROR(kc::Gemm(x, H, As<T>(L.mlp_w13), H, h13, 2 * Il, n, 2 * Il, H, stream_));
-  VAMP_RETURN_IF_ERROR(kc::SiluAndMul(h13, 2 * Il, n, Il, act, Il, stream_));
-  VAMP_RETURN_IF_ERROR(kc::Gemm(act, Il, As<T>(L.mlp_w2), Il, x, H, n, H, Il, stream_));
+  VAMP_RETURN_IF_ERROR(SiluMlp<T>(L.mlp_w13, L.mlp_w2, dense_inter_, n, As<T>(x_)));
   return AllReduceHidden(n);
 }
 
@@ -751,8 +884,8 @@ absl::Status CudaQwen3MoeModel::ProcessLogitsOnDevice(float* logits, int64_t row
       static_cast<int64_t>(p.frequency_penalties.size()) != rows ||
       static_cast<int64_t>(p.presence_penalties.size()) != rows ||
       static_cast<int64_t>(p.min_ps.size()) != rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "logits processing arrays do not match ", rows, " rows and ", num_entries, " entries"));
+    return absl::InvalidArgumentError(absl::StrCat("logits processing arrays do not match ", rows,
+                                                   " rows and ", num_entries, " entries"));
   }
   // Layout: offsets, tokens, counts, the four per-row float arrays, then the flags (bytes last,
   // so every 4-byte array stays aligned).

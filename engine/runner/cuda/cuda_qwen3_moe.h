@@ -1,6 +1,14 @@
-// The GPU execution path of Qwen3-MoE: a CausalLm whose Forward runs every op with the CUDA
-// kernels (kernels/cuda/) on one stream, over the same weights and the same structure as the CPU
-// model (engine/model/qwen3_moe.h), which it wraps.
+// The GPU execution path of the Qwen3 MoE family, qwen3_moe and qwen3_next: a CausalLm whose
+// Forward runs every op with the CUDA kernels (kernels/cuda/) on one stream, over the same weights
+// and the same structure as the CPU model it wraps (engine/model/qwen3_moe.h,
+// engine/model/qwen3_next.h).
+//
+// Qwen3-Next adds, layer by layer as its CPU model: gated full attention (an output gate projected
+// with q, q/k RMSNorm1p, rotary embedding on the first rotary_dim elements of a head) in the
+// full-attention layers; Gated DeltaNet in the others (CudaGatedDeltaNet,
+// engine/runner/cuda/cuda_gated_delta_net.h, which also keeps the per-sequence recurrent state in
+// device memory, ReserveRecurrentStates, and copies it to and from snapshots in KV blocks for
+// prefix-cache hits); and the shared expert beside the routed ones, scaled by its sigmoid gate.
 //
 // Why a CausalLm: ModelRunner (persistent batch, step metadata, validation, sampling) is
 // backend-independent and already talks to the model only through CausalLm::Forward, so the GPU
@@ -58,6 +66,7 @@
 #include "engine/model/causal_lm.h"
 #include "engine/model/dtype.h"
 #include "engine/runner/cuda/cuda_forward_options.h"
+#include "engine/runner/cuda/cuda_gated_delta_net.h"
 #include "engine/runner/cuda/cuda_runner_support.h"
 #include "engine/runner/cuda/device_all_reduce.h"
 #include "engine/runner/model_runner.h"
@@ -108,6 +117,16 @@ class CudaQwen3MoeModel final : public CausalLm {
                                 const StepSampling& sampling,
                                 const StepSamplingOutput& out) override;
 
+  // Recurrent state (Qwen3-Next): the host model's slot layout, the slots in device memory.
+  int64_t RecurrentStateFloatsPerSlot() const override {
+    return host_->RecurrentStateFloatsPerSlot();
+  }
+  absl::Status ReserveRecurrentStates(int64_t num_slots) override;
+  bool SupportsStateSnapshots() const override { return delta_net_ != nullptr; }
+  // `from` holds device addresses (KV blocks); the copy is ordered before the next step.
+  absl::Status RestoreRecurrentState(int32_t slot, const StateSnapshotView& from,
+                                     int64_t num_tokens) override;
+
   // The host model's weights (the device holds copies of them).
   void ForEachWeight(
       const std::function<void(absl::string_view, absl::Span<const float>)>& fn) const override {
@@ -120,21 +139,33 @@ class CudaQwen3MoeModel final : public CausalLm {
   // Turns CUDA graphs on or off from the next step (benchmarks compare both in one process).
   void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
   ~CudaQwen3MoeModel() override;
-  // Device bytes of the non-expert weights and of the activation workspace.
+  // Device bytes of the non-expert weights and of the activation workspace (Gated DeltaNet's
+  // included; its state slots are not: the memory plan counts those per sequence).
   uint64_t weight_bytes() const { return weights_.bytes(); }
-  uint64_t workspace_bytes() const { return workspace_.bytes(); }
+  uint64_t workspace_bytes() const {
+    return workspace_.bytes() + (delta_net_ != nullptr ? delta_net_->workspace_bytes() : 0);
+  }
 
  private:
   // Device weights of one decoder layer: norms are float32, matrices of the model's dtype.
   struct Layer {
     bool moe = true;
+    bool full_attention = true;
     const float* input_norm = nullptr;
     const float* post_norm = nullptr;
+    // Full attention (Qwen3-Next's qkv rows: query heads | gate heads | k heads | v heads).
     const float* q_norm = nullptr;
     const float* k_norm = nullptr;
     const void* qkv = nullptr;
     const void* o_proj = nullptr;
+    // Gated DeltaNet (Qwen3-Next's other layers).
+    CudaGatedDeltaNet::LayerWeights linear;
     const void* router = nullptr;
+    // Qwen3-Next's shared expert: gate/up [2 * shared_inter, hidden], down [hidden, shared_inter],
+    // gate [1, hidden]; null without one.
+    const void* shared_w13 = nullptr;
+    const void* shared_w2 = nullptr;
+    const void* shared_gate = nullptr;
     const void* mlp_w13 = nullptr;
     const void* mlp_w2 = nullptr;
   };
@@ -164,6 +195,10 @@ class CudaQwen3MoeModel final : public CausalLm {
   absl::Status Moe(int layer, int64_t num_tokens, ExpertWeights* experts);
   template <typename T>
   absl::Status DenseMlp(int layer, int64_t num_tokens);
+  // out = down(silu(gate(x)) * up(x)) over x_ ([num_tokens, hidden]; out may be x_), through the
+  // h13_/act_ scratch: w13 [2 * inter, hidden], w2 [hidden, inter].
+  template <typename T>
+  absl::Status SiluMlp(const void* w13, const void* w2, int64_t inter, int64_t num_tokens, T* out);
   // Final norm and LM head of the logits rows; copied to `host_logits`, or, when `sample`, the
   // rows sampled with the uploaded parameters (from a processed copy when `processing` is not
   // null), with the raw logits' logprobs and, with `alternatives`, each row's uploaded
@@ -200,7 +235,9 @@ class CudaQwen3MoeModel final : public CausalLm {
   const cudaStream_t stream_;
   CudaForwardOptions options_;
   int64_t max_tokens_ = 0, max_seqs_ = 0, max_blocks_per_seq_ = 0, max_logits_rows_ = 0;
-  int64_t q_heads_ = 0, kv_heads_ = 0, dense_inter_ = 0;
+  int64_t q_heads_ = 0, kv_heads_ = 0, dense_inter_ = 0, shared_inter_ = 0;
+  bool gated_attention_ = false;  // Qwen3-Next's full attention (output gate, partial rotary)
+  int64_t qkv_cols_ = 0;          // columns of the qkv projection
 
   DeviceBuffer weights_;
   const void* embed_ = nullptr;
@@ -222,6 +259,8 @@ class CudaQwen3MoeModel final : public CausalLm {
   void *x_ = nullptr, *qkv_ = nullptr, *attn_out_ = nullptr, *permuted_ = nullptr;
   void *h13_ = nullptr, *act_ = nullptr, *expert_out_ = nullptr, *sel_x_ = nullptr;
   float *res_ = nullptr, *sel_res_ = nullptr, *router_logits_ = nullptr, *topk_weights_ = nullptr;
+  void* shared_out_ = nullptr;     // [max_tokens, hidden]: the shared expert's output
+  float* shared_logit_ = nullptr;  // [max_tokens]: its gate's logit per token
   float* logits_dev_ = nullptr;
   float* attn_ws_ = nullptr;       // PagedAttention scratch (bfloat16 kernels)
   void* sample_ws_ = nullptr;      // SampleTokens scratch for max_logits_rows_ rows
@@ -245,6 +284,8 @@ class CudaQwen3MoeModel final : public CausalLm {
   bool graphs_failed_ = false;               // a capture failed: eager from then on
   std::vector<int32_t> graph_block_tables_;  // the step's block table on the bucketed stride
   CudaGraphStats graph_stats_;
+  // Qwen3-Next's linear-attention layers and recurrent state; null for qwen3_moe.
+  std::unique_ptr<CudaGatedDeltaNet> delta_net_;
   // The acquired MoE layer's host pointer table, typed for cuBLAS's per-expert path.
   std::vector<const float*> f32_w13_, f32_w2_;
   std::vector<const kernels::BFloat16*> bf16_w13_, bf16_w2_;

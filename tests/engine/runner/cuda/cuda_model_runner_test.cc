@@ -6,7 +6,10 @@
 //   2. the GPU logits match the CPU engine's on mixed prefill/decode steps;
 //   3. every residency boundary gives bit-identical logits (shared/DESIGN.md invariant 1), on a
 //      dummy-weight model whose experts are large enough to be offloaded in 2 MiB pages;
-//   4. decoding after a prefix-cache hit matches a fresh prefill.
+//   4. decoding after a prefix-cache hit matches a fresh prefill;
+//   5. Qwen3-Next (gated attention, Gated DeltaNet with device state slots, shared experts) against
+//      its HF goldens and the CPU engine, prefix hits from device snapshots, CUDA graphs, and bit
+//      identity across residency boundaries.
 // Cases 1-4 run in float32 (the CPU engine's precision); the bfloat16 cases check the production
 // precision against the CPU engine with bfloat16 tolerances, bit-identity across residency
 // boundaries in bfloat16, and that the device-side grouped expert GEMM and cuBLAS agree.
@@ -19,6 +22,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/status_macros.h"
@@ -29,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/sampling.h"
 #include "tests/engine/model/tiny_model.h"
+#include "tests/engine/model/tiny_qwen3_next.h"
 #include "tests/engine/runner/runner_test_util.h"
 
 namespace vamp {
@@ -527,8 +532,9 @@ PromptsRun RunPrompts(ModelRunner& runner, RunnerRequestId first_id) {
 
 // Offloads group by group up to the cap and restores back, checking bit-identical logits at every
 // boundary.
-void CheckEveryResidencyBoundary(CudaForwardOptions forward) {
-  auto config = ParseModelConfig(PageSizedExpertsConfig(forward.dtype));
+void CheckEveryResidencyBoundary(CudaForwardOptions forward, std::string config_json = "") {
+  if (config_json.empty()) config_json = PageSizedExpertsConfig(forward.dtype);
+  auto config = ParseModelConfig(config_json);
   ASSERT_TRUE(config.ok()) << config.status();
   auto made = MakeGpuEngine(*config, DummyWeights(), /*kv_pages=*/8, /*ratio=*/0.75, {}, forward);
   ASSERT_TRUE(made.ok()) << made.status();
@@ -769,6 +775,190 @@ TEST_F(CudaModelRunnerTest, OneStagingBufferGivesTheSameLogits) {
                              want.logits[i].size() * sizeof(float)))
         << "prompt " << i;
   }
+}
+
+// ---- Qwen3-Next (engine/runner/cuda/cuda_gated_delta_net.h) ----
+
+// The committed tiny qwen3_next checkpoint (tests/data/make_tiny_qwen3_next.py), resident.
+absl::StatusOr<std::unique_ptr<Rank>> MakeTinyNextGpuEngine(
+    const std::string& dir, RunnerConfig rc = {}, CudaForwardOptions forward = F32Forward()) {
+  VAMP_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(dir));
+  LoadOptions options;
+  options.model_path = dir;
+  return MakeGpuEngine(config, LoadWith(options), /*kv_pages=*/2, /*ratio=*/0.0, rc, forward);
+}
+
+// A dummy-valued checkpoint of the tiny config (HF names), as the CPU runner tests use.
+const std::string& NextDummyCheckpoint() {
+  static const std::string dir = testing::WriteQwen3NextCheckpoint(
+      "cuda-runner-qwen3-next", testing::TinyQwen3NextConfig(), 31, /*fused_experts=*/true);
+  return dir;
+}
+
+// Prompts that cover one-token, short, sub-chunk and multi-chunk (70 > 64) prefills.
+std::vector<std::vector<int32_t>> NextPrompts() {
+  std::vector<std::vector<int32_t>> p = {{7}, {72, 101, 108, 108, 111, 44, 32}, Range(3, 36)};
+  std::vector<int32_t> long_prompt;
+  for (int i = 0; i < 70; ++i) long_prompt.push_back((i * 37 + 11) % 256);
+  p.push_back(long_prompt);
+  return p;
+}
+
+MiniScheduler RunNextPrompts(ModelRunner& runner, int chunk, int max_tokens = 12) {
+  MiniScheduler sched(16, Range(0, 256), chunk);
+  const auto prompts = NextPrompts();
+  for (size_t i = 0; i < prompts.size(); ++i) sched.Submit(i, prompts[i], max_tokens);
+  sched.RunAll(runner);
+  return sched;
+}
+
+TEST_F(CudaModelRunnerTest, Qwen3NextMatchesHfGoldens) {
+  const Goldens g =
+      LoadGoldens("tiny-qwen3-next-goldens.safetensors", "tiny-qwen3-next-goldens.json");
+  ASSERT_FALSE(g.prompts.empty());
+  for (int chunk : {1 << 20, 7}) {
+    auto engine = MakeTinyNextGpuEngine(testing::TinyQwen3NextDir());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    MiniScheduler sched(16, Range(0, 256), chunk);
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      sched.Submit(i, g.prompts[i], static_cast<int32_t>(g.continuations[i].size()));
+    }
+    sched.RunAll(*(*engine)->runner);
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      const auto& r = sched.request(i);
+      EXPECT_EQ(r.outputs, g.continuations[i]) << "chunk " << chunk << " prompt " << i;
+      ASSERT_GE(r.all_logits.size(), g.logits[i].size());
+      EXPECT_TRUE(LogitsMatch(r.all_logits.data(), g.logits[i].data(), g.logits[i].size()))
+          << "chunk " << chunk << " prompt " << i;
+    }
+  }
+}
+
+TEST_F(CudaModelRunnerTest, Qwen3NextMatchesTheCpuEngineOnMixedSteps) {
+  // Chunks of 5 mix prefill chunks with decodes of the requests already prefilled: recurrent and
+  // chunked delta-rule launches in one step.
+  for (int chunk : {1 << 20, 5}) {
+    auto cpu = MakeTinyEngine({}, nullptr, 256, {}, NextDummyCheckpoint());
+    ASSERT_NE(cpu, nullptr);
+    const MiniScheduler want = RunNextPrompts(*cpu->runner, chunk);
+    auto gpu = MakeTinyNextGpuEngine(NextDummyCheckpoint());
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    EXPECT_GT(DeviceModel(**gpu).workspace_bytes(), 0u);
+    const MiniScheduler got = RunNextPrompts(*(*gpu)->runner, chunk);
+    for (size_t i = 0; i < NextPrompts().size(); ++i) {
+      const auto& a = got.request(i);
+      const auto& b = want.request(i);
+      EXPECT_EQ(a.outputs, b.outputs) << "chunk " << chunk << " prompt " << i;
+      ASSERT_EQ(a.all_logits.size(), b.all_logits.size());
+      EXPECT_TRUE(LogitsMatch(a.all_logits.data(), b.all_logits.data(), b.all_logits.size()))
+          << "chunk " << chunk << " prompt " << i;
+    }
+  }
+}
+
+TEST_F(CudaModelRunnerTest, Qwen3NextPrefixHitFromADeviceSnapshotEqualsAFreshPrefill) {
+  auto engine = MakeTinyNextGpuEngine(NextDummyCheckpoint());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ModelRunner& runner = *(*engine)->runner;
+  ASSERT_GE(runner.snapshot_blocks(), 1);
+  const std::vector<int32_t> prompt = NextPrompts()[3];  // 70 tokens
+  const int32_t last = static_cast<int32_t>(runner.kv_cache().num_blocks) - 1;
+  MiniScheduler sched(16, Range(0, last - 4));
+  // Snapshots at a delta-rule chunk boundary (64) and inside a chunk (32), each in the pool's
+  // last blocks.
+  sched.Submit(1, prompt, 8);
+  sched.mutable_request(1).capture = {64, {last}};
+  sched.Submit(2, prompt, 8);
+  sched.mutable_request(2).capture = {32, {last - 1}};
+  sched.RunAll(runner);
+  EXPECT_EQ(runner.num_snapshots(), 2u);
+  auto fresh = [](const std::vector<int32_t>& tokens) {
+    auto e = MakeTinyNextGpuEngine(NextDummyCheckpoint());
+    EXPECT_TRUE(e.ok()) << e.status();
+    MiniScheduler plain(16, Range(0, 200));
+    plain.Submit(1, tokens, 8);
+    plain.RunAll(*(*e)->runner);
+    return plain.request(1);
+  };
+  const MiniScheduler::Request plain = fresh(prompt);
+  // The captures ran in a batch of two prefills, the fresh run alone: cuBLAS may pick other
+  // kernels for other row counts, so float32 rounding apart (on the CPU these are the same bits).
+  for (int id : {1, 2}) {
+    EXPECT_TRUE(LogitsMatch(sched.request(id).all_logits.data(), plain.all_logits.data(),
+                            plain.all_logits.size()))
+        << id;
+    EXPECT_EQ(sched.request(id).outputs, plain.outputs) << id;
+  }
+
+  // The prompt again, hitting 64 and 32 tokens: the first requests' KV blocks and snapshots.
+  const auto& first = sched.request(1).blocks;
+  sched.Submit(11, prompt, 8, MiniScheduler::Greedy(), {first.begin(), first.begin() + 4}, 64);
+  sched.mutable_request(11).restore = {64, {last}};
+  const auto& second = sched.request(2).blocks;
+  sched.Submit(12, prompt, 8, MiniScheduler::Greedy(), {second.begin(), second.begin() + 2}, 32);
+  sched.mutable_request(12).restore = {32, {last - 1}};
+  sched.RunAll(runner);
+  auto rows_from = [](const std::vector<float>& logits, int64_t row) {
+    return std::vector<float>(logits.begin() + row * kVocab, logits.end());
+  };
+  for (const auto& [id, from, hit] : {std::tuple{11, 1, 64}, std::tuple{12, 2, 32}}) {
+    const std::vector<float> want = rows_from(sched.request(from).all_logits, hit);
+    ASSERT_EQ(sched.request(id).all_logits.size(), want.size()) << id;
+    EXPECT_TRUE(LogitsMatch(sched.request(id).all_logits.data(), want.data(), want.size())) << id;
+    EXPECT_EQ(sched.request(id).outputs, sched.request(from).outputs) << id;
+  }
+}
+
+// Decode steps of a model with recurrent state replay CUDA graphs (the states' device address and
+// the per-step slot arrays are baked in); tokens equal launch-by-launch execution's.
+TEST_F(CudaModelRunnerTest, Qwen3NextCudaGraphDecodeStepsMatchEagerSteps) {
+  std::vector<std::vector<int32_t>> outputs[2];
+  CudaGraphStats stats[2];
+  for (bool graphs : {false, true}) {
+    CudaForwardOptions forward = Bf16Forward();
+    forward.cuda_graphs = graphs;
+    forward.graph_stride_bucket_blocks = 2;
+    auto engine = MakeTinyNextGpuEngine(NextDummyCheckpoint(), {}, forward);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    MiniScheduler sched(16, Range(0, 256), 7);
+    const auto prompts = NextPrompts();
+    for (size_t i = 0; i < prompts.size(); ++i) sched.Submit(i, prompts[i], 24);
+    sched.RunAll(*(*engine)->runner, /*all_logits=*/false);
+    for (size_t i = 0; i < prompts.size(); ++i) outputs[graphs].push_back(sched.request(i).outputs);
+    stats[graphs] = DeviceModel(**engine).graph_stats();
+  }
+  EXPECT_EQ(outputs[1], outputs[0]);
+  EXPECT_EQ(stats[0].replays, 0);
+  EXPECT_GT(stats[1].replays, 10);
+}
+
+// Qwen3-Next's layout with float32 experts of 1.5 MiB (as kPageSizedExpertsConfig): every
+// residency boundary gives bit-identical logits, with linear-attention layers between the MoE
+// layers.
+constexpr char kPageSizedNextConfig[] = R"({
+  "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+  "vocab_size": 256, "hidden_size": 512, "num_hidden_layers": 3, "full_attention_interval": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+  "partial_rotary_factor": 0.25, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+  "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
+  "intermediate_size": 1024, "moe_intermediate_size": 256, "num_experts": 16,
+  "num_experts_per_tok": 4, "shared_expert_intermediate_size": 128, "norm_topk_prob": true,
+  "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-06,
+  "rope_theta": 10000.0, "max_position_embeddings": 1024, "tie_word_embeddings": false,
+  "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2
+})";
+
+TEST_F(CudaModelRunnerTest, Qwen3NextEveryResidencyBoundaryGivesBitIdenticalLogits) {
+  CheckEveryResidencyBoundary(F32Forward(), kPageSizedNextConfig);
+}
+
+TEST_F(CudaModelRunnerTest, Qwen3NextRoutedStagingGivesBitIdenticalLogitsInBFloat16) {
+  CudaForwardOptions forward = Bf16Forward();
+  forward.routed_staging_max_tokens = 16;
+  std::string config = kPageSizedNextConfig;
+  const std::string from = R"("moe_intermediate_size": 256)";
+  config.replace(config.find(from), from.size(), R"("moe_intermediate_size": 512)");
+  CheckEveryResidencyBoundary(forward, config);
 }
 
 TEST(CudaModelRunnerNoDeviceTest, PlansOnTwoMiBPagesHaveTheShapesTheGpuTestsAssume) {
