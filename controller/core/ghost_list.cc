@@ -7,17 +7,22 @@ void GhostList::set_capacity(int64_t capacity) {
   Trim();
 }
 
-void GhostList::Add(const BlockHash& hash) {
+void GhostList::Add(const BlockHash& hash, bool anchored) {
   ++clock_;
   if (capacity_ == 0) return;
-  seq_[hash] = clock_;
+  seq_[hash] = {clock_, anchored};
   order_.push_back({hash, clock_});
   Trim();
 }
 
 int64_t GhostList::Depth(const BlockHash& hash) const {
   auto it = seq_.find(hash);
-  return it == seq_.end() ? 0 : clock_ - it->second + 1;
+  return it == seq_.end() ? 0 : clock_ - it->second.seq + 1;
+}
+
+bool GhostList::Anchored(const BlockHash& hash) const {
+  auto it = seq_.find(hash);
+  return it != seq_.end() && it->second.anchored;
 }
 
 void GhostList::Trim() {
@@ -28,7 +33,7 @@ void GhostList::Trim() {
           static_cast<int64_t>(order_.size()) > 2 * capacity_)) {
     const Entry& e = order_.front();
     auto it = seq_.find(e.hash);
-    if (it != seq_.end() && it->second == e.seq) seq_.erase(it);
+    if (it != seq_.end() && it->second.seq == e.seq) seq_.erase(it);
     order_.pop_front();
   }
 }

@@ -29,12 +29,15 @@ class GhostList {
   void set_capacity(int64_t capacity);
   int64_t capacity() const { return capacity_; }
 
-  // Records that the block cached under `hash` was evicted now. A hash evicted again replaces its
-  // older entry.
-  void Add(const BlockHash& hash);
+  // Records that the block cached under `hash` was evicted now; `anchored`: it carried a
+  // snapshot of recurrent state (a prefix hit on a model with recurrent state may end only at
+  // such a block). A hash evicted again replaces its older entry.
+  void Add(const BlockHash& hash, bool anchored = false);
   // Evictions since `hash` was evicted, counting its own (1 = the latest eviction), or 0 when the
   // hash is not remembered. A pool with Depth(hash) more blocks would still hold it.
   int64_t Depth(const BlockHash& hash) const;
+  // Whether `hash`'s block carried a snapshot when it was (last) evicted; false when forgotten.
+  bool Anchored(const BlockHash& hash) const;
 
   // Hashes remembered now (<= capacity).
   int64_t size() const { return static_cast<int64_t>(seq_.size()); }
@@ -50,8 +53,11 @@ class GhostList {
   };
   int64_t capacity_;
   int64_t clock_ = 0;
-  // hash → the eviction count when it was (last) evicted.
-  absl::flat_hash_map<BlockHash, int64_t, BlockHashHasher> seq_;
+  struct Evicted {
+    int64_t seq;  // the eviction count when it was (last) evicted
+    bool anchored;
+  };
+  absl::flat_hash_map<BlockHash, Evicted, BlockHashHasher> seq_;
   // Eviction order, oldest first. An entry whose seq no longer matches seq_ is a stale duplicate
   // of a hash evicted again later; it is skipped when trimmed. At most 2 × capacity long.
   std::deque<Entry> order_;

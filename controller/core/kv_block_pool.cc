@@ -55,7 +55,7 @@ int32_t KvBlockPool::EvictCached(int32_t n) {
   while (freed < n && free_.num_cached() > 0) {
     KvBlock& b = blocks_[free_.DemoteOldestCached()];
     LeaveCachedSegment(b);
-    if (on_evict_) on_evict_(b.hash);
+    if (on_evict_) on_evict_(b.hash, b.snapshot != kNoSnapshot);
     freed += b.EvictionBlocks();
     Uncache(b);
     ++num_evicted_;
@@ -146,7 +146,7 @@ void KvBlockPool::Acquire(BlockId id) {
 
 void KvBlockPool::Withdraw(KvBlock& b) {
   if (b.cached) {
-    if (on_evict_) on_evict_(b.hash);
+    if (on_evict_) on_evict_(b.hash, b.snapshot != kNoSnapshot);
     Uncache(b);
     ++num_evicted_;
   }
@@ -228,7 +228,7 @@ absl::Status KvBlockPool::BeginShrink(int32_t n) {
     }
     LeaveCachedSegment(anchor);
     free_.Remove(anchor.id);
-    if (on_evict_) on_evict_(anchor.hash);
+    if (on_evict_) on_evict_(anchor.hash, /*anchored=*/true);
     Uncache(anchor);
     ++num_evicted_;
     free_.PushUncachedFront(anchor.id);  // withdrawn below when in the tail
@@ -241,8 +241,9 @@ absl::Status KvBlockPool::BeginShrink(int32_t n) {
       free_.Remove(id);
       Withdraw(b);
     } else if (b.cached) {
-      if (on_evict_) on_evict_(b.hash);  // its content leaves the cache with the tail
-      Uncache(b);                        // still in use; just no longer shareable
+      // Its content leaves the cache with the tail; still in use, just no longer shareable.
+      if (on_evict_) on_evict_(b.hash, b.snapshot != kNoSnapshot);
+      Uncache(b);
     }
   }
   return absl::OkStatus();

@@ -68,8 +68,9 @@ class KvBlockPool {
   int64_t num_evicted() const { return num_evicted_; }
 
   // Called with the hash of every cached block whose cache entry is dropped while it is free
-  // (arbiter evictions and shrink withdrawals), in eviction order: the feed of a ghost list.
-  using EvictionListener = std::function<void(const BlockHash&)>;
+  // (arbiter evictions and shrink withdrawals), in eviction order, and whether the block
+  // anchored a snapshot of recurrent state then: the feed of a ghost list.
+  using EvictionListener = std::function<void(const BlockHash&, bool anchored)>;
   void set_eviction_listener(EvictionListener listener) { on_evict_ = std::move(listener); }
 
   // The scheduler step stamped into blocks as they are acquired and released.

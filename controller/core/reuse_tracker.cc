@@ -78,30 +78,31 @@ void ReuseTracker::RecordAdmission(int64_t now_micros, const HitNeeds& needs, Re
   }
   for (const auto& [bucket, blocks] : needs.ages) hit_ages_.Add(now_micros, bucket, blocks);
   if (ghosts_.size() == 0) return;
-  // Past the hit: the blocks a larger pool would have kept, while the prefix chain holds.
+  // Past the hit: the blocks a larger pool would have kept, while the prefix chain holds (each
+  // block's need is the running maximum), up to the last block a hit could have ended at.
   int32_t running_max = needs.max_need;
   const int32_t first = request.num_cached_blocks();
   const int32_t last = (request.num_tokens() - 1) / block_size;  // full blocks a hit may cover
-  double ghost = 0;
-  int32_t run_need = -1;
-  int32_t run_blocks = 0;
+  ghost_needs_.clear();
+  size_t servable = 0;  // blocks of ghost_needs_ a hit could cover
   for (int32_t i = first; i < last; ++i) {
     request.EnsureBlockHashes(i + 1, block_size, hasher);
-    const int64_t depth = ghosts_.Depth(request.block_hashes()[i]);
+    const BlockHash& hash = request.block_hashes()[i];
+    const int64_t depth = ghosts_.Depth(hash);
     if (depth == 0) break;
     const int64_t need = offloaded_ + CeilDiv(depth, bpg_);
     if (need > max_groups_) break;  // no reachable pool would have kept it (nor what follows)
     running_max = std::max<int32_t>(running_max, static_cast<int32_t>(need));
-    if (running_max != run_need && run_blocks > 0) {
-      Record(now_micros, run_need, static_cast<double>(run_blocks) * block_size);
-      run_blocks = 0;
-    }
-    run_need = running_max;
-    ++run_blocks;
-    ghost += block_size;
+    ghost_needs_.push_back(running_max);
+    if (!hits_need_snapshots_ || ghosts_.Anchored(hash)) servable = ghost_needs_.size();
   }
-  if (run_blocks > 0) Record(now_micros, run_need, static_cast<double>(run_blocks) * block_size);
-  if (ghost > 0) ghost_tokens_.Add(now_micros, 0, ghost);
+  for (size_t i = 0; i < servable;) {
+    size_t j = i;
+    while (j < servable && ghost_needs_[j] == ghost_needs_[i]) ++j;
+    Record(now_micros, ghost_needs_[i], static_cast<double>(j - i) * block_size);
+    i = j;
+  }
+  if (servable > 0) ghost_tokens_.Add(now_micros, 0, static_cast<double>(servable) * block_size);
 }
 
 void ReuseTracker::RecordPreemption(int64_t now_micros, int32_t gap_blocks,

@@ -13,7 +13,9 @@
 //   - past the cached prefix, a block whose hash is in the ghost list (evicted, at stack distance
 //     s) would have been kept by a pool s blocks larger, so it needs g_now + ceil(s / bpg);
 //   - a prefix needs all its blocks, so each block's need is the running maximum along the
-//     prompt, and the walk stops at the first block that no reachable pool size would have held.
+//     prompt, and the walk stops at the first block that no reachable pool size would have held;
+//   - on a model with recurrent state a hit must end at a block anchoring a snapshot of it, so
+//     the ghost blocks after the last one that anchored a snapshot when evicted count for nothing.
 // Preemptions are recorded too: the recompute of a victim's tokens is what a pool large enough to
 // cover the gap would have avoided. So is waiting for memory: a step in which the head of the
 // waiting queue could not be admitted for lack of KV blocks costs every waiting request that
@@ -64,8 +66,14 @@ class ReuseTracker {
   int32_t offloaded_groups() const { return offloaded_; }
   int32_t max_groups() const { return max_groups_; }
 
-  // A cached block's entry was dropped while it was free (KvBlockPool's eviction listener).
-  void OnEvicted(const BlockHash& hash) { ghosts_.Add(hash); }
+  // A cached block's entry was dropped while it was free (KvBlockPool's eviction listener);
+  // `anchored`: it carried a snapshot of recurrent state.
+  void OnEvicted(const BlockHash& hash, bool anchored = false) { ghosts_.Add(hash, anchored); }
+  // A model with recurrent state (Qwen3-Next): a prefix hit must end at a block that anchors a
+  // snapshot of the state there, so ghost blocks count only up to the last one that did when it
+  // was evicted (a larger pool would have kept the snapshot with it); the blocks after it could
+  // not have been served. Off: every ghost block of the chain counts.
+  void set_hits_need_snapshots(bool on) { hits_need_snapshots_ = on; }
 
   // The needs of a request's cached prefix, measured before its blocks are acquired (acquiring
   // takes them out of the free queue, where their depth is read).
@@ -124,6 +132,8 @@ class ReuseTracker {
   int32_t offloaded_ = 0;
   int32_t max_groups_ = 0;
   GhostList ghosts_;
+  bool hits_need_snapshots_ = false;
+  std::vector<int32_t> ghost_needs_;  // RecordAdmission's per-block needs (reused scratch)
   // Bucket g: tokens first served at g offloaded groups (0..max_groups; max_groups + 1 = out of
   // reach, kept for the totals).
   SlidingHistogram tokens_;

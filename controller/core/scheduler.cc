@@ -31,9 +31,12 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Clock* clock,
           config.recurrent_state_blocks, config.snapshot_outputs),
       waiting_(config.policy) {
   // Evicted hashes feed the arbiter's ghost list, when it keeps one.
-  kv_.pool().set_eviction_listener([this](const BlockHash& hash) {
-    if (ReuseTracker* tracker = arbiter_->reuse_tracker()) tracker->OnEvicted(hash);
+  kv_.pool().set_eviction_listener([this](const BlockHash& hash, bool anchored) {
+    if (ReuseTracker* tracker = arbiter_->reuse_tracker()) tracker->OnEvicted(hash, anchored);
   });
+  if (ReuseTracker* tracker = arbiter_->reuse_tracker()) {
+    tracker->set_hits_need_snapshots(config.recurrent_state_blocks > 0);
+  }
 }
 
 void Scheduler::SyncReuseGeometry() {

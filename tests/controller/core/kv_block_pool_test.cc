@@ -190,7 +190,7 @@ TEST(KvBlockPoolDeathTest, AllocatingMoreThanUncachedFreeAborts) {
 TEST(KvBlockPoolTest, EvictionListenerSeesEveryDroppedEntryInOrder) {
   KvBlockPool pool(8, true);
   std::vector<BlockHash> evicted;
-  pool.set_eviction_listener([&](const BlockHash& h) { evicted.push_back(h); });
+  pool.set_eviction_listener([&](const BlockHash& h, bool) { evicted.push_back(h); });
   const std::vector<BlockId> ids = Alloc(pool, 8);
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(pool.Cache(ids[i], H(i + 1)));
   for (int i = 0; i < 4; ++i) pool.Release(ids[i]);  // LRU order: 1, 2, 3, 4
@@ -224,7 +224,7 @@ TEST(KvBlockPoolTest, CachedFreeDepthCountsBlocksEvictedFirst) {
 TEST(KvBlockPoolTest, SnapshotsAreEvictedWithTheirAnchor) {
   KvBlockPool pool(10, true);
   std::vector<BlockHash> evicted;
-  pool.set_eviction_listener([&](const BlockHash& h) { evicted.push_back(h); });
+  pool.set_eviction_listener([&](const BlockHash& h, bool) { evicted.push_back(h); });
   const std::vector<BlockId> table = Alloc(pool, 3);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.Cache(table[i], H(i + 1)));
   const SnapshotId snapshot = pool.AllocateSnapshot(4);

@@ -101,6 +101,33 @@ TEST_F(ReuseTrackerTest, GhostHitsCountAtTheGroupsThatWouldHaveKeptThem) {
   EXPECT_DOUBLE_EQ(tracker_.GhostTokens(10), 4 * kBlockSize);
 }
 
+TEST_F(ReuseTrackerTest, WithRecurrentStateGhostHitsEndAtTheLastSnapshotAnchor) {
+  // The same evictions as above, blocks 0-3 at depths 5, 3, 2, 1; only block 1 anchored a
+  // snapshot of recurrent state. A hit on such a model ends at an anchor: blocks 0-1 (needs 3, 3
+  // with the running max) could have been served, blocks 2-3 could not.
+  Request r = MakeRequest(1, 4);
+  r.EnsureBlockHashes(4, kBlockSize, hasher_);
+  tracker_.set_hits_need_snapshots(true);
+  tracker_.OnEvicted(r.block_hashes()[0]);
+  tracker_.OnEvicted(H(100), /*anchored=*/true);
+  tracker_.OnEvicted(r.block_hashes()[1], /*anchored=*/true);
+  tracker_.OnEvicted(r.block_hashes()[2]);
+  tracker_.OnEvicted(r.block_hashes()[3]);
+  Request admitted = MakeRequest(1, 4);
+  tracker_.RecordAdmission(10, {}, admitted, kBlockSize, hasher_);
+  EXPECT_DOUBLE_EQ(tracker_.TokensBetween(10, 0, 2), 0);
+  EXPECT_DOUBLE_EQ(tracker_.TokensBetween(10, 0, 4), 2 * kBlockSize);
+  EXPECT_DOUBLE_EQ(tracker_.GhostTokens(10), 2 * kBlockSize);
+
+  // No anchor along the chain: nothing a larger pool would have served.
+  Request other = MakeRequest(2, 3, /*first_token=*/500);
+  other.EnsureBlockHashes(3, kBlockSize, hasher_);
+  for (int i = 0; i < 3; ++i) tracker_.OnEvicted(other.block_hashes()[i]);
+  Request admitted_other = MakeRequest(2, 3, /*first_token=*/500);
+  tracker_.RecordAdmission(20, {}, admitted_other, kBlockSize, hasher_);
+  EXPECT_DOUBLE_EQ(tracker_.GhostTokens(20), 2 * kBlockSize);  // only the first admission's
+}
+
 TEST_F(ReuseTrackerTest, TheWalkStopsAtTheFirstBlockNoReachablePoolHeld) {
   Request r = MakeRequest(1, 3);
   r.EnsureBlockHashes(3, kBlockSize, hasher_);
