@@ -12,6 +12,7 @@ DecodeFloor ComputeDecodeFloor(const Flags& f, const GpuEngine& e, double hbm_gb
   const ModelConfig& c = e.rank->config;
   const double dtype = 2.0;  // bfloat16
   DecodeFloor d;
+  d.model_type = c.model_type;
   d.tokens = f.batch;
   d.expected_experts_per_layer = static_cast<double>(c.num_experts) *
                                  UniformRoutedShare(d.tokens, c.num_experts_per_tok, c.num_experts);
@@ -30,7 +31,9 @@ DecodeFloor ComputeDecodeFloor(const Flags& f, const GpuEngine& e, double hbm_gb
   d.kv_bytes = static_cast<double>(f.batch) * mean_context *
                static_cast<double>(e.rank->plan.kv.attention_layers.size()) * 2.0 *
                static_cast<double>(e.model->kv_heads_per_rank() * c.head_dim) * dtype;
-  d.total_bytes = d.non_expert_bytes + d.expert_bytes + d.kv_bytes;
+  d.state_bytes = 2.0 * static_cast<double>(f.batch) *
+                  static_cast<double>(e.rank->plan.recurrent_state_bytes_per_seq);
+  d.total_bytes = d.non_expert_bytes + d.expert_bytes + d.kv_bytes + d.state_bytes;
   d.ms = d.total_bytes / (hbm_gbps * 1e6);
   d.estimate = absl::StrFormat(
       "uniform routing: E(1-(1-k/E)^T) = %.1f distinct experts per MoE layer for T = %d tokens, "

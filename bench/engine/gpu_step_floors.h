@@ -17,11 +17,15 @@
 namespace vamp::gpu_step_bench {
 
 struct DecodeFloor {
+  std::string model_type;  // the config's, for the report
   int64_t tokens = 0;
   double expected_experts_per_layer = 0;
   double non_expert_bytes = 0;
   double expert_bytes = 0;
   double kv_bytes = 0;
+  // Recurrent state (Qwen3-Next's linear-attention layers): every sequence's state is read and
+  // written once per step.
+  double state_bytes = 0;
   double total_bytes = 0;
   double ms = 0;
   std::string estimate;

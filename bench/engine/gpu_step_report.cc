@@ -27,16 +27,17 @@ std::string FormatReport(const Flags& f, const Bandwidths& bw, const DecodeFloor
                          const ExpertGeometry& g, const std::vector<PointResult>& points) {
   const PointResult& resident_decode = points.front();
   std::string out = absl::StrFormat(
-      "\n%s, %s; Qwen3-MoE %s (dummy weights, bfloat16), batch %d @ %d tokens\n"
+      "\n%s, %s; %s %s (dummy weights, bfloat16), batch %d @ %d tokens\n"
       "HBM %.0f GB/s, pinned H2D %.1f GB/s (%s copy), logits D2H %.2f ms per step\n\n"
-      "decode floor: %.2f ms = (%.2f GiB non-expert + %.2f GiB experts + %.2f GiB KV) / HBM\n"
+      "decode floor: %.2f ms = (%.2f GiB non-expert + %.2f GiB experts + %.2f GiB KV + %.2f GiB "
+      "recurrent state) / HBM\n"
       "  (%s)\n"
       "resident decode: forward %.2f ms = %.2fx the floor; step (with sampling) %.2f ms\n\n",
-      bw.device_name, FormatBytes(bw.device_memory_bytes), f.model_dir, f.batch, f.context,
-      bw.hbm_gbps, bw.h2d_peak_gbps, FormatBytes(f.h2d_copy_bytes), bw.logits_d2h_ms, floor.ms,
-      floor.non_expert_bytes / kGiB, floor.expert_bytes / kGiB, floor.kv_bytes / kGiB,
-      floor.estimate, resident_decode.forward_ms.p50, resident_decode.forward_ms.p50 / floor.ms,
-      resident_decode.step_ms.p50);
+      bw.device_name, FormatBytes(bw.device_memory_bytes), floor.model_type, f.model_dir, f.batch,
+      f.context, bw.hbm_gbps, bw.h2d_peak_gbps, FormatBytes(f.h2d_copy_bytes), bw.logits_d2h_ms,
+      floor.ms, floor.non_expert_bytes / kGiB, floor.expert_bytes / kGiB, floor.kv_bytes / kGiB,
+      floor.state_bytes / kGiB, floor.estimate, resident_decode.forward_ms.p50,
+      resident_decode.forward_ms.p50 / floor.ms, resident_decode.step_ms.p50);
   absl::StrAppend(
       &out,
       "| mode | VAMP-r | offloaded/layer | staged MiB/step | copies alone ms | "
@@ -108,6 +109,7 @@ absl::Status WriteJsonReport(const Flags& f, const Bandwidths& bw, const GpuEngi
                          {"non_expert_bytes", floor.non_expert_bytes},
                          {"expert_bytes", floor.expert_bytes},
                          {"kv_bytes", floor.kv_bytes},
+                         {"state_bytes", floor.state_bytes},
                          {"total_bytes", floor.total_bytes},
                          {"ms", floor.ms},
                          {"estimate", floor.estimate}};

@@ -19,12 +19,14 @@ absl::Status Workload::Fill() {
   // A decoding sequence grows by warmup + steps tokens per point from context + 1 known tokens.
   const int64_t blocks_per_seq = (f_.context + 1 + f_.warmup + f_.steps + bs - 1) / bs;
   const int64_t prefill_blocks = (f_.prefill_tokens + bs - 1) / bs;
-  const int64_t needed = f_.batch * blocks_per_seq + prefill_blocks;
+  const int64_t snapshot_blocks = e_->rank->runner->snapshot_blocks();
+  const int64_t needed = f_.batch * (blocks_per_seq + snapshot_blocks) + prefill_blocks;
   const int64_t have = e_->rank->runner->kv_cache().num_blocks;
   if (needed > have) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the workload needs ", needed, " KV blocks (", f_.batch, " sequences x ", blocks_per_seq,
-        " + ", prefill_blocks, " for the mixed steps' prompt); the pool has ", have,
+        " + ", snapshot_blocks, " for its recurrent-state snapshot, + ", prefill_blocks,
+        " for the mixed steps' prompt); the pool has ", have,
         ": lower --batch or --context, or raise --gpu_memory_utilization"));
   }
   const int64_t max_len = e_->rank->runner->config().max_model_len;
@@ -37,10 +39,15 @@ absl::Status Workload::Fill() {
   int32_t next_block = 0;
   prompts_.resize(f_.batch);
   blocks_.resize(f_.batch);
+  snapshots_.assign(f_.batch, {});
   for (int64_t i = 0; i < f_.batch; ++i) {
     prompts_[i].resize(f_.context + 1);
     for (int32_t& t : prompts_[i]) t = token(rng_);
     for (int64_t k = 0; k < blocks_per_seq; ++k) blocks_[i].push_back(next_block++);
+    if (snapshot_blocks > 0) {
+      snapshots_[i].num_tokens = static_cast<int32_t>(f_.context);
+      for (int64_t k = 0; k < snapshot_blocks; ++k) snapshots_[i].block_ids.push_back(next_block++);
+    }
   }
   prefill_prompt_.resize(f_.prefill_tokens);
   for (int32_t& t : prefill_prompt_) t = token(rng_);
@@ -70,7 +77,11 @@ absl::Status Workload::Fill() {
       } else {
         in.cached_requests.push_back({ids[i], {}, static_cast<int32_t>(done[i]), false});
       }
-      in.scheduled.push_back({ids[i], static_cast<int32_t>(n)});
+      ScheduledRequest scheduled;
+      scheduled.id = ids[i];
+      scheduled.num_tokens = static_cast<int32_t>(n);
+      if (done[i] + n == f_.context) scheduled.capture_state = snapshots_[i];
+      in.scheduled.push_back(std::move(scheduled));
       budget -= n;
     }
     absl::StatusOr<StepOutput> out = e_->rank->runner->ExecuteStep(in);
@@ -109,6 +120,7 @@ absl::StatusOr<std::vector<StepSample>> Workload::Run(bool mixed) {
         nr.prompt_token_ids = prompts_[i];
         nr.block_ids = blocks_[i];
         nr.num_computed_tokens = static_cast<int32_t>(f_.context);
+        nr.restore_state = snapshots_[i];
         nr.sampling.temperature = 0;
         in.new_requests.push_back(std::move(nr));
         live_.push_back(ids[i]);

@@ -69,6 +69,9 @@ class Workload {
   std::mt19937_64 rng_;
   std::vector<std::vector<int32_t>> prompts_;  // context + 1 tokens each
   std::vector<std::vector<int32_t>> blocks_;
+  // Models with recurrent state (Qwen3-Next): each sequence's state after `context` tokens,
+  // captured by the prefill and restored when a point re-admits the batch as prefix-cache hits.
+  std::vector<StateSnapshotBlocks> snapshots_;
   std::vector<int32_t> prefill_prompt_;
   std::vector<int32_t> prefill_block_ids_;
   std::vector<RunnerRequestId> live_;  // requests the runner holds, finished by the next point

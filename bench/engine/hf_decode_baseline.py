@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """HF transformers baseline of vamp_gpu_step_bench: the decode step of the same model on the same GPU.
 
-Builds Qwen3MoeForCausalLM from a config.json (no checkpoint, no hub access: random weights, made
-in bfloat16 directly on the GPU), fills a KV cache of `--batch` sequences x `--context` tokens by
-running the decoder over random tokens (in chunks, without the LM head), then times decode steps:
-`model(input_ids=next_tokens, past_key_values=cache)` for the whole batch followed by the greedy
-argmax on the GPU (the next step's input), with torch.cuda.synchronize around each step. The median
-of --steps steps after --warmup untimed ones is reported, once per experts backend the installed
-transformers offers (transformers 5: "eager", "grouped_mm", "batched_mm"; older versions have one
-built-in MoE loop, reported as "default"). The cache is cropped back to `context` before each
-backend when the cache supports it, so every backend decodes at the same context.
+Builds Qwen3MoeForCausalLM or Qwen3NextForCausalLM from a config.json (no checkpoint, no hub access:
+random weights, made in bfloat16 directly on the GPU), fills a KV cache of `--batch` sequences x
+`--context` tokens by running the decoder over random tokens (in chunks, without the LM head), then
+times decode steps: `model(input_ids=next_tokens, past_key_values=cache)` for the whole batch
+followed by the greedy argmax on the GPU (the next step's input), with torch.cuda.synchronize around
+each step. The median of --steps steps after --warmup untimed ones is reported, once per experts
+backend the installed transformers offers (transformers 5: "eager", "grouped_mm", "batched_mm";
+older versions have one built-in MoE loop, reported as "default"). The cache is cropped back to
+`context` before each backend when the cache supports it, so every backend decodes at the same
+context.
 
 If the prefill runs out of memory the context is halved until it fits; the JSON says which context
 was used.
@@ -69,9 +70,9 @@ def build_model(torch, transformers, config_path):
     """The model in bf16 on the GPU, random weights, SDPA attention."""
     path = config_path if os.path.isdir(config_path) else os.path.dirname(config_path)
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    if getattr(config, "model_type", "") != "qwen3_moe":
+    if getattr(config, "model_type", "") not in ("qwen3_moe", "qwen3_next"):
         raise ValueError(f"{path}: model_type {getattr(config, 'model_type', None)!r}, "
-                         "expected 'qwen3_moe'")
+                         "expected 'qwen3_moe' or 'qwen3_next'")
     config._attn_implementation = "sdpa"
     config.output_router_logits = False
     config.use_cache = True
@@ -193,11 +194,14 @@ def main():
             try:
                 if setter is not None:
                     setter(name)
-                if hasattr(cache, "crop"):
-                    cache.crop(context)
-                elif backends:
-                    notes.append("the cache cannot be cropped: later backends decode at a "
-                                 "longer context")
+                if backends:
+                    # Qwen3-Next's hybrid cache refuses crop (its linear-attention state cannot be
+                    # rolled back); the context then grows by the earlier backends' steps.
+                    try:
+                        cache.crop(context)
+                    except (AttributeError, RuntimeError, NotImplementedError):
+                        notes.append("the cache cannot be cropped: later backends decode at a "
+                                     "longer context")
                 entry["context_at_start"] = cache_length(cache)
                 times, cache = time_decode(torch, model, cache, next_tokens, args.warmup,
                                            args.steps)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Records HF transformers' bfloat16 logits for the tiny checkpoint's golden prompts.
+"""Records HF transformers' bfloat16 logits for a tiny checkpoint's golden prompts.
 
 The GPU engine computes in bfloat16 by default. Against the float32 goldens its logits move by
 bf16 rounding, and on the tiny checkpoint (weights of std 0.15, chosen to separate routing
@@ -8,12 +8,15 @@ is inherent to bfloat16 is what HF itself shows when it runs the same checkpoint
 script records those logits (every prompt position) and HF's own deviation from the float32
 goldens, so the GPU test can hold the engine to "no worse than the reference implementation".
 
-  tiny-qwen3-moe-goldens-bf16.safetensors  logits_<i> [len(prompt_i), vocab], bf16 values as f32
-  tiny-qwen3-moe-goldens-bf16.json         device, versions, and HF-bf16 vs float32 goldens:
-                                           worst scaled error and argmax agreement
+  tiny-<model>-goldens-bf16.safetensors  logits_<i> [len(prompt_i), vocab], bf16 values as f32
+  tiny-<model>-goldens-bf16.json         device, versions, and HF-bf16 vs float32 goldens:
+                                         worst scaled error and argmax agreement
+
+<model> is qwen3-moe (checkpoint tiny-qwen3-moe-fused) or qwen3-next (tiny-qwen3-next, whose
+Gated DeltaNet layers HF runs with its torch implementations when the fla kernels are absent).
 
 Run on the GPU host (torch + transformers, a CUDA device):
-  python3 tests/data/make_tiny_bf16_goldens.py --out tests/data
+  python3 tests/data/make_tiny_bf16_goldens.py --out tests/data [--model qwen3-next]
 """
 import argparse
 import json
@@ -36,15 +39,20 @@ def scaled_error(got, want):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=HERE)
-    ap.add_argument("--checkpoint", default=os.path.join(HERE, "tiny-qwen3-moe-fused"))
+    ap.add_argument("--model", choices=["qwen3-moe", "qwen3-next"], default="qwen3-moe")
+    ap.add_argument("--checkpoint", default="",
+                    help="default: tiny-qwen3-moe-fused or tiny-qwen3-next next to this script")
     args = ap.parse_args()
+    stem = f"tiny-{args.model}-goldens"
+    checkpoint = args.checkpoint or os.path.join(
+        HERE, "tiny-qwen3-moe-fused" if args.model == "qwen3-moe" else "tiny-qwen3-next")
     if not torch.cuda.is_available():
         raise SystemExit("make_tiny_bf16_goldens: needs a CUDA device")
-    with open(os.path.join(HERE, "tiny-qwen3-moe-goldens.json")) as f:
+    with open(os.path.join(HERE, f"{stem}.json")) as f:
         prompts = json.load(f)["prompts"]
-    f32 = load_file(os.path.join(HERE, "tiny-qwen3-moe-goldens.safetensors"))
+    f32 = load_file(os.path.join(HERE, f"{stem}.safetensors"))
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        args.checkpoint, dtype=torch.bfloat16).to("cuda").eval()
+        checkpoint, dtype=torch.bfloat16).to("cuda").eval()
     out, worst, agree, total = {}, 0.0, 0, 0
     with torch.no_grad():
         for i, p in enumerate(prompts):
@@ -54,9 +62,10 @@ def main():
             worst = max(worst, scaled_error(logits, want))
             agree += int((logits.argmax(-1) == want.argmax(-1)).sum())
             total += want.shape[0]
-    save_file(out, os.path.join(args.out, "tiny-qwen3-moe-goldens-bf16.safetensors"))
+    save_file(out, os.path.join(args.out, f"{stem}-bf16.safetensors"))
     summary = {
-        "description": "HF transformers bfloat16 logits of the tiny checkpoint's golden prompts "
+        "description": f"HF transformers bfloat16 logits of {os.path.basename(checkpoint)}'s "
+                       "golden prompts "
                        "(full-prompt forward, every position) and their deviation from the "
                        "float32 goldens",
         "device": torch.cuda.get_device_name(),
@@ -66,7 +75,7 @@ def main():
         "hf_bf16_argmax_agreement": agree / total,
         "positions": total,
     }
-    with open(os.path.join(args.out, "tiny-qwen3-moe-goldens-bf16.json"), "w") as f:
+    with open(os.path.join(args.out, f"{stem}-bf16.json"), "w") as f:
         json.dump(summary, f, indent=2)
         f.write("\n")
     print(json.dumps(summary, indent=2))
