@@ -36,14 +36,6 @@ const BFloat16 kSentinel = ToBFloat16(-12345.0f);
 
 #define VAMP_EXPECT_CUDA_OK(expr) EXPECT_EQ((expr), cudaSuccess) << #expr
 
-std::vector<BFloat16> RandomBf16(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<BFloat16> v(n);
-  for (auto& x : v) x = ToBFloat16(dist(rng));
-  return v;
-}
-
 std::vector<float> ToFloats(const std::vector<BFloat16>& v) {
   std::vector<float> f(v.size());
   ToFloat(absl::MakeConstSpan(v), f.data());

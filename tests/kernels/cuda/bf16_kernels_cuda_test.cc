@@ -33,27 +33,8 @@
 namespace vamp::kernels::cuda {
 namespace {
 
-constexpr double kBf16Tol = 1.0 / 128;  // 2^-7: one bf16 ulp relative to the value
 constexpr double kGemmAccTol = 1e-4;
 const BFloat16 kSentinel = ToBFloat16(-12345.0f);  // fills padding that no kernel may touch
-
-std::vector<BFloat16> RandomBf16(size_t n, uint32_t seed, float scale = 1.0f) {
-  const std::vector<float> f = RandomFloats(n, seed, scale);
-  std::vector<BFloat16> out(n);
-  ToBFloat16(absl::MakeConstSpan(f), out.data());
-  return out;
-}
-
-std::vector<float> Widen(const std::vector<BFloat16>& v) {
-  std::vector<float> out(v.size());
-  ToFloat(absl::MakeConstSpan(v), out.data());
-  return out;
-}
-
-void ExpectBf16Close(const std::vector<BFloat16>& got, const std::vector<BFloat16>& want,
-                     const std::string& what) {
-  ExpectClose(Widen(got), Widen(want), kBf16Tol, what);
-}
 
 // sum_p |a[i, p] * w[j, p]| at c's layout (zero in padding), for the GEMM tolerance.
 std::vector<double> TermScale(const std::vector<BFloat16>& a, int64_t lda, const BFloat16* w,

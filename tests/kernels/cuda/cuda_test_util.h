@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/bfloat16.h"
 
 namespace vamp::kernels::cuda {
 
@@ -50,6 +52,27 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<float>&
   }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ; first at "
                      << first << ": got " << got[first] << ", want " << want[first];
+}
+
+// bfloat16 results: one bf16 ulp (2^-7) relative to the value.
+inline constexpr double kBf16Tol = 1.0 / 128;
+
+inline std::vector<BFloat16> RandomBf16(size_t n, uint32_t seed, float scale = 1.0f) {
+  const std::vector<float> f = RandomFloats(n, seed, scale);
+  std::vector<BFloat16> out(n);
+  ToBFloat16(absl::MakeConstSpan(f), out.data());
+  return out;
+}
+
+inline std::vector<float> Widen(const std::vector<BFloat16>& v) {
+  std::vector<float> out(v.size());
+  ToFloat(absl::MakeConstSpan(v), out.data());
+  return out;
+}
+
+inline void ExpectBf16Close(const std::vector<BFloat16>& got, const std::vector<BFloat16>& want,
+                            const std::string& what) {
+  ExpectClose(Widen(got), Widen(want), kBf16Tol, what);
 }
 
 // Fixture: a stream and device allocations freed at the end of the test. SetUp skips the test

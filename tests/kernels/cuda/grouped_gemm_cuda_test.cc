@@ -25,13 +25,6 @@ namespace {
 constexpr double kTol = 1e-2;
 const BFloat16 kSentinel = ToBFloat16(-12345.0f);
 
-std::vector<BFloat16> RandomBf16(size_t n, uint32_t seed, float scale) {
-  std::vector<float> f = RandomFloats(n, seed, scale);
-  std::vector<BFloat16> v(n);
-  ToBFloat16(absl::MakeConstSpan(f), v.data());
-  return v;
-}
-
 // Rows per expert of `tokens` tokens each routed to top_k distinct experts chosen uniformly.
 std::vector<int32_t> RoutedRows(int64_t tokens, int64_t top_k, int64_t experts, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -35,25 +35,6 @@ namespace vamp::kernels::cuda {
 namespace {
 
 constexpr double kElementwiseTol = 1e-5;
-constexpr double kBf16Tol = 1.0 / 128;  // 2^-7: one bf16 ulp relative to the value
-
-std::vector<BFloat16> RandomBf16(size_t n, uint32_t seed, float scale = 1.0f) {
-  const std::vector<float> f = RandomFloats(n, seed, scale);
-  std::vector<BFloat16> out(n);
-  ToBFloat16(absl::MakeConstSpan(f), out.data());
-  return out;
-}
-
-std::vector<float> Widen(const std::vector<BFloat16>& v) {
-  std::vector<float> out(v.size());
-  ToFloat(absl::MakeConstSpan(v), out.data());
-  return out;
-}
-
-void ExpectBf16Close(const std::vector<BFloat16>& got, const std::vector<BFloat16>& want,
-                     const std::string& what) {
-  ExpectClose(Widen(got), Widen(want), kBf16Tol, what);
-}
 
 std::string Shape(int64_t a, int64_t b) { return std::to_string(a) + "x" + std::to_string(b); }
 
