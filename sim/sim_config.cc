@@ -75,6 +75,10 @@ void DeclareSimFlags(ConfigSchema& s) {
       .Int("long_prefill_token_threshold", sc.long_prefill_token_threshold, 0, kInt32Max,
            "Most prefill tokens of one request per step (0 = no limit)")
       .Bool("enable_prefix_caching", sc.enable_prefix_caching, "Prefix caching")
+      .Bool("snapshot_outputs", sc.snapshot_outputs,
+            "Models with recurrent state: also keep a state snapshot at the last block boundary "
+            "each output reaches (where a conversation's next turn continues), at one snapshot's "
+            "blocks per running request")
       .Bool("enable_chunked_prefill", sc.enable_chunked_prefill, "Chunked prefill")
       // In-house multi-turn workload.
       .String("concurrency", absl::StrJoin(d.concurrencies, ","),
@@ -198,6 +202,7 @@ absl::StatusOr<SimConfig> SimConfigFromConfig(const Config& config) {
   sc.long_prefill_token_threshold =
       static_cast<int32_t>(config.GetInt("long_prefill_token_threshold"));
   sc.enable_prefix_caching = config.GetBool("enable_prefix_caching");
+  sc.snapshot_outputs = config.GetBool("snapshot_outputs");
   sc.enable_chunked_prefill = config.GetBool("enable_chunked_prefill");
   o.offload.base_kv_bytes = static_cast<int64_t>(config.GetDouble("kv_pool_gib") * kGiB);
   o.offload.page_bytes = static_cast<int64_t>(config.GetDouble("page_mib") * kMiB);
