@@ -63,6 +63,10 @@ void DeclareSimFlags(ConfigSchema& s) {
       .Int("routed_staging_max_tokens", d.sim.routed_staging_max_tokens, 0, kInt32Max,
            "With --staging=routed: the largest step (tokens) that copies only its routed "
            "experts, as the agent's flag of that name")
+      .Int("snapshot_blocks", d.sim.snapshot_blocks, -1, kInt32Max,
+           "Models with recurrent state: KV blocks a snapshot of it takes (-1: the engine's, the "
+           "state's bytes over a KV block's; smaller: the what-if of keeping snapshots outside the "
+           "KV pool, at the same hit points)")
       .Double("remap_us_per_group_layer", d.sim.remap.per_group_layer_micros, 0, 1e9,
               "Virtual time to remap one group in one layer (µs)")
       // Scheduler.
@@ -212,6 +216,7 @@ absl::StatusOr<SimConfig> SimConfigFromConfig(const Config& config) {
               : staging == "routed_prefetch" ? StagingMode::kRoutedPrefetch
                                              : StagingMode::kWholeRegion;
   o.routed_staging_max_tokens = config.GetInt("routed_staging_max_tokens");
+  o.snapshot_blocks = static_cast<int32_t>(config.GetInt("snapshot_blocks"));
   o.remap.per_group_layer_micros = config.GetDouble("remap_us_per_group_layer");
   o.remap.h2d_bytes_per_s = o.calibration.hardware.h2d_bytes_per_s;
   o.max_time_s = config.GetDouble("max_time_s");

@@ -189,6 +189,9 @@ absl::Status Simulation::Setup() {
   const int64_t state_bytes = options_.calibration.model.RecurrentStateBytesPerSeq();
   config.recurrent_state_blocks = static_cast<int32_t>(
       (state_bytes + result_.geometry.kv_block_bytes - 1) / result_.geometry.kv_block_bytes);
+  if (state_bytes > 0 && options_.snapshot_blocks >= 1) {
+    config.recurrent_state_blocks = options_.snapshot_blocks;
+  }
   result_.base_blocks = config.num_blocks;
   result_.max_blocks = config.num_blocks;
   VAMP_ASSIGN_OR_RETURN(std::unique_ptr<MemoryArbiter> arbiter,

@@ -51,6 +51,10 @@ struct SimOptions {
   // The defaults are the engine's (CudaForwardOptions::routed_staging_max_tokens).
   StagingMode staging = StagingMode::kRouted;
   int64_t routed_staging_max_tokens = 16;
+  // Models with recurrent state: KV blocks one snapshot of it takes in the pool. -1 = what the
+  // engine stores today (the state's bytes over the KV block's); a smaller value is the what-if
+  // of keeping snapshots elsewhere (pinned host memory), with the same hit points.
+  int32_t snapshot_blocks = -1;
   // num_blocks is ignored: the baseline pool comes from `offload.base_kv_bytes`.
   SchedulerConfig scheduler;
   // cap is ignored: it comes from the policy.
