@@ -141,7 +141,8 @@ if floor:
     lines.append(f"| floor: {floor['total_bytes'] / 2**30:.2f} GiB / HBM "
                  f"({floor['non_expert_bytes'] / 2**30:.2f} non-expert + "
                  f"{floor['expert_bytes'] / 2**30:.2f} experts + {floor['kv_bytes'] / 2**30:.2f} "
-                 f"KV) | {floor['ms']:.2f} | 1.00 | |")
+                 f"KV + {floor.get('state_bytes', 0) / 2**30:.2f} recurrent state) | "
+                 f"{floor['ms']:.2f} | 1.00 | |")
 lines.append(f"| VAMP forward (resident) | {num(fwd)} | {num(ratio(fwd, floor and floor['ms']))} | "
              f"{num(ratio(fwd, hf_ms))} |")
 lines.append(f"| VAMP step incl. sampling and runner bookkeeping | {num(step)} | "
