@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "engine/memory/cuda_status.h"
 #include "engine/model/qwen3_next.h"
+#include "engine/runner/cuda/device_carver.h"
 #include "kernels/cpu/bfloat16.h"
 #include "kernels/cuda/causal_conv1d.h"
 #include "kernels/cuda/gated_delta_rule.h"
@@ -20,10 +21,6 @@ namespace {
 
 namespace kc = kernels::cuda;
 using kernels::BFloat16;
-
-constexpr uint64_t kAlign = 256;
-
-uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 // Device-to-device copies between `count` floats at `data` and floats [offset, offset + count) of
 // a snapshot stored across chunks (StateSnapshotView), one copy per chunk touched.
@@ -92,12 +89,8 @@ CudaGatedDeltaNet::CudaGatedDeltaNet(const Shape& shape, int64_t slot_floats, in
 
 absl::Status CudaGatedDeltaNet::Allocate() {
   const int64_t T = max_tokens_, S = max_seqs_;
-  uint64_t used = 0;
-  auto take = [&used](int64_t bytes) {
-    const uint64_t at = used;
-    used = AlignUp(used + static_cast<uint64_t>(std::max<int64_t>(bytes, 1)));
-    return at;
-  };
+  DeviceCarver carver(nullptr);
+  auto take = [&carver](int64_t bytes) { return carver.TakeOffset(bytes); };
   layout_.query_start_loc = take((S + 1) * 4);
   layout_.slots = take(S * 4);
   layout_.recurrent_slots = take(S * 4);
@@ -106,7 +99,7 @@ absl::Status CudaGatedDeltaNet::Allocate() {
   layout_.capture_slots = take(S * 4);
   layout_.has_initial = take(S);
   layout_.capture_initial = take(2 * S);
-  layout_.bytes = used;
+  layout_.bytes = carver.used();
 
   const uint64_t proj = take(T * shape_.proj_cols() * 4);
   const uint64_t conv = take(T * shape_.conv_dim() * 4);
@@ -116,7 +109,7 @@ absl::Status CudaGatedDeltaNet::Allocate() {
   const uint64_t normed = take(T * shape_.value_dim() * DTypeBytes(dtype_));
   const uint64_t history = take(S * shape_.conv_state_floats() * 4);
   const uint64_t zero = take(shape_.conv_dim() * 4);
-  VAMP_ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(used));
+  VAMP_ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(carver.used()));
   VAMP_ASSIGN_OR_RETURN(step_host_, PinnedBuffer::Allocate(layout_.bytes));
   uint8_t* base = workspace_.data();
   step_dev_ = base;

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/memory/cuda_status.h"
+#include "engine/runner/cuda/device_carver.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/copy.h"
@@ -28,29 +29,6 @@ namespace {
 
 namespace kc = kernels::cuda;
 using kernels::BFloat16;
-
-// Device and pinned sub-allocations start on 256-byte boundaries (cuBLAS and vector loads).
-constexpr uint64_t kAlign = 256;
-
-uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
-
-// Hands out aligned byte ranges of one allocation: first a sizing pass (base null), then the real
-// one.
-class Carver {
- public:
-  explicit Carver(uint8_t* base) : base_(base) {}
-  template <typename T>
-  T* Take(int64_t elements) {
-    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + used_);
-    used_ = AlignUp(used_ + static_cast<uint64_t>(std::max<int64_t>(elements, 1)) * sizeof(T));
-    return p;
-  }
-  uint64_t used() const { return used_; }
-
- private:
-  uint8_t* base_;
-  uint64_t used_ = 0;
-};
 
 template <typename T>
 T* As(void* p) {
@@ -108,17 +86,10 @@ absl::StatusOr<std::unique_ptr<CudaQwen3MoeModel>> CudaQwen3MoeModel::Create(
   const bool any_linear = std::any_of(m->layers_.begin(), m->layers_.end(),
                                       [](const Layer& l) { return !l.full_attention; });
   if (any_linear) {
-    const int tp = p.tp_size;
-    CudaGatedDeltaNet::Shape shape{.hidden = c.hidden_size,
-                                   .k_heads = c.linear_num_key_heads / tp,
-                                   .v_heads = c.linear_num_value_heads / tp,
-                                   .k_dim = c.linear_key_head_dim,
-                                   .v_dim = c.linear_value_head_dim,
-                                   .conv_kernel = c.linear_conv_kernel_dim,
-                                   .eps = static_cast<float>(c.rms_norm_eps)};
-    VAMP_ASSIGN_OR_RETURN(m->delta_net_, CudaGatedDeltaNet::Create(
-                                             shape, host_model->RecurrentStateFloatsPerSlot(),
-                                             m->max_tokens_, m->max_seqs_, options.dtype, stream));
+    VAMP_ASSIGN_OR_RETURN(
+        m->delta_net_,
+        CudaGatedDeltaNet::Create(m->delta_shape_, host_model->RecurrentStateFloatsPerSlot(),
+                                  m->max_tokens_, m->max_seqs_, options.dtype, stream));
   }
   return m;
 }
@@ -138,6 +109,14 @@ CudaQwen3MoeModel::CudaQwen3MoeModel(const CausalLm* host, const RunnerConfig& r
   shared_inter_ = c.shared_expert_intermediate_size / host->parallel().tp_size;
   gated_attention_ = c.architecture == Architecture::kQwen3Next;
   qkv_cols_ = ((gated_attention_ ? 2 : 1) * q_heads_ + 2 * kv_heads_) * c.head_dim;
+  const int tp = host->parallel().tp_size;
+  delta_shape_ = {.hidden = c.hidden_size,
+                  .k_heads = c.linear_num_key_heads / tp,
+                  .v_heads = c.linear_num_value_heads / tp,
+                  .k_dim = c.linear_key_head_dim,
+                  .v_dim = c.linear_value_head_dim,
+                  .conv_kernel = c.linear_conv_kernel_dim,
+                  .eps = static_cast<float>(c.rms_norm_eps)};
 }
 
 absl::Status CudaQwen3MoeModel::UploadWeights() {
@@ -146,12 +125,7 @@ absl::Status CudaQwen3MoeModel::UploadWeights() {
   const int64_t Il = dense_inter_;
   const int64_t qkv_rows = qkv_cols_;
   const int64_t elem = DTypeBytes(options_.dtype);
-  // Gated DeltaNet, rank-local (Qwen3-Next).
-  const int tp = host_->parallel().tp_size;
-  const int64_t k_heads = c.linear_num_key_heads / tp, v_heads = c.linear_num_value_heads / tp;
-  const int64_t key_dim = k_heads * c.linear_key_head_dim;
-  const int64_t value_dim = v_heads * c.linear_value_head_dim;
-  const int64_t conv_dim = 2 * key_dim + value_dim;
+  const CudaGatedDeltaNet::Shape& ds = delta_shape_;  // Gated DeltaNet, rank-local
   const int64_t Is = shared_inter_;
   // Every weight the forward pass reads, with its expected size; norms stay float32.
   absl::flat_hash_map<std::string, absl::Span<const float>> host;
@@ -177,14 +151,12 @@ absl::Status CudaQwen3MoeModel::UploadWeights() {
       wanted.push_back({p + "self_attn.q_norm.weight", hd, true});
       wanted.push_back({p + "self_attn.k_norm.weight", hd, true});
     } else {
-      const int64_t rows = conv_dim + value_dim + 2 * v_heads;
-      wanted.push_back({p + "linear_attn.in_proj.weight", rows * H, false});
-      wanted.push_back(
-          {p + "linear_attn.conv1d.weight", conv_dim * c.linear_conv_kernel_dim, true});
-      wanted.push_back({p + "linear_attn.A_log", v_heads, true});
-      wanted.push_back({p + "linear_attn.dt_bias", v_heads, true});
-      wanted.push_back({p + "linear_attn.norm.weight", c.linear_value_head_dim, true});
-      wanted.push_back({p + "linear_attn.out_proj.weight", H * value_dim, false});
+      wanted.push_back({p + "linear_attn.in_proj.weight", ds.proj_cols() * H, false});
+      wanted.push_back({p + "linear_attn.conv1d.weight", ds.conv_dim() * ds.conv_kernel, true});
+      wanted.push_back({p + "linear_attn.A_log", ds.v_heads, true});
+      wanted.push_back({p + "linear_attn.dt_bias", ds.v_heads, true});
+      wanted.push_back({p + "linear_attn.norm.weight", ds.v_dim, true});
+      wanted.push_back({p + "linear_attn.out_proj.weight", H * ds.value_dim(), false});
     }
     if (c.IsMoeLayer(l)) {
       wanted.push_back({p + "mlp.gate.weight", c.num_experts * H, false});
@@ -204,7 +176,7 @@ absl::Status CudaQwen3MoeModel::UploadWeights() {
   kernels::cpu::BuildRopeCache(static_cast<float>(c.rope_theta), c.rotary_dim,
                                c.max_position_embeddings, rope.data());
 
-  Carver sizing(nullptr);
+  DeviceCarver sizing(nullptr);
   for (const Wanted& w : wanted) {
     auto it = host.find(w.name);
     if (it == host.end()) {
@@ -219,7 +191,7 @@ absl::Status CudaQwen3MoeModel::UploadWeights() {
   sizing.Take<float>(static_cast<int64_t>(rope.size()));
   VAMP_ASSIGN_OR_RETURN(weights_, DeviceBuffer::Allocate(sizing.used()));
 
-  Carver carve(weights_.data());
+  DeviceCarver carve(weights_.data());
   absl::flat_hash_map<std::string, const void*> dev;
   std::vector<BFloat16> rounded;
   // Synchronous copies: the sources are pageable (and `rounded` is reused). The expert store
@@ -274,8 +246,7 @@ absl::Status CudaQwen3MoeModel::UploadWeights() {
                   .norm = As<float>(dev.at(p + "linear_attn.norm.weight")),
                   .out_proj = dev.at(p + "linear_attn.out_proj.weight"),
                   .state_offset = slot_floats};
-      slot_floats += (c.linear_conv_kernel_dim - 1) * conv_dim +
-                     v_heads * c.linear_value_head_dim * c.linear_key_head_dim;
+      slot_floats += ds.conv_state_floats() + ds.delta_state_floats();
     }
     if (L.moe) {
       L.router = dev.at(p + "mlp.gate.weight");
@@ -320,7 +291,7 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
           : 0;
 
   // Step metadata: the same layout in pinned host memory and on the device.
-  Carver meta(nullptr);
+  DeviceCarver meta(nullptr);
   auto offset = [&meta](auto* type_tag, int64_t n) {
     using Elem = std::remove_pointer_t<decltype(type_tag)>;
     const uint64_t before = meta.used();
@@ -343,7 +314,7 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
   meta_.bytes = meta.used();
   sample_ws_bytes_ = kc::SampleTokensWorkspaceBytes(L, c.vocab_size);
 
-  auto carve_all = [&](Carver& w) {
+  auto carve_all = [&](DeviceCarver& w) {
     auto typed = [&](int64_t elements) -> void* { return w.Take<uint8_t>(elements * elem); };
     meta_dev_ = w.Take<uint8_t>(static_cast<int64_t>(meta_.bytes));
     x_ = typed(T * H);
@@ -372,10 +343,10 @@ absl::Status CudaQwen3MoeModel::AllocateWorkspace() {
     row_token_ = w.Take<int32_t>(R);
     pair_row_ = w.Take<int32_t>(R);
   };
-  Carver sizing(nullptr);
+  DeviceCarver sizing(nullptr);
   carve_all(sizing);
   VAMP_ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(sizing.used()));
-  Carver carve(workspace_.data());
+  DeviceCarver carve(workspace_.data());
   carve_all(carve);
   VAMP_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::Allocate(meta_.bytes));
   VAMP_ASSIGN_OR_RETURN(offsets_host_, PinnedBuffer::Allocate((E + 1) * sizeof(int32_t)));

@@ -238,6 +238,7 @@ class CudaQwen3MoeModel final : public CausalLm {
   int64_t q_heads_ = 0, kv_heads_ = 0, dense_inter_ = 0, shared_inter_ = 0;
   bool gated_attention_ = false;  // Qwen3-Next's full attention (output gate, partial rotary)
   int64_t qkv_cols_ = 0;          // columns of the qkv projection
+  CudaGatedDeltaNet::Shape delta_shape_;  // Qwen3-Next's linear-attention layers, rank-local
 
   DeviceBuffer weights_;
   const void* embed_ = nullptr;
