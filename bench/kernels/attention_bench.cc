@@ -12,8 +12,8 @@
 // read, plus q and out) per time and as a fraction of that bandwidth; prefill as TFLOP/s of the
 // causal attention actually computed (4 * q_heads * head_dim * sum over rows of visible keys).
 // One JSON object per line on stdout (fields: case, kind, batch, q_len, ctx, prefix, us, bytes,
-// gbps, hbm_fraction, flops, tflops, kernel, splits; "splits" is the planner's choice for two
-// resident decode CTAs per multiprocessor, the occupancy at head_dim 128).
+// gbps, hbm_fraction, flops, tflops, kernel, splits; "splits" is the planner's choice for the
+// resident decode CTAs per multiprocessor measured on H200: two up to head_dim 128, one at 256).
 // bench/kernels/attention_vs_sdpa.py runs this binary next to PyTorch SDPA.
 #include <cuda_runtime_api.h>
 
@@ -285,8 +285,8 @@ class Bench {
     const double bytes = 2.0 * 2.0 * c.batch * ctx * kv_heads_ * head_dim_ +  // K and V read
                          2.0 * 2.0 * c.batch * c.q_len * width;               // q read, out written
     const double gbps = bytes / us / 1e3;
-    const kc::PagedAttentionPlan plan = kc::PlanPagedAttention(c.batch, c.q_len, ctx, q_heads_,
-                                                               kv_heads_, head_dim_, true, sms_, 2);
+    const kc::PagedAttentionPlan plan = kc::PlanPagedAttention(
+        c.batch, c.q_len, ctx, q_heads_, kv_heads_, head_dim_, true, sms_, head_dim_ > 128 ? 1 : 2);
     std::printf(
         "{\"case\": \"%s\", \"kind\": \"%s\", \"batch\": %lld, \"q_len\": %lld, \"ctx\": %lld, "
         "\"prefix\": %lld, \"us\": %.2f, \"bytes\": %.0f, \"gbps\": %.1f, \"hbm_fraction\": %.3f, "

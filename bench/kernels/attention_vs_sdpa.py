@@ -198,8 +198,8 @@ def main():
                 f"| {backend or '-'} | {fmt(ratio, 2)} |")
     report = "\n\n".join([
         "## bf16 paged attention: VAMP vs torch SDPA",
-        f"{torch_info}; Qwen3-30B-A3B heads ({args.q_heads} query / {args.kv_heads} KV, head_dim "
-        f"{args.head_dim}); median of {args.iters} runs after {args.warmup} warm-up runs. Ours "
+        f"{torch_info}; heads: {args.q_heads} query / {args.kv_heads} KV, head_dim "
+        f"{args.head_dim}; median of {args.iters} runs after {args.warmup} warm-up runs. Ours "
         f"reads a paged cache (blocks of 16 tokens, shuffled block tables); SDPA reads contiguous "
         f"K/V. Device copy bandwidth (1 GiB device-to-device cudaMemcpy, read + written): "
         f"{fmt(hbm_gbps)} GB/s. Decode bytes = K/V read + q + out; prefill FLOPs = 4 x heads x "

@@ -44,37 +44,63 @@ constexpr int64_t kMinSplitKeys = 256;
 constexpr int64_t kMaxSplitCtas = 2048;
 // Fixed cost of a decode CTA (query load, pipeline fill, merge), in keys' worth of streaming.
 constexpr int64_t kSplitOverheadKeys = 128;
-// Prefill: a CTA owns kPrefillRows query vectors (kPrefillRowTilesPerWarp m16 row tiles per warp)
-// and walks 64-key tiles shared by its warps through a kPrefillStages-deep cp.async pipeline. Two
-// row tiles per warp (FlashAttention-2's 128 x 64 tiling) feed every K and V fragment a warp reads
-// from shared memory to 32 rows, halving the shared-memory traffic per MMA that limits one row
-// tile; the 32 KiB Q tile then leaves room for two stages at head_dim 128 (96 KiB: two CTAs per
-// multiprocessor). With one row tile per warp: 64 vectors, three stages (112 KiB).
-constexpr int kPrefillRowTilesPerWarp = 2;
-constexpr int kPrefillRows = kTcWarps * 16 * kPrefillRowTilesPerWarp;
-constexpr int kPrefillKeys = 64;
-constexpr int kPrefillStages = kPrefillRowTilesPerWarp == 1 ? 3 : 2;
-static_assert(kDecodeStages >= 2 && kPrefillStages >= 2, "pipelines need two stages or more");
+// Prefill: a CTA owns kRows query vectors (kRowTilesPerWarp m16 row tiles per warp) and walks
+// kKeys-key tiles shared by its warps through a kStages-deep cp.async pipeline. Up to head_dim 128,
+// two row tiles per warp (FlashAttention-2's 128 x 64 tiling) feed every K and V fragment a warp
+// reads from shared memory to 32 rows, halving the shared-memory traffic per MMA that limits one
+// row tile; the 32 KiB Q tile then leaves room for two stages at head_dim 128 (96 KiB: two CTAs
+// per multiprocessor). At head_dim 256 the O accumulators of one row tile already take 128
+// registers per thread, so a warp owns one row tile (64 vectors per CTA, FlashAttention-2's
+// head_dim-256 tiling) and walks 32-key tiles: 96 KiB with two stages, two CTAs per
+// multiprocessor again.
+template <int kHeadDim>
+struct PrefillTiling {
+  static constexpr int kRowTilesPerWarp = kHeadDim <= 128 ? 2 : 1;
+  static constexpr int kRows = kTcWarps * 16 * kRowTilesPerWarp;
+  static constexpr int kKeys = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kStages = 2;
+  static constexpr int kSmemBytes = (kRows + kStages * 2 * kKeys) * kHeadDim * 2;
+  static_assert(kStages >= 2, "pipelines need two stages or more");
+};
+static_assert(kDecodeStages >= 2, "pipelines need two stages or more");
+
+// The head dimensions the tensor-core kernels are instantiated for, and their index in
+// per-head_dim tables (-1: the simple kernel).
+constexpr int TensorCoreHeadDimIndex(int64_t head_dim) {
+  return head_dim == 64 ? 0 : head_dim == 128 ? 1 : head_dim == 256 ? 2 : -1;
+}
+constexpr int kTensorCoreHeadDims = 3;
+
+// Query vectors per prefill CTA (host side of PrefillTiling).
+constexpr int64_t PrefillRows(int64_t head_dim) {
+  return head_dim <= 128 ? PrefillTiling<128>::kRows : PrefillTiling<256>::kRows;
+}
+
 // Floats of one split partial: kDecodeRows outputs of head_dim, then their max and sum.
 __host__ __device__ constexpr int64_t SlotFloats(int64_t head_dim) {
   return kDecodeRows * (head_dim + 2);
 }
 
+// Decode: the query tile and every warp's stages. 200 KiB at head_dim 256 (one CTA per
+// multiprocessor, which keeps 4 warps x 2 tiles x 16 KiB of K/V in flight: enough to stream HBM).
 constexpr int DecodeSmemBytes(int head_dim) {
   return (kDecodeRows + kTcWarps * kDecodeStages * 2 * kDecodeKeys) * head_dim * 2;
 }
-constexpr int PrefillSmemBytes(int head_dim) {
-  return (kPrefillRows + kPrefillStages * 2 * kPrefillKeys) * head_dim * 2;
-}
-// Two prefill CTAs per multiprocessor at head_dim 128 (sm_90: 228 KiB per multiprocessor, of which
-// the system reserves 1 KiB per CTA).
-static_assert(2 * (PrefillSmemBytes(128) + 1024) <= 228 * 1024, "prefill stages too deep");
+// sm_90: 228 KiB of shared memory per multiprocessor, of which the system reserves 1 KiB per CTA;
+// a CTA may opt in to at most 227 KiB.
+constexpr int kMaxSmemPerSm = 228 * 1024;
+constexpr int kMaxSmemPerCta = 227 * 1024;
+static_assert(2 * (PrefillTiling<128>::kSmemBytes + 1024) <= kMaxSmemPerSm,
+              "two prefill CTAs per multiprocessor at head_dim 128");
+static_assert(2 * (PrefillTiling<256>::kSmemBytes + 1024) <= kMaxSmemPerSm,
+              "two prefill CTAs per multiprocessor at head_dim 256");
+static_assert(DecodeSmemBytes(256) <= kMaxSmemPerCta, "decode stages too deep at head_dim 256");
 // The decode merge reuses the KV stages: four warps' [16][head_dim] outputs plus max and sum.
-static_assert(kTcWarps * kDecodeRows * (128 + 2) * 4 <=
-                  kTcWarps * kDecodeStages * 2 * kDecodeKeys * 128 * 2,
-              "decode merge buffer must fit in the KV stages");
-static_assert(kTcWarps * kDecodeRows * (64 + 2) * 4 <=
-                  kTcWarps * kDecodeStages * 2 * kDecodeKeys * 64 * 2,
+constexpr bool DecodeMergeFits(int head_dim) {
+  return kTcWarps * kDecodeRows * (head_dim + 2) * 4 <=
+         kTcWarps * kDecodeStages * 2 * kDecodeKeys * head_dim * 2;
+}
+static_assert(DecodeMergeFits(64) && DecodeMergeFits(128) && DecodeMergeFits(256),
               "decode merge buffer must fit in the KV stages");
 
 __device__ __forceinline__ float LoadFloat(const float* p) { return *p; }
@@ -478,7 +504,11 @@ __global__ void __launch_bounds__(kTcThreads) MergeSplitsKernel(const TcParams p
 // 16 kRowTiles w .. 16 kRowTiles (w + 1) - 1 (row tile t: the 16 from 16 kRowTiles w + 16 t).
 template <int kHeadDim>
 __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams p) {
-  constexpr int kRowTiles = kPrefillRowTilesPerWarp;
+  using Tiling = PrefillTiling<kHeadDim>;
+  constexpr int kRowTiles = Tiling::kRowTilesPerWarp;
+  constexpr int kPrefillRows = Tiling::kRows;
+  constexpr int kPrefillKeys = Tiling::kKeys;
+  constexpr int kPrefillStages = Tiling::kStages;
   constexpr int kTileElems = kPrefillKeys * kHeadDim;
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* q_tile = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -580,18 +610,19 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
 
 // ---- host side ----
 
-// Per device: multiprocessor count and resident decode CTAs per multiprocessor (head_dim 64,
-// 128), with the kernels' dynamic shared memory limits raised on that device. Computed once per
+// Per device: multiprocessor count and resident decode CTAs per multiprocessor (per tensor-core
+// head_dim, see TensorCoreHeadDimIndex), with the kernels' dynamic shared memory limits raised on
+// that device. Computed once per
 // device and cached lock-free (packed in one word; a race computes the same value twice).
 struct DeviceLaunchInfo {
   int sms = 0;
-  int decode_ctas_per_sm[2] = {1, 1};  // [head_dim 64, head_dim 128]
+  int decode_ctas_per_sm[kTensorCoreHeadDims] = {1, 1, 1};  // [head_dim 64, 128, 256]
 };
 
 template <int kHeadDim>
 absl::Status PrepareTcKernels(int* decode_ctas_per_sm) {
   const int decode_smem = DecodeSmemBytes(kHeadDim);
-  const int prefill_smem = PrefillSmemBytes(kHeadDim);
+  const int prefill_smem = PrefillTiling<kHeadDim>::kSmemBytes;
   if (absl::Status s = internal::CudaStatus(
           cudaFuncSetAttribute(PagedDecodeKernel<kHeadDim>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, decode_smem),
@@ -630,18 +661,21 @@ absl::Status GetDeviceLaunchInfo(DeviceLaunchInfo* info) {
     const uint64_t packed = g_device_info[device].load(std::memory_order_acquire);
     if (packed != 0) {
       info->sms = static_cast<int>(packed & 0xffff);
-      info->decode_ctas_per_sm[0] = static_cast<int>((packed >> 16) & 0xff);
-      info->decode_ctas_per_sm[1] = static_cast<int>((packed >> 24) & 0xff);
+      for (int i = 0; i < kTensorCoreHeadDims; ++i) {
+        info->decode_ctas_per_sm[i] = static_cast<int>((packed >> (16 + 8 * i)) & 0xff);
+      }
       return absl::OkStatus();
     }
   }
   if (absl::Status s = internal::MultiProcessorCount(&info->sms); !s.ok()) return s;
   if (absl::Status s = PrepareTcKernels<64>(&info->decode_ctas_per_sm[0]); !s.ok()) return s;
   if (absl::Status s = PrepareTcKernels<128>(&info->decode_ctas_per_sm[1]); !s.ok()) return s;
+  if (absl::Status s = PrepareTcKernels<256>(&info->decode_ctas_per_sm[2]); !s.ok()) return s;
   if (device >= 0 && device < kMaxCachedDevices) {
-    const uint64_t packed = (uint64_t{1} << 63) | static_cast<uint64_t>(info->sms & 0xffff) |
-                            (static_cast<uint64_t>(info->decode_ctas_per_sm[0] & 0xff) << 16) |
-                            (static_cast<uint64_t>(info->decode_ctas_per_sm[1] & 0xff) << 24);
+    uint64_t packed = (uint64_t{1} << 63) | static_cast<uint64_t>(info->sms & 0xffff);
+    for (int i = 0; i < kTensorCoreHeadDims; ++i) {
+      packed |= static_cast<uint64_t>(info->decode_ctas_per_sm[i] & 0xff) << (16 + 8 * i);
+    }
     g_device_info[device].store(packed, std::memory_order_release);
   }
   return absl::OkStatus();
@@ -663,9 +697,8 @@ absl::Status LaunchTc(const PagedAttentionPlan& plan, const TcParams& params, in
     }
     return absl::OkStatus();
   }
-  PagedPrefillKernel<kHeadDim>
-      <<<static_cast<unsigned>(plan.ctas), kTcThreads, PrefillSmemBytes(kHeadDim), stream>>>(
-          params);
+  PagedPrefillKernel<kHeadDim><<<static_cast<unsigned>(plan.ctas), kTcThreads,
+                                 PrefillTiling<kHeadDim>::kSmemBytes, stream>>>(params);
   return internal::LaunchStatus("PagedPrefillKernel");
 }
 
@@ -722,7 +755,7 @@ PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, i
                                       int64_t decode_ctas_per_sm) {
   PagedAttentionPlan plan;
   sm_count = std::max<int64_t>(sm_count, 1);
-  if (!tensor_core_layout || (head_dim != 64 && head_dim != 128)) {
+  if (!tensor_core_layout || TensorCoreHeadDimIndex(head_dim) < 0) {
     plan.kernel = AttentionKernel::kSimple;
     plan.ctas = sm_count * kAttentionBlocksPerSm;
     return plan;
@@ -757,7 +790,7 @@ PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, i
     return plan;
   }
   plan.kernel = AttentionKernel::kPrefill;
-  plan.query_tiles = CeilDiv(vectors, kPrefillRows);
+  plan.query_tiles = CeilDiv(vectors, PrefillRows(head_dim));
   plan.ctas = plan.query_tiles * num_seqs * num_kv_heads;
   return plan;
 }
@@ -796,9 +829,9 @@ absl::Status PagedAttention(const PagedAttentionArgs<BFloat16>& a, cudaStream_t 
                        Aligned16(a.v_cache) && a.q_stride % 8 == 0 && a.out_stride % 8 == 0 &&
                        a.strides.block_stride % 8 == 0 && a.strides.token_stride % 8 == 0 &&
                        a.strides.head_stride % 8 == 0;
-  const PagedAttentionPlan plan =
-      PlanPagedAttention(a.num_seqs, a.max_query_len, a.max_seq_len, a.num_q_heads, a.num_kv_heads,
-                         a.head_dim, aligned, info.sms, info.decode_ctas_per_sm[a.head_dim == 128]);
+  const PagedAttentionPlan plan = PlanPagedAttention(
+      a.num_seqs, a.max_query_len, a.max_seq_len, a.num_q_heads, a.num_kv_heads, a.head_dim,
+      aligned, info.sms, info.decode_ctas_per_sm[std::max(TensorCoreHeadDimIndex(a.head_dim), 0)]);
   if (plan.workspace_floats > a.workspace_floats ||
       (plan.workspace_floats > 0 && a.workspace == nullptr)) {
     return absl::InvalidArgumentError(
@@ -848,9 +881,14 @@ absl::Status PagedAttention(const PagedAttentionArgs<BFloat16>& a, cudaStream_t 
   params.out = out16;
   params.out_stride = a.out_stride;
   params.workspace = a.workspace;
-  return a.head_dim == 128
-             ? LaunchTc<128>(plan, params, params.num_seqs, params.num_kv_heads, stream)
-             : LaunchTc<64>(plan, params, params.num_seqs, params.num_kv_heads, stream);
+  switch (a.head_dim) {
+    case 64:
+      return LaunchTc<64>(plan, params, params.num_seqs, params.num_kv_heads, stream);
+    case 128:
+      return LaunchTc<128>(plan, params, params.num_seqs, params.num_kv_heads, stream);
+    default:  // 256: PlanPagedAttention routes no other head_dim to the tensor-core kernels
+      return LaunchTc<256>(plan, params, params.num_seqs, params.num_kv_heads, stream);
+  }
 }
 
 }  // namespace vamp::kernels::cuda

@@ -49,12 +49,13 @@ int64_t PagedAttentionWorkspaceFloats(int64_t max_num_tokens, int64_t max_num_se
 // with no query rows is skipped. max_query_len and max_seq_len are host upper bounds of the
 // batch's query lengths and seq_lens (the exact values are read on the device, so a launch needs
 // no host sync); a sequence exceeding them is not (fully) computed. Routing (see
-// PlanPagedAttention): head_dim 64 or 128 with 16-byte aligned q, out, caches and strides use
+// PlanPagedAttention): head_dim 64, 128 or 256 with 16-byte aligned q, out, caches and strides use
 // tensor cores (mma.sync bf16, float32 softmax and accumulation): a split-KV decode kernel when
 // max_query_len == 1 or max_query_len * group <= 32 (each CTA handles all query heads of one KV
 // head, so each K/V byte is read once; partials merged by a second kernel), otherwise a
-// FlashAttention-2 style prefill kernel (128 query vectors per CTA, two 16-row tiles per warp
-// sharing every K/V fragment, 64-key tiles gathered through the block table). Other shapes use a
+// FlashAttention-2 style prefill kernel (up to head_dim 128: 128 query vectors per CTA, two 16-row
+// tiles per warp sharing every K/V fragment, 64-key tiles gathered through the block table; at
+// head_dim 256: 64 query vectors, one 16-row tile per warp, 32-key tiles). Other shapes use a
 // simple bf16 kernel (one warp-split work item per (row, head)). Output agrees with the CPU twin to
 // bf16 rounding of the probabilities (about 1e-2 of max(1, |out|)).
 //

@@ -68,11 +68,12 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 template <int kHeadDim, int kRowTiles = 1>
 struct WarpAttention {
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static_assert(kHeadDim % 16 == 0 && kChunks % 8 == 0, "head_dim must be 64 or 128");
+  static_assert(kHeadDim % 16 == 0 && kChunks % 8 == 0, "head_dim must be 64, 128 or 256");
   static_assert(kRowTiles == 1 || kRowTiles == 2, "one or two m16 row tiles per warp");
   // Q's A fragments take kRowTiles * kHeadDim / 4 registers: kept in registers up to 32 (one row
   // tile at head_dim 128, two at 64), otherwise re-read from the shared Q tile at every k-step so
-  // that the accumulators of two row tiles fit in the 255 registers of a thread without spilling.
+  // that the accumulators (two row tiles at head_dim 128, one at 256: 128 registers) fit in the 255
+  // registers of a thread without spilling.
   static constexpr bool kQInRegisters = kRowTiles * kHeadDim <= 128;
 
   uint32_t q[kQInRegisters ? kRowTiles * kHeadDim / 16 : 1][4];  // A fragments [tile][k-step]

@@ -252,11 +252,15 @@ class CudaAttentionBf16Test : public CudaTest {
 };
 
 // Tiny model (simple kernel), Qwen3-30B-A3B (GQA 8, blocks 16 and 32), GQA 1 and 2 at head_dim
-// 64, GQA 8 at head_dim 64.
-const std::vector<Shape> kShapes = {{4, 2, 16, 16}, {32, 4, 128, 16}, {32, 4, 128, 32},
-                                    {8, 8, 64, 16}, {16, 8, 64, 32},  {16, 2, 64, 16}};
+// 64, GQA 8 at head_dim 64, Qwen3-Next-80B-A3B's full attention at head_dim 256 (16/2 heads at
+// TP 1, 8/1 at TP 2) and GQA 2 at head_dim 256.
+const std::vector<Shape> kShapes = {{4, 2, 16, 16},   {32, 4, 128, 16}, {32, 4, 128, 32},
+                                    {8, 8, 64, 16},   {16, 8, 64, 32},  {16, 2, 64, 16},
+                                    {16, 2, 256, 16}, {8, 1, 256, 32},  {4, 2, 256, 16}};
 
-bool TensorCoreDim(const Shape& s) { return s.head_dim == 64 || s.head_dim == 128; }
+bool TensorCoreDim(const Shape& s) {
+  return s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256;
+}
 
 TEST_F(CudaAttentionBf16Test, WriteKvMatchesCpuBitExact) {
   struct Case {
@@ -351,6 +355,7 @@ TEST_F(CudaAttentionBf16Test, ShortMultiRowQueriesUseDecodeKernel) {
       {{16, 8, 64, 32}, {{4, 1, 3, 0, 2}, {3000, 17, 40, 5, 2}, "group 2, up to 4 rows"}},
       {{8, 8, 128, 16}, {{20, 1, 32}, {20, 700, 2500}, "group 1, up to 32 rows"}},
       {{32, 4, 128, 16}, {{4, 2, 1}, {1500, 3, 64}, "group 8, up to 4 rows"}},
+      {{16, 2, 256, 16}, {{4, 1, 3}, {2100, 9, 300}, "head_dim 256, group 8, up to 4 rows"}},
   };
   uint32_t seed = 600;
   for (const Case& c : cases) {
@@ -367,6 +372,7 @@ TEST_F(CudaAttentionBf16Test, LongContextSplitsMatchCpu) {
   EXPECT_GT(Check(qwen, one, 700).splits, 1);
   EXPECT_GT(Check(qwen, three, 701).splits, 1);
   EXPECT_GT(Check({16, 8, 64, 32}, three, 702).splits, 1);
+  EXPECT_GT(Check({16, 2, 256, 16}, three, 703).splits, 1);
 }
 
 TEST_F(CudaAttentionBf16Test, LooseHostBoundsStayCorrect) {
@@ -391,8 +397,8 @@ TEST_F(CudaAttentionBf16Test, MaskedKeysNeverInfluenceOutput) {
   // |q|^2 * scale, far above the others; V = 1000) must change the last rows and leave every other
   // row bit-identical.
   const Batch b{{5, 70, 1, 130}, {5, 200, 40, 130}, "causal"};
-  for (const Shape& s :
-       {Shape{32, 4, 128, 16}, Shape{16, 8, 64, 32}, Shape{16, 2, 64, 16}, Shape{4, 2, 16, 16}}) {
+  for (const Shape& s : {Shape{32, 4, 128, 16}, Shape{16, 8, 64, 32}, Shape{16, 2, 64, 16},
+                         Shape{16, 2, 256, 16}, Shape{4, 2, 16, 16}}) {
     Problem p = MakeProblem(s, b, 1000);
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     const std::vector<float> before = GpuAttention(p, scale, p.max_query_len, p.max_seq_len);
@@ -473,14 +479,19 @@ TEST(PagedAttentionPlanTest, RoutesByShapeAndLayout) {
   EXPECT_EQ(plan(1, 512, 512, 32, 4, 128, true).kernel, AttentionKernel::kPrefill);
   EXPECT_EQ(plan(64, 1, 8192, 32, 4, 128, false).kernel, AttentionKernel::kSimple);
   EXPECT_EQ(plan(64, 1, 8192, 4, 2, 16, true).kernel, AttentionKernel::kSimple);
-  EXPECT_EQ(plan(64, 1, 8192, 16, 2, 256, true).kernel, AttentionKernel::kSimple);
+  EXPECT_EQ(plan(64, 1, 8192, 16, 2, 256, true).kernel, AttentionKernel::kDecode);
+  EXPECT_EQ(plan(64, 1, 8192, 16, 2, 96, true).kernel, AttentionKernel::kSimple);
   // 64 query heads on one KV head: four 16-vector tiles per sequence even for one row.
   EXPECT_EQ(plan(8, 1, 100, 64, 1, 128, true).query_tiles, 4);
   const PagedAttentionPlan prefill = plan(3, 512, 9000, 32, 4, 128, true);
-  // 128 query vectors per prefill CTA (64 with kPrefillRowTilesPerWarp = 1 in attention.cu).
+  // 128 query vectors per prefill CTA up to head_dim 128, 64 at head_dim 256.
   EXPECT_EQ(prefill.query_tiles, 512 * 8 / 128);
   EXPECT_EQ(prefill.ctas, prefill.query_tiles * 3 * 4);
   EXPECT_EQ(prefill.workspace_floats, 0);
+  const PagedAttentionPlan next = plan(3, 512, 9000, 16, 2, 256, true);
+  EXPECT_EQ(next.kernel, AttentionKernel::kPrefill);
+  EXPECT_EQ(next.query_tiles, 512 * 8 / 64);
+  EXPECT_EQ(next.ctas, next.query_tiles * 3 * 2);
 }
 
 TEST(PagedAttentionPlanTest, SplitsFillTheGpuOnlyWhenNeeded) {
