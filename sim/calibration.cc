@@ -16,19 +16,40 @@ int64_t SimModelShape::KvBytesPerToken() const {
   return 2LL * num_kv_layers * KvHeadsPerRank() * head_dim * dtype_bytes;
 }
 
-int64_t SimModelShape::DenseBytesPerLayer() const {
+namespace {
+
+// Per rank, the weights of a layer's router (replicated) and shared expert (split), in elements.
+int64_t MlpDenseElements(const SimModelShape& m) {
+  const int64_t router = static_cast<int64_t>(m.hidden) * m.num_experts;
+  const int64_t shared = 3LL * m.hidden * (m.shared_expert_intermediate / m.tp_size);
+  return router + shared;
+}
+
+}  // namespace
+
+int64_t SimModelShape::KvLayerDenseBytes() const {
   const int64_t q = static_cast<int64_t>(QHeadsPerRank()) * head_dim;
   const int64_t kv = static_cast<int64_t>(KvHeadsPerRank()) * head_dim;
-  const int64_t attention = static_cast<int64_t>(hidden) * (2 * q + 2 * kv);  // q, o, k, v
-  const int64_t router = static_cast<int64_t>(hidden) * num_experts;
-  const int64_t shared = 3LL * hidden * (shared_expert_intermediate / tp_size);
-  return (attention + router + shared) * dtype_bytes;
+  const int64_t q_proj = (attention_output_gate ? 2 : 1) * q;  // q and its output gate
+  const int64_t attention = static_cast<int64_t>(hidden) * (q_proj + q + 2 * kv);  // q, o, k, v
+  return (attention + MlpDenseElements(*this)) * dtype_bytes;
+}
+
+int64_t SimModelShape::LinearLayerDenseBytes() const {
+  const int64_t key_width = static_cast<int64_t>(LinearKeyHeadsPerRank()) * linear_key_head_dim;
+  const int64_t value_heads = LinearValueHeadsPerRank();
+  const int64_t value_width = value_heads * linear_value_head_dim;
+  const int64_t in_proj_qkvz = 2 * key_width + 2 * value_width;
+  const int64_t in_proj_ba = 2 * value_heads;
+  const int64_t projections = static_cast<int64_t>(hidden) * (in_proj_qkvz + in_proj_ba) +
+                              value_width * hidden;  // out_proj
+  return (projections + MlpDenseElements(*this)) * dtype_bytes;
 }
 
 int64_t SimModelShape::RecurrentStateBytesPerLayer() const {
   if (linear_value_heads == 0 || linear_conv_kernel == 0) return 0;
-  const int64_t key_heads = std::max(1, linear_key_heads / tp_size);
-  const int64_t value_heads = std::max(1, linear_value_heads / tp_size);
+  const int64_t key_heads = LinearKeyHeadsPerRank();
+  const int64_t value_heads = LinearValueHeadsPerRank();
   const int64_t conv_channels =
       2 * key_heads * linear_key_head_dim + value_heads * linear_value_head_dim;
   const int64_t floats = (linear_conv_kernel - 1) * conv_channels +
@@ -60,9 +81,26 @@ absl::StatusOr<Calibration> CalibrationPreset(const std::string& name) {
     h.attention_flops_per_s = h200.attention_flops_per_s * kFlops;
     h.h2d_bytes_per_s = 50e9;
     h.routed_h2d_bytes_per_s = h200.routed_h2d_bytes_per_s * 50e9 / h200.h2d_bytes_per_s;
+    // The chunked delta rule is bound by its SMs (a sequence's chunks run one after another):
+    // scaled as the tensor-core throughput (as many SMs, a lower clock). The recurrent one is
+    // bound by its state traffic: scaled as HBM.
+    h.delta_rule_prefill_us_per_token_head = h200.delta_rule_prefill_us_per_token_head / kFlops;
+    h.delta_rule_decode_us_per_seq_head = h200.delta_rule_decode_us_per_seq_head / kBandwidth;
     h.allreduce_us = 25;
     // No NVLink between the two PCIe cards: NCCL's bus bandwidth over PCIe Gen5 peer-to-peer.
     h.allreduce_bytes_per_s = 25e9;
+    return c;
+  }
+  if (name == "qwen3-next-80b-a3b-24l") {
+    // tests/data/qwen3-next-80b-a3b-24l: the full model's layers, 24 of them (6 full attention, 18
+    // Gated DeltaNet), on one GPU.
+    absl::StatusOr<Calibration> tp2 = CalibrationPreset("qwen3-next-80b-a3b-tp2");
+    if (!tp2.ok()) return tp2.status();
+    c = *tp2;
+    c.model.name = name;
+    c.model.num_layers = 24;
+    c.model.num_kv_layers = 6;
+    c.model.tp_size = 1;
     return c;
   }
   if (name == "qwen3-next-80b-a3b-tp2") {
@@ -85,12 +123,14 @@ absl::StatusOr<Calibration> CalibrationPreset(const std::string& name) {
     m.num_q_heads = 16;
     m.num_kv_heads = 2;
     m.head_dim = 256;
+    m.attention_output_gate = true;
     m.tp_size = 2;
     return c;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown calibration preset '", name,
-      "' (known: qwen3-30b-a3b, qwen3-next-80b-a3b-tp2, qwen3-next-80b-a3b-h100-tp2)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown calibration preset '", name,
+                   "' (known: qwen3-30b-a3b, qwen3-next-80b-a3b-tp2, qwen3-next-80b-a3b-h100-tp2, "
+                   "qwen3-next-80b-a3b-24l)"));
 }
 
 namespace {
@@ -104,6 +144,11 @@ absl::Status ReadField(const nlohmann::json& object, const std::string& section,
   if constexpr (std::is_same_v<T, std::string>) {
     if (!v.is_string()) return absl::InvalidArgumentError(absl::StrCat(where, " must be a string"));
     *out = v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " must be true or false"));
+    }
+    *out = v.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
     if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(where, " must be a positive integer"));
@@ -150,11 +195,26 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
     const nlohmann::json& m = doc["model"];
     auto& o = c.model;
     s.Update(CheckKnown(m, "model",
-                        {"name", "hidden", "moe_intermediate", "num_experts", "top_k",
-                         "shared_expert_intermediate", "num_layers", "num_kv_layers", "num_q_heads",
-                         "num_kv_heads", "head_dim", "vocab", "dtype_bytes", "tp_size",
-                         "linear_key_heads", "linear_value_heads", "linear_key_head_dim",
-                         "linear_value_head_dim", "linear_conv_kernel"},
+                        {"name",
+                         "hidden",
+                         "moe_intermediate",
+                         "num_experts",
+                         "top_k",
+                         "shared_expert_intermediate",
+                         "num_layers",
+                         "num_kv_layers",
+                         "num_q_heads",
+                         "num_kv_heads",
+                         "head_dim",
+                         "attention_output_gate",
+                         "vocab",
+                         "dtype_bytes",
+                         "tp_size",
+                         "linear_key_heads",
+                         "linear_value_heads",
+                         "linear_key_head_dim",
+                         "linear_value_head_dim",
+                         "linear_conv_kernel"},
                         path));
     s.Update(ReadField(m, "model", "name", &o.name, path));
     s.Update(ReadField(m, "model", "hidden", &o.hidden, path));
@@ -172,6 +232,7 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
     s.Update(ReadField(m, "model", "num_q_heads", &o.num_q_heads, path));
     s.Update(ReadField(m, "model", "num_kv_heads", &o.num_kv_heads, path));
     s.Update(ReadField(m, "model", "head_dim", &o.head_dim, path));
+    s.Update(ReadField(m, "model", "attention_output_gate", &o.attention_output_gate, path));
     s.Update(ReadField(m, "model", "vocab", &o.vocab, path));
     s.Update(ReadField(m, "model", "dtype_bytes", &o.dtype_bytes, path));
     s.Update(ReadField(m, "model", "tp_size", &o.tp_size, path));
@@ -188,6 +249,7 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
         h, "hardware",
         {"name", "weight_read_bytes_per_s", "kv_read_bytes_per_s", "moe_flops_per_s",
          "dense_flops_per_s", "attention_flops_per_s", "h2d_bytes_per_s", "routed_h2d_bytes_per_s",
+         "delta_rule_prefill_us_per_token_head", "delta_rule_decode_us_per_seq_head",
          "step_overhead_us", "layer_overhead_us", "allreduce_us", "allreduce_bytes_per_s"},
         path));
     s.Update(ReadField(h, "hardware", "name", &o.name, path));
@@ -198,6 +260,10 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path, Calibration
     s.Update(ReadField(h, "hardware", "attention_flops_per_s", &o.attention_flops_per_s, path));
     s.Update(ReadField(h, "hardware", "h2d_bytes_per_s", &o.h2d_bytes_per_s, path));
     s.Update(ReadField(h, "hardware", "routed_h2d_bytes_per_s", &o.routed_h2d_bytes_per_s, path));
+    s.Update(ReadField(h, "hardware", "delta_rule_prefill_us_per_token_head",
+                       &o.delta_rule_prefill_us_per_token_head, path));
+    s.Update(ReadField(h, "hardware", "delta_rule_decode_us_per_seq_head",
+                       &o.delta_rule_decode_us_per_seq_head, path));
     s.Update(ReadField(h, "hardware", "step_overhead_us", &o.step_overhead_us, path));
     s.Update(ReadField(h, "hardware", "layer_overhead_us", &o.layer_overhead_us, path));
     s.Update(ReadField(h, "hardware", "allreduce_us", &o.allreduce_us, path));

@@ -5,6 +5,7 @@
 #ifndef VAMP_SIM_CALIBRATION_H_
 #define VAMP_SIM_CALIBRATION_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -25,6 +26,9 @@ struct SimModelShape {
   int32_t num_q_heads = 32;
   int32_t num_kv_heads = 4;
   int32_t head_dim = 128;
+  // Gated full attention (Qwen3-Next): q_proj also yields a per-head output gate, so its output is
+  // twice the query width (HF Qwen3NextAttention; the engine's qwen3_next.h).
+  bool attention_output_gate = false;
   int32_t vocab = 151936;
   int32_t dtype_bytes = 2;
   int32_t tp_size = 1;
@@ -32,7 +36,8 @@ struct SimModelShape {
   // without KV): key and value heads, their head dims and the causal conv's kernel. 0 = none.
   // Their per-sequence state (float32, as the engine keeps it) is what a prefix-cache hit must
   // restore, so the scheduler keeps snapshots of it in KV blocks (SchedulerConfig::
-  // recurrent_state_blocks), and every step reads and writes it once per sequence.
+  // recurrent_state_blocks); every step's delta rule reads and writes it (its cost:
+  // HardwareCalibration::delta_rule_*).
   int32_t linear_key_heads = 0;
   int32_t linear_value_heads = 0;
   int32_t linear_key_head_dim = 0;
@@ -40,9 +45,15 @@ struct SimModelShape {
   int32_t linear_conv_kernel = 0;
 
   // Per rank, in bytes.
-  int64_t ExpertBytes() const;         // one expert's shard [w13 | w2]
-  int64_t KvBytesPerToken() const;     // all KV layers, K and V
-  int64_t DenseBytesPerLayer() const;  // attention projections, router, shared expert
+  int64_t ExpertBytes() const;      // one expert's shard [w13 | w2]
+  int64_t KvBytesPerToken() const;  // all KV layers, K and V
+  // The weights a layer's dense GEMMs read besides the routed experts: its mixer's projections,
+  // the router and the shared expert. A full-attention layer projects q (and its output gate), k,
+  // v and o; a Gated DeltaNet layer in_proj_qkvz (hidden -> 2 x key heads x key dim + 2 x value
+  // heads x value dim), in_proj_ba (hidden -> 2 x value heads) and out_proj (value heads x value
+  // dim -> hidden), heads split over the ranks (its conv, norm and gate vectors are < 0.1 %).
+  int64_t KvLayerDenseBytes() const;
+  int64_t LinearLayerDenseBytes() const;
   // One linear-attention layer's state per sequence: conv state (kernel - 1) x conv channels and
   // the delta-rule state value heads x v_dim x k_dim, float32; 0 without linear attention.
   int64_t RecurrentStateBytesPerLayer() const;
@@ -51,6 +62,8 @@ struct SimModelShape {
   }
   int32_t QHeadsPerRank() const { return num_q_heads / tp_size; }
   int32_t KvHeadsPerRank() const { return std::max(1, num_kv_heads / tp_size); }
+  int32_t LinearKeyHeadsPerRank() const { return std::max(1, linear_key_heads / tp_size); }
+  int32_t LinearValueHeadsPerRank() const { return std::max(1, linear_value_heads / tp_size); }
 };
 
 struct HardwareCalibration {
@@ -71,6 +84,14 @@ struct HardwareCalibration {
   // Routed staging's copies (SM loads over PCIe of the routed experts only): 50 GB/s on the
   // H200 (bench/results/2026-12-02-routed-staging.md).
   double routed_h2d_bytes_per_s = 50e9;
+  // Gated DeltaNet's delta rule on this rank, in µs per value head on the rank: per prefill token
+  // (the chunked kernel, which runs a sequence's chunks one after another) and per decode sequence
+  // (the recurrent kernel, one read and one write of each head's float32 state). The engine's
+  // CUDA kernels on one H200 with Qwen3-Next's 16 / 32 heads of 128 (kernels/cuda/
+  // gated_delta_rule.h): a 4,096-token prefill of one layer 8.7 ms, a decode step of 64
+  // sequences 0.11 ms (≈2.4 TB/s of state traffic).
+  double delta_rule_prefill_us_per_token_head = 8700.0 / (4096 * 32);
+  double delta_rule_decode_us_per_seq_head = 110.0 / (64 * 32);
   // Fixed cost per step (scheduling, launches, sampling), µs.
   double step_overhead_us = 400;
   // Fixed cost per layer (kernel launches), µs.
@@ -88,7 +109,9 @@ struct Calibration {
 };
 
 // Named presets: "qwen3-30b-a3b" (TP1, H200), "qwen3-next-80b-a3b-tp2" (Qwen3-Next shapes, TP2,
-// H200 throughputs) and "qwen3-next-80b-a3b-h100-tp2" (the same on the paper's H100 PCIe cards).
+// H200 throughputs), "qwen3-next-80b-a3b-h100-tp2" (the same on the paper's H100 PCIe cards) and
+// "qwen3-next-80b-a3b-24l" (Qwen3-Next halved to 24 layers, TP1, H200: the model of the engine's
+// one-GPU benchmarks, tests/data/qwen3-next-80b-a3b-24l).
 absl::StatusOr<Calibration> CalibrationPreset(const std::string& name);
 
 // Reads a calibration file over `base`. Errors name the file and the field.

@@ -46,7 +46,7 @@ void DeclareSimFlags(ConfigSchema& s) {
       // Model and hardware.
       .String("calibration", d.calibration,
               "Calibration preset (qwen3-30b-a3b, qwen3-next-80b-a3b-tp2, "
-              "qwen3-next-80b-a3b-h100-tp2)")
+              "qwen3-next-80b-a3b-h100-tp2, qwen3-next-80b-a3b-24l)")
       .String("calibration_file", d.calibration_file,
               "JSON calibration applied over the preset (sim/calibration.h)")
       .Double("kv_pool_gib", d.sim.offload.base_kv_bytes / kGiB, 1e-6, 1e6,

@@ -23,6 +23,15 @@ double StepTimeModel::MoeLayerMicros(int64_t tokens) const {
          std::max(bytes / c_.hardware.weight_read_bytes_per_s, flops / c_.hardware.moe_flops_per_s);
 }
 
+double StepTimeModel::DeltaRuleLayerMicros(int64_t prefill_tokens, int64_t decode_seqs) const {
+  const SimModelShape& m = c_.model;
+  if (m.linear_value_heads == 0) return 0;
+  const HardwareCalibration& h = c_.hardware;
+  return m.LinearValueHeadsPerRank() *
+         (static_cast<double>(prefill_tokens) * h.delta_rule_prefill_us_per_token_head +
+          static_cast<double>(decode_seqs) * h.delta_rule_decode_us_per_seq_head);
+}
+
 StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
                                  int32_t offloaded_experts_per_layer) const {
   const SimModelShape& m = c_.model;
@@ -33,6 +42,8 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
   // (split-KV decode, tensor-core prefill), one after the other, each bound by its own FLOPs or
   // KV reads; a mixed step pays both.
   double prefill_flops = 0, prefill_kv_bytes = 0, decode_flops = 0, decode_kv_bytes = 0;
+  // The Gated DeltaNet layers run decode rows and prefill rows in separate kernels too.
+  int64_t prefill_tokens = 0, decode_seqs = 0;
   const double q_width = static_cast<double>(m.QHeadsPerRank()) * m.head_dim;
   const double kv_bytes_per_token_layer = 2.0 * m.KvHeadsPerRank() * m.head_dim * m.dtype_bytes;
   for (const SequenceWork& s : batch) {
@@ -44,6 +55,11 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
         (static_cast<double>(s.context_tokens) + s.new_tokens) * kv_bytes_per_token_layer;
     (s.new_tokens > 1 ? prefill_flops : decode_flops) += flops;
     (s.new_tokens > 1 ? prefill_kv_bytes : decode_kv_bytes) += kv;
+    if (s.new_tokens > 1) {
+      prefill_tokens += s.new_tokens;
+    } else if (s.new_tokens == 1) {
+      ++decode_seqs;
+    }
   }
   if (tokens == 0) return t;
   auto kernel_us = [&](double flops, double kv_bytes) {
@@ -51,10 +67,15 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
   };
   const double attention_us =
       kernel_us(prefill_flops, prefill_kv_bytes) + kernel_us(decode_flops, decode_kv_bytes);
-  const double dense_bytes = static_cast<double>(m.DenseBytesPerLayer());
-  const double dense_us =
-      1e6 * std::max(dense_bytes / h.weight_read_bytes_per_s,
-                     2.0 * tokens * (dense_bytes / m.dtype_bytes) / h.dense_flops_per_s);
+  // Weight streaming for small batches, tensor cores for large ones.
+  auto dense_us = [&](int64_t bytes) {
+    const double b = static_cast<double>(bytes);
+    return 1e6 * std::max(b / h.weight_read_bytes_per_s,
+                          2.0 * tokens * (b / m.dtype_bytes) / h.dense_flops_per_s);
+  };
+  const double kv_layer_dense_us = dense_us(m.KvLayerDenseBytes());
+  const double linear_layer_dense_us = dense_us(m.LinearLayerDenseBytes());
+  const double delta_rule_us = DeltaRuleLayerMicros(prefill_tokens, decode_seqs);
   const double moe_us = MoeLayerMicros(tokens);
   // Two all-reduces of the layer's activations per layer (after attention and after the MoE).
   const double allreduce_volume_us =
@@ -68,18 +89,15 @@ StepTime StepTimeModel::Estimate(const std::vector<SequenceWork>& batch,
       1e6 * t.copy_share * static_cast<double>(offloaded_experts_per_layer) * m.ExpertBytes() /
       (t.routed ? h.routed_h2d_bytes_per_s : h.h2d_bytes_per_s);
 
-  // Linear-attention layers (Qwen3-Next's Gated DeltaNet) are costed like a dense projection
-  // plus one read and one write of every sequence's state (O(1) in the context length).
-  const double state_us = 1e6 * 2.0 * static_cast<double>(batch.size()) *
-                          static_cast<double>(m.RecurrentStateBytesPerLayer()) /
-                          h.kv_read_bytes_per_s;
   double layers_us = 0;
   for (int32_t l = 0; l < m.num_layers; ++l) {
     const bool kv_layer =
         m.num_kv_layers == m.num_layers || (l % std::max(1, m.num_layers / m.num_kv_layers)) ==
                                                std::max(1, m.num_layers / m.num_kv_layers) - 1;
+    // A Gated DeltaNet layer's cost does not grow with the context: its state is O(1).
     const double compute =
-        h.layer_overhead_us + dense_us + moe_us + tp_us + (kv_layer ? attention_us : state_us);
+        h.layer_overhead_us + moe_us + tp_us +
+        (kv_layer ? kv_layer_dense_us + attention_us : linear_layer_dense_us + delta_rule_us);
     t.compute_us += compute;
     if (t.routed) {
       // Layer l's routed experts are copied after its router, before its expert GEMMs; layer 0

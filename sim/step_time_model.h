@@ -3,9 +3,12 @@
 // throughputs calibrated on a GPU (calibration.h); the defaults reproduce the H200 measurements
 // in shared/DESIGN.md ("Performance references").
 //
-// Per layer l, compute_l = attention + MoE + dense projections (+ TP all-reduce). With experts
-// offloaded, layer l+1's offloaded bytes are copied host→device while layer l computes
-// (double-buffered staging), so a layer costs max(compute_l, copy_{l+1}) and the step
+// Per layer l, compute_l = mixer + MoE + dense projections (+ TP all-reduce), where the mixer is
+// attention over the KV cache in a full-attention layer and the delta rule in a Gated DeltaNet
+// layer (Qwen3-Next's linear attention; calibrated per prefill token and per decode sequence,
+// HardwareCalibration::delta_rule_*). With experts offloaded, layer l+1's offloaded bytes are
+// copied host→device while layer l computes (double-buffered staging), so a layer costs
+// max(compute_l, copy_{l+1}) and the step
 //   total = overhead + Σ_l max(compute_l, copy_{l+1}) + LM head.
 // Every offloaded byte is copied once per step whatever the router picks (the staging buffer holds
 // all of [b, E) of a layer), which is VAMP's TPOT cost. Two other ways of staging:
@@ -60,6 +63,10 @@ class StepTimeModel {
 
   // Microseconds of one MoE layer for `tokens` tokens (routed experts, this rank's shard).
   double MoeLayerMicros(int64_t tokens) const;
+  // Microseconds of one Gated DeltaNet layer's delta rule (this rank's value heads) for
+  // `prefill_tokens` tokens of prefill rows and `decode_seqs` decode rows; 0 for a model without
+  // linear attention.
+  double DeltaRuleLayerMicros(int64_t prefill_tokens, int64_t decode_seqs) const;
   // Expected share of a layer's experts that `tokens` tokens route to (uniform routing).
   double RoutedShare(int64_t tokens) const;
 

@@ -48,6 +48,64 @@ TEST(StepTimeModelTest, EngineCalibrationReproducesTheStepBenchmark) {
   EXPECT_NEAR(model.Estimate(batch, 0).total_us, 80000, 0.1 * 80000);
 }
 
+// VAMP's engine on one H200 serving Qwen3-Next-80B-A3B halved to 24 layers (6 full attention, 18
+// Gated DeltaNet; tests/data/qwen3-next-80b-a3b-24l), TP1, dummy bf16 weights, head_dim-256
+// attention on tensor cores: bench/results/2026-12-03-qwen3-next-tc-attention/README.md. Update
+// these when the step bench is re-run.
+constexpr double kNextDecodeUs = 19550;  // 64 decodes at 2,048 tokens of context
+constexpr double kNextMixedUs = 150440;  // those 64 decodes + one 2,048-token prompt
+// kernels/cuda/gated_delta_rule.h: the chunked delta rule over a 4,096-token prefill of one layer
+// (16 key / 32 value heads of 128), and the recurrent one over a decode step of 64 sequences.
+constexpr double kDeltaRulePrefill4096Us = 8700;
+constexpr double kDeltaRuleDecode64Us = 110;
+
+// sim/calibrations/h200-vamp-engine-qwen3-next.json takes its figures from the kernel benchmarks,
+// none from these steps. Within 15 %.
+TEST(StepTimeModelTest, Qwen3NextEngineCalibrationReproducesTheStepBenchmark) {
+  absl::StatusOr<Calibration> preset = CalibrationPreset("qwen3-next-80b-a3b-24l");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  absl::StatusOr<Calibration> c = LoadCalibration(
+      std::string(VAMP_SOURCE_DIR) + "/sim/calibrations/h200-vamp-engine-qwen3-next.json", *preset);
+  ASSERT_TRUE(c.ok()) << c.status();
+  StepTimeModel model(*c);
+  EXPECT_NEAR(model.DeltaRuleLayerMicros(4096, 0), kDeltaRulePrefill4096Us,
+              0.1 * kDeltaRulePrefill4096Us);
+  EXPECT_NEAR(model.DeltaRuleLayerMicros(0, 64), kDeltaRuleDecode64Us, 0.1 * kDeltaRuleDecode64Us);
+  std::vector<SequenceWork> batch(64, {1, 2048});
+  EXPECT_NEAR(model.Estimate(batch, 0).total_us, kNextDecodeUs, 0.15 * kNextDecodeUs);
+  batch.push_back({2048, 0});
+  EXPECT_NEAR(model.Estimate(batch, 0).total_us, kNextMixedUs, 0.15 * kNextMixedUs);
+}
+
+TEST(StepTimeModelTest, Qwen3NextLayersReadTheEnginesWeights) {
+  absl::StatusOr<Calibration> c = CalibrationPreset("qwen3-next-80b-a3b-24l");
+  ASSERT_TRUE(c.ok());
+  const SimModelShape& m = c->model;
+  // Router 2048 x 512 and shared expert 3 x 2048 x 512 in every layer; a gated full-attention
+  // layer 2048 x (2 x 4096 + 4096 + 2 x 512); a Gated DeltaNet layer 2048 x (2 x 2048 + 2 x 4096)
+  // + 2048 x 64 + 4096 x 2048. bf16.
+  const int64_t mlp = 2048LL * 512 + 3LL * 2048 * 512;
+  EXPECT_EQ(m.KvLayerDenseBytes(), 2 * (2048LL * (2 * 4096 + 4096 + 2 * 512) + mlp));
+  EXPECT_EQ(m.LinearLayerDenseBytes(),
+            2 * (2048LL * (2 * 2048 + 2 * 4096) + 2048LL * 64 + 4096LL * 2048 + mlp));
+  // The step bench's decode floor reads 2,375,030,784 non-expert bytes a step (these, the LM
+  // head, norms, conv and gate vectors; 2026-12-03-qwen3-next-tc-attention/vamp.json).
+  const int64_t lm_head = static_cast<int64_t>(m.vocab) * m.hidden * m.dtype_bytes;
+  const int64_t step = m.num_kv_layers * m.KvLayerDenseBytes() +
+                       (m.num_layers - m.num_kv_layers) * m.LinearLayerDenseBytes() + lm_head;
+  EXPECT_NEAR(step, 2375030784.0, 0.01 * 2375030784.0);
+  // Qwen3-30B-A3B: no output gate, no linear attention, no delta rule.
+  const StepTimeModel dense{Calibration{}};
+  EXPECT_EQ(Calibration{}.model.KvLayerDenseBytes(),
+            2 * (2048LL * (2 * 4096 + 2 * 512) + 2048LL * 128));
+  EXPECT_EQ(dense.DeltaRuleLayerMicros(4096, 64), 0);
+  // At TP2 each rank runs half the value heads.
+  absl::StatusOr<Calibration> tp2 = CalibrationPreset("qwen3-next-80b-a3b-tp2");
+  ASSERT_TRUE(tp2.ok());
+  EXPECT_DOUBLE_EQ(StepTimeModel(*tp2).DeltaRuleLayerMicros(4096, 64),
+                   0.5 * StepTimeModel(*c).DeltaRuleLayerMicros(4096, 64));
+}
+
 TEST(StepTimeModelTest, DecodeGrowsWithContextAndBatch) {
   StepTimeModel model(Calibration{});
   const double small = model.Estimate({{1, 1000}}, 0).total_us;
@@ -137,6 +195,15 @@ TEST(CalibrationTest, FileOverridesAndErrorsNameField) {
   std::ofstream(path) << R"({"model": {"layers": 3}})";
   EXPECT_THAT(LoadCalibration(path, Calibration{}).status().message(),
               HasSubstr("unknown field 'model.layers'"));
+  std::ofstream(path) << R"({"model": {"attention_output_gate": true},
+                              "hardware": {"delta_rule_prefill_us_per_token_head": 0.1}})";
+  c = LoadCalibration(path, Calibration{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->model.attention_output_gate);
+  EXPECT_DOUBLE_EQ(c->hardware.delta_rule_prefill_us_per_token_head, 0.1);
+  std::ofstream(path) << R"({"model": {"attention_output_gate": 1}})";
+  EXPECT_THAT(LoadCalibration(path, Calibration{}).status().message(),
+              HasSubstr("field 'model.attention_output_gate' must be true or false"));
   std::ofstream(path) << R"({"model": {"top_k": 500}})";
   EXPECT_THAT(LoadCalibration(path, Calibration{}).status().message(), HasSubstr("inconsistent"));
 }
