@@ -506,6 +506,7 @@ absl::Status Qwen3NextModel::LinearAttention(int layer, const ForwardBatch& batc
                                         .kernel_size = K,
                                         .query_start_loc = batch.query_start_loc.data(),
                                         .num_seqs = batch.num_seqs(),
+                                        .max_num_tokens = n,
                                         .state_slots = batch.state_slots.data(),
                                         .has_initial_state = plan_.has_initial_state.data(),
                                         .conv_states = slot_states,

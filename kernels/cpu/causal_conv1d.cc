@@ -26,6 +26,11 @@ absl::Status CausalConv1d(const CausalConv1dArgs& a) {
                                                      a.state_slots[i]));
     }
   }
+  if (a.num_seqs > 0 && a.query_start_loc[a.num_seqs] > a.max_num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("causal conv1d: ", a.query_start_loc[a.num_seqs],
+                                                   " rows exceed max_num_tokens ",
+                                                   a.max_num_tokens));
+  }
   for (int64_t i = 0; i < a.num_seqs; ++i) {
     const int64_t begin = a.query_start_loc[i];
     const int64_t len = a.query_start_loc[i + 1] - begin;

@@ -42,6 +42,10 @@ struct CausalConv1dArgs {
   // [num_seqs + 1]: sequence i owns rows [query_start_loc[i], query_start_loc[i + 1]).
   const int32_t* query_start_loc = nullptr;
   int64_t num_seqs = 0;
+  // An upper bound of query_start_loc[num_seqs] (the rows of x and out), known on the host: the
+  // CUDA twin, which cannot read query_start_loc before launching, spreads its grid over this many
+  // rows; rows past it are not computed there, and the CPU twin refuses a batch that has them.
+  int64_t max_num_tokens = 0;
   // [num_seqs]: the state slot of each sequence (distinct).
   const int32_t* state_slots = nullptr;
   // [num_seqs]: 0 = the sequence starts in this call (its state is not read, as if zero); null =
@@ -59,7 +63,8 @@ struct CausalConv1dArgs {
 
 // Runs the convolution over every sequence of the batch and updates their states.
 // InvalidArgument (nothing written) for kernel_size < 1, channels < 1, a state_slot_stride below
-// (kernel_size - 1) * channels, a negative slot, or query_start_loc that is not non-decreasing.
+// (kernel_size - 1) * channels, a negative slot, query_start_loc that is not non-decreasing, or
+// more rows than max_num_tokens.
 absl::Status CausalConv1d(const CausalConv1dArgs& a);
 
 }  // namespace vamp::kernels::cpu

@@ -284,6 +284,7 @@ absl::Status CudaGatedDeltaNet::RunLayer(const LayerWeights& w, const ForwardBat
                         .kernel_size = shape_.conv_kernel,
                         .query_start_loc = qsl,
                         .num_seqs = num_seqs,
+                        .max_num_tokens = n,
                         .state_slots = Device<const int32_t>(layout_.slots),
                         .has_initial_state = Device<const uint8_t>(layout_.has_initial),
                         .conv_states = layer_states,

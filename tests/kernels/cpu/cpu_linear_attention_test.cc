@@ -361,6 +361,7 @@ struct ConvBatch {
             .kernel_size = K,
             .query_start_loc = qsl.data(),
             .num_seqs = static_cast<int64_t>(slots.size()),
+            .max_num_tokens = qsl.back(),
             .state_slots = slots.data(),
             .has_initial_state = has_initial.data(),
             .conv_states = states.data(),
@@ -437,6 +438,14 @@ TEST(CausalConv1dTest, SequencesUseOnlyTheirOwnSlots) {
   CausalConv1dArgs a = bad.Args();
   a.state_slot_stride = 2;
   EXPECT_EQ(CausalConv1d(a).code(), absl::StatusCode::kInvalidArgument);
+  // More rows than the host bound the CUDA twin sizes its grid by: refused, nothing written.
+  a = bad.Args();
+  a.max_num_tokens = 1;
+  const std::vector<float> before = bad.out;
+  const absl::Status s = CausalConv1d(a);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("max_num_tokens"), std::string::npos) << s;
+  EXPECT_EQ(bad.out, before);
 }
 
 // ---- Gated RMSNorm, sigmoid gates, partial rotary ----

@@ -350,6 +350,7 @@ struct ConvBatch {
             .kernel_size = K,
             .query_start_loc = q,
             .num_seqs = num_seqs,
+            .max_num_tokens = qsl.back() + 3,  // a loose bound, as a bucketed step passes
             .state_slots = s,
             .has_initial_state = has_initial.empty() ? nullptr : hi,
             .conv_states = st,
@@ -424,6 +425,43 @@ TEST_F(CausalConv1dTest, DecodeStepsAfterAPrefillMatchTheCpu) {
     ExpectClose(Download(d_step_out, decode.out.size()), decode.out, kConvSiluTol, "out " + at);
     ExpectClose(Download(d_states, states.size()), states, 0.0, "states " + at);
   }
+}
+
+// The engine's mixed step: many one-row decodes and a long prefill in one launch (the grid
+// covers rows, whichever sequences they belong to), with sequences skipped for a negative slot.
+TEST_F(CausalConv1dTest, DecodesMixedWithALongPrefillMatchTheCpu) {
+  const int64_t C = 520, K = 4;
+  std::vector<int32_t> lens(64, 1);
+  lens.push_back(300);
+  lens.push_back(0);
+  lens.push_back(5);
+  std::vector<uint8_t> initial(lens.size(), 1);
+  initial[64] = 0;  // the prompt starts here
+  ConvBatch b(C, K, false, lens, initial, 95);
+  float* d_states = Upload(b.states);
+  float* d_out = Upload(b.out);
+  VAMP_ASSERT_OK(CausalConv1d(b.Args(Upload(b.x), Upload(b.weight), nullptr, Upload(b.qsl),
+                                     Upload(b.slots), Upload(b.has_initial), d_states, d_out, true),
+                              stream_));
+  VAMP_ASSERT_OK(
+      cpu::CausalConv1d(b.Args(b.x.data(), b.weight.data(), nullptr, b.qsl.data(), b.slots.data(),
+                               b.has_initial.data(), b.states.data(), b.out.data(), true)));
+  ExpectClose(Download(d_out, b.out.size()), b.out, kConvSiluTol, "mixed out");
+  ExpectClose(Download(d_states, b.states.size()), b.states, 0.0, "mixed states");
+  // A negative slot: the CUDA twin skips the sequence (its rows keep their contents); the others
+  // are computed as before.
+  std::vector<int32_t> slots = b.slots;
+  slots[64] = -1;
+  float* d_skip_out = Upload(std::vector<float>(b.out.size(), kSentinel));
+  VAMP_ASSERT_OK(
+      CausalConv1d(b.Args(Upload(b.x), Upload(b.weight), nullptr, Upload(b.qsl), Upload(slots),
+                          Upload(b.has_initial), Upload(b.states), d_skip_out, true),
+                   stream_));
+  const std::vector<float> skipped = Download(d_skip_out, b.out.size());
+  for (int64_t row = b.qsl[64]; row < b.qsl[65]; ++row) {
+    EXPECT_EQ(skipped[row * b.out_stride], kSentinel) << "row " << row;
+  }
+  EXPECT_NE(skipped[b.qsl[66] * b.out_stride], kSentinel);
 }
 
 TEST(CausalConv1dArgsTest, BadArgumentsAreRejectedBeforeLaunching) {

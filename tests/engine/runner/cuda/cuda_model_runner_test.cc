@@ -9,7 +9,8 @@
 //   4. decoding after a prefix-cache hit matches a fresh prefill;
 //   5. Qwen3-Next (gated attention, Gated DeltaNet with device state slots, shared experts) against
 //      its HF goldens and the CPU engine, prefix hits from device snapshots, CUDA graphs, and bit
-//      identity across residency boundaries.
+//      identity across residency boundaries, and its tensor-parallel shards (two ranks on one
+//      device) against TP=1.
 // Cases 1-4 run in float32 (the CPU engine's precision); the bfloat16 cases check the production
 // precision against the CPU engine with bfloat16 tolerances, bit-identity across residency
 // boundaries in bfloat16, and that the device-side grouped expert GEMM and cuBLAS agree.
@@ -22,6 +23,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -29,8 +31,11 @@
 #include "engine/model/weight_source.h"
 #include "engine/rank/cuda_device.h"
 #include "engine/rank/rank.h"
+#include "engine/runner/comm/host_communicator.h"
+#include "engine/runner/cuda/device_all_reduce.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/bfloat16.h"
 #include "kernels/cpu/sampling.h"
 #include "tests/engine/model/tiny_model.h"
 #include "tests/engine/model/tiny_qwen3_next.h"
@@ -297,9 +302,9 @@ TEST_F(CudaModelRunnerTest, DeviceLogprobsAndAlternativesMatchTheHostSamplers) {
 }
 
 // Prompt log-probabilities on the GPU path (CUDA agents offer them because this holds): a step
-// holding a request that asks brings its logits to the host and samples there. Its prompt log-probabilities match the CPU engine's
-// (float32 both) within 1e-4 with the same alternatives, and every request of the step samples
-// the tokens the same batch samples on the device.
+// holding a request that asks brings its logits to the host and samples there. Its prompt
+// log-probabilities match the CPU engine's (float32 both) within 1e-4 with the same alternatives,
+// and every request of the step samples the tokens the same batch samples on the device.
 TEST_F(CudaModelRunnerTest, PromptLogprobsMatchTheCpuEngineAndLeaveTokensUnchanged) {
   const Goldens g = LoadGoldens();
   const std::vector<int32_t>& prompt = g.prompts[1];
@@ -972,6 +977,159 @@ TEST_F(CudaModelRunnerTest, Qwen3NextCudaGraphDecodeStepsMatchEagerSteps) {
   EXPECT_EQ(outputs[1], outputs[0]);
   EXPECT_EQ(stats[0].replays, 0);
   EXPECT_GT(stats[1].replays, 10);
+}
+
+// The tensor-parallel sum of ranks that share one device, so the device model's sharding is
+// tested without two GPUs (NCCL refuses two ranks on one device; the 2-GPU NCCL path is
+// tests/agent/agent_cuda_test.cc's AgentCudaTpTest). Each call waits for the rank's stream,
+// sums on the host in rank order (HostCommunicatorGroup: identical sums on every rank) and
+// copies the sum back. bfloat16 elements are summed in float32 and rounded once, as NCCL's sum of
+// two bfloat16 contributions.
+class HostStagedAllReduce : public DeviceAllReduce {
+ public:
+  explicit HostStagedAllReduce(Communicator* comm) : comm_(comm) {}
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  absl::Status AllReduceSum(void* data, int64_t count, DType dtype, cudaStream_t stream) override {
+    std::vector<float> sum(count);
+    std::vector<kernels::BFloat16> bf16(dtype == DType::kBFloat16 ? count : 0);
+    void* host = dtype == DType::kBFloat16 ? static_cast<void*>(bf16.data()) : sum.data();
+    const size_t bytes = static_cast<size_t>(count) * DTypeBytes(dtype);
+    if (cudaStreamSynchronize(stream) != cudaSuccess ||
+        cudaMemcpy(host, data, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      return absl::InternalError("HostStagedAllReduce: copy to the host failed");
+    }
+    for (int64_t i = 0; i < static_cast<int64_t>(bf16.size()); ++i) {
+      sum[i] = kernels::ToFloat(bf16[i]);
+    }
+    VAMP_RETURN_IF_ERROR(comm_->AllReduceSum(sum.data(), count));
+    for (int64_t i = 0; i < static_cast<int64_t>(bf16.size()); ++i) {
+      bf16[i] = kernels::ToBFloat16(sum[i]);
+    }
+    if (cudaMemcpy(data, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+      return absl::InternalError("HostStagedAllReduce: copy to the device failed");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Check() override { return absl::OkStatus(); }
+
+ private:
+  Communicator* const comm_;
+};
+
+// Rank `rank` of 2 of the committed tiny qwen3_next checkpoint on device 0, resident.
+absl::StatusOr<std::unique_ptr<Rank>> MakeTinyNextGpuRank(int rank, Communicator* comm,
+                                                          DeviceAllReduce* all_reduce,
+                                                          CudaForwardOptions forward) {
+  const std::string dir = testing::TinyQwen3NextDir();
+  VAMP_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(dir));
+  CudaDeviceOptions device;
+  device.forward = forward;
+  RankSpec spec;
+  spec.device = CreateCudaDevice(device);
+  VAMP_ASSIGN_OR_RETURN(spec.backend, spec.device->CreateMemoryBackend());
+  spec.config = config;
+  spec.parallel = {rank, 2};
+  spec.dtype = forward.dtype;
+  spec.plan = TestPlanConfig(spec.backend->page_bytes(), 0.0);
+  spec.plan.tp_size = 2;  // the rank's shard sizes the expert store and the KV heads
+  spec.kv_pages = 2;
+  LoadOptions options;
+  options.model_path = dir;
+  options.parallel = spec.parallel;
+  spec.load = LoadWith(options);
+  spec.comm = comm;
+  spec.all_reduce = all_reduce;
+  return BuildRank(std::move(spec));
+}
+
+// TP=2 (attention and Gated DeltaNet heads, the shared expert and every expert's intermediate
+// split over two ranks) against TP=1 on the HF goldens' prompts: the ranks agree bit for bit at
+// every step; in float32 the logits stay within the goldens' tolerance of TP=1's and the tokens
+// are TP=1's; in bfloat16 the prompt positions deviate from the float32 goldens no more than the
+// bfloat16 TP=1 engine does (as Qwen3NextBFloat16DeviatesNoMoreThanHfInBFloat16 bounds it).
+TEST_F(CudaModelRunnerTest, Qwen3NextTensorParallelShardsEqualTp1) {
+  const Goldens g =
+      LoadGoldens("tiny-qwen3-next-goldens.safetensors", "tiny-qwen3-next-goldens.json");
+  ASSERT_FALSE(g.prompts.empty());
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const CudaForwardOptions forward = dtype == DType::kFloat32 ? F32Forward() : Bf16Forward();
+    auto runner_group = HostCommunicatorGroup::Create(2);
+    auto device_group = HostCommunicatorGroup::Create(2);
+    ASSERT_TRUE(runner_group.ok() && device_group.ok());
+    HostStagedAllReduce reduce0((*device_group)->rank(0)), reduce1((*device_group)->rank(1));
+    auto rank0 = MakeTinyNextGpuRank(0, (*runner_group)->rank(0), &reduce0, forward);
+    ASSERT_TRUE(rank0.ok()) << rank0.status();
+    auto rank1 = MakeTinyNextGpuRank(1, (*runner_group)->rank(1), &reduce1, forward);
+    ASSERT_TRUE(rank1.ok()) << rank1.status();
+    auto tp1 = MakeTinyNextGpuEngine(testing::TinyQwen3NextDir(), {}, forward);
+    ASSERT_TRUE(tp1.ok()) << tp1.status();
+    // Each rank keeps the state of its own heads only.
+    EXPECT_LT((*rank0)->host_model->RecurrentStateFloatsPerSlot(),
+              (*tp1)->host_model->RecurrentStateFloatsPerSlot());
+
+    MiniScheduler sched(16, Range(0, 256), 7), sched_tp1(16, Range(0, 256), 7);
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      const int32_t tokens = static_cast<int32_t>(g.continuations[i].size());
+      sched.Submit(i, g.prompts[i], tokens);
+      sched_tp1.Submit(i, g.prompts[i], tokens);
+    }
+    double max_scaled = 0;
+    for (int step = 0; !sched.Done(); ++step) {
+      ASSERT_LT(step, 1000);
+      const StepInput in = sched.Next();
+      absl::StatusOr<StepOutput> out0, out1;
+      std::thread t1([&] { out1 = (*rank1)->runner->ExecuteStep(in); });
+      out0 = (*rank0)->runner->ExecuteStep(in);
+      t1.join();
+      ASSERT_TRUE(out0.ok()) << out0.status();
+      ASSERT_TRUE(out1.ok()) << out1.status();
+      ASSERT_EQ(out0->logits.size(), out1->logits.size());
+      for (size_t i = 0; i < out0->logits.size(); ++i) {
+        ASSERT_EQ(out0->logits[i], out1->logits[i]) << "step " << step;
+      }
+      sched.OnOutput(in, *out0);
+      if (dtype == DType::kFloat32) {
+        const StepInput in1 = sched_tp1.Next();
+        auto ref = (*tp1)->runner->ExecuteStep(in1);
+        ASSERT_TRUE(ref.ok()) << ref.status();
+        ASSERT_EQ(ref->logits.size(), out0->logits.size());
+        for (size_t i = 0; i < ref->logits.size(); ++i) {
+          ASSERT_EQ(ref->logits[i].size(), out0->logits[i].size());
+          for (size_t v = 0; v < ref->logits[i].size(); ++v) {
+            max_scaled =
+                std::max(max_scaled, std::abs(double(out0->logits[i][v]) - ref->logits[i][v]) /
+                                         std::max(1.0, std::abs(double(ref->logits[i][v]))));
+          }
+        }
+        sched_tp1.OnOutput(in1, *ref);
+      }
+    }
+    if (dtype == DType::kFloat32) {
+      std::cout << "tiny qwen3_next TP=2 vs TP=1 (float32): max scaled logit difference "
+                << max_scaled << "\n";
+      EXPECT_LT(max_scaled, 1e-4);
+      for (size_t i = 0; i < g.prompts.size(); ++i) {
+        EXPECT_EQ(sched.request(i).outputs, sched_tp1.request(i).outputs) << "prompt " << i;
+        EXPECT_EQ(sched.request(i).outputs, g.continuations[i]) << "prompt " << i;
+      }
+      continue;
+    }
+    const MiniScheduler want = RunGoldens(*(*tp1)->runner, g, 7);
+    Deviation tp2_dev, tp1_dev;
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      const int64_t rows = static_cast<int64_t>(g.prompts[i].size());
+      ASSERT_GE(static_cast<int64_t>(sched.request(i).all_logits.size()), rows * kVocab);
+      AddDeviation(sched.request(i).all_logits.data(), g.logits[i].data(), rows, kVocab, &tp2_dev);
+      AddDeviation(want.request(i).all_logits.data(), g.logits[i].data(), rows, kVocab, &tp1_dev);
+    }
+    std::cout << "tiny qwen3_next bf16 vs float32 goldens: TP=2 worst "
+              << tp2_dev.worst_scaled_error << ", argmax " << tp2_dev.same_argmax << "/"
+              << tp2_dev.positions << "; TP=1 worst " << tp1_dev.worst_scaled_error << ", argmax "
+              << tp1_dev.same_argmax << "/" << tp1_dev.positions << "\n";
+    EXPECT_LE(tp2_dev.worst_scaled_error, 1.5 * tp1_dev.worst_scaled_error + 0.02);
+    EXPECT_GE(tp2_dev.agreement(), tp1_dev.agreement() - 0.03);
+  }
 }
 
 // Qwen3-Next's layout with float32 experts of 1.5 MiB (as kPageSizedExpertsConfig): every
