@@ -86,21 +86,34 @@ CudaForwardOptions Bf16Forward() {
   return o;
 }
 
+// A tensor-parallel rank's place in its group (the default: TP 1).
+struct GpuRankShard {
+  ParallelConfig parallel;
+  Communicator* comm = nullptr;
+  DeviceAllReduce* all_reduce = nullptr;
+};
+
 // One GPU rank on device 0: `kv_pages` pages of KV, VAMP-r = `ratio`, `staging_buffers` staging
-// buffers.
+// buffers; shard `shard` of the model (its loader must load that shard).
 absl::StatusOr<std::unique_ptr<Rank>> MakeGpuEngine(const ModelConfig& config, RankModelLoader load,
                                                     int64_t kv_pages, double ratio,
                                                     RunnerConfig rc = {},
                                                     CudaForwardOptions forward = F32Forward(),
-                                                    int staging_buffers = 2) {
+                                                    int staging_buffers = 2,
+                                                    const GpuRankShard& shard = {}) {
   CudaDeviceOptions device;
   device.forward = forward;
   RankSpec spec;
   spec.device = CreateCudaDevice(device);
   VAMP_ASSIGN_OR_RETURN(spec.backend, spec.device->CreateMemoryBackend());
   spec.config = config;
+  spec.parallel = shard.parallel;
+  spec.comm = shard.comm;
+  spec.all_reduce = shard.all_reduce;
   spec.dtype = forward.dtype;
   spec.plan = TestPlanConfig(spec.backend->page_bytes(), ratio);
+  // The rank's shard sizes the expert store and the KV heads.
+  spec.plan.tp_size = shard.parallel.tp_size;
   spec.plan.offload.staging_buffers = staging_buffers;
   spec.kv_pages = kv_pages;
   spec.runner = rc;
@@ -1023,24 +1036,12 @@ absl::StatusOr<std::unique_ptr<Rank>> MakeTinyNextGpuRank(int rank, Communicator
                                                           CudaForwardOptions forward) {
   const std::string dir = testing::TinyQwen3NextDir();
   VAMP_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(dir));
-  CudaDeviceOptions device;
-  device.forward = forward;
-  RankSpec spec;
-  spec.device = CreateCudaDevice(device);
-  VAMP_ASSIGN_OR_RETURN(spec.backend, spec.device->CreateMemoryBackend());
-  spec.config = config;
-  spec.parallel = {rank, 2};
-  spec.dtype = forward.dtype;
-  spec.plan = TestPlanConfig(spec.backend->page_bytes(), 0.0);
-  spec.plan.tp_size = 2;  // the rank's shard sizes the expert store and the KV heads
-  spec.kv_pages = 2;
+  const GpuRankShard shard{.parallel = {rank, 2}, .comm = comm, .all_reduce = all_reduce};
   LoadOptions options;
   options.model_path = dir;
-  options.parallel = spec.parallel;
-  spec.load = LoadWith(options);
-  spec.comm = comm;
-  spec.all_reduce = all_reduce;
-  return BuildRank(std::move(spec));
+  options.parallel = shard.parallel;
+  return MakeGpuEngine(config, LoadWith(options), /*kv_pages=*/2, /*ratio=*/0.0, {}, forward,
+                       /*staging_buffers=*/2, shard);
 }
 
 // TP=2 (attention and Gated DeltaNet heads, the shared expert and every expert's intermediate
