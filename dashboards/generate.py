@@ -219,6 +219,10 @@ def memory():
             "vamp_ttft_queue_threshold_s, few steps queued for compute), else 1. A line that "
             "jumps between the two on every decision means the load sits at the threshold.",
             "short", [(f"vamp_arbiter_ttft_weight{{{R}}}", "{{replica}} weight")])
+    l.panel("Admissions held at the static pool", "Steps whose admissions stopped where a static "
+            "split's pool would, although offloaded groups had room: the GPU was compute-bound "
+            "(--admit_within_baseline), so more running requests would only slow decoding.",
+            "short", [(f"rate(vamp_admissions_held_total{{{R}}}[{RATE}])", "{{replica}} held/s")])
     l.row("Steps and staging")
     l.panel("Step time", "Time to apply one step on a rank (remaps, forward pass, sampling).", "s",
             quantiles("vamp_agent_step_duration_seconds", RR, by=("replica", "rank")))

@@ -83,6 +83,10 @@ void DeclareSimFlags(ConfigSchema& s) {
             "Models with recurrent state: also keep a state snapshot at the last block boundary "
             "each output reaches (where a conversation's next turn continues), at one snapshot's "
             "blocks per running request")
+      .Bool("admit_within_baseline", sc.admit_within_baseline,
+            "While the arbiter finds the GPU compute-bound, admit new requests only while the "
+            "running requests' KV fits the static pool (the offloaded groups serve cached "
+            "prefixes and running requests' growth)")
       .Bool("enable_chunked_prefill", sc.enable_chunked_prefill, "Chunked prefill")
       // In-house multi-turn workload.
       .String("concurrency", absl::StrJoin(d.concurrencies, ","),
@@ -207,6 +211,7 @@ absl::StatusOr<SimConfig> SimConfigFromConfig(const Config& config) {
       static_cast<int32_t>(config.GetInt("long_prefill_token_threshold"));
   sc.enable_prefix_caching = config.GetBool("enable_prefix_caching");
   sc.snapshot_outputs = config.GetBool("snapshot_outputs");
+  sc.admit_within_baseline = config.GetBool("admit_within_baseline");
   sc.enable_chunked_prefill = config.GetBool("enable_chunked_prefill");
   o.offload.base_kv_bytes = static_cast<int64_t>(config.GetDouble("kv_pool_gib") * kGiB);
   o.offload.page_bytes = static_cast<int64_t>(config.GetDouble("page_mib") * kMiB);

@@ -603,6 +603,12 @@ ArbiterPlan VampArbiter::DecidePaper(const ArbiterContext& context, const Memory
   return StaticFallback(context, gap, std::move(plan));
 }
 
+bool VampArbiter::ConcurrencyPays(int64_t now_micros) const {
+  // The paper's cost model keeps no tracker: it never holds admissions back.
+  return reuse_ == nullptr ||
+         reuse_->ComputeBoundShare(now_micros) <= config_.tax.compute_bound_share;
+}
+
 double VampArbiter::TtftWeight(int64_t now) const {
   // The TTFT weight applies while first tokens are late because of memory: requests wait in the
   // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for

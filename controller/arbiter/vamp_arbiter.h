@@ -253,6 +253,9 @@ class VampArbiter final : public MemoryArbiter {
   ArbiterPlan PreemptForRestore(const ArbiterContext& context) override;
   TaxComparison LastRestoreComparison() const override { return last_restore_; }
   ReuseTracker* reuse_tracker() override { return reuse_.get(); }
+  // False while the window's steps left requests queued for compute more often than
+  // vamp_compute_bound_share (the test TtftWeight uses).
+  bool ConcurrencyPays(int64_t now_micros) const override;
 
   // Feeds self-calibration (ignored unless enabled). Call once per executed step.
   void ObserveStep(const StepTiming& timing);

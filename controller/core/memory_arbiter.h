@@ -84,8 +84,8 @@ struct TaxComparison {
   double ghost_tokens = 0;    // prefix tokens found in the ghost list over the window
   double preempt_tokens = 0;  // tokens recomputed after preemptions over the window
   int64_t window_micros = 0;
-  int64_t observed_steps = 0;  // executed steps in the window (the sums cover these)
-  double h2d_bytes_per_s = 0;  // the bandwidth the tax was priced at
+  int64_t observed_steps = 0;         // executed steps in the window (the sums cover these)
+  double h2d_bytes_per_s = 0;         // the bandwidth the tax was priced at
   double routed_h2d_bytes_per_s = 0;  // the same for routed staging's copies
   // The weight the value's prefill tokens carried (the TTFT weight, or 1 when first tokens were
   // not late for memory) and the evidence it was chosen on: the window's mean queue time of first
@@ -215,6 +215,11 @@ class MemoryArbiter {
   // feeds it evictions, admissions and preemptions (reuse_tracker.h). Null: nothing is tracked
   // (the static arbiter pays nothing for it).
   virtual ReuseTracker* reuse_tracker() { return nullptr; }
+  // Whether requests admitted now may hold more KV than the pool without the offloaded groups
+  // (SchedulerConfig::admit_within_baseline asks it before each step's admissions): false where
+  // more running requests would only share a compute-bound GPU, slowing every request's decoding
+  // for no more tokens per second. Default: always.
+  virtual bool ConcurrencyPays(int64_t now_micros) const { return true; }
 };
 
 }  // namespace vamp

@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/integer_math.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -154,6 +155,20 @@ const Request* Scheduler::FindRequest(RequestId id) const {
 
 // ---------------------------------------------------------------------------------------------
 // Scheduling
+
+bool Scheduler::FitsBaseline(const Request& r, int64_t num_tokens) const {
+  if (!within_baseline_) return true;
+  const int64_t offloaded_blocks =
+      static_cast<int64_t>(offloader_->OffloadedGroups()) * offloader_->BlocksPerGroup();
+  const KvBlockPool& pool = kv_.pool();
+  const int64_t new_blocks = std::max<int64_t>(
+      0, CeilDiv(num_tokens, config_.block_size) - static_cast<int64_t>(r.block_ids().size()));
+  // Blocks no eviction can free: requests' blocks and the snapshots they hold (and a shrinking
+  // tail's withdrawn blocks).
+  const int64_t held =
+      static_cast<int64_t>(pool.num_blocks()) - pool.num_free_uncached() - pool.num_free_cached();
+  return held + new_blocks <= pool.num_blocks() - offloaded_blocks;
+}
 
 OffloadState Scheduler::OffloadStateNow() const {
   OffloadState info;
@@ -471,6 +486,9 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   //    get memory (admitting more would hand newcomers the blocks that running or preempted
   //    requests are waiting for).
   bool memory_blocked = false;
+  // admit_within_baseline: whether this step's admissions are held to the baseline pool.
+  within_baseline_ = config_.admit_within_baseline && offloader_ != nullptr &&
+                     !arbiter_->ConcurrencyPays(clock_->NowMicros());
   while (!running_stalled && step_num_preempted_ == 0 && !waiting_.empty() && token_budget_ > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.Front();
@@ -489,6 +507,18 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     // Take the hit blocks first so the arbiter cannot evict what this request is about to reuse.
     kv_.AcquirePrefix(*r, hit);
     r->set_num_computed_tokens(hit.num_tokens);
+    if (!FitsBaseline(*r, hit.num_tokens + n)) {
+      // As a static split would: the head waits for memory, for running requests to finish. The
+      // tracker sees the step as a static split's (memory-blocked, not queued for compute), so
+      // the compute-bound share decays while admissions are held and the hold lifts unless the
+      // other steps keep requests queued for compute. No memory wait is recorded: the pool is
+      // already larger than the one that holds the head back.
+      kv_.Free(*r);
+      r->set_num_computed_tokens(0);
+      ++counters_.num_admissions_held;
+      memory_blocked = true;
+      break;
+    }
     if (EnsureBlocks(r, hit.num_tokens + n, /*running=*/false) != Room::kOk) {
       if (tracker != nullptr) {
         // Everybody in the queue waits this step because the head found no memory.

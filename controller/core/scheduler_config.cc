@@ -75,6 +75,11 @@ void AddSchedulerConfigFields(ConfigSchema& schema) {
             "Models with recurrent state (Qwen3-Next): keep a state snapshot at the last block "
             "boundary each request's output reaches, where the next turn of a conversation "
             "hits, besides the one at each prompt's; costs one snapshot per running request")
+      .Bool("admit_within_baseline", d.admit_within_baseline,
+            "While the arbiter finds the GPU compute-bound, admit new requests only while the "
+            "running requests' KV fits the pool a static split would have: the offloaded "
+            "groups' KV then serves cached prefixes and running requests' growth, not more "
+            "concurrency (which would only slow decoding)")
       .Int("long_prefill_token_threshold", d.long_prefill_token_threshold, 0, kInt32Max,
            "Most prefill tokens one request takes per step (0 = no limit)")
       .Enum("scheduling_policy", "fcfs", {"fcfs", "priority"},
@@ -94,6 +99,7 @@ absl::StatusOr<SchedulerConfig> SchedulerConfigFromConfig(const Config& config) 
   c.enable_prefix_caching = config.GetBool("enable_prefix_caching");
   c.enable_chunked_prefill = config.GetBool("enable_chunked_prefill");
   c.snapshot_outputs = config.GetBool("snapshot_outputs");
+  c.admit_within_baseline = config.GetBool("admit_within_baseline");
   c.long_prefill_token_threshold =
       static_cast<int32_t>(config.GetInt("long_prefill_token_threshold"));
   c.policy = config.GetString("scheduling_policy") == "priority" ? SchedulingPolicy::kPriority

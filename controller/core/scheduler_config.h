@@ -50,6 +50,15 @@ struct SchedulerConfig {
   // the last block boundary each request's output reaches (where the next turn of a conversation
   // continues), at recurrent_state_blocks more blocks per running request.
   bool snapshot_outputs = true;
+  // While the arbiter reports that more concurrency does not pay (MemoryArbiter::ConcurrencyPays:
+  // the VAMP arbiter, while recent steps left requests queued for compute), admit a waiting
+  // request only while the blocks no eviction frees (with the request's new ones) fit the pool
+  // without the offloaded groups' blocks, i.e. what a static split holds. The groups then keep
+  // cached prefixes and let running requests grow without preemption, but do not raise
+  // concurrency: on a compute-bound GPU a larger running batch slows every request's decoding
+  // (TPOT) for no more tokens per second. Measured in vamp-sim
+  // (bench/results/2026-12-03-admit-within-baseline/).
+  bool admit_within_baseline = true;
 
   // InvalidArgument naming the field when a value or a combination is impossible.
   absl::Status Validate() const;

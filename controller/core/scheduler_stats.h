@@ -53,6 +53,9 @@ struct SchedulerCounters {
   // want of blocks.
   int64_t num_state_captures = 0;
   int64_t num_state_captures_skipped = 0;
+  // Steps whose admissions stopped at the static pool's size (SchedulerConfig::
+  // admit_within_baseline) while the offloaded groups had room.
+  int64_t num_admissions_held = 0;
 };
 
 // Queue time of one admission in the latest step.

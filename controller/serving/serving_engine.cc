@@ -26,6 +26,7 @@ struct EngineMetrics {
   prometheus::Gauge& snapshots;
   prometheus::Counter& state_captures;
   prometheus::Counter& state_captures_skipped;
+  prometheus::Counter& admissions_held;
   prometheus::Gauge& offloaded_groups;
   // First admissions only (scheduler_stats.h, as vLLM): a resumed request's own blocks are not
   // reuse. Resumed admissions are counted apart.
@@ -83,6 +84,9 @@ struct EngineMetrics {
           counter("vamp_state_captures_total", "Snapshots of recurrent state captured (planned)"),
           counter("vamp_state_captures_skipped_total",
                   "Captures of recurrent state skipped because no KV blocks were free for them"),
+          counter("vamp_admissions_held_total",
+                  "Steps whose admissions stopped at the static pool's size on a compute-bound "
+                  "GPU (--admit_within_baseline)"),
           gauge("vamp_experts_offloaded_groups", "Expert groups offloaded per eligible layer"),
           counter("vamp_prefix_cache_query_tokens_total",
                   "Prompt tokens looked up in the cache at first admissions"),
@@ -772,6 +776,7 @@ void ServingEngine::PublishSnapshot() {
   follow(metrics.preemptions, c.num_preemptions);
   follow(metrics.state_captures, c.num_state_captures);
   follow(metrics.state_captures_skipped, c.num_state_captures_skipped);
+  follow(metrics.admissions_held, c.num_admissions_held);
   metrics.snapshot_blocks.Set(stats.num_snapshot_blocks);
   metrics.snapshots.Set(stats.num_snapshots);
 

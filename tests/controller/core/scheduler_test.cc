@@ -516,6 +516,72 @@ TEST(SchedulerTest, ArbiterOffloadGrowsThePool) {
   EXPECT_EQ(h.scheduler().counters().num_offloaded_blocks, 2);
 }
 
+// An offloader that reports the groups it holds (FakeOffloader reports none).
+class HoldingOffloader : public FakeOffloader {
+ public:
+  HoldingOffloader(int32_t groups, int32_t blocks_per_group)
+      : FakeOffloader(groups, blocks_per_group), total_(groups) {}
+  int32_t OffloadedGroups() const override { return total_ - RemainingGroups(); }
+
+ private:
+  const int32_t total_;
+};
+
+// OffloadingArbiter on a GPU it reports compute-bound: more running requests do not pay.
+class ComputeBoundOffloadingArbiter : public OffloadingArbiter {
+ public:
+  bool ConcurrencyPays(int64_t) const override { return false; }
+};
+
+// admit_within_baseline while more concurrency does not pay: admissions stop where a static
+// split's pool would (here 6 blocks of 2 tokens), so the arbiter grows the pool only for running
+// requests; the groups it adds let them grow without preemption and admit nobody. With the option
+// off, or an arbiter for which concurrency pays, the pool grows to admit the third request at
+// once.
+TEST(SchedulerTest, AdmissionsStayWithinThePoolAStaticSplitHolds) {
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool within = mode == 2;
+    SchedulerConfig c;
+    c.block_size = 2;
+    c.num_blocks = 6;
+    c.max_num_batched_tokens = 64;
+    c.max_model_len = 12;
+    c.admit_within_baseline = mode > 0;
+    HoldingOffloader offloader(10, 2);
+    std::unique_ptr<MemoryArbiter> arbiter = mode == 2
+                                                 ? std::make_unique<ComputeBoundOffloadingArbiter>()
+                                                 : std::make_unique<OffloadingArbiter>();
+    Harness h(c, std::move(arbiter), &offloader);
+    Scheduler& s = h.scheduler();
+    ASSERT_TRUE(s.AddRequest(Spec(1, Iota(6), 5)).ok());       // 3 blocks, growing to 6
+    ASSERT_TRUE(s.AddRequest(Spec(2, Iota(4, 100), 5)).ok());  // 2 blocks, growing to 5
+    ASSERT_TRUE(s.AddRequest(Spec(3, Iota(4, 200), 2)).ok());  // 2 blocks
+    h.Step();
+    if (!within) {
+      EXPECT_EQ(s.num_running(), 3) << "mode " << mode;
+      EXPECT_EQ(offloader.calls, 1) << "grown to admit request 3";
+      h.RunToCompletion();
+      continue;
+    }
+    EXPECT_EQ(s.num_running(), 2);
+    EXPECT_EQ(s.num_waiting(), 1);
+    EXPECT_EQ(offloader.calls, 0) << "an admission never grows the pool";
+    // Requests 1 and 2 decode past the 6 blocks: the pool grows for them, and request 3 still
+    // waits (their blocks and its 2 exceed the pool without the groups).
+    bool grew = false;
+    for (int i = 0; i < 8 && s.num_waiting() == 1; ++i) {
+      h.Step();
+      if (s.num_waiting() == 1 && s.pool().num_blocks() > 6) grew = true;
+    }
+    EXPECT_TRUE(grew);
+    EXPECT_GE(offloader.calls, 1);
+    EXPECT_EQ(s.counters().num_preemptions, 0);
+    // Once they finish, request 3 is admitted and everything completes.
+    h.RunToCompletion();
+    EXPECT_EQ(s.num_running() + s.num_waiting(), 0);
+  }
+}
+
 // The agents refuse the step that carried an offload: RevertStep puts everything back, and the
 // next plan does the same work on the old pool (here, without the offload, less of it) for
 // agents that never saw the refused one.
