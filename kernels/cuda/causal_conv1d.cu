@@ -122,7 +122,11 @@ absl::Status CausalConv1d(const cpu::CausalConv1dArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         absl::StrCat("causal conv1d: num_seqs ", a.num_seqs, " is beyond int32"));
   }
-  const int64_t row_blocks = CeilDiv(std::max<int64_t>(a.max_num_tokens, 0), kConvRowsPerBlock);
+  if (a.max_num_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("causal conv1d: max_num_tokens ", a.max_num_tokens, " is negative"));
+  }
+  const int64_t row_blocks = CeilDiv(a.max_num_tokens, kConvRowsPerBlock);
   if (row_blocks > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(
         absl::StrCat("causal conv1d: max_num_tokens ", a.max_num_tokens, " is beyond the grid"));

@@ -19,9 +19,11 @@ namespace vamp::kernels::cuda {
 // Runs the convolution over every sequence of the batch and updates their states, asynchronously
 // on `stream` (two kernels: the outputs, which read the old states, then the state update).
 // InvalidArgument (nothing launched) for kernel_size < 1, channels < 1, a state_slot_stride below
-// (kernel_size - 1) * channels, or num_seqs beyond int32. The per-sequence checks of the CPU twin
-// read device memory here and cannot fail the call: a sequence with a negative length or a
-// negative slot is skipped (its outputs and state are not written). num_seqs <= 0: nothing to do.
+// (kernel_size - 1) * channels, num_seqs beyond int32, or a negative max_num_tokens (or one beyond
+// the grid). The per-sequence checks of the CPU twin read device memory here and cannot fail the
+// call: a sequence with a negative length or a negative slot is skipped (its outputs and state are
+// not written), and rows past max_num_tokens, which the CPU twin refuses, are left unwritten (the
+// caller must pass a true bound). num_seqs <= 0 or max_num_tokens 0: nothing to do.
 absl::Status CausalConv1d(const cpu::CausalConv1dArgs& a, cudaStream_t stream);
 
 }  // namespace vamp::kernels::cuda

@@ -479,7 +479,13 @@ TEST(CausalConv1dArgsTest, BadArgumentsAreRejectedBeforeLaunching) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(s.message()).find("state_slot_stride"), std::string::npos) << s;
   a = good;
+  a.max_num_tokens = -1;
+  EXPECT_EQ(CausalConv1d(a, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  a = good;
   a.num_seqs = 0;  // nothing to launch
+  EXPECT_TRUE(CausalConv1d(a, nullptr).ok());
+  a = good;
+  a.max_num_tokens = 0;  // no rows: nothing to launch
   EXPECT_TRUE(CausalConv1d(a, nullptr).ok());
 }
 
