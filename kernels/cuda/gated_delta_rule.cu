@@ -289,42 +289,65 @@ __global__ void __launch_bounds__(kThreads)
       if (t == len - 1) W[t] = 1.0f;
     }
     __syncthreads();
+    // Steps 4-6 for the warp's rows side by side: each row's arithmetic is in the same order as
+    // row by row, but the two rows' reductions (one WarpSum chain each) overlap, which halves the
+    // serial latency of the substitution.
+    bool live[kRowsPerWarp];
 #pragma unroll
-    for (int w = 0; w < kRowsPerWarp; ++w) {
-      const int64_t j = j0 + w;
-      if (j >= dv) break;
-      const int jl = row0 + w;
+    for (int w = 0; w < kRowsPerWarp; ++w) live[w] = j0 + w < dv;
       // 4: the terms of S_0 first (independent over t, so their reductions overlap), then the
       // substitution proper, the only part serial in t.
 #pragma unroll 4
-      for (int t = 0; t < len; ++t) {
-        const KeyVector<KPL> kt = SharedRow<KPL>(kn, t, ldk, dk, lane);
-        const float init =
-            betas[t] * (a.v[(c0 + t) * a.v_stride + h * dv + j] - eG[t] * S.Dot(w, kt));
-        if (lane == 0) u[t * kUStride + jl] = init;
+    for (int t = 0; t < len; ++t) {
+      const KeyVector<KPL> kt = SharedRow<KPL>(kn, t, ldk, dk, lane);
+      const float* vt = a.v + (c0 + t) * a.v_stride + h * dv + j0;
+#pragma unroll
+      for (int w = 0; w < kRowsPerWarp; ++w) {
+        const float dot = S.Dot(w, kt);
+        if (live[w] && lane == 0) u[t * kUStride + row0 + w] = betas[t] * (vt[w] - eG[t] * dot);
       }
-      for (int t = 0; t < len; ++t) {
-        float acc = 0.0f;
-        for (int s = lane; s < t; s += 32) acc += A[t * ld + s] * u[s * kUStride + jl];
-        acc = WarpSum(acc);
-        if (lane == 0) u[t * kUStride + jl] -= acc;
-        __syncwarp();  // u_t visible to the warp before u_{t+1} reads it
+    }
+    for (int t = 0; t < len; ++t) {
+      float acc[kRowsPerWarp];
+#pragma unroll
+      for (int w = 0; w < kRowsPerWarp; ++w) {
+        acc[w] = 0.0f;
+        for (int s = lane; s < t; s += 32) acc[w] += A[t * ld + s] * u[s * kUStride + row0 + w];
+        acc[w] = WarpSum(acc[w]);
       }
+      if (lane == 0) {
+#pragma unroll
+        for (int w = 0; w < kRowsPerWarp; ++w) {
+          if (live[w]) u[t * kUStride + row0 + w] -= acc[w];
+        }
+      }
+      __syncwarp();  // u_t visible to the warp before u_{t+1} reads it
+    }
 #pragma unroll 4
-      for (int t = 0; t < len; ++t) {  // 5
-        const KeyVector<KPL> qt = SharedRow<KPL>(qn, t, ldk, dk, lane);
+    for (int t = 0; t < len; ++t) {  // 5
+      const KeyVector<KPL> qt = SharedRow<KPL>(qn, t, ldk, dk, lane);
+      float* ot = a.out + (c0 + t) * a.out_stride + h * dv + j0;
+#pragma unroll
+      for (int w = 0; w < kRowsPerWarp; ++w) {
         const float readout = eG[t] * S.Dot(w, qt);
         float acc = 0.0f;
-        for (int s = lane; s <= t; s += 32) acc += B[t * ld + s] * u[s * kUStride + jl];
+        for (int s = lane; s <= t; s += 32) acc += B[t * ld + s] * u[s * kUStride + row0 + w];
         acc = WarpSum(acc);
-        if (lane == 0) a.out[(c0 + t) * a.out_stride + h * dv + j] = readout + acc;
+        if (live[w] && lane == 0) ot[w] = readout + acc;
       }
-      const float state_decay = eG[len - 1];  // 6
+    }
+    const float state_decay = eG[len - 1];  // 6
 #pragma unroll
-      for (int i = 0; i < KPL; ++i) S.s[w][i] *= state_decay;
-      for (int s = 0; s < len; ++s) {
-        const float f = W[s] * u[s * kUStride + jl];
-        const KeyVector<KPL> ks = SharedRow<KPL>(kn, s, ldk, dk, lane);
+    for (int w = 0; w < kRowsPerWarp; ++w) {
+#pragma unroll
+      for (int i = 0; i < KPL; ++i) S.s[w][i] *= live[w] ? state_decay : 1.0f;
+    }
+    for (int s = 0; s < len; ++s) {
+      const KeyVector<KPL> ks = SharedRow<KPL>(kn, s, ldk, dk, lane);
+#pragma unroll
+      for (int w = 0; w < kRowsPerWarp; ++w) {
+        if (!live[w]) continue;
+        const float f = W[s] * u[s * kUStride + row0 + w];
 #pragma unroll
         for (int i = 0; i < KPL; ++i) S.s[w][i] += ks.x[i] * f;
       }

@@ -14,7 +14,8 @@
 // independent; each recomputes the per-token (and per-chunk) quantities it needs, which buys
 // parallelism when few sequences run (a single prefill). Measured on an H200 with Qwen3-Next's
 // 16 / 32 heads of 128: a 4096-token prefill in chunks of 64 takes 8.7 ms, a decode step of 64
-// sequences 0.11 ms.
+// sequences 0.11 ms (before the chunked form ran a warp's two rows side by side, which took 8 % off
+// the 24-layer model's mixed step; bench/results/2026-12-03-qwen3-next-tc-attention/).
 //
 // No workspace: args.workspace and args.workspace_floats are ignored (the chunked form keeps a
 // chunk's normalised q and k, its Gram matrices and deltas in shared memory), and nothing is
