@@ -50,9 +50,8 @@ constexpr int64_t kSplitOverheadKeys = 128;
 // reads from shared memory to 32 rows, halving the shared-memory traffic per MMA that limits one
 // row tile; the 32 KiB Q tile then leaves room for two stages at head_dim 128 (96 KiB: two CTAs
 // per multiprocessor). At head_dim 256 the O accumulators of one row tile already take 128
-// registers per thread, so a warp owns one row tile (64 vectors per CTA, FlashAttention-2's
-// head_dim-256 tiling) and walks 32-key tiles: 96 KiB with two stages, two CTAs per
-// multiprocessor again.
+// registers per thread, so a warp owns one row tile (64 vectors per CTA) and the CTA walks 32-key
+// tiles: 96 KiB with two stages, two CTAs per multiprocessor again.
 template <int kHeadDim>
 struct PrefillTiling {
   static constexpr int kRowTilesPerWarp = kHeadDim <= 128 ? 2 : 1;
@@ -612,8 +611,8 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
 
 // Per device: multiprocessor count and resident decode CTAs per multiprocessor (per tensor-core
 // head_dim, see TensorCoreHeadDimIndex), with the kernels' dynamic shared memory limits raised on
-// that device. Computed once per
-// device and cached lock-free (packed in one word; a race computes the same value twice).
+// that device. Computed once per device and cached lock-free (packed in one word; a race computes
+// the same value twice).
 struct DeviceLaunchInfo {
   int sms = 0;
   int decode_ctas_per_sm[kTensorCoreHeadDims] = {1, 1, 1};  // [head_dim 64, 128, 256]
