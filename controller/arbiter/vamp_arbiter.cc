@@ -615,7 +615,7 @@ double VampArbiter::TtftWeight(int64_t now) const {
   // compute, every µs of stall delays them all; with short queues, TTFT is not what hurts: GPU
   // time is the measure then (weight 1).
   const bool ttft_hurts = reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros &&
-                          reuse_->ComputeBoundShare(now) <= config_.tax.compute_bound_share;
+                          ConcurrencyPays(now);
   return ttft_hurts ? config_.tax.ttft_weight : 1.0;
 }
 

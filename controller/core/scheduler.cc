@@ -157,7 +157,6 @@ const Request* Scheduler::FindRequest(RequestId id) const {
 // Scheduling
 
 bool Scheduler::FitsBaseline(const Request& r, int64_t num_tokens) const {
-  if (!within_baseline_) return true;
   const int64_t offloaded_blocks =
       static_cast<int64_t>(offloader_->OffloadedGroups()) * offloader_->BlocksPerGroup();
   const KvBlockPool& pool = kv_.pool();
@@ -487,8 +486,8 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   //    requests are waiting for).
   bool memory_blocked = false;
   // admit_within_baseline: whether this step's admissions are held to the baseline pool.
-  within_baseline_ = config_.admit_within_baseline && offloader_ != nullptr &&
-                     !arbiter_->ConcurrencyPays(clock_->NowMicros());
+  const bool hold_to_baseline = config_.admit_within_baseline && offloader_ != nullptr &&
+                                !arbiter_->ConcurrencyPays(clock_->NowMicros());
   while (!running_stalled && step_num_preempted_ == 0 && !waiting_.empty() && token_budget_ > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.Front();
@@ -507,7 +506,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
     // Take the hit blocks first so the arbiter cannot evict what this request is about to reuse.
     kv_.AcquirePrefix(*r, hit);
     r->set_num_computed_tokens(hit.num_tokens);
-    if (!FitsBaseline(*r, hit.num_tokens + n)) {
+    if (hold_to_baseline && !FitsBaseline(*r, hit.num_tokens + n)) {
       // As a static split would: the head waits for memory, for running requests to finish. The
       // tracker sees the step as a static split's (memory-blocked, not queued for compute), so
       // the compute-bound share decays while admissions are held and the hold lifts unless the

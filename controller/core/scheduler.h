@@ -200,11 +200,11 @@ class Scheduler {
   // can be had.
   void PlanCapture(Scheduled& s);
   OffloadState OffloadStateNow() const;
-  // SchedulerConfig::admit_within_baseline, while the arbiter says more concurrency does not pay
-  // (within_baseline_): whether `r` (holding its hit blocks) may grow to `num_tokens` tokens with
-  // the blocks no eviction frees within the pool less the offloaded groups' blocks, i.e. what a
-  // static split could admit. Such an admission never makes the arbiter grow the pool; the
-  // arbiter grows it for running requests and to keep cached prefixes. True otherwise.
+  // SchedulerConfig::admit_within_baseline, asked while the arbiter says more concurrency does
+  // not pay (needs an offloader): whether `r` (holding its hit blocks) may grow to `num_tokens`
+  // tokens with the blocks no eviction frees within the pool less the offloaded groups' blocks,
+  // i.e. what a static split could admit. Such an admission never makes the arbiter grow the
+  // pool; the arbiter grows it for running requests and to keep cached prefixes.
   bool FitsBaseline(const Request& r, int64_t num_tokens) const;
   // Hands the offload geometry to the arbiter's reuse tracker (if it keeps one).
   void SyncReuseGeometry();
@@ -236,7 +236,6 @@ class Scheduler {
   int32_t token_budget_ = 0;
   std::vector<RequestId> step_preempted_ids_;
   int32_t step_num_preempted_ = 0;
-  bool within_baseline_ = false;  // see FitsBaseline
 
   SchedulerCounters counters_;
   int32_t step_num_scheduled_tokens_ = 0;
