@@ -155,9 +155,22 @@ class CudaModelRunnerTest : public ::testing::Test {
 // Runs every golden prompt to 16 tokens in one batch with prefill chunks of `chunk`.
 MiniScheduler RunGoldens(ModelRunner& runner, const Goldens& g, int chunk) {
   MiniScheduler sched(16, Range(0, 256), chunk);
-  for (size_t i = 0; i < g.prompts.size(); ++i) sched.Submit(i, g.prompts[i], 16);
+  for (size_t i = 0; i < g.prompts.size(); ++i) {
+    sched.Submit(i, g.prompts[i], static_cast<int32_t>(g.continuations[i].size()));
+  }
   sched.RunAll(runner);
   return sched;
+}
+
+// The greedy continuations are the goldens' and the logits of every position match theirs.
+void ExpectGoldens(const MiniScheduler& sched, const Goldens& g, int chunk) {
+  for (size_t i = 0; i < g.prompts.size(); ++i) {
+    const auto& r = sched.request(i);
+    EXPECT_EQ(r.outputs, g.continuations[i]) << "chunk " << chunk << " prompt " << i;
+    ASSERT_GE(r.all_logits.size(), g.logits[i].size());
+    EXPECT_TRUE(LogitsMatch(r.all_logits.data(), g.logits[i].data(), g.logits[i].size()))
+        << "chunk " << chunk << " prompt " << i;
+  }
 }
 
 TEST_F(CudaModelRunnerTest, LogitsAndGreedyContinuationsMatchHfGoldens) {
@@ -169,14 +182,7 @@ TEST_F(CudaModelRunnerTest, LogitsAndGreedyContinuationsMatchHfGoldens) {
   for (int chunk : {1 << 20, 7}) {
     auto engine = MakeTinyGpuEngine({}, forward);
     ASSERT_TRUE(engine.ok()) << engine.status();
-    const MiniScheduler sched = RunGoldens(*(*engine)->runner, g, chunk);
-    for (size_t i = 0; i < g.prompts.size(); ++i) {
-      const auto& r = sched.request(i);
-      EXPECT_EQ(r.outputs, g.continuations[i]) << "chunk " << chunk << " prompt " << i;
-      ASSERT_GE(r.all_logits.size(), g.logits[i].size());
-      EXPECT_TRUE(LogitsMatch(r.all_logits.data(), g.logits[i].data(), g.logits[i].size()))
-          << "chunk " << chunk << " prompt " << i;
-    }
+    ExpectGoldens(RunGoldens(*(*engine)->runner, g, chunk), g, chunk);
   }
 }
 
@@ -837,18 +843,7 @@ TEST_F(CudaModelRunnerTest, Qwen3NextMatchesHfGoldens) {
   for (int chunk : {1 << 20, 7}) {
     auto engine = MakeTinyNextGpuEngine(testing::TinyQwen3NextDir());
     ASSERT_TRUE(engine.ok()) << engine.status();
-    MiniScheduler sched(16, Range(0, 256), chunk);
-    for (size_t i = 0; i < g.prompts.size(); ++i) {
-      sched.Submit(i, g.prompts[i], static_cast<int32_t>(g.continuations[i].size()));
-    }
-    sched.RunAll(*(*engine)->runner);
-    for (size_t i = 0; i < g.prompts.size(); ++i) {
-      const auto& r = sched.request(i);
-      EXPECT_EQ(r.outputs, g.continuations[i]) << "chunk " << chunk << " prompt " << i;
-      ASSERT_GE(r.all_logits.size(), g.logits[i].size());
-      EXPECT_TRUE(LogitsMatch(r.all_logits.data(), g.logits[i].data(), g.logits[i].size()))
-          << "chunk " << chunk << " prompt " << i;
-    }
+    ExpectGoldens(RunGoldens(*(*engine)->runner, g, chunk), g, chunk);
   }
 }
 
