@@ -3,9 +3,10 @@
 #   1. vamp_gpu_step_bench: decode and mixed step times of the bf16 engine (dummy Qwen3-30B-A3B)
 #      at each offload ratio, the HBM decode floor and the staging floor (bandwidths measured in the
 #      same process);
-#   2. hf_decode_baseline.py: HF transformers' decode step of the same model, batch and context;
-#   3. the report: decode step vs floor vs HF, and the staging table with the TPOT overhead per
-#      ratio next to the paper's +31.1 % at VAMP-15.
+#   2. hf_step_baseline.py: HF transformers' decode step of the same model, batch and context, and
+#      its forward of the same new prompt (the mixed step's other half);
+#   3. the report: decode and mixed steps vs floor vs HF, and the staging table with the TPOT
+#      overhead per ratio next to the paper's +31.1 % at VAMP-15.
 #
 # Usage: bench/engine/run_gpu_step_bench.sh BUNDLE_OR_BUILD_DIR OUT_DIR
 #   BUNDLE_OR_BUILD_DIR: a deploy/bundle folder (bin/vamp_gpu_step_bench) or a build folder
@@ -63,13 +64,14 @@ vamp_status=${PIPESTATUS[0]}
 [[ $vamp_status -eq 0 ]] || echo "run_gpu_step_bench: vamp_gpu_step_bench exited $vamp_status" >&2
 
 if [[ ${SKIP_HF:-0} != 1 ]]; then
-  echo "== hf_decode_baseline.py"
+  echo "== hf_step_baseline.py"
   # shellcheck disable=SC2086  # HF_ARGS is a list of flags
-  timeout "${HF_TIMEOUT:-210}" python3 "$here/hf_decode_baseline.py" --config="$model" \
-    --batch="$batch" --context="$context" --steps="$steps" --warmup="$warmup" \
+  timeout "${HF_TIMEOUT:-210}" python3 "$here/hf_step_baseline.py" --config="$model" \
+    --batch="$batch" --context="$context" --prefill_tokens="${PREFILL_TOKENS:-2048}" \
+    --steps="$steps" --warmup="$warmup" \
     --json="$out/hf.json" ${HF_ARGS:-} 2>&1 | tee "$out/hf.log"
   hf_status=${PIPESTATUS[0]}
-  [[ $hf_status == 0 ]] || echo "run_gpu_step_bench: hf_decode_baseline.py exited $hf_status" >&2
+  [[ $hf_status == 0 ]] || echo "run_gpu_step_bench: hf_step_baseline.py exited $hf_status" >&2
 fi
 
 python3 - "$out/vamp.json" "$out/hf.json" "$out/report.md" "$vamp_status" "$hf_status" <<'EOF'
@@ -176,6 +178,42 @@ if hf and "context_used" in hf:
     for n in hf.get("notes", []):
         lines.append(f"HF note: {n}.")
 lines.append("")
+
+# Mixed step vs HF: VAMP runs the decodes and the new prompt in one forward, HF in two.
+mixed = None
+if vamp:
+    mixed = next((p for p in vamp["points"] if p["mode"] == "mixed" and p["groups"] == 0), None)
+hf_mixed = [b for b in (hf or {}).get("backends", []) if "mixed_ms_sum" in b]
+if mixed or hf_mixed:
+    prompt = vamp["workload"]["prefill_tokens"] if vamp else hf.get("prefill_tokens")
+    hf_best_mixed = (hf or {}).get("best_mixed", {}).get("mixed_ms_sum")
+    mfwd = mixed["forward_ms"]["p50"] if mixed else None
+    mstep = mixed["step_ms"]["p50"] if mixed else None
+    lines += ["## Mixed step: the decode batch plus a new prompt, against HF transformers", "",
+              f"VAMP runs the {num(vamp and vamp['workload']['batch'], '{}')} decodes and the new "
+              f"{prompt}-token prompt in one forward. HF's model API cannot mix them in one "
+              "forward, so its figure is its decode step plus its forward of the same prompt "
+              "(empty cache, last position's logits, greedy argmax): the same tokens through the "
+              "same model. Prompt tokens/s = prompt tokens / (mixed - decode) for VAMP, "
+              "/ prompt forward for HF.", "",
+              "| | decode ms | prompt ms | mixed ms | prompt tokens/s | VAMP / HF |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    if mixed and resident:
+        extra = mfwd - fwd
+        lines.append(f"| VAMP forward (resident) | {num(fwd)} | {num(extra)} (in the same forward) "
+                     f"| {num(mfwd)} | {num(prompt / (extra / 1e3) if extra > 0 else None, '{:.0f}')} "
+                     f"| {num(ratio(mfwd, hf_best_mixed))} |")
+        lines.append(f"| VAMP step incl. sampling and runner bookkeeping | {num(step)} | | "
+                     f"{num(mstep)} | | {num(ratio(mstep, hf_best_mixed))} |")
+    for b in hf_mixed:
+        pm = b["prompt_ms"]["p50"]
+        lines.append(f"| HF transformers {hf.get('transformers', '?')}, experts "
+                     f"'{b['experts_implementation']}' | {num(b['step_ms']['p50'])} | {num(pm)} | "
+                     f"{num(b['mixed_ms_sum'])} | {num(prompt / (pm / 1e3), '{:.0f}')} | |")
+    if hf and hf.get("linear_attention_kernels"):
+        lines.append("")
+        lines.append(f"HF's linear-attention layers ran {hf['linear_attention_kernels']}.")
+    lines.append("")
 
 # Staging.
 if vamp:

@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
-"""HF transformers baseline of vamp_gpu_step_bench: the decode step of the same model on the same GPU.
+"""HF transformers baseline of vamp_gpu_step_bench: the decode and mixed steps of the same model.
 
 Builds Qwen3MoeForCausalLM or Qwen3NextForCausalLM from a config.json (no checkpoint, no hub access:
 random weights, made in bfloat16 directly on the GPU), fills a KV cache of `--batch` sequences x
 `--context` tokens by running the decoder over random tokens (in chunks, without the LM head), then
-times decode steps: `model(input_ids=next_tokens, past_key_values=cache)` for the whole batch
-followed by the greedy argmax on the GPU (the next step's input), with torch.cuda.synchronize around
-each step. The median of --steps steps after --warmup untimed ones is reported, once per experts
-backend the installed transformers offers (transformers 5: "eager", "grouped_mm", "batched_mm";
-older versions have one built-in MoE loop, reported as "default"). The cache is cropped back to
-`context` before each backend when the cache supports it, so every backend decodes at the same
-context.
+times, once per experts backend the installed transformers offers (transformers 5: "eager",
+"grouped_mm", "batched_mm"; older versions have one built-in MoE loop, reported as "default"):
+  - decode steps: `model(input_ids=next_tokens, past_key_values=cache)` for the whole batch followed
+    by the greedy argmax on the GPU (the next step's input);
+  - with --prefill_tokens P > 0, prompt forwards: one new P-token prompt from an empty cache, the
+    logits of its last position only, and the greedy argmax of its first token.
+torch.cuda.synchronize brackets each timed call; the medians of --steps (decode) and --prompt_steps
+(prompt) timed calls after untimed ones are reported. vamp_gpu_step_bench's mixed step runs the
+decode batch and the new prompt in one forward; HF's model API has no such step (the rows of one
+forward share a length), so its mixed figure is the sum of the two medians: the same tokens
+through the same model. The cache is cropped back to `context` before each backend when the cache
+supports it, so every backend decodes at the same context.
 
 If the prefill runs out of memory the context is halved until it fits; the JSON says which context
-was used.
+was used. For Qwen3-Next the JSON also says whether transformers found its fast linear-attention
+kernels (fla's delta rule, causal-conv1d) or runs its torch fallbacks.
 
 Usage (on the GPU host, from the repository root):
-  python3 bench/engine/hf_decode_baseline.py --config tests/data/qwen3-30b-a3b \
-      --batch 64 --context 2048 --json /tmp/hf.json
+  python3 bench/engine/hf_step_baseline.py --config tests/data/qwen3-30b-a3b \
+      --batch 64 --context 2048 --prefill_tokens 2048 --json /tmp/hf.json
 Only torch and transformers are needed. Prints one JSON object (also written to --json).
 """
 import argparse
@@ -34,8 +40,12 @@ def parse_args():
                    help="model directory with config.json, or the file itself")
     p.add_argument("--batch", type=int, default=64, help="decoding sequences")
     p.add_argument("--context", type=int, default=2048, help="tokens of context per sequence")
+    p.add_argument("--prefill_tokens", type=int, default=0,
+                   help="tokens of the new prompt timed for the mixed step (0: decode only)")
     p.add_argument("--steps", type=int, default=20, help="timed decode steps per backend")
     p.add_argument("--warmup", type=int, default=3, help="untimed decode steps per backend")
+    p.add_argument("--prompt_steps", type=int, default=5,
+                   help="timed prompt forwards per backend (after one untimed)")
     p.add_argument("--prefill_chunk_tokens", type=int, default=16384,
                    help="tokens (batch x chunk length) per prefill forward")
     p.add_argument("--experts_impls", default="auto",
@@ -44,11 +54,13 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="also write the result to this file")
     args = p.parse_args()
-    for name in ("batch", "context", "steps", "prefill_chunk_tokens"):
+    for name in ("batch", "context", "steps", "prompt_steps", "prefill_chunk_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
     if args.warmup < 0:
         p.error("--warmup must be >= 0")
+    if args.prefill_tokens < 0:
+        p.error("--prefill_tokens must be >= 0")
     return args
 
 
@@ -136,10 +148,43 @@ def time_decode(torch, model, cache, next_tokens, warmup, steps):
     return times, cache
 
 
+def time_prompt(torch, model, vocab_size, prompt_tokens, steps):
+    """Milliseconds per prompt forward (empty cache, last position's logits, greedy argmax), one
+    value per timed call after one untimed call; and whether only the last position's logits were
+    computed."""
+    times = []
+    keep = {"logits_to_keep": 1}
+    for s in range(1 + steps):
+        tokens = torch.randint(0, vocab_size, (1, prompt_tokens), device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        try:
+            out = model(input_ids=tokens, use_cache=True, **keep)
+        except TypeError:  # no logits_to_keep in this transformers: every position's logits
+            keep = {}
+            out = model(input_ids=tokens, use_cache=True)
+        first = out.logits[:, -1, :].argmax(dim=-1)
+        torch.cuda.synchronize()
+        if s >= 1:
+            times.append((time.perf_counter() - t0) * 1e3)
+        del out, first
+    return times, bool(keep)
+
+
+def linear_attention_kernels(model):
+    """For Qwen3-Next: which linear-attention kernels transformers runs (None for other models)."""
+    module = sys.modules.get(type(model).__module__)
+    flag = getattr(module, "is_fast_path_available", None)
+    if flag is None:
+        return None
+    return "fla / causal-conv1d" if flag else "torch fallbacks (no fla / causal-conv1d)"
+
+
 def main():
     args = parse_args()
-    result = {"bench": "hf_decode_baseline", "config": args.config, "batch": args.batch,
-              "context_requested": args.context, "steps": args.steps, "warmup": args.warmup}
+    result = {"bench": "hf_step_baseline", "config": args.config, "batch": args.batch,
+              "context_requested": args.context, "prefill_tokens": args.prefill_tokens,
+              "steps": args.steps, "warmup": args.warmup, "prompt_steps": args.prompt_steps}
     try:
         import torch
         import transformers
@@ -160,6 +205,9 @@ def main():
     torch.cuda.synchronize()
     result["build_seconds"] = round(time.perf_counter() - t0, 1)
     result["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    kernels = linear_attention_kernels(model)
+    if kernels is not None:
+        result["linear_attention_kernels"] = kernels
     print(f"hf: built {type(model).__name__} ({result['weight_bytes'] / 2**30:.1f} GiB bf16) in "
           f"{result['build_seconds']} s", file=sys.stderr)
 
@@ -209,6 +257,16 @@ def main():
                                     "min": min(times)}
                 print(f"hf: {name}: decode step p50 {entry['step_ms']['p50']:.2f} ms",
                       file=sys.stderr)
+                if args.prefill_tokens > 0:
+                    times, last_only = time_prompt(torch, model, config.vocab_size,
+                                                   args.prefill_tokens, args.prompt_steps)
+                    entry["prompt_ms"] = {"p50": statistics.median(times),
+                                          "mean": statistics.mean(times), "min": min(times)}
+                    entry["prompt_logits"] = "last position" if last_only else "every position"
+                    entry["mixed_ms_sum"] = entry["step_ms"]["p50"] + entry["prompt_ms"]["p50"]
+                    print(f"hf: {name}: {args.prefill_tokens}-token prompt p50 "
+                          f"{entry['prompt_ms']['p50']:.2f} ms; decode + prompt "
+                          f"{entry['mixed_ms_sum']:.2f} ms", file=sys.stderr)
             except Exception as e:  # one backend failing must not hide the others
                 entry["error"] = f"{type(e).__name__}: {e}"
                 print(f"hf: {name}: {entry['error']}", file=sys.stderr)
@@ -221,6 +279,12 @@ def main():
     best = min(timed, key=lambda b: b["step_ms"]["p50"])
     result["best"] = {"experts_implementation": best["experts_implementation"],
                       "step_ms_p50": best["step_ms"]["p50"]}
+    mixed = [b for b in timed if "mixed_ms_sum" in b]
+    if mixed:
+        best_mixed = min(mixed, key=lambda b: b["mixed_ms_sum"])
+        result["best_mixed"] = {"experts_implementation": best_mixed["experts_implementation"],
+                                "mixed_ms_sum": best_mixed["mixed_ms_sum"],
+                                "prompt_ms_p50": best_mixed["prompt_ms"]["p50"]}
     result["notes"] = notes
     emit(result, args)
 
