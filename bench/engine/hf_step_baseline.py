@@ -171,13 +171,21 @@ def time_prompt(torch, model, vocab_size, prompt_tokens, steps):
     return times, bool(keep)
 
 
-def linear_attention_kernels(model):
-    """For Qwen3-Next: which linear-attention kernels transformers runs (None for other models)."""
-    module = sys.modules.get(type(model).__module__)
-    flag = getattr(module, "is_fast_path_available", None)
-    if flag is None:
+def linear_attention_kernels(transformers, config):
+    """For Qwen3-Next: which of its fast kernels transformers finds (fla's delta rule,
+    causal-conv1d) and so whether it runs them or its torch fallbacks; None for other models."""
+    if getattr(config, "model_type", "") != "qwen3_next":
         return None
-    return "fla / causal-conv1d" if flag else "torch fallbacks (no fla / causal-conv1d)"
+    utils = getattr(transformers.utils, "import_utils", None)
+    found = {}
+    for package, probe in (("flash-linear-attention", "is_flash_linear_attention_available"),
+                           ("causal-conv1d", "is_causal_conv1d_available")):
+        check = getattr(utils, probe, None)
+        found[package] = bool(check()) if check is not None else None
+    if all(v is None for v in found.values()):
+        return "unknown (this transformers has no availability probes)"
+    words = {True: "installed", False: "not installed, torch fallback", None: "unknown"}
+    return ", ".join(f"{k}: {words[v]}" for k, v in found.items())
 
 
 def main():
@@ -205,7 +213,7 @@ def main():
     torch.cuda.synchronize()
     result["build_seconds"] = round(time.perf_counter() - t0, 1)
     result["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    kernels = linear_attention_kernels(model)
+    kernels = linear_attention_kernels(transformers, config)
     if kernels is not None:
         result["linear_attention_kernels"] = kernels
     print(f"hf: built {type(model).__name__} ({result['weight_bytes'] / 2**30:.1f} GiB bf16) in "

@@ -212,7 +212,7 @@ if mixed or hf_mixed:
                      f"{num(b['mixed_ms_sum'])} | {num(prompt / (pm / 1e3), '{:.0f}')} | |")
     if hf and hf.get("linear_attention_kernels"):
         lines.append("")
-        lines.append(f"HF's linear-attention layers ran {hf['linear_attention_kernels']}.")
+        lines.append(f"HF's linear-attention kernels: {hf['linear_attention_kernels']}.")
     lines.append("")
 
 # Staging.
