@@ -176,19 +176,20 @@ int Decisions(const Options& options, const std::shared_ptr<grpc::Channel>& chan
   // Tax-model decisions show both sides of their comparison (µs over the window); the paper
   // model's its four costs.
   std::cout << absl::StrFormat(
-      "%-8s %-22s %6s %10s %10s %10s %10s %6s %7s %7s %11s %11s %9s %6s %7s\n", "step", "action",
-      "gap", "C_c us", "C_e us", "C_p us", "C_b us", "groups", "evicted", "preempt", "tax us",
-      "value us", "ghost tok", "weight", "queue s");
+      "%-8s %-22s %6s %10s %10s %10s %10s %6s %7s %7s %11s %11s %9s %6s %7s %7s\n", "step",
+      "action", "gap", "C_c us", "C_e us", "C_p us", "C_b us", "groups", "evicted", "preempt",
+      "tax us", "value us", "ghost tok", "weight", "TPOT +", "queue s");
   auto cost = [](double us) { return us < 0 ? std::string("-") : absl::StrFormat("%.0f", us); };
   for (const auto& d : response.decisions()) {
     std::cout << absl::StrFormat(
-        "%-8d %-22s %6d %10s %10s %10s %10s %6d %7d %7d %11s %11s %9s %6s %7s\n", d.step_id(),
+        "%-8d %-22s %6d %10s %10s %10s %10s %6d %7d %7d %11s %11s %9s %6s %7s %7s\n", d.step_id(),
         d.action(), d.gap_blocks(), cost(d.cost_evict_us()), cost(d.cost_offload_us()),
         cost(d.cost_preempt_us()), cost(d.cost_combined_us()), d.groups(), d.evicted_blocks(),
         d.preempted_requests(), d.tax_evaluated() ? cost(d.tax_us()) : "-",
         d.tax_evaluated() ? cost(d.value_us()) : "-",
         d.tax_evaluated() ? absl::StrFormat("%.0f", d.ghost_tokens()) : "-",
         d.tax_evaluated() ? absl::StrFormat("%.3g", d.ttft_weight()) : "-",
+        d.tax_evaluated() ? absl::StrFormat("%.0f%%", 100 * d.tpot_overhead()) : "-",
         d.tax_evaluated() ? absl::StrFormat("%.2f", d.mean_queue_seconds()) : "-");
   }
   return kExitOk;

@@ -75,11 +75,11 @@ std::string DecisionLog::Format(const DecisionLogEntry& e) {
       t.evaluated ? absl::StrFormat(
                         " tax[%+d groups]=%sms value=%sms ghost_tokens=%.0f preempt_tokens=%.0f "
                         "window=%.0fs (%d steps) h2d=%.1fGB/s routed_h2d=%.1fGB/s "
-                        "weight=%g queue=%.2fs compute_share=%.2f",
+                        "weight=%g tpot_overhead=%.3f queue=%.2fs compute_share=%.2f",
                         t.groups, Millis(t.tax_micros), Millis(t.value_micros), t.ghost_tokens,
                         t.preempt_tokens, t.window_micros * 1e-6, t.observed_steps,
                         t.h2d_bytes_per_s * 1e-9, t.routed_h2d_bytes_per_s * 1e-9, t.ttft_weight,
-                        t.mean_queue_micros * 1e-6, t.compute_bound_share)
+                        t.tpot_overhead, t.mean_queue_micros * 1e-6, t.compute_bound_share)
                   : "";
   if (r.restore_groups > 0) {
     const std::string working_set =

@@ -8,11 +8,15 @@ namespace vamp {
 OffloadTax::OffloadTax(const OffloadTaxOptions& options)
     : options_(options),
       tax_(options.window_micros, options.window_slots, 1),
-      steps_(options.window_micros, options.window_slots, 2) {}
+      steps_(options.window_micros, options.window_slots, 3) {}
 
 double OffloadTax::MeanStepMicros(int64_t now_micros) const {
   const double n = steps_.Sum(now_micros, 0, 0);
   return n > 0 ? steps_.Sum(now_micros, 1, 1) / n : 0;
+}
+
+double OffloadTax::ComputeMicros(int64_t now_micros) const {
+  return steps_.Sum(now_micros, 2, 2);
 }
 
 int64_t OffloadTax::StepsInWindow(int64_t now_micros) const {
@@ -67,6 +71,7 @@ void OffloadTax::ObserveStep(const StepCost& s) {
   }
   steps_.Add(s.now_micros, 0, 1);
   steps_.Add(s.now_micros, 1, s.step_micros);
+  steps_.Add(s.now_micros, 2, compute);
   for (int32_t g = 1; g <= max_groups_; ++g) {
     tax_.Add(s.now_micros, g, StepMicros(g, compute, s.staged_share, s.routed));
   }

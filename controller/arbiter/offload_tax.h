@@ -81,6 +81,9 @@ class OffloadTax {
   // when none).
   int64_t StepsInWindow(int64_t now_micros) const;
   double MeanStepMicros(int64_t now_micros) const;
+  // Σ compute (step time less its exposed staging) over those steps, µs: what the steps would
+  // have taken with nothing offloaded.
+  double ComputeMicros(int64_t now_micros) const;
   double h2d_bytes_per_s() const;
   int64_t bandwidth_samples() const { return bw_samples_; }
   double routed_h2d_bytes_per_s() const;
@@ -92,7 +95,7 @@ class OffloadTax {
   int64_t bytes_per_group_ = 0;
   int32_t max_groups_ = 0;
   SlidingHistogram tax_;    // bucket g: Σ exposed(g)
-  SlidingHistogram steps_;  // bucket 0: executed steps, bucket 1: their µs
+  SlidingHistogram steps_;  // bucket 0: executed steps, 1: their µs, 2: their compute µs
   double bw_estimate_ = 0;
   int64_t bw_samples_ = 0;
   double routed_bw_estimate_ = 0;

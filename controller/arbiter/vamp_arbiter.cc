@@ -38,6 +38,7 @@ absl::Status VampArbiterConfig::Validate() const {
   if (!(tax.ttft_queue_threshold_micros >= 0)) {
     return bad("vamp_ttft_queue_threshold_s", "must be >= 0");
   }
+  if (!(tax.ttft_tpot_budget >= 0)) return bad("vamp_ttft_tpot_budget", "must be >= 0");
   if (!(tax.compute_bound_share >= 0 && tax.compute_bound_share <= 1)) {
     return bad("vamp_compute_bound_share", "must be in [0, 1]");
   }
@@ -125,6 +126,10 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
       .Double("vamp_ttft_queue_threshold_s", d.tax.ttft_queue_threshold_micros * 1e-6, 0, 1e6,
               "Tax model: vamp_ttft_weight applies only while admissions waited longer than this "
               "on average over the window (seconds)")
+      .Double("vamp_ttft_tpot_budget", d.tax.ttft_tpot_budget, 0, 1e6,
+              "Tax model: when > 0, the most TPOT overhead (staging stall / compute over the "
+              "window) the TTFT weight may buy; past it, extra KV must pay its tax in GPU time "
+              "alone. 0: no bound")
       .Double("vamp_compute_bound_share", d.tax.compute_bound_share, 0, 1,
               "Tax model: above this share of recent steps that left requests queued for "
               "compute, extra KV is valued at GPU time (vamp_ttft_weight is not applied)")
@@ -211,6 +216,7 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
   v.tax.ttft_weight = config.GetDouble("vamp_ttft_weight");
   v.tax.memory_wait_weight = config.GetDouble("vamp_memory_wait_weight");
   v.tax.compute_bound_share = config.GetDouble("vamp_compute_bound_share");
+  v.tax.ttft_tpot_budget = config.GetDouble("vamp_ttft_tpot_budget");
   v.tax.ttft_queue_threshold_micros = config.GetDouble("vamp_ttft_queue_threshold_s") * 1e6;
   v.restore.min_hold_steps = static_cast<int32_t>(config.GetInt("vamp_restore_min_hold_steps"));
   CostCoefficients& c = v.costs;
@@ -609,6 +615,12 @@ bool VampArbiter::ConcurrencyPays(int64_t now_micros) const {
          reuse_->ComputeBoundShare(now_micros) <= config_.tax.compute_bound_share;
 }
 
+double VampArbiter::TpotOverhead(int64_t now, int32_t groups) const {
+  const double compute = tax_->ComputeMicros(now);
+  return compute > 0 ? tax_->WindowMicros(now, groups) / compute
+                     : std::numeric_limits<double>::infinity();
+}
+
 double VampArbiter::TtftWeight(int64_t now) const {
   // The TTFT weight applies while first tokens are late because of memory: requests wait in the
   // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
@@ -626,7 +638,12 @@ TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double
   const int32_t lo = std::min(from, to);
   const int32_t hi = std::max(from, to);
   cmp.tax_micros = tax_->WindowMicros(now, hi) - tax_->WindowMicros(now, lo);
-  cmp.value_micros = reuse_->TokensBetween(now, lo, hi) * t_prefill * TtftWeight(now) +
+  // The same weight for growing to hi and for restoring from it, so the two cannot flap across
+  // the budget.
+  cmp.tpot_overhead = TpotOverhead(now, hi);
+  const double budget = config_.tax.ttft_tpot_budget;
+  cmp.ttft_weight = budget <= 0 || cmp.tpot_overhead <= budget ? TtftWeight(now) : 1.0;
+  cmp.value_micros = reuse_->TokensBetween(now, lo, hi) * t_prefill * cmp.ttft_weight +
                      reuse_->WaitStepsBetween(now, lo, hi) * tax_->MeanStepMicros(now) *
                          config_.tax.memory_wait_weight;
   cmp.ghost_tokens = reuse_->GhostTokens(now);
@@ -635,7 +652,6 @@ TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double
   cmp.observed_steps = tax_->StepsInWindow(now);
   cmp.h2d_bytes_per_s = tax_->h2d_bytes_per_s();
   cmp.routed_h2d_bytes_per_s = tax_->routed_h2d_bytes_per_s();
-  cmp.ttft_weight = TtftWeight(now);
   cmp.mean_queue_micros = reuse_->MeanQueueMicros(now);
   cmp.compute_bound_share = reuse_->ComputeBoundShare(now);
   return cmp;

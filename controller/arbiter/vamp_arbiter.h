@@ -187,6 +187,14 @@ struct TaxModelConfig {
   // compute.
   double ttft_queue_threshold_micros = 1e6;
   double compute_bound_share = 0.25;
+  // When > 0, the TTFT weight buys at most this much TPOT: it applies to a move only while the
+  // larger of its two offload levels adds no more than this share of the window's compute time
+  // in staging stall; beyond it, extra KV must pay its tax in GPU time alone (weight 1). 0: no
+  // bound. Off by measurement (bench/results/2026-12-03-ttft-tpot-budget/): at 0.1 every
+  // Mooncake row and all but one held-out row stay within 5 % of static, but Figure 9's TTFT p99
+  // at c = 28 falls from 0.37x static to 0.63x, and LMCache magagent's TTFT p99 goes to 1.48x;
+  // for operators whose TPOT SLO outranks TTFT.
+  double ttft_tpot_budget = 0;
   // Executed steps the window must hold before measured value may justify an offload or a
   // restore (a handful of steps says little about either).
   int64_t min_evidence_steps = 256;
@@ -281,6 +289,9 @@ class VampArbiter final : public MemoryArbiter {
   // µs of prefill on the first-token path per µs of GPU time now: tax.ttft_weight while first
   // tokens wait for memory, else 1.
   double TtftWeight(int64_t now) const;
+  // Share of the window's compute time that `groups` offloaded groups add in staging stall: the
+  // TPOT overhead they cost (infinity when the window holds no compute).
+  double TpotOverhead(int64_t now, int32_t groups) const;
 
   struct HitSnapshot {
     int64_t requests;

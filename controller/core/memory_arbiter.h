@@ -91,6 +91,9 @@ struct TaxComparison {
   // not late for memory) and the evidence it was chosen on: the window's mean queue time of first
   // admissions (µs) and the share of its steps that left requests queued for compute.
   double ttft_weight = 1;
+  // Share of the window's compute time the larger offload level of the move adds in staging
+  // stall; the TTFT weight applies only within the TPOT budget (vamp_ttft_tpot_budget).
+  double tpot_overhead = 0;
   double mean_queue_micros = 0;
   double compute_bound_share = 0;
   // Restores: the working set (blocks) and the reuse age (steps) that bounded it; -1 otherwise.

@@ -277,6 +277,7 @@ grpc::ServerUnaryReactor* AdminService::ListDecisions(grpc::CallbackServerContex
         d->set_ttft_weight(t.ttft_weight);
         d->set_mean_queue_seconds(t.mean_queue_micros * 1e-6);
         d->set_compute_bound_share(t.compute_bound_share);
+        d->set_tpot_overhead(t.tpot_overhead);
       }
       d->set_detail(absl::StrCat("requester ", r.requester, r.requester_running ? " (running)"
                                                                                 : " (waiting)",

@@ -80,8 +80,10 @@ TEST(DecisionLogTest, FormatShowsBothSidesOfRestoresAndTheirPreemptions) {
   restore.plan.tax.mean_queue_micros = 1'260'000;
   restore.plan.tax.compute_bound_share = 0.125;
   restore.plan.tax.routed_h2d_bytes_per_s = 48.5e9;
+  restore.plan.tax.tpot_overhead = 0.375;
   EXPECT_THAT(DecisionLog::Format({1'000'000, restore}),
-              HasSubstr("routed_h2d=48.5GB/s weight=16 queue=1.26s compute_share=0.12"));
+              HasSubstr("routed_h2d=48.5GB/s weight=16 tpot_overhead=0.375 queue=1.26s "
+                        "compute_share=0.12"));
 
   ArbiterRecord preempt;
   preempt.step = 8;

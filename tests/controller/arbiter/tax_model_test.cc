@@ -44,6 +44,16 @@ TEST(OffloadTaxTest, ExposedCopyTimePerGroupCount) {
   EXPECT_EQ(tax.StepsInWindow(5000), 0);
 }
 
+// The window's compute is each step's time less its exposed staging (the steps as they would
+// have run with nothing offloaded), the denominator of the TPOT overhead.
+TEST(OffloadTaxTest, ComputeIsStepTimeLessExposedStaging) {
+  OffloadTax tax = FixedTax();
+  tax.ObserveStep({1, 1000, 0, 0});
+  tax.ObserveStep({2, 1500, 600, 1'000'000});
+  EXPECT_DOUBLE_EQ(tax.ComputeMicros(2), 1000 + 900);
+  EXPECT_DOUBLE_EQ(tax.MeanStepMicros(2), 1250);
+}
+
 TEST(OffloadTaxTest, StepsThatCopyPartOfEachGroupPayThatShare) {
   OffloadTax tax = FixedTax();
   // An engine that copies only routed experts: these steps copy a quarter of each group.
@@ -200,6 +210,61 @@ TEST_F(TaxModelTest, ComparisonReportsTheTtftWeightAndItsEvidence) {
   EXPECT_DOUBLE_EQ(plan.tax.mean_queue_micros, 2'000'000);
   EXPECT_DOUBLE_EQ(plan.tax.compute_bound_share, 0);
   EXPECT_DOUBLE_EQ(plan.tax.value_micros, 100 * 15 * 16);
+}
+
+// The TTFT weight buys at most ttft_tpot_budget of TPOT. One group stalls each 1,000-µs step by
+// 500 µs (overhead 0.5), two by 1,500 µs (1.5). 3,000 recomputed tokens are worth 45,000 µs of
+// prefill, 720,000 µs at weight 16, against one group's 1.25 x 50,000 µs.
+TEST_F(TaxModelTest, TheTtftWeightAppliesOnlyWithinTheTpotBudget) {
+  VampArbiterConfig c = Config();
+  c.tax.ttft_weight = 16;
+  Warm(0);
+  AddCachedFree(500, 10);
+  Request* r = AddRunning(1, 4, 3, 200);
+  arbiter_.reuse_tracker()->RecordPreemption(50, /*gap_blocks=*/50, /*recompute_tokens=*/3000);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/60, /*queue_micros=*/3'000'000);
+  // Within the budget for one group, not for two: one group, bought by the weight.
+  c.tax.ttft_tpot_budget = 0.6;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  EXPECT_EQ(plan.choice, "offload");
+  EXPECT_EQ(plan.offload_groups, 1);
+  EXPECT_DOUBLE_EQ(plan.tax.ttft_weight, 16);
+  EXPECT_DOUBLE_EQ(plan.tax.tpot_overhead, 0.5);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 3000 * 15 * 16);
+  // Below one group's overhead: GPU time alone, which does not pay; the cached blocks go.
+  c.tax.ttft_tpot_budget = 0.4;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  EXPECT_EQ(plan.choice, "evict");
+  EXPECT_DOUBLE_EQ(plan.tax.ttft_weight, 1);
+  EXPECT_DOUBLE_EQ(plan.tax.tpot_overhead, 0.5);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 3000 * 15);
+}
+
+// A restore is priced at the weight of the level it leaves (the same rule as growing to it, so
+// the two cannot flap): groups held past the budget go back unless they pay in GPU time. 4,000
+// tokens needed the second group: 60,000 µs of prefill, 960,000 µs at weight 16; giving back one
+// group saves 100,000 µs of stall, both 150,000 µs.
+TEST_F(TaxModelTest, RestoresGroupsHeldPastTheTpotBudgetThatPayOnlyByTheWeight) {
+  VampArbiterConfig c = Config();
+  c.tax.ttft_weight = 16;
+  c.tax.ttft_tpot_budget = 2;  // two groups' overhead (1.5) within it
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  Warm(2);
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
+  arbiter_.reuse_tracker()->RecordPreemption(150, 150, 4000);
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 2, 4);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/60, /*queue_micros=*/3'000'000);
+  AddCachedFree(4096, 195);  // every block recently used: the working-set rule keeps all
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 0);
+  // Past a budget of 1 the weight is gone: both groups go back (150,000 - 1.25 x 60,000 beats
+  // one group's 100,000 - 1.25 x 60,000).
+  c.tax.ttft_tpot_budget = 1;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(201, Geometry(2))), 2);
+  EXPECT_DOUBLE_EQ(arbiter_.LastRestoreComparison().ttft_weight, 1);
+  EXPECT_DOUBLE_EQ(arbiter_.LastRestoreComparison().tpot_overhead, 1.5);
 }
 
 TEST_F(TaxModelTest, ReuseWorthLessThanTheTaxWithMarginEvicts) {
@@ -443,6 +508,11 @@ TEST(TaxModelConfigTest, DefaultsAreTheTaxModelWithRestoreAndCalibration) {
   VampArbiterConfig bad;
   bad.tax.overlap_fraction = 2;
   EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("vamp_staging_overlap"));
+  EXPECT_EQ(c.tax.ttft_tpot_budget, 0);  // no bound (see TaxModelConfig)
+  VampArbiterConfig negative;
+  negative.tax.ttft_tpot_budget = -0.1;
+  EXPECT_THAT(std::string(negative.Validate().message()),
+              ::testing::HasSubstr("vamp_ttft_tpot_budget"));
   VampArbiter paper(testing::PaperArbiterConfig());
   EXPECT_EQ(paper.reuse_tracker(), nullptr);  // the paper model measures no reuse
 }
