@@ -15,13 +15,22 @@ using internal::WarpSum;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+// The recurrent kernel: each warp keeps kRowsPerWarp rows of the state in registers.
 constexpr int kRowsPerWarp = 2;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;  // the value rows of a block's slice
-// Row stride of the shared deltas u[t][row]: odd, so that lanes reading u[s][row] for
-// consecutive s hit distinct banks.
-constexpr int kUStride = kRowsPerBlock + 1;
-// Each thread of the chunked kernel's Gram step computes a kGramTile x kGramTile tile of it.
-constexpr int kGramTile = 4;
+
+// The chunked kernel. Its shared tiles always span kChunkTile tokens (rows past a shorter chunk's
+// end are zero), so the tile geometry below is fixed.
+constexpr int kChunkTile = 64;
+static_assert(kChunkTile == kMaxDeltaRuleChunkSize);
+constexpr int kSliceRows = 32;                       // value rows of a block's slice
+constexpr int kTokensPerWarp = kChunkTile / kWarps;  // tokens each warp loads per chunk
+constexpr int kTokenLd = kChunkTile + 4;             // row stride of the [s][t] matrices
+constexpr int kRowLd = kSliceRows + 4;               // row stride of the [t][row] matrices
+constexpr int kSliceValuesPerThread = kChunkTile * kSliceRows / kThreads;
+// A thread's register tile of every matrix product is 4 x 4 (float4 loads along both sides).
+constexpr int kTile = 4;
+constexpr int kReadoutTiles = (kChunkTile / kTile) * (kSliceRows / kTile);  // of [chunk, rows]
 
 // The block's sequence, value head and state, from blockIdx = (sequence, value head, slice).
 struct HeadRef {
@@ -110,23 +119,6 @@ struct StateRows {
   }
 };
 
-// Row stride of the chunked kernel's shared q and k rows: odd, so that threads reading one
-// element of consecutive rows (the Gram step) hit distinct banks.
-__host__ __device__ __forceinline__ int64_t KeyRowStride(int64_t dk) { return dk | 1; }
-
-// Elements e = lane + 32 * i < dk of row `t` of a shared matrix of row stride ld as a KeyVector.
-template <int KPL>
-__device__ __forceinline__ KeyVector<KPL> SharedRow(const float* m, int64_t t, int64_t ld,
-                                                    int64_t dk, int lane) {
-  KeyVector<KPL> v;
-#pragma unroll
-  for (int i = 0; i < KPL; ++i) {
-    const int64_t e = lane + 32 * i;
-    v.x[i] = e < dk ? m[t * ld + e] : 0.0f;
-  }
-  return v;
-}
-
 // Token by token, exactly the CPU twin's recurrence. Each warp works alone on its rows (no block
 // barrier): per token it normalises q and k itself, then for each row j decays it, computes the
 // delta (v_j - row . k) * beta, adds k * delta and reads out row . q.
@@ -165,196 +157,367 @@ __global__ void __launch_bounds__(kThreads) DeltaRuleRecurrentKernel(cpu::GatedD
   S.Store(r, j0, dk, dv, lane);
 }
 
-// Shared floats of the chunked kernel for chunks of `chunk` tokens (see its layout).
-int64_t ChunkSharedFloats(int64_t chunk, int64_t dk) {
-  return 2 * chunk * KeyRowStride(dk) + 2 * chunk * (chunk + 1) + chunk * kUStride + 4 * chunk;
+// Row stride of the chunked kernel's shared [token][k_dim] rows (q, k, the state slice): k_dim
+// rounded up to whole warps (KeysPerLane's lanes write that far; zero past k_dim), plus 4 floats
+// so that the rows of a float4 column fall on distinct banks (the stride is 4 mod 32).
+__host__ __device__ __forceinline__ int64_t KeyRowStride(int64_t dk) {
+  return (dk + 31) / 32 * 32 + 4;
 }
 
-// Chunk by chunk, the CPU twin's chunked form. Per chunk of len tokens (S_0: the state before it):
-//   1. one warp per token: normalised q_t, k_t into shared memory, with g_t and beta_t;
-//   2. one thread per kGramTile x kGramTile tile of pairs (t, s), s <= t: A[t][s] = k_t . k_s
-//      (s < t), B[t][s] = q_t . k_s, each a sum over k_dim in ascending order; thread 0 the
-//      cumulative log decays G_t and exp(G_t);
-//   3. one thread per token t: the decays D_t(s) = exp(g_{s+1} + ... + g_t), summed from t down,
-//      folded in: A[t][s] = beta_t D_t(s) (k_t . k_s), B[t][s] = D_t(s) (q_t . k_s); and the
-//      decays to the chunk's last token W[s] = D_{len-1}(s);
-//   4. each warp for its rows j, t ascending (forward substitution; u_s final for s < t):
-//      u_t[j] = beta_t (v_t[j] - exp(G_t) S_0[j] . k_t) - sum_{s<t} A[t][s] u_s[j];
-//   5. out_t[j] = exp(G_t) S_0[j] . q_t + sum_{s<=t} B[t][s] u_s[j];
-//   6. S[j] = exp(G_last) S_0[j] + sum_s (W[s] u_s[j]) k_s, s ascending (the CPU's order).
-// Steps 4-6 touch only the warp's own rows of u and the state, so they need no block barrier.
+// Shared floats of the chunked kernel (see its layout).
+int64_t ChunkSharedFloats(int64_t dk) {
+  return (2 * kChunkTile + kSliceRows) * KeyRowStride(dk) + 2 * kChunkTile * kTokenLd +
+         3 * kChunkTile * kRowLd + 4 * kChunkTile;
+}
+
+__device__ __forceinline__ float4 Load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+
+__device__ __forceinline__ float Lane4(const float4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// acc[i][m] += a_i . b_m over e in [0, dk4), e ascending, for the rows a_i = a + a_off[i] and
+// b_m = b + b_off[m] of shared matrices (16-byte aligned rows, zero past k_dim).
+__device__ __forceinline__ void DotTile(const float* a, const int (&a_off)[kTile], const float* b,
+                                        const int (&b_off)[kTile], int dk4,
+                                        float (&acc)[kTile][kTile]) {
+  for (int e = 0; e < dk4; e += 4) {
+    float4 av[kTile], bv[kTile];
+#pragma unroll
+    for (int i = 0; i < kTile; ++i) {
+      av[i] = Load4(a + a_off[i] + e);
+      bv[i] = Load4(b + b_off[i] + e);
+    }
+#pragma unroll
+    for (int i = 0; i < kTile; ++i) {
+#pragma unroll
+      for (int m = 0; m < kTile; ++m) {
+        acc[i][m] += av[i].x * bv[m].x;
+        acc[i][m] += av[i].y * bv[m].y;
+        acc[i][m] += av[i].z * bv[m].z;
+        acc[i][m] += av[i].w * bv[m].w;
+      }
+    }
+  }
+}
+
+// out[t][j] = x_t . S_j (x: the shared q or k rows) for the 4 x 4 tile `p` of the [chunk, slice
+// rows] product: tokens tg + 16 i (a warp's 16 values of tg read 16 distinct rows, conflict-free
+// at KeyRowStride), rows 4 jg + m.
+__device__ __forceinline__ void ReadoutTile(const float* x, const float* S, int ldk, int dk4, int p,
+                                            float* out) {
+  const int tg = p % (kChunkTile / kTile), jg = p / (kChunkTile / kTile);
+  int x_off[kTile], s_off[kTile];
+#pragma unroll
+  for (int i = 0; i < kTile; ++i) {
+    x_off[i] = (tg + i * (kChunkTile / kTile)) * ldk;
+    s_off[i] = (jg * kTile + i) * ldk;
+  }
+  float acc[kTile][kTile] = {};
+  DotTile(x, x_off, S, s_off, dk4, acc);
+#pragma unroll
+  for (int i = 0; i < kTile; ++i) {
+#pragma unroll
+    for (int m = 0; m < kTile; ++m) {
+      out[(tg + i * (kChunkTile / kTile)) * kRowLd + jg * kTile + m] = acc[i][m];
+    }
+  }
+}
+
+// One chunk's inputs, loaded into registers ahead of use (the next chunk's while the current one
+// finishes): warp w's tokens w + kWarps * i of q and k as KeyVector lanes, the slice's values v
+// (element threadIdx.x + kThreads * m of the [chunk, slice rows] tile), and g, beta of token
+// threadIdx.x. Past the chunk's end, past k_dim and past v_dim: zero.
 template <int KPL>
-__global__ void __launch_bounds__(kThreads)
+struct ChunkInputs {
+  float q[kTokensPerWarp][KPL], k[kTokensPerWarp][KPL];
+  float v[kSliceValuesPerThread];
+  float g, beta;
+
+  __device__ __forceinline__ void Load(const cpu::GatedDeltaRuleArgs& a, const HeadRef& r,
+                                       int64_t c0, int len, int64_t j0) {
+    const int64_t dk = a.k_dim, dv = a.v_dim, h = blockIdx.y;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < kTokensPerWarp; ++i) {
+      const int t = warp + kWarps * i;
+      const float* qrow = a.q + (c0 + t) * a.q_stride + r.kh * dk;
+      const float* krow = a.k + (c0 + t) * a.k_stride + r.kh * dk;
+#pragma unroll
+      for (int x = 0; x < KPL; ++x) {
+        const int64_t e = lane + 32 * x;
+        const bool in = t < len && e < dk;
+        q[i][x] = in ? qrow[e] : 0.0f;
+        k[i][x] = in ? krow[e] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kSliceValuesPerThread; ++m) {
+      const int idx = threadIdx.x + kThreads * m, t = idx / kSliceRows, j = idx % kSliceRows;
+      v[m] = t < len && j0 + j < dv ? a.v[(c0 + t) * a.v_stride + h * dv + j0 + j] : 0.0f;
+    }
+    const int t = threadIdx.x;
+    g = t < len ? a.g[(c0 + t) * a.g_stride + h] : 0.0f;
+    beta = t < len ? a.beta[(c0 + t) * a.beta_stride + h] : 0.0f;
+  }
+
+  // Into shared memory: q and k normalised as the CPU twin's NormalizeHead, rows [0, dk32).
+  __device__ __forceinline__ void Store(const cpu::GatedDeltaRuleArgs& a, int ldk, float* qn,
+                                        float* kn, float* vs, float* lg, float* betas) const {
+    const int64_t dk32 = (a.k_dim + 31) / 32 * 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < kTokensPerWarp; ++i) {
+      float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+      for (int x = 0; x < KPL; ++x) {
+        qq += q[i][x] * q[i][x];
+        kk += k[i][x] * k[i][x];
+      }
+      const float l2 = cpu::kDeltaRuleL2NormEps;
+      const float q_inv = a.l2norm_qk ? 1.0f / sqrtf(WarpSum(qq) + l2) : 1.0f;
+      const float k_inv = a.l2norm_qk ? 1.0f / sqrtf(WarpSum(kk) + l2) : 1.0f;
+      const int t = warp + kWarps * i;
+#pragma unroll
+      for (int x = 0; x < KPL; ++x) {
+        const int e = lane + 32 * x;
+        if (e < dk32) {
+          qn[t * ldk + e] = (q[i][x] * q_inv) * a.scale;
+          kn[t * ldk + e] = k[i][x] * k_inv;
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kSliceValuesPerThread; ++m) {
+      const int idx = threadIdx.x + kThreads * m;
+      vs[idx / kSliceRows * kRowLd + idx % kSliceRows] = v[m];
+    }
+    if (threadIdx.x < kChunkTile) {
+      lg[threadIdx.x] = g;
+      betas[threadIdx.x] = beta;
+    }
+  }
+};
+
+// Chunk by chunk, the CPU twin's chunked form, as block-wide products on shared memory. One
+// block of kThreads per (sequence, value head, slice of kSliceRows value rows); the slice's rows
+// of the state stay in shared memory for the whole call. Per chunk of len <= 64 tokens (S_0: the
+// state before it), phases separated by block barriers:
+//   0. the chunk's inputs (prefetched into registers during the previous chunk's last phase):
+//      normalised q_t, k_t, the slice's v_t, g_t and beta_t into shared memory;
+//   A. threads [0, ng): one 4 x 4 tile each of the lower triangle of the Gram matrices
+//      k_t . k_s and q_t . k_s; the others: X = K S_0^T for the slice's rows; the last thread
+//      also the cumulative log decays G_t (ascending, as the CPU twin) and exp(G_t);
+//   B. one thread per token t: the decays D_t(s) = exp(g_{s+1} + ... + g_t), summed from t down,
+//      folded in: A[t][s] = beta_t D_t(s) (k_t . k_s) for s < t, B[t][s] = D_t(s) (q_t . k_s)
+//      for s <= t, zero elsewhere; and W[s] = D_{len-1}(s);
+//   C. warp 0, one lane per slice row j: the forward substitution
+//        u_t[j] = beta_t (v_t[j] - exp(G_t) X[t][j]) - sum_{s<t} A[t][s] u_s[j]
+//      with the 64 u_t[j] in registers, column-oriented (once u_s is final it is subtracted from
+//      every later row: 63 - s independent multiply-adds, so the serial chain is one operation
+//      per token, not a reduction); meanwhile warps 1-7: Y = Q S_0^T. Fully unrolled, this step
+//      is most of the kernel's 126 KB of code (k_dim 128), which warp 0 streams through once per
+//      chunk;
+//   D. out_t[j] = exp(G_t) Y[t][j] + sum_{s<=t} B[t][s] u_s[j] and
+//      S[j] = exp(G_last) S_0[j] + sum_s (W[s] u_s[j]) k_s, 4 x 4 tiles per thread.
+// Every sum over tokens runs in ascending order as the CPU twin's; sums over k_dim are in
+// ascending e too (the CPU's Dot may group them differently).
+template <int KPL>
+__global__ void __launch_bounds__(kThreads, 1)
     DeltaRuleChunkedKernel(cpu::GatedDeltaRuleArgs a, int chunk) {
   HeadRef r;
   if (!ResolveHead(a, &r)) return;
   const int64_t dk = a.k_dim, dv = a.v_dim, h = blockIdx.y;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int row0 = warp * kRowsPerWarp;  // the warp's first row within the slice
-  const int64_t j0 = int64_t{blockIdx.z} * kRowsPerBlock + row0;
-  const int ld = chunk + 1;  // row stride of A and B: odd for chunk 64, so step 3 is conflict-free
-  const int64_t ldk = KeyRowStride(dk);
-  extern __shared__ float smem[];
-  float* qn = smem;                  // [chunk, ldk]
-  float* kn = qn + chunk * ldk;      // [chunk, ldk]
-  float* A = kn + chunk * ldk;       // [chunk, ld]
-  float* B = A + chunk * ld;         // [chunk, ld]
-  float* u = B + chunk * ld;         // [chunk, kUStride]: the deltas of the slice's rows
-  float* lg = u + chunk * kUStride;  // [chunk] log decays g_t
-  float* betas = lg + chunk;         // [chunk]
-  float* eG = betas + chunk;         // [chunk] exp(G_t)
-  float* W = eG + chunk;             // [chunk] decays to the last token
-  StateRows<KPL> S;
-  S.Load(r, j0, dk, dv, lane);
+  const int64_t j0 = int64_t{blockIdx.z} * kSliceRows;  // the slice's first value row
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int ldk = static_cast<int>(KeyRowStride(dk));
+  const int dk4 = static_cast<int>((dk + 3) / 4 * 4), dk32 = static_cast<int>((dk + 31) / 32 * 32);
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* qn = smem;                        // [64, ldk] normalised, scaled q
+  float* kn = qn + kChunkTile * ldk;       // [64, ldk] normalised k
+  float* S = kn + kChunkTile * ldk;        // [kSliceRows, ldk] the slice's rows of S^T
+  float* At = S + kSliceRows * ldk;        // [64 (s), kTokenLd] A, transposed: At[s][t]
+  float* Bt = At + kChunkTile * kTokenLd;  // [64 (s), kTokenLd] B, transposed
+  float* X = Bt + kChunkTile * kTokenLd;   // [64, kRowLd] K S_0^T; then W[s] u_s[j]
+  float* Uw = X;
+  float* Vs = X + kChunkTile * kRowLd;  // [64, kRowLd] the slice's v; then the deltas u
+  float* U = Vs;
+  float* Y = Vs + kChunkTile * kRowLd;  // [64, kRowLd] Q S_0^T
+  float* lg = Y + kChunkTile * kRowLd;  // [64] g_t
+  float* betas = lg + kChunkTile;       // [64]
+  float* eG = betas + kChunkTile;       // [64] exp(G_t)
+  float* W = eG + kChunkTile;           // [64] decays to the chunk's last token
+  for (int idx = tid; idx < kSliceRows * dk32; idx += kThreads) {
+    const int j = idx / dk32, e = idx % dk32;
+    S[j * ldk + e] = r.from_state && j0 + j < dv && e < dk ? r.state[(j0 + j) * dk + e] : 0.0f;
+  }
+  ChunkInputs<KPL> in;
+  in.Load(a, r, r.begin, static_cast<int>(min(int64_t{chunk}, r.end - r.begin)), j0);
   for (int64_t c0 = r.begin; c0 < r.end; c0 += chunk) {
     const int len = static_cast<int>(min(int64_t{chunk}, r.end - c0));
-    for (int t = warp; t < len; t += kWarps) {  // 1
-      const int64_t row = c0 + t;
-      const KeyVector<KPL> q =
-          LoadNormalized<KPL>(a.q + row * a.q_stride + r.kh * dk, dk, a.l2norm_qk, a.scale, lane);
-      const KeyVector<KPL> k =
-          LoadNormalized<KPL>(a.k + row * a.k_stride + r.kh * dk, dk, a.l2norm_qk, 1.0f, lane);
+    in.Store(a, ldk, qn, kn, Vs, lg, betas);  // 0
+    __syncthreads();
+    // A. The lower-triangle tiles of the Gram matrices are enumerated row by row.
+    const int nt = (len + kTile - 1) / kTile, ng = nt * (nt + 1) / 2;
+    if (tid < ng) {
+      int ti = 0, si = tid;
+      while (si > ti) si -= ++ti;
+      int t_off[kTile], s_off[kTile];
 #pragma unroll
-      for (int i = 0; i < KPL; ++i) {
-        const int64_t e = lane + 32 * i;
-        if (e < dk) {
-          qn[t * ldk + e] = q.x[i];
-          kn[t * ldk + e] = k.x[i];
+      for (int i = 0; i < kTile; ++i) {
+        t_off[i] = (ti * kTile + i) * ldk;
+        s_off[i] = (si * kTile + i) * ldk;
+      }
+      float kk[kTile][kTile] = {}, qk[kTile][kTile] = {};
+      DotTile(kn, t_off, kn, s_off, dk4, kk);
+      DotTile(qn, t_off, kn, s_off, dk4, qk);
+#pragma unroll
+      for (int i = 0; i < kTile; ++i) {
+#pragma unroll
+        for (int m = 0; m < kTile; ++m) {
+          const int t = ti * kTile + i, s = si * kTile + m;
+          if (s <= t) {
+            At[s * kTokenLd + t] = kk[i][m];
+            Bt[s * kTokenLd + t] = qk[i][m];
+          }
         }
       }
-      if (lane == 0) {
-        lg[t] = a.g[row * a.g_stride + h];
-        betas[t] = a.beta[row * a.beta_stride + h];
+    } else {
+      for (int p = tid - ng; p < kReadoutTiles; p += kThreads - ng) {
+        ReadoutTile(kn, S, ldk, dk4, p, X);
       }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {  // 2: G_t, ascending as the CPU twin
+    if (tid == kThreads - 1) {
       float cumulative = 0.0f;
-      for (int t = 0; t < len; ++t) {
+      for (int t = 0; t < kChunkTile; ++t) {
         cumulative += lg[t];
-        eG[t] = expf(cumulative);
-      }
-    }
-    const int tiles = (len + kGramTile - 1) / kGramTile;  // 2: the Gram matrices
-    for (int p = threadIdx.x; p < tiles * tiles; p += kThreads) {
-      const int t0 = p / tiles * kGramTile, s0 = p % tiles * kGramTile;
-      if (s0 > t0) continue;  // every pair of the tile has s > t
-      // Rows past the chunk's end are clamped to its last (their sums are not stored).
-      int trow[kGramTile], srow[kGramTile];
-#pragma unroll
-      for (int i = 0; i < kGramTile; ++i) {
-        trow[i] = min(t0 + i, len - 1) * static_cast<int>(ldk);
-        srow[i] = min(s0 + i, len - 1) * static_cast<int>(ldk);
-      }
-      float kk[kGramTile][kGramTile] = {}, qk[kGramTile][kGramTile] = {};
-      for (int e = 0; e < dk; ++e) {
-        float kt[kGramTile], qt[kGramTile], ks[kGramTile];
-#pragma unroll
-        for (int i = 0; i < kGramTile; ++i) {
-          kt[i] = kn[trow[i] + e];
-          qt[i] = qn[trow[i] + e];
-          ks[i] = kn[srow[i] + e];
-        }
-#pragma unroll
-        for (int i = 0; i < kGramTile; ++i) {
-#pragma unroll
-          for (int m = 0; m < kGramTile; ++m) {
-            kk[i][m] += kt[i] * ks[m];
-            qk[i][m] += qt[i] * ks[m];
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kGramTile; ++i) {
-#pragma unroll
-        for (int m = 0; m < kGramTile; ++m) {
-          const int t = t0 + i, s = s0 + m;
-          if (t < len && s <= t) {
-            A[t * ld + s] = kk[i][m];
-            B[t * ld + s] = qk[i][m];
-          }
-        }
+        eG[t] = t < len ? expf(cumulative) : 0.0f;
       }
     }
     __syncthreads();
-    if (const int t = threadIdx.x; t < len) {  // 3
+    if (tid < kChunkTile) {  // B
+      const int t = tid;
+      const float beta = betas[t];
       float sum = 0.0f;
-      for (int s = t - 1; s >= 0; --s) {
-        sum += lg[s + 1];
-        const float d = expf(sum);
-        A[t * ld + s] = betas[t] * d * A[t * ld + s];
-        B[t * ld + s] = d * B[t * ld + s];
-        if (t == len - 1) W[s] = d;
+      for (int s = kChunkTile - 1; s >= 0; --s) {
+        float av = 0.0f, bv = 0.0f;
+        if (t < len && s <= t) {
+          float d = 1.0f;
+          if (s < t) {
+            sum += lg[s + 1];
+            d = expf(sum);
+            av = beta * d * At[s * kTokenLd + t];
+          }
+          bv = d * Bt[s * kTokenLd + t];
+          if (t == len - 1) W[s] = d;
+        }
+        At[s * kTokenLd + t] = av;
+        Bt[s * kTokenLd + t] = bv;
       }
-      if (t == len - 1) W[t] = 1.0f;
     }
     __syncthreads();
-    // Steps 4-6 for the warp's rows side by side: each row's arithmetic is in the same order as
-    // row by row, but the two rows' reductions (one WarpSum chain each) overlap, which halves the
-    // serial latency of the substitution.
-    bool live[kRowsPerWarp];
+    if (tid < 32) {  // C: the substitution, lane = slice row
+      float x[kChunkTile];
 #pragma unroll
-    for (int w = 0; w < kRowsPerWarp; ++w) live[w] = j0 + w < dv;
-      // 4: the terms of S_0 first (independent over t, so their reductions overlap), then the
-      // substitution proper, the only part serial in t.
-#pragma unroll 4
-    for (int t = 0; t < len; ++t) {
-      const KeyVector<KPL> kt = SharedRow<KPL>(kn, t, ldk, dk, lane);
-      const float* vt = a.v + (c0 + t) * a.v_stride + h * dv + j0;
-#pragma unroll
-      for (int w = 0; w < kRowsPerWarp; ++w) {
-        const float dot = S.Dot(w, kt);
-        if (live[w] && lane == 0) u[t * kUStride + row0 + w] = betas[t] * (vt[w] - eG[t] * dot);
+      for (int t = 0; t < kChunkTile; ++t) {
+        x[t] = betas[t] * (Vs[t * kRowLd + lane] - eG[t] * X[t * kRowLd + lane]);
       }
-    }
-    for (int t = 0; t < len; ++t) {
-      float acc[kRowsPerWarp];
 #pragma unroll
-      for (int w = 0; w < kRowsPerWarp; ++w) {
-        acc[w] = 0.0f;
-        for (int s = lane; s < t; s += 32) acc[w] += A[t * ld + s] * u[s * kUStride + row0 + w];
-        acc[w] = WarpSum(acc[w]);
-      }
-      if (lane == 0) {
+      for (int s = 0; s < kChunkTile; ++s) {
+        U[s * kRowLd + lane] = x[s];
+        Uw[s * kRowLd + lane] = W[s] * x[s];
+        if (s + 1 >= len) break;
 #pragma unroll
-        for (int w = 0; w < kRowsPerWarp; ++w) {
-          if (live[w]) u[t * kUStride + row0 + w] -= acc[w];
+        for (int t4 = (s + 1) / 4 * 4; t4 < kChunkTile; t4 += 4) {
+          const float4 coeff = Load4(At + s * kTokenLd + t4);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (t4 + i > s) x[t4 + i] -= Lane4(coeff, i) * x[s];
+          }
         }
       }
-      __syncwarp();  // u_t visible to the warp before u_{t+1} reads it
-    }
-#pragma unroll 4
-    for (int t = 0; t < len; ++t) {  // 5
-      const KeyVector<KPL> qt = SharedRow<KPL>(qn, t, ldk, dk, lane);
-      float* ot = a.out + (c0 + t) * a.out_stride + h * dv + j0;
-#pragma unroll
-      for (int w = 0; w < kRowsPerWarp; ++w) {
-        const float readout = eG[t] * S.Dot(w, qt);
-        float acc = 0.0f;
-        for (int s = lane; s <= t; s += 32) acc += B[t * ld + s] * u[s * kUStride + row0 + w];
-        acc = WarpSum(acc);
-        if (live[w] && lane == 0) ot[w] = readout + acc;
+    } else {
+      for (int p = tid - 32; p < kReadoutTiles; p += kThreads - 32) {
+        ReadoutTile(qn, S, ldk, dk4, p, Y);
       }
     }
-    const float state_decay = eG[len - 1];  // 6
-#pragma unroll
-    for (int w = 0; w < kRowsPerWarp; ++w) {
-#pragma unroll
-      for (int i = 0; i < KPL; ++i) S.s[w][i] *= live[w] ? state_decay : 1.0f;
+    __syncthreads();
+    // The next chunk's inputs, in flight during D (its registers are free until the next 0).
+    if (c0 + chunk < r.end) {
+      in.Load(a, r, c0 + chunk, static_cast<int>(min(int64_t{chunk}, r.end - c0 - chunk)), j0);
     }
-    for (int s = 0; s < len; ++s) {
-      const KeyVector<KPL> ks = SharedRow<KPL>(kn, s, ldk, dk, lane);
+    // D. Outputs: tiles of tokens 4 tg + i and rows 4 jg + m, threads [0, kReadoutTiles).
+    if (tid < kReadoutTiles) {
+      const int tg = tid % (kChunkTile / kTile), jg = tid / (kChunkTile / kTile);
+      float acc[kTile][kTile];
 #pragma unroll
-      for (int w = 0; w < kRowsPerWarp; ++w) {
-        if (!live[w]) continue;
-        const float f = W[s] * u[s * kUStride + row0 + w];
+      for (int i = 0; i < kTile; ++i) {
+        const int t = tg * kTile + i;
+        const float4 y = Load4(Y + t * kRowLd + jg * kTile);
 #pragma unroll
-        for (int i = 0; i < KPL; ++i) S.s[w][i] += ks.x[i] * f;
+        for (int m = 0; m < kTile; ++m) acc[i][m] = eG[t] * Lane4(y, m);
+      }
+      const int s_end = min(len, (tg + 1) * kTile);
+      for (int s = 0; s < s_end; ++s) {
+        const float4 b = Load4(Bt + s * kTokenLd + tg * kTile);
+        const float4 u = Load4(U + s * kRowLd + jg * kTile);
+#pragma unroll
+        for (int i = 0; i < kTile; ++i) {
+#pragma unroll
+          for (int m = 0; m < kTile; ++m) acc[i][m] += Lane4(b, i) * Lane4(u, m);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kTile; ++i) {
+        const int t = tg * kTile + i;
+        if (t >= len) break;
+        float* o = a.out + (c0 + t) * a.out_stride + h * dv + j0 + jg * kTile;
+#pragma unroll
+        for (int m = 0; m < kTile; ++m) {
+          if (j0 + jg * kTile + m < dv) o[m] = acc[i][m];
+        }
+      }
+    }
+    // D. The state: tiles of rows 4 jg + m and elements 4 eg + c; a warp spans 8 values of eg
+    // (one contiguous 128-byte k row segment) and 4 of jg.
+    const float state_decay = eG[len - 1];
+    const int e_groups = dk4 / 4;
+    const int state_tiles = (e_groups + 7) / 8 * 8 * (kSliceRows / kTile);
+    for (int p = tid; p < state_tiles; p += kThreads) {
+      const int jg = p / 8 % (kSliceRows / kTile);
+      const int eg = p % 8 + p / (8 * (kSliceRows / kTile)) * 8;
+      if (eg >= e_groups) continue;
+      float acc[kTile][4];
+#pragma unroll
+      for (int m = 0; m < kTile; ++m) {
+        const float4 s0 = Load4(S + (jg * kTile + m) * ldk + eg * 4);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[m][c] = Lane4(s0, c) * state_decay;
+      }
+      for (int s = 0; s < len; ++s) {
+        const float4 kv = Load4(kn + s * ldk + eg * 4);
+        const float4 w = Load4(Uw + s * kRowLd + jg * kTile);
+#pragma unroll
+        for (int m = 0; m < kTile; ++m) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[m][c] += Lane4(kv, c) * Lane4(w, m);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kTile; ++m) {
+        *reinterpret_cast<float4*>(S + (jg * kTile + m) * ldk + eg * 4) =
+            make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
       }
     }
     __syncthreads();  // the chunk's shared data is dead before the next chunk overwrites it
   }
-  S.Store(r, j0, dk, dv, lane);
+  for (int idx = tid; idx < kSliceRows * dk32; idx += kThreads) {
+    const int j = idx / dk32, e = idx % dk32;
+    if (j0 + j < dv && e < dk) r.state[(j0 + j) * dk + e] = S[j * ldk + e];
+  }
 }
 
 // The elementwise gates, one thread per (token, head).
@@ -392,20 +555,22 @@ absl::Status Check(const cpu::GatedDeltaRuleArgs& a, int64_t chunk_size) {
 // Lanes' share of k_dim, rounded up to an instantiated KPL.
 int KeysPerLane(int64_t dk) { return dk <= 32 ? 1 : dk <= 64 ? 2 : dk <= 128 ? 4 : 8; }
 
-dim3 HeadGrid(const cpu::GatedDeltaRuleArgs& a) {
-  return dim3(a.num_seqs, a.num_v_heads, CeilDiv(a.v_dim, kRowsPerBlock));
+// blockIdx = (sequence, value head, slice of `rows` value rows).
+dim3 HeadGrid(const cpu::GatedDeltaRuleArgs& a, int rows) {
+  return dim3(a.num_seqs, a.num_v_heads, CeilDiv(a.v_dim, rows));
 }
 
 template <int KPL>
 absl::Status LaunchRecurrent(const cpu::GatedDeltaRuleArgs& a, cudaStream_t stream) {
-  DeltaRuleRecurrentKernel<KPL><<<HeadGrid(a), kThreads, 0, stream>>>(a);
+  DeltaRuleRecurrentKernel<KPL><<<HeadGrid(a, kRowsPerBlock), kThreads, 0, stream>>>(a);
   return internal::LaunchStatus("DeltaRuleRecurrentKernel");
 }
 
 template <int KPL>
 absl::Status LaunchChunked(const cpu::GatedDeltaRuleArgs& a, int chunk, cudaStream_t stream) {
-  // At most 64 * (2 * 257 + 2 * 65 + 17 + 4) floats = 166 KiB: within Hopper's 227 KiB per block.
-  const size_t bytes = ChunkSharedFloats(chunk, a.k_dim) * sizeof(float);
+  // At most (2 * 64 + 32) * 260 + 2 * 64 * 68 + 3 * 64 * 36 + 4 * 64 floats = 224.5 KiB (k_dim
+  // 256): within Hopper's 227 KiB per block. 144.5 KiB at k_dim 128.
+  const size_t bytes = ChunkSharedFloats(a.k_dim) * sizeof(float);
   if (absl::Status s = internal::CudaStatus(
           cudaFuncSetAttribute(DeltaRuleChunkedKernel<KPL>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
@@ -413,7 +578,7 @@ absl::Status LaunchChunked(const cpu::GatedDeltaRuleArgs& a, int chunk, cudaStre
       !s.ok()) {
     return s;
   }
-  DeltaRuleChunkedKernel<KPL><<<HeadGrid(a), kThreads, bytes, stream>>>(a, chunk);
+  DeltaRuleChunkedKernel<KPL><<<HeadGrid(a, kSliceRows), kThreads, bytes, stream>>>(a, chunk);
   return internal::LaunchStatus("DeltaRuleChunkedKernel");
 }
 

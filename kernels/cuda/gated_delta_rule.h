@@ -3,23 +3,36 @@
 // and has_initial_state). The math, the state layout ([v_dim, k_dim] per value head: S
 // transposed), the q/k normalisation and the chunking (chunks of chunk_size tokens from each
 // sequence's first token of the call, decays exp(g_{s+1} + ... + g_t) summed from t down) are the
-// CPU twin's; results differ from it by float32 rounding only (sums over k_dim and over the tokens
-// of a chunk are reduced across a warp, and nvcc fuses multiply-adds), about 1e-7 absolute on
-// unit-scale inputs.
+// CPU twin's, and every sum over the tokens of a chunk runs in the CPU's ascending order; results
+// differ from it by float32 rounding only (sums over k_dim are grouped differently, and nvcc fuses
+// multiply-adds): below 5e-7 on unit-scale inputs (measured, tests/kernels/cuda/).
 //
-// Launch shape: one block of 256 threads per (sequence, value head, slice of 16 value rows); the
-// block keeps its 16 rows of the head's state in registers for the whole call (each warp 2 rows,
-// each lane k_dim / 32 elements of a row) and writes them back at the end. Every row of S^T
-// evolves on its own given the token's normalised q and k, so the slices of a head are
-// independent; each recomputes the per-token (and per-chunk) quantities it needs, which buys
-// parallelism when few sequences run (a single prefill). Measured on an H200 with Qwen3-Next's
-// 16 / 32 heads of 128: a 4096-token prefill in chunks of 64 takes 8.7 ms, a decode step of 64
-// sequences 0.11 ms (before the chunked form ran a warp's two rows side by side, which took 8 % off
-// the 24-layer model's mixed step; bench/results/2026-12-03-qwen3-next-tc-attention/).
+// Launch shapes:
+//   - recurrent: one block of 256 threads per (sequence, value head, slice of 16 value rows); each
+//     warp keeps 2 rows of the head's state in registers (each lane k_dim / 32 elements of a row)
+//     and works token by token with warp reductions over k_dim;
+//   - chunked: one block of 256 threads per (sequence, value head, slice of 32 value rows), which
+//     keeps its rows of the state in shared memory for the whole call and, per chunk, computes
+//     the WY form as block-wide products of 4 x 4 register tiles on shared memory: the Gram
+//     matrices k.k and q.k (lower triangles) and K S_0^T, the decays folded into them, a forward
+//     substitution for the deltas U (one lane per value row, the chunk's 64 deltas of the row in
+//     registers), then the outputs exp(G) Q S_0^T + (decayed q.k) U and the state update
+//     exp(G_last) S_0 + (W U)^T K. The slices of a head are independent (every row of S^T evolves
+//     on its own), so each recomputes the chunk's Gram matrices: with Qwen3-Next's 128 value rows
+//     that is 4 blocks per head, 128 for one prefill on the H200's 132 multiprocessors. The next
+//     chunk's inputs are loaded into registers while the current one finishes.
+// Measured on an H200 with Qwen3-Next's 16 / 32 heads of 128, chunks of 64
+// (bench/results/2026-12-03-delta-rule-kernel/): one prefill of 2048 / 4096 / 8192 tokens takes
+// 1.30 / 2.58 / 5.14 ms (the previous kernel, serial warp reductions per token and 16-row slices
+// that each recomputed the Gram matrices: 3.88 / 7.71 / 15.39 ms; HF's torch fallback 8.1 / 14.9 /
+// 29.1 ms), 6.7 TFLOP/s of the chunked form's useful work; the runner's mixed step of 64 decodes
+// and a 2048-token prompt 1.44 ms for both launches; a decode step of 64 sequences 0.10 ms. Not
+// profiled yet: 2.58 ms is 40 us per chunk, where a count of the chunk's instructions gives about
+// 14 us of issue at 256 threads; the substitution's code size (see the .cu) is the first suspect.
 //
 // No workspace: args.workspace and args.workspace_floats are ignored (the chunked form keeps a
-// chunk's normalised q and k, its Gram matrices and deltas in shared memory), and nothing is
-// allocated per call.
+// chunk's normalised q and k, its Gram matrices, deltas and the state slice in shared memory:
+// 144.5 KiB at k_dim 128, 224.5 KiB at 256), and nothing is allocated per call.
 #ifndef VAMP_KERNELS_CUDA_GATED_DELTA_RULE_H_
 #define VAMP_KERNELS_CUDA_GATED_DELTA_RULE_H_
 
