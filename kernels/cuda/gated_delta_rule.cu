@@ -23,14 +23,22 @@ constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;  // the value rows of a blo
 // end are zero), so the tile geometry below is fixed.
 constexpr int kChunkTile = 64;
 static_assert(kChunkTile == kMaxDeltaRuleChunkSize);
-constexpr int kSliceRows = 32;                       // value rows of a block's slice
-constexpr int kTokensPerWarp = kChunkTile / kWarps;  // tokens each warp loads per chunk
-constexpr int kTokenLd = kChunkTile + 4;             // row stride of the [s][t] matrices
-constexpr int kRowLd = kSliceRows + 4;               // row stride of the [t][row] matrices
-constexpr int kSliceValuesPerThread = kChunkTile * kSliceRows / kThreads;
+constexpr int kSliceRows = 32;  // value rows of a block's slice
+constexpr int kChunkWarps = 8;
+constexpr int kChunkThreads = kChunkWarps * 32;
+constexpr int kTokensPerWarp = kChunkTile / kChunkWarps;  // tokens each warp loads per chunk
+constexpr int kTokenLd = kChunkTile + 4;                  // row stride of the [s][t] matrices
+constexpr int kRowLd = kSliceRows + 4;                    // row stride of the [t][row] matrices
+constexpr int kSliceValuesPerThread = kChunkTile * kSliceRows / kChunkThreads;
 // A thread's register tile of every matrix product is 4 x 4 (float4 loads along both sides).
 constexpr int kTile = 4;
 constexpr int kReadoutTiles = (kChunkTile / kTile) * (kSliceRows / kTile);  // of [chunk, rows]
+// The substitution's panel: its deltas live in registers, fully unrolled. A whole chunk's (64)
+// was 110 KB of straight-line code that warp 0 streams through once per chunk; with panels (and
+// the conflict-free Gram tiles and one square root per lane) a 4096-token prefill went from 2.58
+// to 2.14 ms on an H200 (bench/results/2026-12-03-delta-rule-kernel/).
+constexpr int kPanel = 16;
+static_assert(kChunkTile % kPanel == 0);
 
 // The block's sequence, value head and state, from blockIdx = (sequence, value head, slice).
 struct HeadRef {
@@ -183,6 +191,7 @@ __device__ __forceinline__ float Lane4(const float4& v, int i) {
 __device__ __forceinline__ void DotTile(const float* a, const int (&a_off)[kTile], const float* b,
                                         const int (&b_off)[kTile], int dk4,
                                         float (&acc)[kTile][kTile]) {
+#pragma unroll 2
   for (int e = 0; e < dk4; e += 4) {
     float4 av[kTile], bv[kTile];
 #pragma unroll
@@ -227,8 +236,8 @@ __device__ __forceinline__ void ReadoutTile(const float* x, const float* S, int 
 }
 
 // One chunk's inputs, loaded into registers ahead of use (the next chunk's while the current one
-// finishes): warp w's tokens w + kWarps * i of q and k as KeyVector lanes, the slice's values v
-// (element threadIdx.x + kThreads * m of the [chunk, slice rows] tile), and g, beta of token
+// finishes): warp w's tokens w + kChunkWarps * i of q and k as KeyVector lanes, the slice's values
+// v (element threadIdx.x + kChunkThreads * m of the [chunk, slice rows] tile), and g, beta of token
 // threadIdx.x. Past the chunk's end, past k_dim and past v_dim: zero.
 template <int KPL>
 struct ChunkInputs {
@@ -242,7 +251,7 @@ struct ChunkInputs {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
     for (int i = 0; i < kTokensPerWarp; ++i) {
-      const int t = warp + kWarps * i;
+      const int t = warp + kChunkWarps * i;
       const float* qrow = a.q + (c0 + t) * a.q_stride + r.kh * dk;
       const float* krow = a.k + (c0 + t) * a.k_stride + r.kh * dk;
 #pragma unroll
@@ -255,7 +264,7 @@ struct ChunkInputs {
     }
 #pragma unroll
     for (int m = 0; m < kSliceValuesPerThread; ++m) {
-      const int idx = threadIdx.x + kThreads * m, t = idx / kSliceRows, j = idx % kSliceRows;
+      const int idx = threadIdx.x + kChunkThreads * m, t = idx / kSliceRows, j = idx % kSliceRows;
       v[m] = t < len && j0 + j < dv ? a.v[(c0 + t) * a.v_stride + h * dv + j0 + j] : 0.0f;
     }
     const int t = threadIdx.x;
@@ -264,10 +273,14 @@ struct ChunkInputs {
   }
 
   // Into shared memory: q and k normalised as the CPU twin's NormalizeHead, rows [0, dk32).
+  // Lane n < 2 * kTokensPerWarp computes the normaliser of vector n (q, k of token n / 2) and
+  // hands it out by shuffle: one division and square root per lane instead of sixteen (each is a
+  // long instruction sequence, and sixteen of them took half the kernel's code).
   __device__ __forceinline__ void Store(const cpu::GatedDeltaRuleArgs& a, int ldk, float* qn,
                                         float* kn, float* vs, float* lg, float* betas) const {
     const int64_t dk32 = (a.k_dim + 31) / 32 * 32;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float mine = 0.0f;
 #pragma unroll
     for (int i = 0; i < kTokensPerWarp; ++i) {
       float qq = 0.0f, kk = 0.0f;
@@ -276,10 +289,17 @@ struct ChunkInputs {
         qq += q[i][x] * q[i][x];
         kk += k[i][x] * k[i][x];
       }
-      const float l2 = cpu::kDeltaRuleL2NormEps;
-      const float q_inv = a.l2norm_qk ? 1.0f / sqrtf(WarpSum(qq) + l2) : 1.0f;
-      const float k_inv = a.l2norm_qk ? 1.0f / sqrtf(WarpSum(kk) + l2) : 1.0f;
-      const int t = warp + kWarps * i;
+      qq = WarpSum(qq);
+      kk = WarpSum(kk);
+      if (lane == 2 * i) mine = qq;
+      if (lane == 2 * i + 1) mine = kk;
+    }
+    const float inv = a.l2norm_qk ? 1.0f / sqrtf(mine + cpu::kDeltaRuleL2NormEps) : 1.0f;
+#pragma unroll
+    for (int i = 0; i < kTokensPerWarp; ++i) {
+      const float q_inv = __shfl_sync(internal::kFullMask, inv, 2 * i);
+      const float k_inv = __shfl_sync(internal::kFullMask, inv, 2 * i + 1);
+      const int t = warp + kChunkWarps * i;
 #pragma unroll
       for (int x = 0; x < KPL; ++x) {
         const int e = lane + 32 * x;
@@ -291,7 +311,7 @@ struct ChunkInputs {
     }
 #pragma unroll
     for (int m = 0; m < kSliceValuesPerThread; ++m) {
-      const int idx = threadIdx.x + kThreads * m;
+      const int idx = threadIdx.x + kChunkThreads * m;
       vs[idx / kSliceRows * kRowLd + idx % kSliceRows] = v[m];
     }
     if (threadIdx.x < kChunkTile) {
@@ -302,30 +322,30 @@ struct ChunkInputs {
 };
 
 // Chunk by chunk, the CPU twin's chunked form, as block-wide products on shared memory. One
-// block of kThreads per (sequence, value head, slice of kSliceRows value rows); the slice's rows
-// of the state stay in shared memory for the whole call. Per chunk of len <= 64 tokens (S_0: the
-// state before it), phases separated by block barriers:
+// block of kChunkThreads per (sequence, value head, slice of kSliceRows value rows); the slice's
+// rows of the state stay in shared memory for the whole call. Per chunk of len <= 64 tokens
+// (S_0: the state before it), phases separated by block barriers:
 //   0. the chunk's inputs (prefetched into registers during the previous chunk's last phase):
 //      normalised q_t, k_t, the slice's v_t, g_t and beta_t into shared memory;
-//   A. threads [0, ng): one 4 x 4 tile each of the lower triangle of the Gram matrices
-//      k_t . k_s and q_t . k_s; the others: X = K S_0^T for the slice's rows; the last thread
-//      also the cumulative log decays G_t (ascending, as the CPU twin) and exp(G_t);
+//   A. 4 x 4 tiles of the lower triangles of the Gram matrices k_t . k_s and q_t . k_s, and of
+//      X = K S_0^T for the slice's rows, spread over the threads; the last thread also the
+//      cumulative log decays G_t (ascending, as the CPU twin) and exp(G_t);
 //   B. one thread per token t: the decays D_t(s) = exp(g_{s+1} + ... + g_t), summed from t down,
 //      folded in: A[t][s] = beta_t D_t(s) (k_t . k_s) for s < t, B[t][s] = D_t(s) (q_t . k_s)
 //      for s <= t, zero elsewhere; and W[s] = D_{len-1}(s);
 //   C. warp 0, one lane per slice row j: the forward substitution
 //        u_t[j] = beta_t (v_t[j] - exp(G_t) X[t][j]) - sum_{s<t} A[t][s] u_s[j]
-//      with the 64 u_t[j] in registers, column-oriented (once u_s is final it is subtracted from
-//      every later row: 63 - s independent multiply-adds, so the serial chain is one operation
-//      per token, not a reduction); meanwhile warps 1-7: Y = Q S_0^T. Fully unrolled, this step
-//      is most of the kernel's 126 KB of code (k_dim 128), which warp 0 streams through once per
-//      chunk;
+//      by panels of kPanel tokens in registers: first the earlier panels' final u_s subtracted
+//      (kPanel independent multiply-adds per s), then the panel's own triangle column by column
+//      (once u_s is final it is subtracted from every later row of the panel), so the serial
+//      chain is one multiply-add per token, not a reduction; meanwhile the other warps:
+//      Y = Q S_0^T;
 //   D. out_t[j] = exp(G_t) Y[t][j] + sum_{s<=t} B[t][s] u_s[j] and
 //      S[j] = exp(G_last) S_0[j] + sum_s (W[s] u_s[j]) k_s, 4 x 4 tiles per thread.
 // Every sum over tokens runs in ascending order as the CPU twin's; sums over k_dim are in
 // ascending e too (the CPU's Dot may group them differently).
 template <int KPL>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kChunkThreads, 1)
     DeltaRuleChunkedKernel(cpu::GatedDeltaRuleArgs a, int chunk) {
   HeadRef r;
   if (!ResolveHead(a, &r)) return;
@@ -350,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* betas = lg + kChunkTile;       // [64]
   float* eG = betas + kChunkTile;       // [64] exp(G_t)
   float* W = eG + kChunkTile;           // [64] decays to the chunk's last token
-  for (int idx = tid; idx < kSliceRows * dk32; idx += kThreads) {
+  for (int idx = tid; idx < kSliceRows * dk32; idx += kChunkThreads) {
     const int j = idx / dk32, e = idx % dk32;
     S[j * ldk + e] = r.from_state && j0 + j < dv && e < dk ? r.state[(j0 + j) * dk + e] : 0.0f;
   }
@@ -362,35 +382,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     // A. The lower-triangle tiles of the Gram matrices are enumerated row by row.
     const int nt = (len + kTile - 1) / kTile, ng = nt * (nt + 1) / 2;
-    if (tid < ng) {
-      int ti = 0, si = tid;
+    for (int item = tid; item < 2 * ng + kReadoutTiles; item += kChunkThreads) {
+      if (item >= 2 * ng) {
+        ReadoutTile(kn, S, ldk, dk4, item - 2 * ng, X);
+        continue;
+      }
+      // Items [0, ng): tiles of k.k; [ng, 2 ng): the same tiles of q.k.
+      const bool kk = item < ng;
+      int ti = 0, si = kk ? item : item - ng;
       while (si > ti) si -= ++ti;
-      int t_off[kTile], s_off[kTile];
+      // Register i of the tile holds row 4 ti + (i + ti / 2) % 4: the row blocks of a warp's
+      // lanes start on only two bank offsets (16 ti mod 32), and the rotation spreads eight
+      // consecutive blocks over all 32 banks.
+      int t_row[kTile], s_row[kTile], t_off[kTile], s_off[kTile];
 #pragma unroll
       for (int i = 0; i < kTile; ++i) {
-        t_off[i] = (ti * kTile + i) * ldk;
-        s_off[i] = (si * kTile + i) * ldk;
+        t_row[i] = ti * kTile + (i + ti / 2) % kTile;
+        s_row[i] = si * kTile + (i + si / 2) % kTile;
+        t_off[i] = t_row[i] * ldk;
+        s_off[i] = s_row[i] * ldk;
       }
-      float kk[kTile][kTile] = {}, qk[kTile][kTile] = {};
-      DotTile(kn, t_off, kn, s_off, dk4, kk);
-      DotTile(qn, t_off, kn, s_off, dk4, qk);
+      float acc[kTile][kTile] = {};
+      DotTile(kk ? kn : qn, t_off, kn, s_off, dk4, acc);
+      float* gram = kk ? At : Bt;
 #pragma unroll
       for (int i = 0; i < kTile; ++i) {
 #pragma unroll
         for (int m = 0; m < kTile; ++m) {
-          const int t = ti * kTile + i, s = si * kTile + m;
-          if (s <= t) {
-            At[s * kTokenLd + t] = kk[i][m];
-            Bt[s * kTokenLd + t] = qk[i][m];
-          }
+          if (s_row[m] <= t_row[i]) gram[s_row[m] * kTokenLd + t_row[i]] = acc[i][m];
         }
       }
-    } else {
-      for (int p = tid - ng; p < kReadoutTiles; p += kThreads - ng) {
-        ReadoutTile(kn, S, ldk, dk4, p, X);
-      }
     }
-    if (tid == kThreads - 1) {
+    if (tid == kChunkThreads - 1) {
       float cumulative = 0.0f;
       for (int t = 0; t < kChunkTile; ++t) {
         cumulative += lg[t];
@@ -403,44 +426,58 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float beta = betas[t];
       float sum = 0.0f;
       for (int s = kChunkTile - 1; s >= 0; --s) {
-        float av = 0.0f, bv = 0.0f;
+        float av = 0.0f, bv = 0.0f, d = 0.0f;
         if (t < len && s <= t) {
-          float d = 1.0f;
+          d = 1.0f;
           if (s < t) {
             sum += lg[s + 1];
             d = expf(sum);
             av = beta * d * At[s * kTokenLd + t];
           }
           bv = d * Bt[s * kTokenLd + t];
-          if (t == len - 1) W[s] = d;
         }
         At[s * kTokenLd + t] = av;
         Bt[s * kTokenLd + t] = bv;
+        if (t == len - 1) W[s] = d;  // zero past the chunk's end
       }
     }
     __syncthreads();
-    if (tid < 32) {  // C: the substitution, lane = slice row
-      float x[kChunkTile];
+    if (tid < 32) {  // C: the substitution, lane = slice row, in panels of kPanel tokens
+      for (int p0 = 0; p0 < len; p0 += kPanel) {
+        float x[kPanel];
 #pragma unroll
-      for (int t = 0; t < kChunkTile; ++t) {
-        x[t] = betas[t] * (Vs[t * kRowLd + lane] - eG[t] * X[t * kRowLd + lane]);
-      }
+        for (int i = 0; i < kPanel; ++i) {
+          const int t = p0 + i;
+          x[i] = betas[t] * (Vs[t * kRowLd + lane] - eG[t] * X[t * kRowLd + lane]);
+        }
+        for (int s = 0; s < p0; ++s) {  // the earlier panels' final deltas
+          const float us = U[s * kRowLd + lane];
 #pragma unroll
-      for (int s = 0; s < kChunkTile; ++s) {
-        U[s * kRowLd + lane] = x[s];
-        Uw[s * kRowLd + lane] = W[s] * x[s];
-        if (s + 1 >= len) break;
+          for (int i = 0; i < kPanel; i += 4) {
+            const float4 coeff = Load4(At + s * kTokenLd + p0 + i);
 #pragma unroll
-        for (int t4 = (s + 1) / 4 * 4; t4 < kChunkTile; t4 += 4) {
-          const float4 coeff = Load4(At + s * kTokenLd + t4);
+            for (int c = 0; c < 4; ++c) x[i + c] -= Lane4(coeff, c) * us;
+          }
+        }
+        // The panel's own triangle. Writing row t of U and Uw overwrites row t of Vs and X,
+        // which this panel has read and no later one reads.
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if (t4 + i > s) x[t4 + i] -= Lane4(coeff, i) * x[s];
+        for (int i = 0; i < kPanel; ++i) {
+          const int s = p0 + i;
+          U[s * kRowLd + lane] = x[i];
+          Uw[s * kRowLd + lane] = W[s] * x[i];
+#pragma unroll
+          for (int i4 = (i + 1) / 4 * 4; i4 < kPanel; i4 += 4) {
+            const float4 coeff = Load4(At + s * kTokenLd + p0 + i4);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              if (i4 + c > i) x[i4 + c] -= Lane4(coeff, c) * x[i];
+            }
           }
         }
       }
     } else {
-      for (int p = tid - 32; p < kReadoutTiles; p += kThreads - 32) {
+      for (int p = tid - 32; p < kReadoutTiles; p += kChunkThreads - 32) {
         ReadoutTile(qn, S, ldk, dk4, p, Y);
       }
     }
@@ -450,8 +487,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       in.Load(a, r, c0 + chunk, static_cast<int>(min(int64_t{chunk}, r.end - c0 - chunk)), j0);
     }
     // D. Outputs: tiles of tokens 4 tg + i and rows 4 jg + m, threads [0, kReadoutTiles).
-    if (tid < kReadoutTiles) {
-      const int tg = tid % (kChunkTile / kTile), jg = tid / (kChunkTile / kTile);
+    if (const int p = tid - (kChunkThreads - kReadoutTiles); p >= 0) {
+      const int tg = p % (kChunkTile / kTile), jg = p / (kChunkTile / kTile);
       float acc[kTile][kTile];
 #pragma unroll
       for (int i = 0; i < kTile; ++i) {
@@ -486,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float state_decay = eG[len - 1];
     const int e_groups = dk4 / 4;
     const int state_tiles = (e_groups + 7) / 8 * 8 * (kSliceRows / kTile);
-    for (int p = tid; p < state_tiles; p += kThreads) {
+    for (int p = tid; p < state_tiles; p += kChunkThreads) {
       const int jg = p / 8 % (kSliceRows / kTile);
       const int eg = p % 8 + p / (8 * (kSliceRows / kTile)) * 8;
       if (eg >= e_groups) continue;
@@ -514,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // the chunk's shared data is dead before the next chunk overwrites it
   }
-  for (int idx = tid; idx < kSliceRows * dk32; idx += kThreads) {
+  for (int idx = tid; idx < kSliceRows * dk32; idx += kChunkThreads) {
     const int j = idx / dk32, e = idx % dk32;
     if (j0 + j < dv && e < dk) r.state[(j0 + j) * dk + e] = S[j * ldk + e];
   }
@@ -578,7 +615,7 @@ absl::Status LaunchChunked(const cpu::GatedDeltaRuleArgs& a, int chunk, cudaStre
       !s.ok()) {
     return s;
   }
-  DeltaRuleChunkedKernel<KPL><<<HeadGrid(a, kSliceRows), kThreads, bytes, stream>>>(a, chunk);
+  DeltaRuleChunkedKernel<KPL><<<HeadGrid(a, kSliceRows), kChunkThreads, bytes, stream>>>(a, chunk);
   return internal::LaunchStatus("DeltaRuleChunkedKernel");
 }
 

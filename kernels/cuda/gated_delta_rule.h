@@ -15,20 +15,20 @@
 //     keeps its rows of the state in shared memory for the whole call and, per chunk, computes
 //     the WY form as block-wide products of 4 x 4 register tiles on shared memory: the Gram
 //     matrices k.k and q.k (lower triangles) and K S_0^T, the decays folded into them, a forward
-//     substitution for the deltas U (one lane per value row, the chunk's 64 deltas of the row in
+//     substitution for the deltas U (one lane per value row, panels of 16 deltas of the row in
 //     registers), then the outputs exp(G) Q S_0^T + (decayed q.k) U and the state update
 //     exp(G_last) S_0 + (W U)^T K. The slices of a head are independent (every row of S^T evolves
 //     on its own), so each recomputes the chunk's Gram matrices: with Qwen3-Next's 128 value rows
 //     that is 4 blocks per head, 128 for one prefill on the H200's 132 multiprocessors. The next
 //     chunk's inputs are loaded into registers while the current one finishes.
 // Measured on an H200 with Qwen3-Next's 16 / 32 heads of 128, chunks of 64
-// (bench/results/2026-12-03-delta-rule-kernel/): one prefill of 2048 / 4096 / 8192 tokens takes
-// 1.30 / 2.58 / 5.14 ms (the previous kernel, serial warp reductions per token and 16-row slices
-// that each recomputed the Gram matrices: 3.88 / 7.71 / 15.39 ms; HF's torch fallback 8.1 / 14.9 /
-// 29.1 ms), 6.7 TFLOP/s of the chunked form's useful work; the runner's mixed step of 64 decodes
-// and a 2048-token prompt 1.44 ms for both launches; a decode step of 64 sequences 0.10 ms. Not
-// profiled yet: 2.58 ms is 40 us per chunk, where a count of the chunk's instructions gives about
-// 14 us of issue at 256 threads; the substitution's code size (see the .cu) is the first suspect.
+// (bench/results/2026-12-03-delta-rule-kernel/, vamp_delta_rule_bench): one prefill of 2048 /
+// 4096 / 8192 tokens takes 1.08 / 2.14 / 4.26 ms, 8.0 TFLOP/s of the chunked form's useful work
+// (with the whole chunk's substitution unrolled: 1.30 / 2.58 / 5.14 ms; the kernel before, serial
+// warp reductions per token in 16-row slices: 3.88 / 7.71 / 15.39 ms; HF's torch fallback 8.1 /
+// 14.9 / 29.1 ms); the runner's mixed step of 64 decodes and a 2048-token prompt 1.23 ms for both
+// launches; a decode step of 64 sequences 0.10 ms. Not profiled: 2.14 ms is 33 us per chunk and
+// slice block, where a count of the chunk's instructions gives about 14 us of issue.
 //
 // No workspace: args.workspace and args.workspace_floats are ignored (the chunked form keeps a
 // chunk's normalised q and k, its Gram matrices, deltas and the state slice in shared memory:
