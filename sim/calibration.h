@@ -88,10 +88,11 @@ struct HardwareCalibration {
   // (the chunked kernel, which runs a sequence's chunks one after another) and per decode sequence
   // (the recurrent kernel, one read and one write of each head's float32 state). The engine's
   // CUDA kernels on one H200 with Qwen3-Next's 16 / 32 heads of 128 (kernels/cuda/
-  // gated_delta_rule.h): a 4,096-token prefill of one layer 8.7 ms, a decode step of 64
-  // sequences 0.11 ms (≈2.4 TB/s of state traffic).
-  double delta_rule_prefill_us_per_token_head = 8700.0 / (4096 * 32);
-  double delta_rule_decode_us_per_seq_head = 110.0 / (64 * 32);
+  // gated_delta_rule.h, vamp_delta_rule_bench): a 4,096-token prefill of one layer 2.14 ms, a
+  // decode step of 64 sequences 0.10 ms (≈2.7 TB/s of state traffic;
+  // bench/results/2026-12-03-delta-rule-kernel/).
+  double delta_rule_prefill_us_per_token_head = 2140.0 / (4096 * 32);
+  double delta_rule_decode_us_per_seq_head = 100.0 / (64 * 32);
   // Fixed cost per step (scheduling, launches, sampling), µs.
   double step_overhead_us = 400;
   // Fixed cost per layer (kernel launches), µs.

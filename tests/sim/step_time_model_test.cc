@@ -50,15 +50,15 @@ TEST(StepTimeModelTest, EngineCalibrationReproducesTheStepBenchmark) {
 
 // VAMP's engine on one H200 serving Qwen3-Next-80B-A3B halved to 24 layers (6 full attention, 18
 // Gated DeltaNet; tests/data/qwen3-next-80b-a3b-24l), TP1, dummy bf16 weights, head_dim-256
-// attention on tensor cores, the causal conv over rows and the delta rule's rows side by side: the
-// third run of bench/results/2026-12-03-qwen3-next-tc-attention/README.md. Update these when the
-// step bench is re-run.
-constexpr double kNextDecodeUs = 20020;  // 64 decodes at 2,048 tokens of context
-constexpr double kNextMixedUs = 118380;  // those 64 decodes + one 2,048-token prompt
-// kernels/cuda/gated_delta_rule.h: the chunked delta rule over a 4,096-token prefill of one layer
-// (16 key / 32 value heads of 128), and the recurrent one over a decode step of 64 sequences.
-constexpr double kDeltaRulePrefill4096Us = 8700;
-constexpr double kDeltaRuleDecode64Us = 110;
+// attention on tensor cores, the causal conv over rows and the chunked delta rule in block-wide
+// products with its substitution in panels: bench/results/2026-12-03-delta-rule-kernel/
+// (step-report-panels.md). Update these when the step bench is re-run.
+constexpr double kNextDecodeUs = 19870;  // 64 decodes at 2,048 tokens of context
+constexpr double kNextMixedUs = 68650;   // those 64 decodes + one 2,048-token prompt
+// vamp_delta_rule_bench: the chunked delta rule over a 4,096-token prefill of one layer (16 key /
+// 32 value heads of 128), and the recurrent one over a decode step of 64 sequences.
+constexpr double kDeltaRulePrefill4096Us = 2140;
+constexpr double kDeltaRuleDecode64Us = 100;
 
 // sim/calibrations/h200-vamp-engine-qwen3-next.json takes its figures from the kernel benchmarks,
 // none from these steps. Within 15 %.
