@@ -35,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/kernels/bench_device.h"
 #include "common/config.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/gated_delta_rule.h"
@@ -391,28 +392,8 @@ int Main(int argc, char** argv) {
                                     argc, argv, FlagsFromConfig);
   if (!invocation.options) return invocation.exit_code;
   const Flags& flags = *invocation.options;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::fprintf(stderr, "vamp_delta_rule_bench: no CUDA device\n");
-    return 3;
-  }
-  if (cudaSetDevice(static_cast<int>(flags.cuda_device)) != cudaSuccess) {
-    std::fprintf(stderr, "cuda_device: cannot select device %lld\n",
-                 static_cast<long long>(flags.cuda_device));
-    return 2;
-  }
-  cudaStream_t stream = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-    std::fprintf(stderr, "cudaStreamCreate failed\n");
-    return 1;
-  }
-  int rc = 0;
-  if (absl::Status s = RunAll(flags, stream); !s.ok()) {
-    std::fprintf(stderr, "vamp_delta_rule_bench: %s\n", s.ToString().c_str());
-    rc = 1;
-  }
-  cudaStreamDestroy(stream);
-  return rc;
+  return bench::RunOnCudaDevice("vamp_delta_rule_bench", flags.cuda_device,
+                                [&](cudaStream_t stream) { return RunAll(flags, stream); });
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "bench/kernels/bench_device.h"
 #include "common/config.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/bfloat16.h"
@@ -418,32 +419,19 @@ int Main(int argc, char** argv) {
                                     argc, argv, FlagsFromConfig);
   if (!invocation.options) return invocation.exit_code;
   const Flags& flags = *invocation.options;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::fprintf(stderr, "vamp_moe_bench: no CUDA device\n");
-    return 3;
-  }
-  if (cudaSetDevice(static_cast<int>(flags.cuda_device)) != cudaSuccess) {
-    std::fprintf(stderr, "cuda_device: cannot select device %lld\n",
-                 static_cast<long long>(flags.cuda_device));
-    return 2;
-  }
-  cudaStream_t stream = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-    std::fprintf(stderr, "cudaStreamCreate failed\n");
-    return 1;
-  }
-  std::mt19937 rng(static_cast<uint32_t>(flags.seed));
-  int rc = 0;
-  for (const ModelShape& m : Shapes()) {
-    if (flags.shapes != "all" && flags.shapes != m.name) continue;
-    if (absl::Status s = RunShape(m, flags.tokens, flags, stream, rng); !s.ok()) {
-      std::fprintf(stderr, "%s: %s\n", m.name.c_str(), s.ToString().c_str());
-      rc = 1;
-    }
-  }
-  cudaStreamDestroy(stream);
-  return rc;
+  return bench::RunOnCudaDevice(
+      "vamp_moe_bench", flags.cuda_device, [&](cudaStream_t stream) -> absl::Status {
+        std::mt19937 rng(static_cast<uint32_t>(flags.seed));
+        bool failed = false;
+        for (const ModelShape& m : Shapes()) {
+          if (flags.shapes != "all" && flags.shapes != m.name) continue;
+          if (absl::Status s = RunShape(m, flags.tokens, flags, stream, rng); !s.ok()) {
+            std::fprintf(stderr, "%s: %s\n", m.name.c_str(), s.ToString().c_str());
+            failed = true;
+          }
+        }
+        return failed ? absl::InternalError("a shape failed (above)") : absl::OkStatus();
+      });
 }
 
 }  // namespace
