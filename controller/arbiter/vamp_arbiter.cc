@@ -621,13 +621,19 @@ double VampArbiter::TpotOverhead(int64_t now, int32_t groups) const {
                      : std::numeric_limits<double>::infinity();
 }
 
-double VampArbiter::TtftWeight(int64_t now) const {
+double VampArbiter::TtftWeight(int64_t now, bool for_restore) const {
   // The TTFT weight applies while first tokens are late because of memory: requests wait in the
   // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
   // compute, every µs of stall delays them all; with short queues, TTFT is not what hurts: GPU
   // time is the measure then (weight 1).
-  const bool ttft_hurts = reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros &&
-                          ConcurrencyPays(now);
+  // A restore keeps the weight while the queue is long even when compute-bound: the admission hold
+  // then keeps new requests within the static pool anyway, and what the groups still hold (cached
+  // prefixes, running requests' growth) is on the queue's first-token path. Judged at GPU time,
+  // the compute-bound share (pinned near its threshold by the hold's own feedback) flipped the
+  // weight between a restore and the offload after it: Figure 9 at c = 28 restored and took back
+  // up to 64 groups 18 times (bench/results/2026-12-03-restore-weight/).
+  const bool queued = reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros;
+  const bool ttft_hurts = queued && (for_restore || ConcurrencyPays(now));
   return ttft_hurts ? config_.tax.ttft_weight : 1.0;
 }
 
@@ -642,7 +648,8 @@ TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double
   // the budget.
   cmp.tpot_overhead = TpotOverhead(now, hi);
   const double budget = config_.tax.ttft_tpot_budget;
-  cmp.ttft_weight = budget <= 0 || cmp.tpot_overhead <= budget ? TtftWeight(now) : 1.0;
+  cmp.ttft_weight =
+      budget <= 0 || cmp.tpot_overhead <= budget ? TtftWeight(now, /*for_restore=*/to < from) : 1.0;
   cmp.value_micros = reuse_->TokensBetween(now, lo, hi) * t_prefill * cmp.ttft_weight +
                      reuse_->WaitStepsBetween(now, lo, hi) * tax_->MeanStepMicros(now) *
                          config_.tax.memory_wait_weight;

@@ -267,6 +267,44 @@ TEST_F(TaxModelTest, RestoresGroupsHeldPastTheTpotBudgetThatPayOnlyByTheWeight) 
   EXPECT_DOUBLE_EQ(arbiter_.LastRestoreComparison().tpot_overhead, 1.5);
 }
 
+// Queued for compute, growing is priced at GPU time: the weight is 1 however long admissions wait.
+TEST_F(TaxModelTest, GrowingWhileComputeBoundIsPricedAtGpuTime) {
+  VampArbiterConfig c = Config();
+  c.tax.ttft_weight = 16;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  Warm(0);
+  AddCachedFree(500, 10);
+  Request* r = AddRunning(1, 4, 3, 200);
+  arbiter_.reuse_tracker()->RecordPreemption(50, /*gap_blocks=*/50, /*recompute_tokens=*/100);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/60, /*queue_micros=*/3'000'000);
+  for (int64_t t = 1; t <= 100; ++t) arbiter_.reuse_tracker()->RecordQueueState(t, true);
+  const ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  ASSERT_TRUE(plan.tax.evaluated);
+  EXPECT_DOUBLE_EQ(plan.tax.compute_bound_share, 1);
+  EXPECT_DOUBLE_EQ(plan.tax.ttft_weight, 1);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 100 * 15);
+}
+
+// While admissions queue for their first tokens, a restore weighs the prefill it loses as
+// first-token time even when the GPU is compute-bound: the admission hold already keeps new
+// requests within the static pool then, and what the groups still serve (cached prefixes, running
+// requests' growth) is on the queue's first-token path. 4,000 tokens needed the second group: 60,000 µs of prefill, 960,000 µs weighted,
+// against 100,000 / 150,000 µs of stall for one / both groups.
+TEST_F(TaxModelTest, RestoresWeighTheQueuesFirstTokensWhileComputeBound) {
+  VampArbiterConfig c = Config();
+  c.tax.ttft_weight = 16;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  Warm(2);
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 0, 4);
+  arbiter_.reuse_tracker()->RecordPreemption(150, 150, 4000);
+  arbiter_.reuse_tracker()->SetGeometry(kBlocksPerGroup, 2, 4);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/60, /*queue_micros=*/3'000'000);
+  for (int64_t t = 1; t <= 100; ++t) arbiter_.reuse_tracker()->RecordQueueState(t, true);
+  AddCachedFree(4096, 195);  // every block recently used: the working-set rule keeps all
+  ASSERT_FALSE(arbiter_.ConcurrencyPays(200));
+  EXPECT_EQ(arbiter_.OnStepBoundary(Context(200, Geometry(2))), 0);
+}
+
 TEST_F(TaxModelTest, ReuseWorthLessThanTheTaxWithMarginEvicts) {
   Warm(0);
   AddCachedFree(500, 10);
