@@ -631,7 +631,7 @@ double VampArbiter::TtftWeight(int64_t now, bool for_restore) const {
   // prefixes, running requests' growth) is on the queue's first-token path. Judged at GPU time,
   // the compute-bound share (pinned near its threshold by the hold's own feedback) flipped the
   // weight between a restore and the offload after it: in vamp-sim's Figure 9 at c = 28 the
-  // boundary gave back and took back up to 64 groups 18 times, and TTFT p99 halved without it
+  // boundary gave back and took back up to 64 groups 18 times; without the flip TTFT p99 halves
   // (bench/results/2026-12-03-restore-weight/).
   const bool queued = reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros;
   const bool ttft_hurts = queued && (for_restore || ConcurrencyPays(now));
