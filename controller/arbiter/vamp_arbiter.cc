@@ -645,8 +645,8 @@ TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double
   const int32_t lo = std::min(from, to);
   const int32_t hi = std::max(from, to);
   cmp.tax_micros = tax_->WindowMicros(now, hi) - tax_->WindowMicros(now, lo);
-  // The same weight for growing to hi and for restoring from it, so the two cannot flap across
-  // the budget.
+  // The budget is judged at hi for growing to it and for restoring from it alike, so the two
+  // cannot flap across it.
   cmp.tpot_overhead = TpotOverhead(now, hi);
   const double budget = config_.tax.ttft_tpot_budget;
   cmp.ttft_weight =
