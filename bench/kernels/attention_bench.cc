@@ -35,6 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/kernels/bench_device.h"
+#include "bench/kernels/bench_flags.h"
 #include "common/config.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/bfloat16.h"
@@ -94,27 +95,14 @@ ConfigSchema Schema() {
   return s;
 }
 
-absl::StatusOr<std::vector<int64_t>> ParseList(const Config& config, const std::string& name) {
-  std::vector<int64_t> values;
-  for (absl::string_view part : absl::StrSplit(config.GetString(name), ',', absl::SkipEmpty())) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": '", part, "' is not a non-negative integer"));
-    }
-    values.push_back(v);
-  }
-  return values;
-}
-
 // The only reader of the flags by name.
 absl::StatusOr<Flags> FlagsFromConfig(const Config& config) {
   Flags f;
   f.cases = config.GetString("cases");
-  VAMP_ASSIGN_OR_RETURN(f.decode_batches, ParseList(config, "decode_batches"));
-  VAMP_ASSIGN_OR_RETURN(f.decode_contexts, ParseList(config, "decode_contexts"));
-  VAMP_ASSIGN_OR_RETURN(f.prefill_chunks, ParseList(config, "prefill_chunks"));
-  VAMP_ASSIGN_OR_RETURN(f.prefill_prefixes, ParseList(config, "prefill_prefixes"));
+  VAMP_ASSIGN_OR_RETURN(f.decode_batches, bench::ParseIntList(config, "decode_batches", 0));
+  VAMP_ASSIGN_OR_RETURN(f.decode_contexts, bench::ParseIntList(config, "decode_contexts", 0));
+  VAMP_ASSIGN_OR_RETURN(f.prefill_chunks, bench::ParseIntList(config, "prefill_chunks", 0));
+  VAMP_ASSIGN_OR_RETURN(f.prefill_prefixes, bench::ParseIntList(config, "prefill_prefixes", 0));
   f.q_heads = config.GetInt("q_heads");
   f.kv_heads = config.GetInt("kv_heads");
   f.head_dim = config.GetInt("head_dim");

@@ -36,6 +36,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/kernels/bench_device.h"
+#include "bench/kernels/bench_flags.h"
 #include "common/config.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/gated_delta_rule.h"
@@ -95,24 +96,11 @@ ConfigSchema Schema() {
   return s;
 }
 
-absl::StatusOr<std::vector<int64_t>> ParseList(const Config& config, const std::string& name) {
-  std::vector<int64_t> values;
-  for (absl::string_view part : absl::StrSplit(config.GetString(name), ',', absl::SkipEmpty())) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": '", part, "' is not a positive integer"));
-    }
-    values.push_back(v);
-  }
-  return values;
-}
-
 // The only reader of the flags by name.
 absl::StatusOr<Flags> FlagsFromConfig(const Config& config) {
   Flags f;
   f.cases = config.GetString("cases");
-  VAMP_ASSIGN_OR_RETURN(f.prefill_lens, ParseList(config, "prefill_lens"));
+  VAMP_ASSIGN_OR_RETURN(f.prefill_lens, bench::ParseIntList(config, "prefill_lens", 1));
   f.mixed_decodes = config.GetInt("mixed_decodes");
   f.mixed_prompt = config.GetInt("mixed_prompt");
   f.decode_batch = config.GetInt("decode_batch");
