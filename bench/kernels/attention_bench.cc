@@ -47,14 +47,6 @@ namespace {
 namespace kc = kernels::cuda;
 using kernels::BFloat16;
 
-#define VAMP_BENCH_CUDA(expr)                                                          \
-  do {                                                                                 \
-    const cudaError_t _err = (expr);                                                   \
-    if (_err != cudaSuccess) {                                                         \
-      return absl::InternalError(absl::StrCat(#expr, ": ", cudaGetErrorString(_err))); \
-    }                                                                                  \
-  } while (0)
-
 // The bench's flags, typed (defaults: Qwen3-30B-A3B's attention shapes).
 struct Flags {
   std::string cases = "all";  // all | decode | prefill
@@ -116,33 +108,11 @@ absl::StatusOr<Flags> FlagsFromConfig(const Config& config) {
   return f;
 }
 
-// Median over `iters` runs of fn (after `warmup` runs), in microseconds, by CUDA events.
+// Median device time of fn in microseconds (bench::MedianEventMs).
 absl::StatusOr<double> MedianUs(const std::function<absl::Status()>& fn, int64_t warmup,
                                 int64_t iters, cudaStream_t stream) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  VAMP_BENCH_CUDA(cudaEventCreate(&start));
-  VAMP_BENCH_CUDA(cudaEventCreate(&stop));
-  std::vector<double> times;
-  absl::Status status;
-  for (int64_t i = 0; i < warmup + iters && status.ok(); ++i) {
-    cudaEventRecord(start, stream);
-    status = fn();
-    cudaEventRecord(stop, stream);
-    if (!status.ok()) break;
-    const cudaError_t err = cudaEventSynchronize(stop);
-    if (err != cudaSuccess) {
-      status = absl::InternalError(absl::StrCat("kernel execution: ", cudaGetErrorString(err)));
-      break;
-    }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (i >= warmup) times.push_back(ms * 1e3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (!status.ok()) return status;
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  VAMP_ASSIGN_OR_RETURN(const double ms, bench::MedianEventMs(fn, warmup, iters, stream));
+  return ms * 1e3;
 }
 
 // Device-to-device copy of 1 GiB: bytes read + written per microsecond, in GB/s.
@@ -187,11 +157,8 @@ class Bench {
         kv_heads_(flags.kv_heads),
         head_dim_(flags.head_dim),
         block_size_(flags.block_size),
-        rng_(static_cast<uint32_t>(flags.seed)) {}
-
-  ~Bench() {
-    for (void* p : allocations_) cudaFree(p);
-  }
+        rng_(static_cast<uint32_t>(flags.seed)),
+        buffers_(stream) {}
 
   // Allocates the cache for the largest case and the per-step buffers; fills them with random
   // bf16.
@@ -207,18 +174,18 @@ class Bench {
     per_layer_ = block_size_ * kv_heads_ * head_dim_;
     strides_ = {2 * per_layer_, kv_heads_ * head_dim_, head_dim_};
     num_blocks_ = max_blocks;
-    VAMP_ASSIGN_OR_RETURN(cache_, Alloc<BFloat16>(num_blocks_ * strides_.block_stride));
+    VAMP_ASSIGN_OR_RETURN(cache_, buffers_.Alloc<BFloat16>(num_blocks_ * strides_.block_stride));
     VAMP_RETURN_IF_ERROR(FillRandom(cache_, num_blocks_ * strides_.block_stride));
     const int64_t width = q_heads_ * head_dim_;
-    VAMP_ASSIGN_OR_RETURN(q_, Alloc<BFloat16>(max_rows * width));
+    VAMP_ASSIGN_OR_RETURN(q_, buffers_.Alloc<BFloat16>(max_rows * width));
     VAMP_RETURN_IF_ERROR(FillRandom(q_, max_rows * width));
-    VAMP_ASSIGN_OR_RETURN(out_, Alloc<BFloat16>(max_rows * width));
+    VAMP_ASSIGN_OR_RETURN(out_, buffers_.Alloc<BFloat16>(max_rows * width));
     ws_floats_ =
         kc::PagedAttentionWorkspaceFloats(max_rows, max_seqs, q_heads_, head_dim_, max_ctx);
-    VAMP_ASSIGN_OR_RETURN(ws_, Alloc<float>(std::max<int64_t>(ws_floats_, 1)));
-    VAMP_ASSIGN_OR_RETURN(tables_, Alloc<int32_t>(max_blocks));
-    VAMP_ASSIGN_OR_RETURN(seq_lens_, Alloc<int32_t>(max_seqs));
-    VAMP_ASSIGN_OR_RETURN(qsl_, Alloc<int32_t>(max_seqs + 1));
+    VAMP_ASSIGN_OR_RETURN(ws_, buffers_.Alloc<float>(std::max<int64_t>(ws_floats_, 1)));
+    VAMP_ASSIGN_OR_RETURN(tables_, buffers_.Alloc<int32_t>(max_blocks));
+    VAMP_ASSIGN_OR_RETURN(seq_lens_, buffers_.Alloc<int32_t>(max_seqs));
+    VAMP_ASSIGN_OR_RETURN(qsl_, buffers_.Alloc<int32_t>(max_seqs + 1));
     int device = 0;
     VAMP_BENCH_CUDA(cudaGetDevice(&device));
     VAMP_BENCH_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
@@ -236,9 +203,9 @@ class Bench {
     std::vector<int32_t> seq_lens(c.batch, static_cast<int32_t>(ctx));
     std::vector<int32_t> qsl(c.batch + 1);
     for (int64_t i = 0; i <= c.batch; ++i) qsl[i] = static_cast<int32_t>(i * c.q_len);
-    VAMP_RETURN_IF_ERROR(Upload(tables_, tables));
-    VAMP_RETURN_IF_ERROR(Upload(seq_lens_, seq_lens));
-    VAMP_RETURN_IF_ERROR(Upload(qsl_, qsl));
+    VAMP_RETURN_IF_ERROR(buffers_.Upload(tables_, tables));
+    VAMP_RETURN_IF_ERROR(buffers_.Upload(seq_lens_, seq_lens));
+    VAMP_RETURN_IF_ERROR(buffers_.Upload(qsl_, qsl));
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
     const int64_t width = q_heads_ * head_dim_;
     auto call = [&]() {
@@ -292,46 +259,19 @@ class Bench {
  private:
   int64_t BlocksPerSeq(int64_t ctx) const { return (ctx + block_size_ - 1) / block_size_; }
 
-  template <typename T>
-  absl::StatusOr<T*> Alloc(int64_t n) {
-    void* p = nullptr;
-    if (cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)) != cudaSuccess) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cudaMalloc of ", n * sizeof(T), " bytes failed"));
-    }
-    allocations_.push_back(p);
-    return static_cast<T*>(p);
-  }
-
-  template <typename T>
-  absl::Status Upload(T* dev, const std::vector<T>& host) {
-    VAMP_BENCH_CUDA(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(T),
-                                    cudaMemcpyHostToDevice, stream_));
-    VAMP_BENCH_CUDA(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
-  }
-
-  // Random N(0, 1) bf16: a 16 MiB random pattern copied over the whole buffer (the values only
-  // need to be finite and varied; generating gigabytes on the host would dominate the run).
+  // Random N(0, 1) bf16: a 16 MiB random pattern tiled over the buffer.
   absl::Status FillRandom(BFloat16* dev, int64_t n) {
-    const int64_t pattern = std::min<int64_t>(n, int64_t{8} << 20);
     std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<BFloat16> host(pattern);
-    for (BFloat16& x : host) x = kernels::ToBFloat16(dist(rng_));
-    for (int64_t off = 0; off < n; off += pattern) {
-      const int64_t count = std::min(pattern, n - off);
-      VAMP_BENCH_CUDA(cudaMemcpyAsync(dev + off, host.data(), count * sizeof(BFloat16),
-                                      cudaMemcpyHostToDevice, stream_));
-    }
-    VAMP_BENCH_CUDA(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
+    std::vector<BFloat16> pattern(std::min<int64_t>(n, int64_t{8} << 20));
+    for (BFloat16& x : pattern) x = kernels::ToBFloat16(dist(rng_));
+    return buffers_.Tile(dev, n, pattern);
   }
 
   const Flags& flags_;
   cudaStream_t stream_;
   const int64_t q_heads_, kv_heads_, head_dim_, block_size_;
   std::mt19937 rng_;
-  std::vector<void*> allocations_;
+  bench::DeviceBuffers buffers_;
   int sms_ = 0;
   int64_t per_layer_ = 0, num_blocks_ = 0, ws_floats_ = 0;
   kc::KvCacheStrides strides_;

@@ -47,14 +47,6 @@ namespace {
 
 namespace kc = kernels::cuda;
 
-#define VAMP_BENCH_CUDA(expr)                                                          \
-  do {                                                                                 \
-    const cudaError_t _err = (expr);                                                   \
-    if (_err != cudaSuccess) {                                                         \
-      return absl::InternalError(absl::StrCat(#expr, ": ", cudaGetErrorString(_err))); \
-    }                                                                                  \
-  } while (0)
-
 // The bench's flags, typed (defaults: Qwen3-Next's Gated DeltaNet shapes).
 struct Flags {
   std::string cases = "all";  // all | prefill | mixed | decode
@@ -120,40 +112,6 @@ absl::StatusOr<Flags> FlagsFromConfig(const Config& config) {
   return f;
 }
 
-// Median over `iters` runs of fn (after `warmup` runs), in milliseconds, by CUDA events.
-absl::StatusOr<double> MedianMs(const std::function<absl::Status()>& fn, int64_t warmup,
-                                int64_t iters, cudaStream_t stream) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  VAMP_BENCH_CUDA(cudaEventCreate(&start));
-  if (cudaEventCreate(&stop) != cudaSuccess) {
-    cudaEventDestroy(start);
-    return absl::InternalError("cudaEventCreate failed");
-  }
-  std::vector<double> times;
-  absl::Status status;
-  for (int64_t i = 0; i < warmup + iters && status.ok(); ++i) {
-    cudaError_t err = cudaEventRecord(start, stream);
-    if (err == cudaSuccess) {
-      status = fn();
-      if (!status.ok()) break;
-      err = cudaEventRecord(stop, stream);
-    }
-    if (err == cudaSuccess) err = cudaEventSynchronize(stop);
-    float ms = 0;
-    if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, start, stop);
-    if (err != cudaSuccess) {
-      status = absl::InternalError(absl::StrCat("timing: ", cudaGetErrorString(err)));
-      break;
-    }
-    if (i >= warmup) times.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (!status.ok()) return status;
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 // One measured case: the sequences' lengths and which launches time them.
 struct Case {
   std::string name, kind;  // kind: prefill | mixed | decode
@@ -166,11 +124,8 @@ struct Result {
 
 class Bench {
  public:
-  Bench(const Flags& flags, cudaStream_t stream) : f_(flags), stream_(stream), rng_(flags.seed) {}
-
-  ~Bench() {
-    for (void* p : allocations_) cudaFree(p);
-  }
+  Bench(const Flags& flags, cudaStream_t stream)
+      : f_(flags), stream_(stream), rng_(flags.seed), buffers_(stream) {}
 
   // Buffers for the largest case, filled with random inputs.
   absl::Status Setup(const std::vector<Case>& cases) {
@@ -184,26 +139,26 @@ class Bench {
     const int64_t key_dim = f_.k_heads * f_.k_dim, value_dim = f_.v_heads * f_.v_dim;
     row_ = 2 * key_dim + value_dim;
     slot_floats_ = f_.v_heads * f_.v_dim * f_.k_dim;
-    VAMP_ASSIGN_OR_RETURN(qkv_, Alloc<float>(max_tokens * row_));
+    VAMP_ASSIGN_OR_RETURN(qkv_, buffers_.Alloc<float>(max_tokens * row_));
     VAMP_RETURN_IF_ERROR(Fill(qkv_, max_tokens * row_, [](std::mt19937& r) {
       return std::normal_distribution<float>(0.0f, 1.0f)(r);
     }));
-    VAMP_ASSIGN_OR_RETURN(g_, Alloc<float>(max_tokens * f_.v_heads));
+    VAMP_ASSIGN_OR_RETURN(g_, buffers_.Alloc<float>(max_tokens * f_.v_heads));
     VAMP_RETURN_IF_ERROR(Fill(g_, max_tokens * f_.v_heads, [](std::mt19937& r) {
       return std::uniform_real_distribution<float>(-2.0f, 0.0f)(r);
     }));
-    VAMP_ASSIGN_OR_RETURN(beta_, Alloc<float>(max_tokens * f_.v_heads));
+    VAMP_ASSIGN_OR_RETURN(beta_, buffers_.Alloc<float>(max_tokens * f_.v_heads));
     VAMP_RETURN_IF_ERROR(Fill(beta_, max_tokens * f_.v_heads, [](std::mt19937& r) {
       return std::uniform_real_distribution<float>(0.0f, 1.0f)(r);
     }));
-    VAMP_ASSIGN_OR_RETURN(states_, Alloc<float>(max_seqs * slot_floats_));
+    VAMP_ASSIGN_OR_RETURN(states_, buffers_.Alloc<float>(max_seqs * slot_floats_));
     VAMP_RETURN_IF_ERROR(Fill(states_, max_seqs * slot_floats_, [](std::mt19937& r) {
       return std::uniform_real_distribution<float>(-0.5f, 0.5f)(r);
     }));
-    VAMP_ASSIGN_OR_RETURN(out_, Alloc<float>(max_tokens * value_dim));
-    VAMP_ASSIGN_OR_RETURN(qsl_, Alloc<int32_t>(max_seqs + 1));
-    VAMP_ASSIGN_OR_RETURN(chunked_slots_, Alloc<int32_t>(max_seqs));
-    VAMP_ASSIGN_OR_RETURN(recurrent_slots_, Alloc<int32_t>(max_seqs));
+    VAMP_ASSIGN_OR_RETURN(out_, buffers_.Alloc<float>(max_tokens * value_dim));
+    VAMP_ASSIGN_OR_RETURN(qsl_, buffers_.Alloc<int32_t>(max_seqs + 1));
+    VAMP_ASSIGN_OR_RETURN(chunked_slots_, buffers_.Alloc<int32_t>(max_seqs));
+    VAMP_ASSIGN_OR_RETURN(recurrent_slots_, buffers_.Alloc<int32_t>(max_seqs));
     return absl::OkStatus();
   }
 
@@ -231,9 +186,9 @@ class Bench {
       }
       r.bytes += 2.0 * 4 * heads * dk * dv;  // the state, read and written
     }
-    VAMP_RETURN_IF_ERROR(Upload(qsl_, qsl));
-    VAMP_RETURN_IF_ERROR(Upload(chunked_slots_, chunked));
-    VAMP_RETURN_IF_ERROR(Upload(recurrent_slots_, recurrent));
+    VAMP_RETURN_IF_ERROR(buffers_.Upload(qsl_, qsl));
+    VAMP_RETURN_IF_ERROR(buffers_.Upload(chunked_slots_, chunked));
+    VAMP_RETURN_IF_ERROR(buffers_.Upload(recurrent_slots_, recurrent));
     const int64_t key_dim = f_.k_heads * f_.k_dim;
     const kernels::cpu::GatedDeltaRuleArgs base{
         .q = qkv_,
@@ -270,49 +225,22 @@ class Bench {
       if (any_recurrent) VAMP_RETURN_IF_ERROR(kc::GatedDeltaRuleRecurrent(recurrent_args, stream_));
       return absl::OkStatus();
     };
-    VAMP_ASSIGN_OR_RETURN(r.ms, MedianMs(call, f_.warmup, f_.iters, stream_));
+    VAMP_ASSIGN_OR_RETURN(r.ms, bench::MedianEventMs(call, f_.warmup, f_.iters, stream_));
     return r;
   }
 
  private:
-  template <typename T>
-  absl::StatusOr<T*> Alloc(int64_t n) {
-    void* p = nullptr;
-    if (cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)) != cudaSuccess) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cudaMalloc of ", n * sizeof(T), " bytes failed"));
-    }
-    allocations_.push_back(p);
-    return static_cast<T*>(p);
-  }
-
-  template <typename T>
-  absl::Status Upload(T* dev, const std::vector<T>& host) {
-    VAMP_BENCH_CUDA(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(T),
-                                    cudaMemcpyHostToDevice, stream_));
-    VAMP_BENCH_CUDA(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
-  }
-
-  // A random pattern of up to 4 Mi floats from `draw`, copied over the whole buffer (the values
-  // only need to be finite and varied; generating gigabytes on the host would dominate the run).
+  // A random pattern of up to 4 Mi floats from `draw`, tiled over the buffer.
   absl::Status Fill(float* dev, int64_t n, float (*draw)(std::mt19937&)) {
-    const int64_t pattern = std::min<int64_t>(n, int64_t{4} << 20);
-    std::vector<float> host(pattern);
-    for (float& x : host) x = draw(rng_);
-    for (int64_t off = 0; off < n; off += pattern) {
-      const int64_t count = std::min(pattern, n - off);
-      VAMP_BENCH_CUDA(cudaMemcpyAsync(dev + off, host.data(), count * sizeof(float),
-                                      cudaMemcpyHostToDevice, stream_));
-    }
-    VAMP_BENCH_CUDA(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
+    std::vector<float> pattern(std::min<int64_t>(n, int64_t{4} << 20));
+    for (float& x : pattern) x = draw(rng_);
+    return buffers_.Tile(dev, n, pattern);
   }
 
   const Flags& f_;
   cudaStream_t stream_;
   std::mt19937 rng_;
-  std::vector<void*> allocations_;
+  bench::DeviceBuffers buffers_;
   int64_t row_ = 0, slot_floats_ = 0;
   float *qkv_ = nullptr, *g_ = nullptr, *beta_ = nullptr, *states_ = nullptr, *out_ = nullptr;
   int32_t *qsl_ = nullptr, *chunked_slots_ = nullptr, *recurrent_slots_ = nullptr;

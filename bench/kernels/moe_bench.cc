@@ -48,14 +48,6 @@ namespace {
 namespace kc = kernels::cuda;
 using kernels::BFloat16;
 
-#define VAMP_BENCH_CUDA(expr)                                                          \
-  do {                                                                                 \
-    const cudaError_t _err = (expr);                                                   \
-    if (_err != cudaSuccess) {                                                         \
-      return absl::InternalError(absl::StrCat(#expr, ": ", cudaGetErrorString(_err))); \
-    }                                                                                  \
-  } while (0)
-
 struct ModelShape {
   std::string name;
   int64_t hidden, inter, experts, top_k;
@@ -294,32 +286,11 @@ absl::Status SyncStream(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-// Median device time of `run` in µs (CUDA events on `stream` around each run).
+// Median device time of `run` in µs (bench::MedianEventMs).
 absl::StatusOr<double> MedianUs(const std::function<absl::Status()>& run, int64_t warmup,
                                 int64_t iters, cudaStream_t stream) {
-  for (int64_t i = 0; i < warmup; ++i) VAMP_RETURN_IF_ERROR(run());
-  cudaEvent_t start = nullptr, stop = nullptr;
-  VAMP_BENCH_CUDA(cudaEventCreate(&start));
-  VAMP_BENCH_CUDA(cudaEventCreate(&stop));
-  std::vector<double> us;
-  absl::Status status;
-  for (int64_t i = 0; i < iters && status.ok(); ++i) {
-    cudaEventRecord(start, stream);
-    status = run();
-    cudaEventRecord(stop, stream);
-    float ms = 0.0f;
-    if (status.ok()) {
-      const cudaError_t err = cudaEventSynchronize(stop);
-      if (err == cudaSuccess) cudaEventElapsedTime(&ms, start, stop);
-      if (err != cudaSuccess) status = absl::InternalError(cudaGetErrorString(err));
-    }
-    us.push_back(ms * 1e3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  VAMP_RETURN_IF_ERROR(status);
-  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
-  return us[us.size() / 2];
+  VAMP_ASSIGN_OR_RETURN(const double ms, bench::MedianEventMs(run, warmup, iters, stream));
+  return ms * 1e3;
 }
 
 // Max |a - b| and max |b| of two bf16 device arrays of n elements.
