@@ -23,42 +23,24 @@ Usage (on the GPU host, from the repository root):
 Torch is the only dependency. Failures (binary, torch API) are listed and leave "-" cells.
 """
 import argparse
-import json
-import subprocess
 import sys
 import time
 
+from bench_binary import run_json_lines
 from torch_timing import median_us
 
 
 def run_ours(args):
     cmd = [args.binary, f"--iters={args.iters}", f"--warmup={args.warmup}"] + args.bench_args
-    print("running:", " ".join(cmd), file=sys.stderr)
-    hbm, cases, errors = None, [], []
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        errors.append(f"vamp_attention_bench failed to run: {e}")
-        return hbm, cases, errors
-    for line in proc.stdout.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            errors.append(f"unparsable line: {line}")
-            continue
-        print(line, file=sys.stderr)
+    records, errors = run_json_lines(cmd, args.timeout)
+    hbm, cases = None, []
+    for r in records:
         if "error" in r:
             errors.append(f"{r.get('case')}: {r['error']}")
         elif r.get("kind") == "hbm":
             hbm = r
         else:
             cases.append(r)
-    if proc.returncode != 0:
-        errors.append(f"vamp_attention_bench exited {proc.returncode}: "
-                      f"{proc.stderr.strip()[-2000:]}")
     return hbm, cases, errors
 
 

@@ -26,10 +26,10 @@ leave "-" cells.
 import argparse
 import inspect
 import json
-import subprocess
 import sys
 import time
 
+from bench_binary import run_json_lines
 from torch_timing import median_us
 
 
@@ -37,13 +37,14 @@ def run_ours(args):
     cmd = [args.binary, "--json", f"--iters={args.iters}", f"--warmup={args.warmup}",
            f"--k_heads={args.k_heads}", f"--v_heads={args.v_heads}", f"--k_dim={args.k_dim}",
            f"--v_dim={args.v_dim}"] + args.bench_args
-    print("running:", " ".join(cmd), file=sys.stderr)
-    cases, errors = [], []
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        errors.append(f"vamp_delta_rule_bench failed to run: {e}")
-        return cases, errors
+    records, errors = run_json_lines(cmd, args.timeout)
+    cases = []
+    for r in records:
+        if "error" in r:
+            errors.append(f"{r.get('case')}: {r['error']}")
+        else:
+            cases.append(r)
+    return cases, errors
     for line in proc.stdout.splitlines():
         line = line.strip()
         if not line.startswith("{"):

@@ -15,10 +15,10 @@ Torch is the only dependency. Failures (binary, torch API) are printed and leave
 """
 import argparse
 import json
-import subprocess
 import sys
 import time
 
+from bench_binary import run_json_lines
 from torch_timing import median_us
 
 SHAPES = {
@@ -32,13 +32,14 @@ OUR_PATHS = ["grouped", "grouped_fused", "cublas", "cublas_grouped"]
 def run_ours(args):
     cmd = [args.bin, f"--tokens={args.tokens}", f"--iters={args.iters}",
            f"--warmup={args.warmup}", f"--shapes={args.shapes}"]
-    print("running:", " ".join(cmd), file=sys.stderr)
-    results, errors = {}, []
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        errors.append(f"vamp_moe_bench failed to run: {e}")
-        return results, errors
+    records, errors = run_json_lines(cmd, args.timeout, echo=sys.stdout)
+    results = {}
+    for r in records:
+        if "error" in r:
+            errors.append(f"{r['shape']} tokens {r['tokens']} {r['path']} {r['scope']}: {r['error']}")
+            continue
+        results[(r["shape"], r["tokens"], r["path"], r["scope"])] = r
+    return results, errors
     for line in proc.stdout.splitlines():
         line = line.strip()
         if not line.startswith("{"):
