@@ -615,12 +615,6 @@ bool VampArbiter::ConcurrencyPays(int64_t now_micros) const {
          reuse_->ComputeBoundShare(now_micros) <= config_.tax.compute_bound_share;
 }
 
-double VampArbiter::TpotOverhead(int64_t now, int32_t groups) const {
-  const double compute = tax_->ComputeMicros(now);
-  return compute > 0 ? tax_->WindowMicros(now, groups) / compute
-                     : std::numeric_limits<double>::infinity();
-}
-
 double VampArbiter::TtftWeight(int64_t now, bool for_restore) const {
   // The TTFT weight applies while first tokens are late because of memory: requests wait in the
   // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
@@ -644,10 +638,12 @@ TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double
   cmp.groups = to - from;
   const int32_t lo = std::min(from, to);
   const int32_t hi = std::max(from, to);
-  cmp.tax_micros = tax_->WindowMicros(now, hi) - tax_->WindowMicros(now, lo);
-  // The budget is judged at hi for growing to it and for restoring from it alike, so the two
-  // cannot flap across it.
-  cmp.tpot_overhead = TpotOverhead(now, hi);
+  const double hi_tax = tax_->WindowMicros(now, hi);
+  cmp.tax_micros = hi_tax - tax_->WindowMicros(now, lo);
+  // The TPOT overhead of hi: its stall as a share of the window's compute. The budget is judged
+  // at hi for growing to it and for restoring from it alike, so the two cannot flap across it.
+  const double compute = tax_->ComputeMicros(now);
+  cmp.tpot_overhead = compute > 0 ? hi_tax / compute : std::numeric_limits<double>::infinity();
   const double budget = config_.tax.ttft_tpot_budget;
   cmp.ttft_weight =
       budget <= 0 || cmp.tpot_overhead <= budget ? TtftWeight(now, /*for_restore=*/to < from) : 1.0;

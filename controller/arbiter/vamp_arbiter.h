@@ -289,9 +289,6 @@ class VampArbiter final : public MemoryArbiter {
   // µs of prefill on the first-token path per µs of GPU time now: tax.ttft_weight while first
   // tokens wait for memory (for a restore: while they wait at all), else 1.
   double TtftWeight(int64_t now, bool for_restore = false) const;
-  // Share of the window's compute time that `groups` offloaded groups add in staging stall: the
-  // TPOT overhead they cost (infinity when the window holds no compute).
-  double TpotOverhead(int64_t now, int32_t groups) const;
 
   struct HitSnapshot {
     int64_t requests;
