@@ -5,7 +5,10 @@
 //   cublas_grouped  cuda::ExpertGemmGrouped: one cublasGemmGroupedBatchedEx call, host offsets too;
 //   grouped         cuda::GroupedExpertGemm: offsets and pointer table read on the device, no sync;
 //   grouped_fused   as grouped, the w13 GEMM with SiLU-and-mul in its epilogue
-//                   (cuda::GroupedExpertGemmSiluMul).
+//                   (cuda::GroupedExpertGemmSiluMul);
+//   grouped_fused_mma
+//                   as grouped_fused on the mma.sync tiles only (SetGroupedGemmMmaSyncOnly): the
+//                   kernels before Hopper's wgmma tiles, timed in the same run.
 // Each path is timed as the whole layer ("layer") and as its expert GEMMs alone ("gemms"; for the
 // cuBLAS paths the host offsets are already known there, so no copy and no sync). One JSON line per
 // (shape, tokens, path, scope) on stdout: median µs over --iters runs after --warmup runs (CUDA
@@ -207,7 +210,12 @@ struct Layer {
   }
 };
 
-enum class Path { kCublas, kCublasGrouped, kGrouped, kGroupedFused };
+// kGroupedFusedMma: the fused path on the mma.sync tiles only (kc::SetGroupedGemmMmaSyncOnly),
+// as before Hopper's wgmma kernel: the in-run baseline of the default tiles.
+enum class Path { kCublas, kCublasGrouped, kGrouped, kGroupedFused, kGroupedFusedMma };
+
+constexpr Path kPaths[] = {Path::kCublas, Path::kCublasGrouped, Path::kGrouped, Path::kGroupedFused,
+                           Path::kGroupedFusedMma};
 
 const char* PathName(Path p) {
   switch (p) {
@@ -219,6 +227,8 @@ const char* PathName(Path p) {
       return "grouped";
     case Path::kGroupedFused:
       return "grouped_fused";
+    case Path::kGroupedFusedMma:
+      return "grouped_fused_mma";
   }
   return "?";
 }
@@ -253,6 +263,7 @@ absl::Status ExpertGemms(const ModelShape& m, Layer& L, Experts& X, Path path,
       return kc::GroupedExpertGemm(L.act.get(), I, X.device_table.get(), w2_offset, I,
                                    L.offsets.get(), E, R, L.expert_out.get(), H, H, I, stream);
     case Path::kGroupedFused:
+    case Path::kGroupedFusedMma:
       VAMP_RETURN_IF_ERROR(kc::GroupedExpertGemmSiluMul(L.permuted.get(), H, X.device_table.get(),
                                                         0, H, L.offsets.get(), E, R, L.act.get(), I,
                                                         I, H, stream));
@@ -341,7 +352,8 @@ absl::Status RunShape(const ModelShape& m, const std::vector<int64_t>& token_cou
     VAMP_BENCH_CUDA(cudaMemcpy(reference.get(), L.out.get(), tokens * m.hidden * sizeof(BFloat16),
                                cudaMemcpyDeviceToDevice));
 
-    for (Path path : {Path::kCublas, Path::kCublasGrouped, Path::kGrouped, Path::kGroupedFused}) {
+    for (Path path : kPaths) {
+      kc::SetGroupedGemmMmaSyncOnly(path == Path::kGroupedFusedMma);
       std::string check;
       if (flags.check && path != Path::kCublas) {
         absl::Status s = MoeLayer(m, L, experts, path, stream);
@@ -379,6 +391,7 @@ absl::Status RunShape(const ModelShape& m, const std::vector<int64_t>& token_cou
         std::fflush(stdout);
       }
     }
+    kc::SetGroupedGemmMmaSyncOnly(false);
   }
   return absl::OkStatus();
 }

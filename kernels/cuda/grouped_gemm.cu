@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -28,6 +29,7 @@
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace vamp::kernels::cuda {
 namespace {
@@ -56,6 +58,7 @@ constexpr int64_t kMaxGridY = 65535;
 // padding rows in tall tiles; prefill batches are bound by math and want the tallest tile.
 constexpr int64_t kSmallTileMaxAvgRows = 32;
 constexpr int64_t kMediumTileMaxAvgRows = 96;
+// On Hopper every group above kSmallTileMaxAvgRows runs the wgmma kernel (WgmmaPairedTile).
 
 // Everything a kernel needs, passed by value.
 struct Problem {
@@ -423,6 +426,213 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   }
 }
 
+// ---- Hopper path: warpgroup MMA (wgmma) on the same swizzled shared-memory stages ----
+//
+// The cp.async loader and the 128-byte XOR swizzle above are exactly the layout wgmma's 128-byte
+// swizzle mode reads (wgmma.cuh), so the stages stay as they are and the warps no longer load
+// fragments: each warpgroup (4 warps) issues m64n128k16 MMAs whose A and B operands are read from
+// shared memory by descriptor, keeping 64 float32 accumulators per thread per 128 columns. A
+// CTA of kWgM x kWgN warpgroups covers BM = 64 kWgM rows and BN = 128 kNPerWg kWgN weight rows;
+// every thread loads, so no warps idle while waiting for data. Stages are aligned to 1,024 bytes
+// (the swizzle atom).
+//
+// Per output element the k order is the same as the mma.sync path's (k16 slices in order, each
+// accumulated into the float32 sum), which the batch-invariance test checks bit for bit.
+template <int kWgMArg, int kWgNArg, int kNPerWgArg, int kStagesArg, int kMinBlocksArg>
+struct WgmmaTile {
+  static constexpr int kWgM = kWgMArg;
+  static constexpr int kWgN = kWgNArg;
+  static constexpr int kNPerWg = kNPerWgArg;  // 128-column accumulator blocks per warpgroup
+  static constexpr int kStages = kStagesArg;
+  static constexpr int kMinBlocks = kMinBlocksArg;
+  static constexpr int BM = 64 * kWgM;
+  static constexpr int BN = 128 * kNPerWg * kWgN;
+  static constexpr int kThreads = 128 * kWgM * kWgN;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kAPasses = BM / kRowsPerPass;
+  static constexpr int kBPasses = BN / kRowsPerPass;
+  static constexpr int kStageBytes = (BM + BN) * kRowBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
+  static_assert(kRowsPerPass % 8 == 0 && BM % kRowsPerPass == 0 && BN % kRowsPerPass == 0,
+                "whole loader passes with a constant swizzle per thread");
+  static_assert((BM * kRowBytes) % 1024 == 0 && (BN * kRowBytes) % 1024 == 0, "aligned stages");
+  static_assert(kStages >= 2, "pipeline");
+};
+
+// 128 x 128 tiles of two warpgroups stacked in M, 3 stages (97 KiB), two CTAs per SM, so one
+// CTA's pipeline fill and epilogue overlap the other's MMAs. Measured on an H200 against 64 x 256
+// and 128 x 256 tiles with one CTA per SM (4 stages, with and without one k-tile of MMAs kept in
+// flight across the barrier) and against the mma.sync tiles: fastest at every size above 32
+// rows per expert (bench/results/2026-12-04-wgmma-grouped-gemm/).
+using WgmmaPairedTile = WgmmaTile<2, 1, 1, 3, 2>;
+
+template <class Tile, bool kSiluMul>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+    GroupedGemmWgmmaKernel(Problem p) {
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  constexpr int BM = Tile::BM;
+  constexpr int BN = Tile::BN;
+  constexpr int kStages = Tile::kStages;
+  constexpr int kNPerWg = Tile::kNPerWg;
+  // Fused: each 128-row block of W holds 64 gate rows then the 64 up rows of the same columns.
+  constexpr int kOutCols = kSiluMul ? BN / 2 : BN;
+
+  const uint32_t base = (internal::SharedAddress(wgmma_smem) + 1023u) & ~1023u;
+  const uint32_t a_smem = base;
+  const uint32_t b_smem = base + kStages * BM * kRowBytes;
+  const int wg = threadIdx.x / 128;
+  const int wg_m = wg / Tile::kWgN;
+  const int wg_n = wg % Tile::kWgN;
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = (threadIdx.x % 128) / 32;
+  const int chunk = threadIdx.x % kChunksPerRow;
+  const int load_row = threadIdx.x / kChunksPerRow;
+  const uint32_t load_offset = Swizzle(load_row, chunk);
+  const int k_tiles = (p.k + kBK - 1) / kBK;
+  const int col0 = blockIdx.x * kOutCols;
+
+  for (int tile = blockIdx.y; tile < p.tile_bound; tile += gridDim.y) {
+    TileInfo info;
+    if (!FindTile<BM, Tile::kThreads>(p.offsets, p.num_experts, tile, &info)) break;
+    const bf16* w = p.weights[info.expert];
+    if (w == nullptr) continue;  // documented: skipped, cannot be reported
+    w += p.weight_offset;
+    if ((reinterpret_cast<uintptr_t>(w) & 15) != 0) {
+      ScalarTile<kSiluMul>(p, w, info.row_begin, info.rows, col0, min(kOutCols, p.out_cols - col0));
+      continue;
+    }
+
+    const bf16* a_src[Tile::kAPasses];
+    bool a_ok[Tile::kAPasses];
+#pragma unroll
+    for (int i = 0; i < Tile::kAPasses; ++i) {
+      const int r = load_row + i * Tile::kRowsPerPass;
+      a_ok[i] = r < info.rows;
+      a_src[i] = p.a + static_cast<int64_t>(info.row_begin + (a_ok[i] ? r : 0)) * p.lda +
+                 chunk * kChunkElems;
+    }
+    const bf16* b_src[Tile::kBPasses];
+    bool b_ok[Tile::kBPasses];
+#pragma unroll
+    for (int i = 0; i < Tile::kBPasses; ++i) {
+      const int r = load_row + i * Tile::kRowsPerPass;
+      int w_row;
+      if constexpr (kSiluMul) {
+        const int q = r % 128;
+        const int j = col0 + (r / 128) * 64 + q % 64;
+        b_ok[i] = j < p.out_cols;
+        w_row = q < 64 ? j : p.out_cols + j;
+      } else {
+        w_row = col0 + r;
+        b_ok[i] = w_row < p.out_cols;
+      }
+      b_src[i] = w + static_cast<int64_t>(b_ok[i] ? w_row : 0) * p.ldw + chunk * kChunkElems;
+    }
+
+    auto load_stage = [&](int stage, int kt) {
+      const bool k_ok = kt * kBK + chunk * kChunkElems < p.k;
+      const uint32_t a_dst = a_smem + stage * BM * kRowBytes + load_offset;
+      const uint32_t b_dst = b_smem + stage * BN * kRowBytes + load_offset;
+#pragma unroll
+      for (int i = 0; i < Tile::kAPasses; ++i) {
+        const bool ok = a_ok[i] && k_ok;
+        CpAsync16(a_dst + i * Tile::kRowsPerPass * kRowBytes, ok ? a_src[i] + kt * kBK : p.a,
+                  ok ? 16 : 0);
+      }
+#pragma unroll
+      for (int i = 0; i < Tile::kBPasses; ++i) {
+        const bool ok = b_ok[i] && k_ok;
+        CpAsync16(b_dst + i * Tile::kRowsPerPass * kRowBytes, ok ? b_src[i] + kt * kBK : w,
+                  ok ? 16 : 0);
+      }
+    };
+
+    float acc[kNPerWg][64];
+#pragma unroll
+    for (int h = 0; h < kNPerWg; ++h)
+#pragma unroll
+      for (int v = 0; v < 64; ++v) acc[h][v] = 0.0f;
+
+    // A warpgroup wholly below the tile's valid rows skips its MMAs (uniform per warpgroup, as
+    // wgmma requires); every thread still loads and reaches every barrier.
+    const bool wg_active = wg_m * 64 < info.rows;
+
+    // Pipeline: kStages - 1 k-tiles in flight up front. At step kt, tile kt is waited for and
+    // published (fence, barrier); tile kt + kStages - 1 goes into stage (kt - 1) % kStages, whose
+    // readers (the MMAs of k-tile kt - 1) every warpgroup waited for before this barrier; then
+    // kt's MMAs are issued and waited for.
+    constexpr int kAhead = kStages - 1;
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < k_tiles) load_stage(s, s);
+      CpAsyncCommit();
+    }
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      CpAsyncWait<kAhead - 1>();
+      internal::FenceProxyAsyncShared();
+      __syncthreads();  // tile kt visible to the async proxy
+      const int next = kt + kAhead;
+      if (next < k_tiles) load_stage(next % kStages, next);
+      CpAsyncCommit();
+      if (!wg_active) continue;
+      const int stage = kt % kStages;
+      const uint32_t a_stage = a_smem + stage * BM * kRowBytes + wg_m * 64 * kRowBytes;
+      const uint32_t b_stage = b_smem + stage * BN * kRowBytes + wg_n * kNPerWg * 128 * kRowBytes;
+      internal::WgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        const uint64_t desc_a = internal::SwizzledKMajorDescriptor(a_stage + ks * 32);
+#pragma unroll
+        for (int h = 0; h < kNPerWg; ++h) {
+          internal::WgmmaM64N128K16Bf16(
+              acc[h], desc_a,
+              internal::SwizzledKMajorDescriptor(b_stage + h * 128 * kRowBytes + ks * 32));
+        }
+      }
+      internal::WgmmaCommit();
+      internal::WgmmaWait<0>();
+    }
+    CpAsyncWait<0>();
+
+    // Epilogue from the accumulators (wgmma.cuh's layout): rows past the expert's and columns
+    // past n (inter) are not written.
+    if (wg_active) {
+      const int g = lane >> 2;
+      const int t2 = (lane & 3) * 2;
+#pragma unroll
+      for (int h = 0; h < kNPerWg; ++h) {
+        const int block_col = (wg_n * kNPerWg + h) * 128;  // first weight row of this block
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = wg_m * 64 + warp_in_wg * 16 + half * 8 + g;
+          if (r >= info.rows) continue;
+          bf16* c_row = p.c + static_cast<int64_t>(info.row_begin + r) * p.ldc;
+          if constexpr (kSiluMul) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const int col = col0 + block_col / 2 + j * 8 + t2;
+              if (col < p.out_cols) {
+                Store2(c_row + col,
+                       SiluMul(acc[h][4 * j + 2 * half], acc[h][4 * (j + 8) + 2 * half]),
+                       SiluMul(acc[h][4 * j + 2 * half + 1], acc[h][4 * (j + 8) + 2 * half + 1]));
+              }
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              const int col = col0 + block_col + j * 8 + t2;
+              if (col < p.out_cols) {
+                Store2(c_row + col, acc[h][4 * j + 2 * half], acc[h][4 * j + 2 * half + 1]);
+              }
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next tile's prologue overwrites stages still being read
+  }
+}
+
 bool FitsInt(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
 bool Aligned(const void* p, uintptr_t bytes) {
@@ -452,6 +662,41 @@ absl::Status LaunchTensorCore(Problem p, int64_t max_rows, int64_t num_experts,
   }
   kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
   return internal::LaunchStatus("GroupedGemmTensorCoreKernel");
+}
+
+template <class Tile, bool kSiluMul>
+absl::Status LaunchWgmma(Problem p, int64_t max_rows, int64_t num_experts, cudaStream_t stream) {
+  constexpr int kOutCols = kSiluMul ? Tile::BN / 2 : Tile::BN;
+  p.tile_bound = static_cast<int>(TileBound(max_rows, num_experts, Tile::BM));
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.out_cols, kOutCols)),
+                  static_cast<unsigned>(std::min<int64_t>(p.tile_bound, kMaxGridY)));
+  auto* kernel = &GroupedGemmWgmmaKernel<Tile, kSiluMul>;
+  if (absl::Status s = internal::CudaStatus(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Tile::kSmemBytes),
+          "cudaFuncSetAttribute(GroupedGemmWgmmaKernel)");
+      !s.ok()) {
+    return s;
+  }
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
+  return internal::LaunchStatus("GroupedGemmWgmmaKernel");
+}
+
+// SetGroupedGemmMmaSyncOnly's setting.
+std::atomic<bool> mma_sync_only{false};
+
+// The wgmma kernels exist only in sm_90a code (VAMP_CUDA_WGMMA: the build targets 90a) and run
+// only on a compute capability 9.0 device.
+bool WgmmaAvailable() {
+#if defined(VAMP_CUDA_WGMMA)
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+         major == 9 && minor == 0;
+#else
+  return false;
+#endif
 }
 
 template <bool kSiluMul>
@@ -507,6 +752,9 @@ absl::Status Launch(const char* name, const BFloat16* a, int64_t lda,
   if (avg_rows <= kSmallTileMaxAvgRows) {
     return LaunchTensorCore<SmallTile, kSiluMul>(p, max_rows, num_experts, stream);
   }
+  if (!mma_sync_only.load(std::memory_order_relaxed) && WgmmaAvailable()) {
+    return LaunchWgmma<WgmmaPairedTile, kSiluMul>(p, max_rows, num_experts, stream);
+  }
   if (avg_rows <= kMediumTileMaxAvgRows) {
     return LaunchTensorCore<MediumTile, kSiluMul>(p, max_rows, num_experts, stream);
   }
@@ -514,6 +762,10 @@ absl::Status Launch(const char* name, const BFloat16* a, int64_t lda,
 }
 
 }  // namespace
+
+void SetGroupedGemmMmaSyncOnly(bool mma_sync) {
+  mma_sync_only.store(mma_sync, std::memory_order_relaxed);
+}
 
 absl::Status GroupedExpertGemm(const BFloat16* a, int64_t lda,
                                const BFloat16* const* expert_weights, int64_t weight_offset,

@@ -9,10 +9,11 @@
 // captured into a CUDA graph.
 //
 // Arithmetic: bf16 x bf16 products accumulated in float32 on tensor cores (mma.sync
-// m16n8k16), rounded to bf16 once. Results agree with the CPU twin to float32 rounding of a
-// differently ordered sum followed by the same bf16 rounding: mostly bit-identical, otherwise one
-// bf16 ulp apart. Per output element the order of accumulation depends only on k, never on the
-// number of rows or where they sit, so a row gives the same result in any batch.
+// m16n8k16, or wgmma m64n128k16 on Hopper), rounded to bf16 once. Results agree with the CPU twin
+// to float32 rounding of a differently ordered sum followed by the same bf16 rounding: mostly
+// bit-identical, otherwise one bf16 ulp apart. Per output element the order of accumulation depends
+// only on k, never on the number of rows or where they sit, so a row gives the same result in any
+// batch.
 //
 // Paths (chosen on the host from the arguments; same results up to summation order):
 //   - tensor cores, when k, n (inter for the fused variant), lda, ldw and weight_offset are
@@ -21,6 +22,8 @@
 //     (n 48, k 24) run here too. Tile height (32, 64 or 128 rows) follows the average rows per
 //     expert, max_rows / min(num_experts, max_rows): decode-sized groups stream each expert's
 //     weights with wide cp.async loads through small tiles, prefill-sized ones use 128x128 tiles.
+//     On an sm_90 device with sm_90a code (the default build), groups above 32 rows per expert
+//     run Hopper warpgroup MMAs (wgmma) instead, on 128 x 128 tiles, two CTAs per SM.
 //     Each expert's weight pointer (expert_weights[e] + weight_offset) must be 16-byte aligned to
 //     be read this way; the kernel checks it per expert and computes a misaligned expert's tiles
 //     with plain loads instead (correct, slow).
@@ -67,6 +70,11 @@ absl::Status GroupedExpertGemmSiluMul(const BFloat16* a, int64_t lda,
                                       int64_t ldw, const int32_t* expert_offsets,
                                       int64_t num_experts, int64_t max_rows, BFloat16* out,
                                       int64_t ldo, int64_t inter, int64_t k, cudaStream_t stream);
+
+// true: groups above 32 rows per expert run the mma.sync tiles even where wgmma is available, as
+// before Hopper's kernel (tests check that path on Hopper; benchmarks time it as the baseline).
+// Process-wide; set it between launches, not while another thread launches. Default false.
+void SetGroupedGemmMmaSyncOnly(bool mma_sync);
 
 }  // namespace vamp::kernels::cuda
 

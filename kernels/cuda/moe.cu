@@ -9,9 +9,11 @@ namespace {
 using internal::AsFloat;
 using internal::FromFloat;
 using internal::kFullMask;
+using internal::WarpSum;
 
 constexpr int kRouterThreads = 128;
-constexpr int kPermuteThreads = 1024;
+constexpr int kPermuteThreads = 512;
+constexpr int kPermutePairsPerThread = 8;
 constexpr int kRowThreads = 256;
 
 // True when candidate (av, ai) beats (bv, bi): a larger logit, or an equal one with a lower id.
@@ -95,61 +97,98 @@ __global__ void RouterTopKKernel(const float* router_logits, int64_t logits_stri
   }
 }
 
-// One block. Dynamic shared memory: next_row[num_experts] then ids[kPermuteThreads].
-__global__ void MoePermuteKernel(const int32_t* topk_ids, int64_t num_pairs, int64_t top_k,
-                                 int64_t num_experts, int32_t* expert_offsets, int32_t* row_token,
-                                 int32_t* pair_row) {
-  extern __shared__ int32_t permute_shared[];
-  int32_t* next_row = permute_shared;
-  int32_t* chunk_ids = permute_shared + num_experts;
-  for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x) next_row[e] = 0;
+// One block per expert (gridDim.x = num_experts), kPermuteThreads threads, each thread taking
+// kPermutePairsPerThread consecutive pairs per pass. Every block counts the whole batch's pairs
+// per expert in shared memory (the ids are read from L2 once per expert, a few hundred KiB at
+// most), takes its expert's first row from the counts of the experts before it, then walks the
+// pairs in order and places the ones routed to its expert: a block-wide exclusive scan of the
+// threads' match counts gives each match its rank, so rows follow pair order (a stable sort, the
+// CPU twin's output exactly). No workspace and no host synchronisation: the launch can be captured.
+// Block 0 also marks pairs with an id outside [0, num_experts) (pair_row -1). Dynamic shared
+// memory: counts[num_experts].
+__global__ void __launch_bounds__(kPermuteThreads)
+    MoePermuteKernel(const int32_t* topk_ids, int64_t num_pairs, int64_t top_k, int64_t num_experts,
+                     int32_t* expert_offsets, int32_t* row_token, int32_t* pair_row) {
+  extern __shared__ int32_t permute_counts[];
+  __shared__ int32_t warp_part[kPermuteThreads / 32];
+  const int expert = blockIdx.x;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  constexpr int kWarps = kPermuteThreads / 32;
+  constexpr int64_t kPass = int64_t{kPermuteThreads} * kPermutePairsPerThread;
+
+  for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x) permute_counts[e] = 0;
   __syncthreads();
   for (int64_t p = threadIdx.x; p < num_pairs; p += blockDim.x) {
     const int32_t e = topk_ids[p];
-    if (e >= 0 && e < num_experts) atomicAdd(&next_row[e], 1);
+    if (e >= 0 && e < num_experts) atomicAdd(&permute_counts[e], 1);
   }
+  __syncthreads();
+  // Sum of the counts of experts before this one (and of all of them, for the last block).
+  int32_t before = 0, all = 0;
+  for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    const int32_t c = permute_counts[e];
+    all += c;
+    if (e < expert) before += c;
+  }
+  before = WarpSum(before);
+  all = WarpSum(all);
+  if (lane == 0) warp_part[warp] = before;
+  __syncthreads();
+  int32_t start = 0;
+  for (int w = 0; w < kWarps; ++w) start += warp_part[w];
+  __syncthreads();  // warp_part is reused below
+  if (lane == 0) warp_part[warp] = all;
   __syncthreads();
   if (threadIdx.x == 0) {
-    int32_t running = 0;
-    for (int64_t e = 0; e < num_experts; ++e) {
-      const int32_t count = next_row[e];
-      next_row[e] = running;
-      expert_offsets[e] = running;
-      running += count;
+    expert_offsets[expert] = start;
+    if (expert == num_experts - 1) {
+      int32_t total = 0;
+      for (int w = 0; w < kWarps; ++w) total += warp_part[w];
+      expert_offsets[num_experts] = total;
     }
-    expert_offsets[num_experts] = running;
   }
-  __syncthreads();
-  // Placement in pair order keeps the sort stable: the block stages 1024 ids in shared memory,
-  // then warp 0 places them 32 at a time; lanes with the same expert take consecutive rows in
-  // lane order (__match_any_sync), and the group's lowest lane advances that expert's cursor.
-  const int lane = threadIdx.x % 32;
-  for (int64_t base = 0; base < num_pairs; base += blockDim.x) {
-    const int64_t p = base + threadIdx.x;
-    chunk_ids[threadIdx.x] = p < num_pairs ? topk_ids[p] : -1;
+
+  int32_t next_row = start;  // this expert's next free row, the same in every thread
+  for (int64_t base = 0; base < num_pairs; base += kPass) {
+    const int64_t first = base + int64_t{threadIdx.x} * kPermutePairsPerThread;
+    int32_t ids[kPermutePairsPerThread];
+    int32_t mine = 0;
+#pragma unroll
+    for (int j = 0; j < kPermutePairsPerThread; ++j) {
+      const int64_t p = first + j;
+      ids[j] = p < num_pairs ? topk_ids[p] : -1;
+      mine += ids[j] == expert ? 1 : 0;
+      if (expert == 0 && p < num_pairs && (ids[j] < 0 || ids[j] >= num_experts)) pair_row[p] = -1;
+    }
+    // Exclusive scan of `mine` over the block: within the warp by shuffles, then over the warps'
+    // totals (one value per warp in shared memory).
+    int32_t inclusive = mine;
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t v = __shfl_up_sync(kFullMask, inclusive, d);
+      if (lane >= d) inclusive += v;
+    }
+    __syncthreads();  // the previous pass's reads of warp_part are done
+    if (lane == 31) warp_part[warp] = inclusive;
     __syncthreads();
-    if (threadIdx.x < 32) {
-      for (int sub = 0; sub < static_cast<int>(blockDim.x); sub += 32) {
-        const int64_t pair = base + sub + lane;
-        if (base + sub >= num_pairs) break;  // uniform across the warp
-        const int32_t e = chunk_ids[sub + lane];
-        const bool valid = pair < num_pairs && e >= 0 && e < num_experts;
-        const unsigned group = __match_any_sync(kFullMask, valid ? e : -1);
-        if (valid) {
-          const int32_t start = next_row[e];
-          const int rank = __popc(group & ((1u << lane) - 1u));
-          const int32_t row = start + rank;
-          pair_row[pair] = row;
-          row_token[row] = static_cast<int32_t>(pair / top_k);
-        } else if (pair < num_pairs) {
-          pair_row[pair] = -1;
+    int32_t rank = inclusive - mine, pass_total = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      const int32_t v = warp_part[w];
+      if (w < warp) rank += v;
+      pass_total += v;
+    }
+    if (mine > 0) {
+      int32_t row = next_row + rank;
+#pragma unroll
+      for (int j = 0; j < kPermutePairsPerThread; ++j) {
+        if (ids[j] == expert) {
+          pair_row[first + j] = row;
+          row_token[row] = static_cast<int32_t>((first + j) / top_k);
+          ++row;
         }
-        __syncwarp();  // every lane read its cursor before the leader moves it
-        if (valid && lane == __ffs(group) - 1) next_row[e] += __popc(group);
-        __syncwarp();
       }
     }
-    __syncthreads();
+    next_row += pass_total;
   }
 }
 
@@ -209,13 +248,23 @@ absl::Status MoePermute(const int32_t* topk_ids, int64_t num_tokens, int64_t top
     return absl::InvalidArgumentError(
         absl::StrCat("MoePermute: ", num_pairs, " pairs overflow int32 rows"));
   }
-  const size_t shared = (num_experts + kPermuteThreads) * sizeof(int32_t);
+  if (num_experts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoePermute: negative expert count ", num_experts));
+  }
+  if (num_experts == 0 || num_pairs == 0) {
+    // No block would run: the offsets are all zero (no pair has a valid expert).
+    return internal::CudaStatus(
+        cudaMemsetAsync(expert_offsets, 0, (num_experts + 1) * sizeof(int32_t), stream),
+        "cudaMemsetAsync(MoePermute expert_offsets)");
+  }
+  const size_t shared = num_experts * sizeof(int32_t);
   if (shared > 48 * 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MoePermute: ", num_experts, " experts exceed the shared-memory cursor table"));
   }
-  MoePermuteKernel<<<1, kPermuteThreads, shared, stream>>>(topk_ids, num_pairs, top_k, num_experts,
-                                                           expert_offsets, row_token, pair_row);
+  MoePermuteKernel<<<static_cast<unsigned>(num_experts), kPermuteThreads, shared, stream>>>(
+      topk_ids, num_pairs, top_k, num_experts, expert_offsets, row_token, pair_row);
   return internal::LaunchStatus("MoePermuteKernel");
 }
 

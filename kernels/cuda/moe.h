@@ -26,8 +26,8 @@ absl::Status RouterTopK(const float* router_logits, int64_t logits_stride, int64
 // As cpu::MoePermute: stable counting sort of the (token, choice) pairs by expert. Ids outside
 // [0, num_experts) cannot be reported from the device (the CPU twin aborts): such pairs get
 // pair_row -1 and no row, and expert_offsets[num_experts] counts only the valid pairs.
-// Runs as one thread block (placement is sequential per 32 pairs), which is ample for decode and
-// moderate prefill batches; a multi-block version is future work.
+// One thread block per expert, each placing its own expert's pairs in pair order (moe.cu), so a
+// prefill chunk's tens of thousands of pairs are sorted across the GPU; no host synchronisation.
 absl::Status MoePermute(const int32_t* topk_ids, int64_t num_tokens, int64_t top_k,
                         int64_t num_experts, int32_t* expert_offsets, int32_t* row_token,
                         int32_t* pair_row, cudaStream_t stream);

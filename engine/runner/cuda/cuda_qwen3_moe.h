@@ -41,9 +41,9 @@
 // Per step, Forward copies the metadata host->device in one transfer, runs the layers, and copies
 // the logits back; it returns when the stream is idle. MoE layers in bfloat16 run the expert GEMMs
 // with the device-side grouped GEMM (pointer table and row offsets read on the device): no host
-// synchronisation inside the pass. Float32 (and busy bfloat16 layers,
-// device_gemm_max_rows_per_expert) use cuBLAS, which needs the row offsets on the host: one stream
-// synchronisation per MoE layer.
+// synchronisation inside the pass. Float32 (and bfloat16 layers above
+// device_gemm_max_rows_per_expert, when an operator sets one; by default none) use cuBLAS, which
+// needs the row offsets on the host: one stream synchronisation per MoE layer.
 //
 // Tensor parallelism: with tp_size > 1 the attention output projection and the MLP/MoE output are
 // partial sums over this rank's heads and intermediate shard, summed by options.all_reduce on the

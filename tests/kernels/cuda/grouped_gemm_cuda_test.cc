@@ -8,6 +8,7 @@
 // the float32 part for values near zero. A wrong row, expert, offset or fragment layout is off by
 // O(1). Rows no expert owns (and rows of a skipped expert) must keep their sentinel.
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -217,6 +218,37 @@ void RealShapeCases(GroupedGemmCaseTest* test, const ModelShape& m, int64_t toke
   test->Run(fused);
 }
 
+// Prefill-sized groups (Hopper: the wgmma tiles) at a reduced width so the CPU twin stays quick:
+// 1,024 tokens top-2 over 16 experts is 128 rows per expert on average, over 8 experts 256; the
+// odd widths leave partial tiles in n and k.
+constexpr ModelShape kPrefillMedium{"prefill, 16 experts", 512, 384, 16, 2};
+constexpr ModelShape kPrefillLarge{"prefill, 8 experts", 512, 384, 8, 2};
+constexpr ModelShape kPrefillOdd{"prefill, 8 experts, odd widths", 328, 104, 8, 2};
+// The default kernels (wgmma on Hopper), then the mma.sync tiles (SetGroupedGemmMmaSyncOnly),
+// then the default again.
+void BothTensorCoreKernels(const std::function<void()>& body) {
+  for (const bool mma_sync : {false, true}) {
+    SCOPED_TRACE(mma_sync ? "mma.sync tiles" : "default tiles");
+    SetGroupedGemmMmaSyncOnly(mma_sync);
+    body();
+  }
+  SetGroupedGemmMmaSyncOnly(false);
+}
+
+TEST_F(GroupedGemmCaseTest, PrefillMediumTiles) {
+  BothTensorCoreKernels([&] { RealShapeCases(this, kPrefillMedium, 1024); });
+}
+TEST_F(GroupedGemmCaseTest, PrefillLargeTiles) {
+  BothTensorCoreKernels([&] { RealShapeCases(this, kPrefillLarge, 1024); });
+}
+TEST_F(GroupedGemmCaseTest, MidSizeGroupsOnEveryKernel) {
+  // 512 tokens top-2 over 16 experts: 64 rows per expert (wgmma on Hopper, mma.sync 64-row tiles).
+  BothTensorCoreKernels([&] { RealShapeCases(this, kPrefillMedium, 512); });
+}
+TEST_F(GroupedGemmCaseTest, PrefillOddWidths) {
+  BothTensorCoreKernels([&] { RealShapeCases(this, kPrefillOdd, 1024); });
+}
+
 TEST_F(GroupedGemmCaseTest, Qwen3_30B_4Tokens) { RealShapeCases(this, kQwen3_30B, 4); }
 TEST_F(GroupedGemmCaseTest, Qwen3_30B_64Tokens) { RealShapeCases(this, kQwen3_30B, 64); }
 TEST_F(GroupedGemmCaseTest, Qwen3Next_4Tokens) { RealShapeCases(this, kQwen3Next, 4); }
@@ -330,6 +362,18 @@ TEST_F(GroupedGemmTest, RowResultDoesNotDependOnTheBatch) {
   const auto big = Download(d_big, 600 * n);
   const auto small = Download(d_small, 5 * n);
   for (int64_t i = 0; i < 5 * n; ++i) ASSERT_EQ(big[i].bits, small[i].bits) << "element " << i;
+  // 64, 130 and 600 rows on both tensor-core kernels (wgmma on Hopper) against the 32-row tiles.
+  BothTensorCoreKernels([&] {
+    for (const int32_t rows : {64, 130, 600}) {
+      BFloat16* d_busy = Alloc<BFloat16>(rows * n);
+      VAMP_ASSERT_OK(GroupedExpertGemm(d_a, k, d_table, 0, k, Upload(std::vector<int32_t>{0, rows}),
+                                       1, rows, d_busy, n, n, k, stream_));
+      const auto busy = Download(d_busy, rows * n);
+      for (int64_t i = 0; i < 5 * n; ++i) {
+        ASSERT_EQ(busy[i].bits, small[i].bits) << rows << " rows, element " << i;
+      }
+    }
+  });
 }
 
 // ---- host-side argument checks: no device needed ----

@@ -114,9 +114,13 @@ struct PermuteCase {
 using PermuteTest = CudaTest;
 
 TEST_F(PermuteTest, MoePermuteMatchesCpuExactly) {
-  // Includes several 1024-pair chunks (300 x 8 = 2400 pairs) and an empty batch.
+  // Includes an empty batch, batches within one pass of the kernel's 4096 pairs, and prefill
+  // chunks of many passes (8192 x 8 = 65,536 pairs; a partial last pass; 512 experts).
   for (const auto& [tokens, top_k, experts, skewed] :
        std::vector<PermuteCase>{{7, 4, 16, false},
+                                {8192, 8, 128, false},
+                                {2049, 10, 512, false},
+                                {3001, 8, 128, true},
                                 {300, 8, 128, false},
                                 {1, 8, 128, false},
                                 {0, 8, 128, false},
@@ -148,6 +152,19 @@ TEST_F(PermuteTest, MoePermuteMatchesCpuExactly) {
     EXPECT_EQ(Download(d_rt, pairs), want_rt) << what;
     EXPECT_EQ(Download(d_pr, pairs), want_pr) << what;
   }
+}
+
+TEST_F(PermuteTest, IdsOutsideTheExpertsGetNoRow) {
+  // 3 tokens x top-2 on 4 experts; -1 and 4 are out of range (the CPU twin aborts on them).
+  const std::vector<int32_t> ids{2, -1, 0, 2, 4, 1};
+  int32_t* d_off = Alloc<int32_t>(5);
+  int32_t* d_rt = Alloc<int32_t>(6);
+  int32_t* d_pr = Alloc<int32_t>(6);
+  VAMP_ASSERT_OK(MoePermute(Upload(ids), 3, 2, 4, d_off, d_rt, d_pr, stream_));
+  EXPECT_EQ(Download(d_off, 5), (std::vector<int32_t>{0, 1, 2, 4, 4}));
+  EXPECT_EQ(Download(d_pr, 6), (std::vector<int32_t>{2, -1, 0, 3, -1, 1}));
+  const std::vector<int32_t> rt = Download(d_rt, 6);
+  EXPECT_EQ(std::vector<int32_t>(rt.begin(), rt.begin() + 4), (std::vector<int32_t>{1, 2, 0, 1}));
 }
 
 using ActivationTest = CudaTest;
@@ -356,8 +373,8 @@ TEST_F(RoutedCopyTest, CopiesOnlyRoutedOffloadedExpertsFromPinnedMemory) {
   std::vector<int32_t> offsets(kExperts + 1, 0);
   std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
   uint8_t* host = nullptr;
-  VAMP_ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&host), kOffloaded * kBytes,
-                                 cudaHostAllocDefault));
+  VAMP_ASSERT_CUDA(
+      cudaHostAlloc(reinterpret_cast<void**>(&host), kOffloaded * kBytes, cudaHostAllocDefault));
   for (int64_t i = 0; i < kOffloaded * kBytes; ++i) host[i] = static_cast<uint8_t>(i * 131 + 7);
   std::vector<uint8_t> want(kOffloaded * kBytes, 0xEE);
   uint64_t want_bytes = 0;
@@ -377,8 +394,9 @@ TEST_F(RoutedCopyTest, CopiesOnlyRoutedOffloadedExpertsFromPinnedMemory) {
   VAMP_ASSERT_CUDA(cudaFreeHost(host));
   EXPECT_TRUE(got == want) << "the staging buffer differs from the CPU twin's";
 
-  EXPECT_EQ(CopyRoutedExperts(dev_offsets, kFirst, kExperts, dst, dst, 100, nullptr, stream_).code(),
-            absl::StatusCode::kInvalidArgument)
+  EXPECT_EQ(
+      CopyRoutedExperts(dev_offsets, kFirst, kExperts, dst, dst, 100, nullptr, stream_).code(),
+      absl::StatusCode::kInvalidArgument)
       << "expert bytes not a multiple of 16";
 }
 

@@ -1,0 +1,106 @@
+// Internal to kernels/cuda: the Hopper (sm_90a) warpgroup MMA building blocks of the grouped GEMM's
+// prefill path (grouped_gemm.cu). A warpgroup is 4 consecutive warps (128 threads) that issue
+// wgmma together; the operands are read straight from shared memory through 64-bit matrix
+// descriptors, so no ldmatrix and no register fragments of A or B.
+//
+// Only compiled into sm_90a code: elsewhere the functions trap, and the host must not pick a
+// kernel that calls them (grouped_gemm.cu checks the build and the device).
+#ifndef VAMP_KERNELS_CUDA_WGMMA_CUH_
+#define VAMP_KERNELS_CUDA_WGMMA_CUH_
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define VAMP_WGMMA_DEVICE 1
+#else
+#define VAMP_WGMMA_DEVICE 0
+#endif
+
+namespace vamp::kernels::cuda::internal {
+
+// PTX ISA "Matrix Descriptor Format" (wgmma): bits 0-13 the shared address / 16, 16-29 the
+// leading-dimension byte offset / 16, 32-45 the stride-dimension byte offset / 16, 62-63 the
+// swizzle mode (1: 128-byte). For a K-major tile of rows 128 bytes long (64 bf16) stored with the
+// 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8), 8-row atoms of 1,024 bytes
+// aligned to 1,024), the stride between 8-row groups is 1,024 bytes and the leading offset is not
+// used (one k16 slice never leaves its atom); the k16 slice ks starts 32 * ks bytes into the row.
+__device__ __forceinline__ uint64_t SwizzledKMajorDescriptor(uint32_t shared_address) {
+  return static_cast<uint64_t>((shared_address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// Orders this thread's generic-proxy writes to shared memory (cp.async, st.shared) before later
+// async-proxy reads of it (wgmma operands). Each writer runs it before the barrier that publishes
+// its writes.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+#if VAMP_WGMMA_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Before the first wgmma that touches accumulators written by ordinary instructions.
+__device__ __forceinline__ void WgmmaFence() {
+#if VAMP_WGMMA_DEVICE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void WgmmaCommit() {
+#if VAMP_WGMMA_DEVICE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Waits until at most kPending committed wgmma groups of this warpgroup are outstanding; the
+// others are done (their accumulators readable, their operands' shared memory free).
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+#if VAMP_WGMMA_DEVICE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// d += A x B^T for a 64 x 128 float32 tile, k 16: A is 64 rows and B 128 rows of a K-major bf16
+// tile (descriptors above). Accumulator layout (PTX ISA "Register Fragments and Shared Memory
+// Matrix Layouts", m64nNk16 .f32): warp w of the warpgroup, lane l, g = l / 4, t2 = 2 (l % 4);
+// d[4j + 0..1] = D[16w + g][8j + t2 .. +1], d[4j + 2..3] = D[16w + g + 8][8j + t2 .. +1].
+__device__ __forceinline__ void WgmmaM64N128K16Bf16(float (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b) {
+#if VAMP_WGMMA_DEVICE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+#else
+  __trap();
+#endif
+}
+
+}  // namespace vamp::kernels::cuda::internal
+
+#endif  // VAMP_KERNELS_CUDA_WGMMA_CUH_
