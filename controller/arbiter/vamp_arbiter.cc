@@ -1,6 +1,7 @@
 #include "controller/arbiter/vamp_arbiter.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -35,6 +36,9 @@ absl::Status VampArbiterConfig::Validate() const {
   if (tax.min_evidence_steps < 0) return bad("vamp_min_evidence_steps", "must be >= 0");
   if (!(tax.ttft_weight >= 0)) return bad("vamp_ttft_weight", "must be >= 0");
   if (!(tax.memory_wait_weight >= 0)) return bad("vamp_memory_wait_weight", "must be >= 0");
+  if (!(tax.ttft_weight_ramp == 0 || tax.ttft_weight_ramp >= 1)) {
+    return bad("vamp_ttft_weight_ramp", "must be 0 (off) or >= 1");
+  }
   if (!(tax.ttft_queue_threshold_micros >= 0)) {
     return bad("vamp_ttft_queue_threshold_s", "must be >= 0");
   }
@@ -126,6 +130,10 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
       .Double("vamp_ttft_queue_threshold_s", d.tax.ttft_queue_threshold_micros * 1e-6, 0, 1e6,
               "Tax model: vamp_ttft_weight applies only while admissions waited longer than this "
               "on average over the window (seconds)")
+      .Double("vamp_ttft_weight_ramp", d.tax.ttft_weight_ramp, 0, 1e6,
+              "Tax model: when > 1, vamp_ttft_weight phases in with the mean admission wait, "
+              "from none at vamp_ttft_queue_threshold_s / ramp to all of it at x ramp (linear "
+              "in the log of the wait); 0 or 1: all of it above the threshold, none below")
       .Double("vamp_ttft_tpot_budget", d.tax.ttft_tpot_budget, 0, 1e6,
               "Tax model: when > 0, the most TPOT overhead (staging stall / compute over the "
               "window) the TTFT weight may buy; past it, extra KV must pay its tax in GPU time "
@@ -218,6 +226,7 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
   v.tax.compute_bound_share = config.GetDouble("vamp_compute_bound_share");
   v.tax.ttft_tpot_budget = config.GetDouble("vamp_ttft_tpot_budget");
   v.tax.ttft_queue_threshold_micros = config.GetDouble("vamp_ttft_queue_threshold_s") * 1e6;
+  v.tax.ttft_weight_ramp = config.GetDouble("vamp_ttft_weight_ramp");
   v.restore.min_hold_steps = static_cast<int32_t>(config.GetInt("vamp_restore_min_hold_steps"));
   CostCoefficients& c = v.costs;
   c.alpha = config.GetDouble("vamp_alpha");
@@ -615,6 +624,15 @@ bool VampArbiter::ConcurrencyPays(int64_t now_micros) const {
          reuse_->ComputeBoundShare(now_micros) <= config_.tax.compute_bound_share;
 }
 
+double VampArbiter::QueueShare(double mean_queue_micros) const {
+  const double threshold = config_.tax.ttft_queue_threshold_micros;
+  const double ramp = config_.tax.ttft_weight_ramp;
+  if (ramp <= 1) return mean_queue_micros > threshold ? 1.0 : 0.0;
+  const double lo = threshold / ramp;
+  if (!(mean_queue_micros > lo)) return 0.0;
+  return std::min(1.0, std::log(mean_queue_micros / lo) / std::log(ramp * ramp));
+}
+
 double VampArbiter::TtftWeight(int64_t now, bool for_restore) const {
   // The TTFT weight applies while first tokens are late because of memory: requests wait in the
   // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
@@ -627,9 +645,9 @@ double VampArbiter::TtftWeight(int64_t now, bool for_restore) const {
   // weight between a restore and the offload after it: in vamp-sim's Figure 9 at c = 28 the
   // boundary gave back and took back up to 64 groups 18 times; without the flip TTFT p99 halves
   // (bench/results/2026-12-03-restore-weight/).
-  const bool queued = reuse_->MeanQueueMicros(now) > config_.tax.ttft_queue_threshold_micros;
-  const bool ttft_hurts = queued && (for_restore || ConcurrencyPays(now));
-  return ttft_hurts ? config_.tax.ttft_weight : 1.0;
+  const double share = QueueShare(reuse_->MeanQueueMicros(now));
+  if (share <= 0 || !(for_restore || ConcurrencyPays(now))) return 1.0;
+  return 1.0 + (config_.tax.ttft_weight - 1.0) * share;
 }
 
 TaxComparison VampArbiter::Compare(int64_t now, int32_t from, int32_t to, double t_prefill) const {

@@ -186,6 +186,17 @@ struct TaxModelConfig {
   // the window, and no more than compute_bound_share of its steps left requests queued for
   // compute.
   double ttft_queue_threshold_micros = 1e6;
+  // When > 1, the weight does not switch at the threshold but grows with the mean admission wait
+  // q, linearly in log q, from 1 at threshold / ramp to ttft_weight at threshold x ramp: a wait
+  // that hovers at the threshold no longer flips the value of the same groups by ttft_weight
+  // times between two decisions, so the margin keeps its hysteresis. 0 or 1: a step at the
+  // threshold. 4 by measurement (vamp-sim, bench/results/2026-12-04-ttft-weight-ramp/): against
+  // the step, Q geomean VAMP-10/15/25 1.284/1.327/1.294 -> 1.307/1.340/1.314 and the worst row
+  // 0.673 -> 0.801 (held out 1.284/1.309/1.280 -> 1.296/1.323/1.310), the LMCache magagent
+  // trace's TTFT p99 x1.11 -> x0.41 static (it offloaded and restored 10 times, now 2); the
+  // cost is TPOT on the cliff rows (Figure 9 at c = 28: TTFT p99 x0.47 -> x0.60, TPOT x1.20 ->
+  // x1.25). A ramp of 2 left a held-out magagent row at TTFT p99 x1.79.
+  double ttft_weight_ramp = 4.0;
   double compute_bound_share = 0.25;
   // When > 0, the TTFT weight buys at most this much TPOT: it applies to a move only while the
   // larger of its two offload levels adds no more than this share of the window's compute time
@@ -264,6 +275,9 @@ class VampArbiter final : public MemoryArbiter {
   // False while the window's steps left requests queued for compute more often than
   // vamp_compute_bound_share (the test TtftWeight uses).
   bool ConcurrencyPays(int64_t now_micros) const override;
+  // The share of tax.ttft_weight (0..1) that a mean admission wait of that many µs earns: 0 or 1
+  // at the threshold, or the ramp of tax.ttft_weight_ramp.
+  double QueueShare(double mean_queue_micros) const;
 
   // Feeds self-calibration (ignored unless enabled). Call once per executed step.
   void ObserveStep(const StepTiming& timing);

@@ -189,10 +189,12 @@ TEST_F(TaxModelTest, MeasuredReuseWorthMoreThanTheTaxOffloads) {
 }
 
 // The comparison says which weight its value carried and on what evidence: 16 once admissions
-// queued longer than the threshold (1 s) on average with no step queued for compute, else 1.
+// queued longer than the threshold (1 s) on average with no step queued for compute, else 1
+// (the step, ttft_weight_ramp 0; the default ramp has its own test below).
 TEST_F(TaxModelTest, ComparisonReportsTheTtftWeightAndItsEvidence) {
   VampArbiterConfig c = Config();
   c.tax.ttft_weight = 16;
+  c.tax.ttft_weight_ramp = 0;
   ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
   Warm(0);
   AddCachedFree(500, 10);
@@ -212,12 +214,50 @@ TEST_F(TaxModelTest, ComparisonReportsTheTtftWeightAndItsEvidence) {
   EXPECT_DOUBLE_EQ(plan.tax.value_micros, 100 * 15 * 16);
 }
 
+// With ttft_weight_ramp r (default 4) the weight phases in over mean waits from threshold / r to
+// threshold x r, linearly in the log of the wait: with a 1 s threshold, 1 up to 0.25 s, 16 from
+// 4 s, and 1 + 15 x log(q / 0.25 s) / log(16) between (8.5 at 1 s, where the step jumps from 1 to
+// 16).
+TEST_F(TaxModelTest, TheTtftWeightRampsWithTheQueueInsteadOfSwitching) {
+  VampArbiterConfig c = Config();
+  EXPECT_DOUBLE_EQ(c.tax.ttft_weight_ramp, 4);
+  c.tax.ttft_weight = 16;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  EXPECT_DOUBLE_EQ(arbiter_.QueueShare(200'000), 0);
+  EXPECT_DOUBLE_EQ(arbiter_.QueueShare(250'000), 0);
+  EXPECT_NEAR(arbiter_.QueueShare(500'000), 0.25, 1e-12);
+  EXPECT_NEAR(arbiter_.QueueShare(1'000'000), 0.5, 1e-12);
+  EXPECT_NEAR(arbiter_.QueueShare(2'000'000), 0.75, 1e-12);
+  EXPECT_DOUBLE_EQ(arbiter_.QueueShare(4'000'000), 1);
+  EXPECT_DOUBLE_EQ(arbiter_.QueueShare(9'000'000), 1);
+  Warm(0);
+  AddCachedFree(500, 10);
+  Request* r = AddRunning(1, 4, 3, 200);
+  arbiter_.reuse_tracker()->RecordPreemption(50, /*gap_blocks=*/50, /*recompute_tokens=*/100);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/60, /*queue_micros=*/1'000'000);
+  const ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  ASSERT_TRUE(plan.tax.evaluated);
+  EXPECT_NEAR(plan.tax.ttft_weight, 8.5, 1e-9);
+  EXPECT_NEAR(plan.tax.value_micros, 100 * 15 * 8.5, 1e-6);
+  // Off (0 or 1): the step at the threshold, as before.
+  c.tax.ttft_weight_ramp = 1;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  EXPECT_DOUBLE_EQ(arbiter_.QueueShare(1'000'000), 0);
+  EXPECT_DOUBLE_EQ(arbiter_.QueueShare(1'000'001), 1);
+  // Between 0 and 1 the ramp means nothing: refused with the flag's name.
+  c.tax.ttft_weight_ramp = 0.5;
+  const absl::Status bad = arbiter_.Reconfigure(c);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("vamp_ttft_weight_ramp"), std::string::npos) << bad;
+}
+
 // The TTFT weight buys at most ttft_tpot_budget of TPOT. One group stalls each 1,000-µs step by
 // 500 µs (overhead 0.5), two by 1,500 µs (1.5). 3,000 recomputed tokens are worth 45,000 µs of
 // prefill, 720,000 µs at weight 16, against one group's 1.25 x 50,000 µs.
 TEST_F(TaxModelTest, TheTtftWeightAppliesOnlyWithinTheTpotBudget) {
   VampArbiterConfig c = Config();
   c.tax.ttft_weight = 16;
+  c.tax.ttft_weight_ramp = 0;  // the whole weight above the threshold
   Warm(0);
   AddCachedFree(500, 10);
   Request* r = AddRunning(1, 4, 3, 200);
@@ -288,8 +328,9 @@ TEST_F(TaxModelTest, GrowingWhileComputeBoundIsPricedAtGpuTime) {
 // While admissions queue for their first tokens, a restore weighs the prefill it loses as
 // first-token time even when the GPU is compute-bound: the admission hold already keeps new
 // requests within the static pool then, and what the groups still serve (cached prefixes, running
-// requests' growth) is on the queue's first-token path. 4,000 tokens needed the second group: 60,000 µs of prefill, 960,000 µs weighted,
-// against 100,000 / 150,000 µs of stall for one / both groups.
+// requests' growth) is on the queue's first-token path. 4,000 tokens needed the second group:
+// 60,000 µs of prefill, 960,000 µs weighted, against 100,000 / 150,000 µs of stall for one / both
+// groups.
 TEST_F(TaxModelTest, RestoresWeighTheQueuesFirstTokensWhileComputeBound) {
   VampArbiterConfig c = Config();
   c.tax.ttft_weight = 16;
