@@ -215,9 +215,10 @@ def memory():
             [(f"vamp_arbiter_ghost_hit_tokens{{{R}}}", "{{replica}} ghost hits"),
              (f"vamp_arbiter_preempt_recompute_tokens{{{R}}}", "{{replica}} preemption recompute")])
     l.panel("Arbiter: TTFT weight", "Weight the latest priced move's prefill tokens carried: "
-            "vamp_ttft_weight while first tokens waited for memory (mean queue time above "
-            "vamp_ttft_queue_threshold_s, few steps queued for compute), else 1. A line that "
-            "jumps between the two on every decision means the load sits at the threshold.",
+            "1 up to vamp_ttft_weight as first tokens wait longer for memory (phased in around "
+            "vamp_ttft_queue_threshold_s by vamp_ttft_weight_ramp; 1 while requests queue for "
+            "compute). A line that jumps between 1 and the full weight means the ramp is off "
+            "and the load sits at the threshold.",
             "short", [(f"vamp_arbiter_ttft_weight{{{R}}}", "{{replica}} weight")])
     l.panel("Admissions held at the static pool", "Steps whose admissions stopped where a static "
             "split's pool would, although offloaded groups had room: the GPU was compute-bound "

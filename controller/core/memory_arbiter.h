@@ -87,8 +87,8 @@ struct TaxComparison {
   int64_t observed_steps = 0;         // executed steps in the window (the sums cover these)
   double h2d_bytes_per_s = 0;         // the bandwidth the tax was priced at
   double routed_h2d_bytes_per_s = 0;  // the same for routed staging's copies
-  // The weight the value's prefill tokens carried (the TTFT weight, or 1 when first tokens were
-  // not late for memory) and the evidence it was chosen on: the window's mean queue time of first
+  // The weight the value's prefill tokens carried (1 up to the TTFT weight as first tokens wait
+  // longer for memory) and the evidence it was chosen on: the window's mean queue time of first
   // admissions (µs) and the share of its steps that left requests queued for compute.
   double ttft_weight = 1;
   // Share of the window's compute time the larger offload level of the move adds in staging

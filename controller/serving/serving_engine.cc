@@ -124,7 +124,7 @@ struct EngineMetrics {
                 "Tax model: the same for routed staging's copies (small steps; learned)"),
           gauge("vamp_arbiter_ttft_weight",
                 "Tax model, latest priced boundary move: weight its value's prefill tokens "
-                "carried (vamp_ttft_weight while first tokens waited for memory, else 1)"),
+                "carried (1 up to vamp_ttft_weight as first tokens wait longer for memory)"),
           counters("vamp_prompt_tokens_total", "Prompt tokens of admitted requests"),
           counters("vamp_generation_tokens_total", "Tokens generated and sent to clients")};
     }();
