@@ -128,8 +128,9 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
               "Tax model: weight of request time spent waiting for KV memory that a larger pool "
               "would have saved (request-microseconds against microseconds of stall)")
       .Double("vamp_ttft_queue_threshold_s", d.tax.ttft_queue_threshold_micros * 1e-6, 0, 1e6,
-              "Tax model: vamp_ttft_weight applies only while admissions waited longer than this "
-              "on average over the window (seconds)")
+              "Tax model: the mean admission wait over the window (seconds) around which "
+              "vamp_ttft_weight phases in (vamp_ttft_weight_ramp); with the ramp off it applies "
+              "only above this wait")
       .Double("vamp_ttft_weight_ramp", d.tax.ttft_weight_ramp, 0, 1e6,
               "Tax model: when > 1, vamp_ttft_weight phases in with the mean admission wait, "
               "from none at vamp_ttft_queue_threshold_s / ramp to all of it at x ramp (linear "
@@ -635,7 +636,8 @@ double VampArbiter::QueueShare(double mean_queue_micros) const {
 
 double VampArbiter::TtftWeight(int64_t now, bool for_restore) const {
   // The TTFT weight applies while first tokens are late because of memory: requests wait in the
-  // queue (mean over the window above ttft_queue_threshold) and not for compute. Queued for
+  // queue (the mean over the window, phased in around ttft_queue_threshold: QueueShare) and not
+  // for compute. Queued for
   // compute, every µs of stall delays them all; with short queues, TTFT is not what hurts: GPU
   // time is the measure then (weight 1).
   // A restore keeps the weight while the queue is long even when compute-bound: the admission hold

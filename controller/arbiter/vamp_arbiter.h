@@ -182,9 +182,9 @@ struct TaxModelConfig {
   // the Figure 9 sweep's TTFT p99 at c = 28 improves (22.0 -> 12.3 s) but the LMCache miniswe
   // trace pays +10 % TPOT and -14 % throughput (bench/results/2026-12-01-tax-model.md).
   double memory_wait_weight = 0.0;
-  // The TTFT weight applies only while admissions waited longer than this on average (µs) over
-  // the window, and no more than compute_bound_share of its steps left requests queued for
-  // compute.
+  // The TTFT weight applies while admissions waited about this long on average (µs) over the
+  // window (fully above it with ttft_weight_ramp off; phased in around it with the ramp), and no
+  // more than compute_bound_share of its steps left requests queued for compute.
   double ttft_queue_threshold_micros = 1e6;
   // When > 1, the weight does not switch at the threshold but grows with the mean admission wait
   // q, linearly in log q, from 1 at threshold / ramp to ttft_weight at threshold x ramp: a wait
