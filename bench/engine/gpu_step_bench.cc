@@ -56,6 +56,7 @@
 #include "engine/memory/cuda_status.h"
 #include "engine/memory/memory_plan.h"
 #include "engine/model/model_config.h"
+#include "kernels/cuda/attention.h"
 
 namespace vamp::gpu_step_bench {
 namespace {
@@ -89,6 +90,7 @@ absl::Status Run(const Flags& f) {
         absl::StrCat("--cuda_device ", f.cuda_device, ": the host has ", devices, " devices"));
   }
   VAMP_CUDART_RETURN_IF_ERROR(cudaSetDevice(f.cuda_device));
+  kernels::cuda::SetPagedAttentionMmaSyncOnly(f.attention_mma_sync_only);
 
   VAMP_ASSIGN_OR_RETURN(const Bandwidths bw, MeasureBandwidths(f, config->vocab_size));
   VAMP_LOG(INFO) << absl::StrFormat(

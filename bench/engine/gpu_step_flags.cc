@@ -42,6 +42,9 @@ ConfigSchema Schema() {
          "also time decode steps that copy only the offloaded experts their tokens route to "
          "(mode 'decode, routed staging'; CudaForwardOptions::routed_staging_max_tokens), next to "
          "the whole-region copy");
+  s.Bool("attention_mma_sync_only", false,
+         "run prefill attention on the mma.sync kernel even where the Hopper wgmma kernel is the "
+         "default (kernels::cuda::SetPagedAttentionMmaSyncOnly; the wgmma kernel's baseline)");
   s.Int("cuda_device", 0, 0, 64, "CUDA device ordinal");
   s.Int("seed", 0, 0, int64_t{1} << 62, "seed of the dummy weights and the random prompts");
   s.Int("hbm_copy_mib", 2048, 64, 65536,
@@ -88,6 +91,7 @@ absl::StatusOr<Flags> ReadFlags(const Config& c) {
   f.block_size = c.GetInt("block_size");
   f.device_gemm_max_rows_per_expert = c.GetInt("device_gemm_max_rows_per_expert");
   f.routed_staging = c.GetBool("routed_staging");
+  f.attention_mma_sync_only = c.GetBool("attention_mma_sync_only");
   f.cuda_device = static_cast<int>(c.GetInt("cuda_device"));
   f.seed = static_cast<uint64_t>(c.GetInt("seed"));
   f.hbm_copy_bytes = static_cast<uint64_t>(c.GetInt("hbm_copy_mib")) << 20;

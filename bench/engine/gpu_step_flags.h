@@ -23,6 +23,7 @@ struct Flags {
   double gpu_memory_utilization = 0;
   int64_t max_num_batched_tokens = 0, block_size = 0, device_gemm_max_rows_per_expert = 0;
   bool routed_staging = false;
+  bool attention_mma_sync_only = false;
   int cuda_device = 0;
   uint64_t seed = 0;
   uint64_t hbm_copy_bytes = 0, h2d_copy_bytes = 0;

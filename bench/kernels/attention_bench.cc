@@ -14,7 +14,9 @@
 // One JSON object per line on stdout (fields: case, kind, batch, q_len, ctx, prefix, us, bytes,
 // gbps, hbm_fraction, flops, tflops, kernel, splits; "splits" is the planner's choice for the
 // resident decode CTAs per multiprocessor measured on H200: two up to head_dim 128, one at 256).
-// bench/kernels/attention_vs_sdpa.py runs this binary next to PyTorch SDPA.
+// bench/kernels/attention_vs_sdpa.py runs this binary next to PyTorch SDPA. On Hopper, prefill runs
+// the wgmma kernel; --prefill_mma_sync_only=true times the mma.sync kernel instead (the "kernel"
+// field names which ran).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -62,6 +64,7 @@ struct Flags {
   int64_t iters = 20;
   int64_t seed = 1;
   int64_t cuda_device = 0;
+  bool prefill_mma_sync_only = false;
 };
 
 ConfigSchema Schema() {
@@ -84,6 +87,9 @@ ConfigSchema Schema() {
   s.Int("iters", d.iters, 1, 100000, "timed runs per measurement (the median is reported)");
   s.Int("seed", d.seed, 0, 1 << 30, "random seed of the cache, queries and block tables");
   s.Int("cuda_device", d.cuda_device, 0, 64, "CUDA device ordinal");
+  s.Bool("prefill_mma_sync_only", d.prefill_mma_sync_only,
+         "run prefill on the mma.sync kernel even where the Hopper wgmma kernel is the default "
+         "(the baseline of the wgmma kernel, timed in the same session)");
   return s;
 }
 
@@ -103,6 +109,7 @@ absl::StatusOr<Flags> FlagsFromConfig(const Config& config) {
   f.iters = config.GetInt("iters");
   f.seed = config.GetInt("seed");
   f.cuda_device = config.GetInt("cuda_device");
+  f.prefill_mma_sync_only = config.GetBool("prefill_mma_sync_only");
   if (f.q_heads % f.kv_heads != 0)
     return absl::InvalidArgumentError("kv_heads must divide q_heads");
   return f;
@@ -250,13 +257,21 @@ class Bench {
         c.name.c_str(), c.kind.c_str(), static_cast<long long>(c.batch),
         static_cast<long long>(c.q_len), static_cast<long long>(ctx),
         static_cast<long long>(c.prefix), us, bytes, gbps, hbm_gbps > 0 ? gbps / hbm_gbps : 0.0,
-        flops, flops / us / 1e6, kc::AttentionKernelName(plan.kernel),
-        static_cast<long long>(plan.splits));
+        flops, flops / us / 1e6, KernelName(plan).c_str(), static_cast<long long>(plan.splits));
     std::fflush(stdout);
     return absl::OkStatus();
   }
 
  private:
+  // The plan's kernel, prefill naming the instructions it runs on.
+  std::string KernelName(const kc::PagedAttentionPlan& plan) const {
+    std::string name = kc::AttentionKernelName(plan.kernel);
+    if (plan.kernel == kc::AttentionKernel::kPrefill) {
+      name += kc::PagedAttentionPrefillUsesWgmma(head_dim_) ? " (wgmma)" : " (mma.sync)";
+    }
+    return name;
+  }
+
   int64_t BlocksPerSeq(int64_t ctx) const { return (ctx + block_size_ - 1) / block_size_; }
 
   // Random N(0, 1) bf16: a 16 MiB random pattern tiled over the buffer.
@@ -304,6 +319,7 @@ absl::Status RunAll(const Flags& flags, cudaStream_t stream) {
       }
     }
   }
+  kc::SetPagedAttentionMmaSyncOnly(flags.prefill_mma_sync_only);
   VAMP_ASSIGN_OR_RETURN(const double hbm_gbps, MeasureHbm(flags.warmup, flags.iters, stream));
   Bench bench(flags, stream);
   VAMP_RETURN_IF_ERROR(bench.Setup(cases));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -44,6 +45,14 @@ constexpr int64_t kMinSplitKeys = 256;
 constexpr int64_t kMaxSplitCtas = 2048;
 // Fixed cost of a decode CTA (query load, pipeline fill, merge), in keys' worth of streaming.
 constexpr int64_t kSplitOverheadKeys = 128;
+// Split-KV prefill (PlanPagedAttention): resident prefill CTAs per multiprocessor (every prefill
+// kernel fits two: PrefillTiling, PrefillWgmmaTiling), the fewest keys worth a split of their own,
+// the key tile splits are rounded to, and a CTA's fixed cost (query tile, pipeline fill, partial
+// write) in keys' worth of work.
+constexpr int64_t kPrefillCtasPerSm = 2;
+constexpr int64_t kMinPrefillSplitKeys = 1024;
+constexpr int64_t kPrefillSplitKeyTile = 64;
+constexpr int64_t kPrefillSplitOverheadKeys = 256;
 // Prefill: a CTA owns kRows query vectors (kRowTilesPerWarp m16 row tiles per warp) and walks
 // kKeys-key tiles shared by its warps through a kStages-deep cp.async pipeline. Up to head_dim 128,
 // two row tiles per warp (FlashAttention-2's 128 x 64 tiling) feed every K and V fragment a warp
@@ -62,6 +71,26 @@ struct PrefillTiling {
   static_assert(kStages >= 2, "pipelines need two stages or more");
 };
 static_assert(kDecodeStages >= 2, "pipelines need two stages or more");
+
+// Hopper prefill at head_dim 128 (sm_90a builds on compute capability 9.0 devices, unless
+// SetPagedAttentionMmaSyncOnly): PagedPrefillKernel's grid and 128-vector query tiles, run by two
+// warpgroups of 64 vectors each on wgmma (attention_wgmma.cuh) over 64-key tiles in a two-stage
+// cp.async pipeline. 97 KiB of shared memory and at most 128 registers per thread let two CTAs
+// share a multiprocessor, so one CTA's softmax overlaps the other's MMAs.
+struct PrefillWgmmaTiling {
+  static constexpr int kHeadDim = 128;
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kRows = 64 * kWarpgroups;
+  static constexpr int kKeys = 64;
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kMinBlocks = 2;
+  // + 1,024 bytes of slack to align the tiles to the swizzle atoms.
+  static constexpr int kSmemBytes = (kRows + kStages * 2 * kKeys) * kHeadDim * 2 + 1024;
+  static_assert(kRows == PrefillTiling<kHeadDim>::kRows, "the planner sizes the query tiles");
+  static_assert((kKeys * kHeadDim * 2) % 1024 == 0 && (kRows * kHeadDim * 2) % 1024 == 0,
+                "tiles start on swizzle atoms");
+};
 
 // The head dimensions the tensor-core kernels are instantiated for, and their index in
 // per-head_dim tables (-1: the simple kernel).
@@ -248,9 +277,21 @@ struct TcParams {
 
 __device__ __forceinline__ int DivUp(int a, int b) { return (a + b - 1) / b; }
 
+// Chunk `chunk` of row `row` of a kRows-row shared tile: the mma.sync kernels' swizzled rows
+// (SwizzledChunk) or the wgmma kernel's 64-dim column blocks (internal::WgmmaTileChunk).
+template <int kHeadDim, int kRows, bool kWgmmaLayout>
+__device__ __forceinline__ int TileChunk(int row, int chunk) {
+  if constexpr (kWgmmaLayout) {
+    return internal::WgmmaTileChunk<kRows>(row, chunk);
+  } else {
+    return SwizzledChunk<kHeadDim / 8>(row, chunk);
+  }
+}
+
 // Starts the copy of query vectors vec0 .. vec0 + kRows - 1 of a sequence (rows of a swizzled
-// [kRows][kHeadDim] tile); vectors >= num_vectors are zero-filled. All threads of the block.
-template <int kHeadDim, int kRows>
+// [kRows][kHeadDim] tile, see TileChunk); vectors >= num_vectors are zero-filled. All threads of
+// the block.
+template <int kHeadDim, int kRows, bool kWgmmaLayout = false>
 __device__ __forceinline__ void LoadQueryTile(const TcParams& p, __nv_bfloat16* q_tile,
                                               int row_begin, int vec0, int num_vectors,
                                               int kv_head) {
@@ -266,15 +307,16 @@ __device__ __forceinline__ void LoadQueryTile(const TcParams& p, __nv_bfloat16* 
       src = p.q + static_cast<int64_t>(row_begin + v / p.group) * p.q_stride +
             static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim + chunk * 8;
     }
-    internal::CpAsync16(base + 16 * SwizzledChunk<kChunks>(row, chunk), src, valid ? 16 : 0);
+    internal::CpAsync16(base + 16 * TileChunk<kHeadDim, kRows, kWgmmaLayout>(row, chunk), src,
+                        valid ? 16 : 0);
   }
 }
 
 // Starts the copy of keys key0 .. key0 + kKeys - 1 of one KV head (K and V rows gathered through
 // the sequence's block table) into swizzled [kKeys][kHeadDim] tiles; keys >= key_end are
 // zero-filled and their block-table entries never read. Threads `thread` (0-based among the
-// num_threads taking part) split the 16-byte chunks.
-template <int kHeadDim, int kKeys>
+// num_threads taking part) split the 16-byte chunks. Tile layout: TileChunk.
+template <int kHeadDim, int kKeys, bool kWgmmaLayout = false>
 __device__ __forceinline__ void LoadKvTile(const TcParams& p, const int32_t* table, int kv_head,
                                            int key0, int key_end, __nv_bfloat16* k_tile,
                                            __nv_bfloat16* v_tile, int thread, int num_threads) {
@@ -294,7 +336,7 @@ __device__ __forceinline__ void LoadKvTile(const TcParams& p, const int32_t* tab
                static_cast<int64_t>(in_block) * p.strides.token_stride +
                static_cast<int64_t>(kv_head) * p.strides.head_stride + chunk * 8;
     }
-    const uint32_t dst = 16 * SwizzledChunk<kChunks>(row, chunk);
+    const uint32_t dst = 16 * TileChunk<kHeadDim, kKeys, kWgmmaLayout>(row, chunk);
     internal::CpAsync16(k_base + dst, p.k_cache + offset, valid ? 16 : 0);
     internal::CpAsync16(v_base + dst, p.v_cache + offset, valid ? 16 : 0);
   }
@@ -497,9 +539,81 @@ __global__ void __launch_bounds__(kTcThreads) MergeSplitsKernel(const TcParams p
   }
 }
 
-// FlashAttention-2 style prefill (and any batch the decode kernel does not take). Grid: one CTA
-// per (query tile, sequence, KV head), KV head fastest and the last query tiles (the most keys
-// under the causal mask) first, so the longest CTAs start early. Warp w owns the CTA's vectors
+// The work of one prefill CTA. Grid: one CTA per (query tile, sequence, KV head, split), split
+// fastest, then KV head, and the last query tiles (the most keys under the causal mask) first,
+// so the longest CTAs start early. Split j of a tile takes an equal share, in whole kKeys tiles,
+// of the keys the tile's last vector sees; a late split of a short tile may be empty.
+struct PrefillWork {
+  int split, kv_head, seq, tile;
+  int row_begin, num_vectors, vec0, first_pos;
+  int key_begin, key_end;  // this split's keys; key_begin a multiple of kKeys
+};
+
+template <int kRows, int kKeys>
+__device__ __forceinline__ bool FindPrefillWork(const TcParams& p, PrefillWork* w) {
+  int bx = blockIdx.x;
+  w->split = bx % p.splits;
+  bx /= p.splits;
+  w->kv_head = bx % p.num_kv_heads;
+  bx /= p.num_kv_heads;
+  w->seq = bx % p.num_seqs;
+  w->tile = p.query_tiles - 1 - bx / p.num_seqs;
+  w->row_begin = p.query_start_loc[w->seq];
+  const int q_len = p.query_start_loc[w->seq + 1] - w->row_begin;
+  w->num_vectors = q_len * p.group;
+  w->vec0 = w->tile * kRows;
+  if (w->vec0 >= w->num_vectors) return false;
+  w->first_pos = p.seq_lens[w->seq] - q_len;
+  const int last_vec = min(w->vec0 + kRows, w->num_vectors) - 1;
+  const int total_keys = w->first_pos + last_vec / p.group + 1;
+  const int chunk = DivUp(DivUp(total_keys, p.splits), kKeys) * kKeys;
+  w->key_begin = min(w->split * chunk, total_keys);
+  w->key_end = min(w->key_begin + chunk, total_keys);
+  return true;
+}
+
+// Writes query vector v's result over the CTA's keys, from this lane's output pairs
+// pair(n, 0..1) = dims 8n + 2c, 8n + 2c + 1 (unnormalised) and the row's max m (log2 domain) and
+// sum l: the output itself when there is one split, else the split's partial (normalised output,
+// m and l; l = 0 for a split the row sees no key of) in the MergeSplitsKernel slot of v's
+// 16-vector sub-tile, every valid vector's slot written so the merge never reads stale scratch.
+template <int kHeadDim, int kRows, typename OutputPair>
+__device__ __forceinline__ void StorePrefillVector(const TcParams& p, const PrefillWork& w, int v,
+                                                   int c, float m, float l, OutputPair pair) {
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  if (p.splits == 1) {
+    __nv_bfloat16* o = p.out + static_cast<int64_t>(w.row_begin + v / p.group) * p.out_stride +
+                       static_cast<int64_t>(w.kv_head * p.group + v % p.group) * kHeadDim;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(o + 8 * n + 2 * c) =
+          internal::PackBf16(pair(n, 0) * inv, pair(n, 1) * inv);
+    }
+    return;
+  }
+  constexpr int kSubTiles = kRows / kDecodeRows;
+  const int local = v - w.vec0;
+  const int64_t slot_index = ((static_cast<int64_t>(w.seq) * p.query_tiles * kSubTiles +
+                               w.tile * kSubTiles + local / kDecodeRows) *
+                                  p.num_kv_heads +
+                              w.kv_head) *
+                                 p.splits +
+                             w.split;
+  float* slot = p.workspace + slot_index * SlotFloats(kHeadDim);
+  const int row = local % kDecodeRows;
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) {
+    *reinterpret_cast<float2*>(slot + row * kHeadDim + 8 * n + 2 * c) =
+        make_float2(pair(n, 0) * inv, pair(n, 1) * inv);
+  }
+  if (c == 0) {
+    slot[kDecodeRows * kHeadDim + row] = m;
+    slot[kDecodeRows * kHeadDim + kDecodeRows + row] = l;
+  }
+}
+
+// FlashAttention-2 style prefill (and any batch the decode kernel does not take). Grid and split
+// keys: PrefillWork; with splits, partials for MergeSplitsKernel. Warp w owns the CTA's vectors
 // 16 kRowTiles w .. 16 kRowTiles (w + 1) - 1 (row tile t: the 16 from 16 kRowTiles w + 16 t).
 template <int kHeadDim>
 __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams p) {
@@ -517,29 +631,23 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
 
-  const int kv_head = blockIdx.x % p.num_kv_heads;
-  const int rest = blockIdx.x / p.num_kv_heads;
-  const int seq = rest % p.num_seqs;
-  const int tile = p.query_tiles - 1 - rest / p.num_seqs;
-  const int row_begin = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - row_begin;
-  const int num_vectors = q_len * p.group;
-  const int vec0 = tile * kPrefillRows;
-  if (vec0 >= num_vectors) return;  // whole CTA
-  const int first_pos = p.seq_lens[seq] - q_len;
-  const int last_vec = min(vec0 + kPrefillRows, num_vectors) - 1;
-  const int total_keys = first_pos + last_vec / p.group + 1;
-  const int num_tiles = DivUp(total_keys, kPrefillKeys);
-  const int32_t* table = p.block_tables + seq * p.block_table_stride;
+  PrefillWork w;
+  if (!FindPrefillWork<kPrefillRows, kPrefillKeys>(p, &w)) return;  // whole CTA
+  const int num_vectors = w.num_vectors;
+  const int vec0 = w.vec0;
+  const int key_end = w.key_end;
+  const int num_tiles = DivUp(key_end - w.key_begin, kPrefillKeys);
+  auto tile_key0 = [&](int t) { return w.key_begin + t * kPrefillKeys; };
+  const int32_t* table = p.block_tables + w.seq * p.block_table_stride;
 
   // cp.async groups, in commit order: the query tile with KV tile 0, KV tiles 1 .. kStages - 2,
   // then one per iteration (possibly empty), so waiting for all but the newest kStages - 1 groups
   // means tile t (and the query tile) have landed.
-  LoadQueryTile<kHeadDim, kPrefillRows>(p, q_tile, row_begin, vec0, num_vectors, kv_head);
+  LoadQueryTile<kHeadDim, kPrefillRows>(p, q_tile, w.row_begin, vec0, num_vectors, w.kv_head);
   for (int t = 0; t < kPrefillStages - 1; ++t) {
     if (t < num_tiles) {
-      LoadKvTile<kHeadDim, kPrefillKeys>(p, table, kv_head, t * kPrefillKeys, total_keys,
-                                         k_stage(t), v_stage(t), threadIdx.x, kTcThreads);
+      LoadKvTile<kHeadDim, kPrefillKeys>(p, table, w.kv_head, tile_key0(t), key_end, k_stage(t),
+                                         v_stage(t), threadIdx.x, kTcThreads);
     }
     CpAsyncCommit();
   }
@@ -557,7 +665,7 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int v = v0 + 16 * t + 8 * r;
-      limits[t][r] = VectorLimit(p, v, num_vectors, first_pos, total_keys);
+      limits[t][r] = VectorLimit(p, v, num_vectors, w.first_pos, key_end);
       if (v < num_vectors) lane_min = min(lane_min, limits[t][r]);
       lane_max = max(lane_max, limits[t][r]);
     }
@@ -573,13 +681,13 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
     // Refills the stage tile t - 1 used; the barrier ending iteration t - 1 freed it.
     const int next = t + kPrefillStages - 1;
     if (next < num_tiles) {
-      LoadKvTile<kHeadDim, kPrefillKeys>(p, table, kv_head, next * kPrefillKeys, total_keys,
+      LoadKvTile<kHeadDim, kPrefillKeys>(p, table, w.kv_head, tile_key0(next), key_end,
                                          k_stage(next), v_stage(next), threadIdx.x, kTcThreads);
     }
     CpAsyncCommit();
     CpAsyncWait<kPrefillStages - 1>();
     __syncthreads();  // tile t visible to all warps
-    const int key0 = t * kPrefillKeys;
+    const int key0 = tile_key0(t);
     if (key0 < max_limit) {
       att.template Attend<kPrefillKeys>(k_stage(t), v_stage(t), lane, key0, limits,
                                         key0 + kPrefillKeys > min_limit, p.scale_log2);
@@ -595,19 +703,103 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
     for (int r = 0; r < 2; ++r) {
       const int v = v0 + 16 * t + 8 * r;
       if (v >= num_vectors) continue;
-      const float inv = att.l[t][r] > 0.0f ? 1.0f / att.l[t][r] : 0.0f;
-      __nv_bfloat16* o = p.out + static_cast<int64_t>(row_begin + v / p.group) * p.out_stride +
-                         static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim;
-#pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(o + 8 * n + 2 * c) =
-            internal::PackBf16(att.o[t][n][2 * r] * inv, att.o[t][n][2 * r + 1] * inv);
-      }
+      StorePrefillVector<kHeadDim, kPrefillRows>(
+          p, w, v, c, att.m[t][r], att.l[t][r],
+          [&](int n, int e) { return att.o[t][n][2 * r + e]; });
     }
   }
 }
 
+// PagedPrefillKernel on Hopper's wgmma (PrefillWgmmaTiling): the same grid, query tiles, masking
+// and output. Warpgroup w owns the CTA's vectors 64w .. 64w + 63; a warpgroup whose vectors all
+// lie past the sequence, or whose keys all lie before a tile, skips that tile's MMAs (a decision
+// uniform over the warpgroup, as wgmma requires) but loads and reaches every barrier.
+__global__ void __launch_bounds__(PrefillWgmmaTiling::kThreads, PrefillWgmmaTiling::kMinBlocks)
+    PagedPrefillWgmmaKernel(const TcParams p) {
+  using Tiling = PrefillWgmmaTiling;
+  constexpr int kHeadDim = Tiling::kHeadDim;
+  constexpr int kRows = Tiling::kRows;
+  constexpr int kKeys = Tiling::kKeys;
+  constexpr int kTileElems = kKeys * kHeadDim;
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  unsigned char* const aligned =
+      wgmma_smem + ((1024u - (internal::SharedAddress(wgmma_smem) & 1023u)) & 1023u);
+  __nv_bfloat16* q_tile = reinterpret_cast<__nv_bfloat16*>(aligned);
+  __nv_bfloat16* kv = q_tile + kRows * kHeadDim;
+  auto k_stage = [&](int t) { return kv + (t % Tiling::kStages) * 2 * kTileElems; };
+  auto v_stage = [&](int t) { return k_stage(t) + kTileElems; };
+  const int lane = threadIdx.x % 32;
+  const int wg = threadIdx.x / 128;
+  const int warp_in_wg = (threadIdx.x % 128) / 32;
+
+  PrefillWork w;
+  if (!FindPrefillWork<kRows, kKeys>(p, &w)) return;  // whole CTA
+  const int num_vectors = w.num_vectors;
+  const int key_end = w.key_end;
+  const int num_tiles = DivUp(key_end - w.key_begin, kKeys);
+  const int32_t* table = p.block_tables + w.seq * p.block_table_stride;
+
+  // One cp.async group per tile: the query tile travels with KV tile 0.
+  LoadQueryTile<kHeadDim, kRows, true>(p, q_tile, w.row_begin, w.vec0, num_vectors, w.kv_head);
+  if (num_tiles > 0) {
+    LoadKvTile<kHeadDim, kKeys, true>(p, table, w.kv_head, w.key_begin, key_end, k_stage(0),
+                                      v_stage(0), threadIdx.x, Tiling::kThreads);
+  }
+  CpAsyncCommit();
+
+  // Limits grow with the vector, so the warpgroup's first and last valid vectors bound its rows':
+  // tiles below the first's limit need no mask, tiles from the last's on are skipped.
+  const int wg_vec0 = w.vec0 + 64 * wg;
+  const bool wg_active = wg_vec0 < num_vectors;
+  const int wg_min_limit = VectorLimit(p, wg_vec0, num_vectors, w.first_pos, key_end);
+  const int wg_max_limit =
+      VectorLimit(p, min(wg_vec0 + 63, num_vectors - 1), num_vectors, w.first_pos, key_end);
+  // This lane's rows: vectors v0 and v0 + 8.
+  const int v0 = wg_vec0 + 16 * warp_in_wg + (lane >> 2);
+  const int limits[2] = {VectorLimit(p, v0, num_vectors, w.first_pos, key_end),
+                         VectorLimit(p, v0 + 8, num_vectors, w.first_pos, key_end)};
+  internal::WarpgroupAttention<kHeadDim, kKeys> att;
+  att.Init();
+  const uint32_t q_rows = internal::SharedAddress(q_tile) + 64 * wg * att.kRowBytes;
+  for (int t = 0; t < num_tiles; ++t) {
+    // Tile t lands and is published to the async proxy; the stage tile t + 1 goes into was tile
+    // t - 1's, whose MMAs every warpgroup waited for before this barrier.
+    CpAsyncWait<0>();
+    internal::FenceProxyAsyncShared();
+    __syncthreads();
+    const int key0 = w.key_begin + t * kKeys;
+    if (t + 1 < num_tiles) {
+      LoadKvTile<kHeadDim, kKeys, true>(p, table, w.kv_head, key0 + kKeys, key_end, k_stage(t + 1),
+                                        v_stage(t + 1), threadIdx.x, Tiling::kThreads);
+    }
+    CpAsyncCommit();
+    if (wg_active && key0 < wg_max_limit) {
+      att.Attend(q_rows, kRows * att.kRowBytes, internal::SharedAddress(k_stage(t)),
+                 internal::SharedAddress(v_stage(t)), lane, key0, limits,
+                 key0 + kKeys > wg_min_limit, p.scale_log2);
+    }
+  }
+  CpAsyncWait<0>();
+  att.FinishSums();
+  const int c = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int v = v0 + 8 * r;
+    if (v >= num_vectors) continue;
+    StorePrefillVector<kHeadDim, kRows>(p, w, v, c, att.m[r], att.l[r],
+                                        [&](int n, int e) { return att.o[4 * n + 2 * r + e]; });
+  }
+}
+
 // ---- host side ----
+
+// SetPagedAttentionMmaSyncOnly's setting.
+std::atomic<bool> g_mma_sync_only{false};
+
+bool UseWgmmaPrefill(int64_t head_dim) {
+  return head_dim == PrefillWgmmaTiling::kHeadDim &&
+         !g_mma_sync_only.load(std::memory_order_relaxed) && internal::WgmmaAvailable();
+}
 
 // Per device: multiprocessor count and resident decode CTAs per multiprocessor (per tensor-core
 // head_dim, see TensorCoreHeadDimIndex), with the kernels' dynamic shared memory limits raised on
@@ -635,6 +827,16 @@ absl::Status PrepareTcKernels(int* decode_ctas_per_sm) {
           "cudaFuncSetAttribute(PagedPrefillKernel)");
       !s.ok()) {
     return s;
+  }
+  if constexpr (kHeadDim == PrefillWgmmaTiling::kHeadDim) {
+    if (absl::Status s =
+            internal::CudaStatus(cudaFuncSetAttribute(PagedPrefillWgmmaKernel,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      PrefillWgmmaTiling::kSmemBytes),
+                                 "cudaFuncSetAttribute(PagedPrefillWgmmaKernel)");
+        !s.ok()) {
+      return s;
+    }
   }
   int blocks = 0;
   if (absl::Status s =
@@ -696,12 +898,31 @@ absl::Status LaunchTc(const PagedAttentionPlan& plan, const TcParams& params, in
     }
     return absl::OkStatus();
   }
-  PagedPrefillKernel<kHeadDim><<<static_cast<unsigned>(plan.ctas), kTcThreads,
-                                 PrefillTiling<kHeadDim>::kSmemBytes, stream>>>(params);
-  return internal::LaunchStatus("PagedPrefillKernel");
+  if (UseWgmmaPrefill(kHeadDim)) {
+    PagedPrefillWgmmaKernel<<<static_cast<unsigned>(plan.ctas), PrefillWgmmaTiling::kThreads,
+                              PrefillWgmmaTiling::kSmemBytes, stream>>>(params);
+    if (absl::Status s = internal::LaunchStatus("PagedPrefillWgmmaKernel"); !s.ok()) return s;
+  } else {
+    PagedPrefillKernel<kHeadDim><<<static_cast<unsigned>(plan.ctas), kTcThreads,
+                                   PrefillTiling<kHeadDim>::kSmemBytes, stream>>>(params);
+    if (absl::Status s = internal::LaunchStatus("PagedPrefillKernel"); !s.ok()) return s;
+  }
+  if (plan.splits == 1) return absl::OkStatus();
+  // The partials are per 16-vector sub-tile, as the decode kernel's: merge them as such.
+  TcParams merge = params;
+  merge.query_tiles = params.query_tiles * static_cast<int>(PrefillRows(kHeadDim) / kDecodeRows);
+  const int64_t merge_ctas = int64_t{num_seqs} * merge.query_tiles * num_kv_heads;
+  MergeSplitsKernel<kHeadDim><<<static_cast<unsigned>(merge_ctas), kTcThreads, 0, stream>>>(merge);
+  return internal::LaunchStatus("MergeSplitsKernel");
 }
 
 }  // namespace
+
+void SetPagedAttentionMmaSyncOnly(bool mma_sync) {
+  g_mma_sync_only.store(mma_sync, std::memory_order_relaxed);
+}
+
+bool PagedAttentionPrefillUsesWgmma(int64_t head_dim) { return UseWgmmaPrefill(head_dim); }
 
 absl::Status PagedAttention(const PagedAttentionArgs<float>& a, cudaStream_t stream) {
   if (a.head_dim < 1 || a.head_dim > kMaxAttentionHeadDim) {
@@ -730,10 +951,9 @@ int64_t PagedAttentionWorkspaceFloats(int64_t /*max_num_tokens*/, int64_t max_nu
   const int64_t cap =
       std::min(kMaxSplits, CeilDiv(std::max<int64_t>(max_seq_len, 0), kMinSplitKeys));
   if (cap <= 1 || max_num_seqs <= 0 || num_q_heads <= 0 || head_dim <= 0) return 0;
-  // A split launch has num_seqs * kv_heads * query_tiles * splits CTAs, at most kMaxSplitCtas,
-  // and kv_heads * query_tiles <= 2 * num_q_heads (see kDecodeMaxVectors), splits <= cap.
-  const int64_t ctas = std::min(kMaxSplitCtas, 2 * max_num_seqs * num_q_heads * cap);
-  return ctas * SlotFloats(head_dim);
+  // A split launch writes at most kMaxSplitCtas partial slots of 16 query vectors: decode CTAs
+  // (see PlanPagedAttention), or the 16-vector sub-tiles of split prefill CTAs.
+  return kMaxSplitCtas * SlotFloats(head_dim);
 }
 
 const char* AttentionKernelName(AttentionKernel kernel) {
@@ -790,7 +1010,33 @@ PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, i
   }
   plan.kernel = AttentionKernel::kPrefill;
   plan.query_tiles = CeilDiv(vectors, PrefillRows(head_dim));
-  plan.ctas = plan.query_tiles * num_seqs * num_kv_heads;
+  const int64_t units = plan.query_tiles * num_seqs * num_kv_heads;
+  // Splitting the keys pays only while the tiles leave prefill CTA slots idle (a short chunk after
+  // a long prefix: 512 rows x 4 KV heads are 128 CTAs for 264 slots on an H200). Each split writes
+  // its 16-vector sub-tiles' partials in the decode layout (MergeSplitsKernel combines them), at
+  // most kMaxSplitCtas of them (PagedAttentionWorkspaceFloats).
+  const int64_t slots = sm_count * kPrefillCtasPerSm;
+  const int64_t sub_tiles = units * (PrefillRows(head_dim) / kDecodeRows);
+  const int64_t cap = std::min({kMaxSplits, kMaxSplitCtas / std::max<int64_t>(sub_tiles, 1),
+                                CeilDiv(std::max<int64_t>(max_seq_len, 0), kMinPrefillSplitKeys)});
+  auto cost = [&](int64_t splits) {
+    const int64_t keys =
+        CeilDiv(CeilDiv(std::max<int64_t>(max_seq_len, 1), splits), kPrefillSplitKeyTile) *
+        kPrefillSplitKeyTile;
+    return CeilDiv(units * splits, slots) * (keys + kPrefillSplitOverheadKeys);
+  };
+  int64_t best = 1, best_cost = cost(1);
+  for (int64_t splits = 2; splits <= cap; ++splits) {
+    if (units * splits > 2 * slots) break;
+    const int64_t c = cost(splits);
+    if (c < best_cost) {
+      best = splits;
+      best_cost = c;
+    }
+  }
+  plan.splits = best;
+  plan.ctas = units * best;
+  plan.workspace_floats = best > 1 ? sub_tiles * best * SlotFloats(head_dim) : 0;
   return plan;
 }
 

@@ -34,13 +34,12 @@ absl::Status PagedAttention(const PagedAttentionArgs<float>& a, cudaStream_t str
 
 // Float32 elements of `workspace` PagedAttention(bfloat16) needs for any step of at most
 // max_num_tokens query rows, max_num_seqs sequences and max_seq_len tokens of context with these
-// heads (a host function: no device is touched). Only the split-KV decode kernel uses scratch
-// (one partial (max, sum, output) per query vector and KV split); its splits are bounded by
-// max_seq_len and by a fixed number of split work items (2048 CTAs of 16 query vectors), so the
-// result is at most 2048 * 16 * (head_dim + 2) floats (16.3 MiB for head_dim 128) and 0 when
-// max_seq_len is too short to split (at most 256 tokens). max_num_tokens does not bound it (a
-// launch sizes its split scratch from max_query_len and the number of sequences, not from the rows
-// actually present).
+// heads (a host function: no device is touched). Only split-KV launches use scratch (one partial
+// (max, sum, output) per query vector and KV split), a fixed number of partial slots of 16 query
+// vectors (2048), so the result is 2048 * 16 * (head_dim + 2) floats (16.3 MiB for head_dim 128),
+// or 0 when nothing can split (max_seq_len at most 256 tokens, or no sequences). Split-KV decode
+// spreads a few long sequences over the GPU; split-KV prefill does the same for chunks whose query
+// tiles leave CTA slots idle (a short chunk after a long prefix).
 int64_t PagedAttentionWorkspaceFloats(int64_t max_num_tokens, int64_t max_num_seqs,
                                       int64_t num_q_heads, int64_t head_dim, int64_t max_seq_len);
 
@@ -53,9 +52,11 @@ int64_t PagedAttentionWorkspaceFloats(int64_t max_num_tokens, int64_t max_num_se
 // tensor cores (mma.sync bf16, float32 softmax and accumulation): a split-KV decode kernel when
 // max_query_len == 1 or max_query_len * group <= 32 (each CTA handles all query heads of one KV
 // head, so each K/V byte is read once; partials merged by a second kernel), otherwise a
-// FlashAttention-2 style prefill kernel (up to head_dim 128: 128 query vectors per CTA, two 16-row
+// FlashAttention-2 style prefill kernel, its keys split like the decode kernel's when its tiles
+// do not fill the GPU (up to head_dim 128: 128 query vectors per CTA, two 16-row
 // tiles per warp sharing every K/V fragment, 64-key tiles gathered through the block table; at
-// head_dim 256: 64 query vectors, one 16-row tile per warp, 32-key tiles). Other shapes use a
+// head_dim 256: 64 query vectors, one 16-row tile per warp, 32-key tiles; on Hopper at head_dim
+// 128 the same tiles on warpgroup MMAs, see PagedAttentionPrefillUsesWgmma). Other shapes use a
 // simple bf16 kernel (one warp-split work item per (row, head)). Output agrees with the CPU twin to
 // bf16 rounding of the probabilities (about 1e-2 of max(1, |out|)).
 //
@@ -86,6 +87,16 @@ PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, i
                                       int64_t decode_ctas_per_sm);
 
 const char* AttentionKernelName(AttentionKernel kernel);
+
+// Whether kPrefill launches of this head_dim run the Hopper wgmma kernel on the current device
+// (head_dim 128, an sm_90a build on a compute capability 9.0 device, and not
+// SetPagedAttentionMmaSyncOnly); otherwise they run the mma.sync kernel. Same tiles, same plan.
+bool PagedAttentionPrefillUsesWgmma(int64_t head_dim);
+
+// true: prefill launches run the mma.sync kernel even where wgmma is available (tests check that
+// kernel on Hopper; the benchmark times it as the baseline). Process-wide; set it between
+// launches, not while another thread launches. Default false.
+void SetPagedAttentionMmaSyncOnly(bool mma_sync);
 
 }  // namespace vamp::kernels::cuda
 

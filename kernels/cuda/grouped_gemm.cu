@@ -685,20 +685,6 @@ absl::Status LaunchWgmma(Problem p, int64_t max_rows, int64_t num_experts, cudaS
 // SetGroupedGemmMmaSyncOnly's setting.
 std::atomic<bool> mma_sync_only{false};
 
-// The wgmma kernels exist only in sm_90a code (VAMP_CUDA_WGMMA: the build targets 90a) and run
-// only on a compute capability 9.0 device.
-bool WgmmaAvailable() {
-#if defined(VAMP_CUDA_WGMMA)
-  int device = 0, major = 0, minor = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-         major == 9 && minor == 0;
-#else
-  return false;
-#endif
-}
-
 template <bool kSiluMul>
 absl::Status Launch(const char* name, const BFloat16* a, int64_t lda,
                     const BFloat16* const* expert_weights, int64_t weight_offset, int64_t ldw,
@@ -752,7 +738,7 @@ absl::Status Launch(const char* name, const BFloat16* a, int64_t lda,
   if (avg_rows <= kSmallTileMaxAvgRows) {
     return LaunchTensorCore<SmallTile, kSiluMul>(p, max_rows, num_experts, stream);
   }
-  if (!mma_sync_only.load(std::memory_order_relaxed) && WgmmaAvailable()) {
+  if (!mma_sync_only.load(std::memory_order_relaxed) && internal::WgmmaAvailable()) {
     return LaunchWgmma<WgmmaPairedTile, kSiluMul>(p, max_rows, num_experts, stream);
   }
   if (avg_rows <= kMediumTileMaxAvgRows) {

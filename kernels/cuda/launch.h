@@ -25,6 +25,11 @@ inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 // Multiprocessor count of the current device (sizes persistent grids).
 absl::Status MultiProcessorCount(int* count);
 
+// Whether the Hopper warpgroup-MMA kernels (wgmma.cuh) may run on the current device: the library
+// was built with sm_90a code (VAMP_CUDA_WGMMA) and the device is compute capability 9.0. The
+// device query is made once per device and cached (thread-safe); false on any CUDA error.
+bool WgmmaAvailable();
+
 }  // namespace vamp::kernels::cuda::internal
 
 #endif  // VAMP_KERNELS_CUDA_LAUNCH_H_

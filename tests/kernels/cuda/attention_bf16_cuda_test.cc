@@ -230,7 +230,8 @@ class CudaAttentionBf16Test : public CudaTest {
     return ToFloats(Download(d_out, p.rows * p.out_stride));
   }
 
-  // GPU vs CPU twin on one batch; returns the plan used.
+  // GPU vs CPU twin on one batch; returns the plan used. Prefill launches run on every prefill
+  // kernel this device has (PrefillKernels).
   PagedAttentionPlan Check(const Shape& s, const Batch& b, uint32_t seed, bool aligned = true,
                            int64_t extra_query_len = 0, int64_t extra_seq_len = 0) {
     const Problem p = MakeProblem(s, b, seed, aligned);
@@ -238,14 +239,33 @@ class CudaAttentionBf16Test : public CudaTest {
     const int64_t max_query_len = p.max_query_len + extra_query_len;
     const int64_t max_seq_len = p.max_seq_len + extra_seq_len;
     const PagedAttentionPlan plan = Plan(p, max_query_len, max_seq_len, aligned);
-    const std::string what = b.name + ", " + ShapeName(s) + " (" +
-                             AttentionKernelName(plan.kernel) + " kernel, " +
-                             std::to_string(plan.splits) + " splits)";
     const std::vector<float> want = CpuAttention(p, scale);
-    const std::vector<float> got = GpuAttention(p, scale, max_query_len, max_seq_len);
-    ExpectClose(got, want, kTol, what);
-    ExpectRmsClose(got, want, what);
+    for (const bool mma_sync : PrefillKernels(s, plan)) {
+      SetPagedAttentionMmaSyncOnly(mma_sync);
+      const std::string what =
+          b.name + ", " + ShapeName(s) + " (" + AttentionKernelName(plan.kernel) + " kernel" +
+          KernelSuffix(s, plan) + ", " + std::to_string(plan.splits) + " splits)";
+      const std::vector<float> got = GpuAttention(p, scale, max_query_len, max_seq_len);
+      ExpectClose(got, want, kTol, what);
+      ExpectRmsClose(got, want, what);
+    }
+    SetPagedAttentionMmaSyncOnly(false);
     return plan;
+  }
+
+  // SetPagedAttentionMmaSyncOnly's settings to run a launch under: both where the default prefill
+  // kernel is the Hopper wgmma one (so the mma.sync kernel stays tested on Hopper), else the
+  // default only.
+  static std::vector<bool> PrefillKernels(const Shape& s, const PagedAttentionPlan& plan) {
+    if (plan.kernel == AttentionKernel::kPrefill && PagedAttentionPrefillUsesWgmma(s.head_dim)) {
+      return {false, true};
+    }
+    return {false};
+  }
+
+  static std::string KernelSuffix(const Shape& s, const PagedAttentionPlan& plan) {
+    if (plan.kernel != AttentionKernel::kPrefill) return "";
+    return PagedAttentionPrefillUsesWgmma(s.head_dim) ? " on wgmma" : " on mma.sync";
   }
 
   int sms_ = 0;
@@ -332,6 +352,32 @@ TEST_F(CudaAttentionBf16Test, PrefillWithCachedPrefixMatchesCpu) {
   for (const Shape& s : kShapes) Check(s, chunks, seed += 7);
 }
 
+TEST_F(CudaAttentionBf16Test, LongPrefillChunksMatchCpu) {
+  // Qwen3-30B-A3B's shape over many 64-key tiles: a 520-row prompt (33 query tiles, warpgroups
+  // with and without masked tiles) and a 130-row chunk after a 1,827-token prefix that is not
+  // block aligned.
+  const Batch chunks{{520, 130}, {520, 1957}, "long prefill chunks"};
+  EXPECT_EQ(Check({32, 4, 128, 16}, chunks, 450).splits, 1);
+}
+
+TEST_F(CudaAttentionBf16Test, SplitPrefillMatchesCpu) {
+  // Chunks too small to fill the GPU after long prefixes split their keys: one 64-row chunk after
+  // 2,500 tokens (16 CTAs), and a 20-row and a 3-row chunk after 6,000 and 3,001 tokens; at
+  // head_dim 64 and 256 too (the mma.sync kernel). Every split's partial is merged.
+  const Batch one{{64}, {2564}, "split prefill"};
+  const Batch two{{20, 3}, {6020, 3004}, "split prefill, two sequences"};
+  uint32_t seed = 460;
+  for (const Shape& s : {Shape{32, 4, 128, 16}, Shape{32, 4, 128, 32}, Shape{16, 2, 64, 16},
+                         Shape{16, 2, 256, 16}}) {
+    const PagedAttentionPlan a = Check(s, one, seed += 7);
+    EXPECT_EQ(a.kernel, AttentionKernel::kPrefill) << ShapeName(s);
+    EXPECT_GT(a.splits, 1) << ShapeName(s);
+    const PagedAttentionPlan b = Check(s, two, seed += 7);
+    EXPECT_EQ(b.kernel, AttentionKernel::kPrefill) << ShapeName(s);
+    EXPECT_GT(b.splits, 1) << ShapeName(s);
+  }
+}
+
 TEST_F(CudaAttentionBf16Test, MixedBatchWithEmptySequenceMatchesCpu) {
   // Decode rows, prefill chunks and a sequence with no query rows in one launch.
   const Batch mixed{{1, 37, 0, 1, 100, 1}, {900, 37, 50, 2, 400, 16}, "mixed"};
@@ -399,39 +445,46 @@ TEST_F(CudaAttentionBf16Test, MaskedKeysNeverInfluenceOutput) {
   const Batch b{{5, 70, 1, 130}, {5, 200, 40, 130}, "causal"};
   for (const Shape& s : {Shape{32, 4, 128, 16}, Shape{16, 8, 64, 32}, Shape{16, 2, 64, 16},
                          Shape{16, 2, 256, 16}, Shape{4, 2, 16, 16}}) {
-    Problem p = MakeProblem(s, b, 1000);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-    const std::vector<float> before = GpuAttention(p, scale, p.max_query_len, p.max_seq_len);
-    std::vector<bool> last_row(p.rows, false);
-    for (int64_t i = 0; i < p.num_seqs; ++i) {
-      if (p.qsl[i + 1] == p.qsl[i]) continue;
-      const int64_t row = p.qsl[i + 1] - 1;
-      last_row[row] = true;
-      const int64_t group = s.q_heads / s.kv_heads;
-      for (int64_t h = 0; h < s.kv_heads; ++h) {
-        for (int64_t d = 0; d < s.head_dim; ++d) {
-          p.cache[p.CacheIndex(i, p.seq_lens[i] - 1, h, d, false)] =
-              p.q[row * p.q_stride + h * group * s.head_dim + d];
-          p.cache[p.CacheIndex(i, p.seq_lens[i] - 1, h, d, true)] = ToBFloat16(1000.0f);
+    const Problem problem = MakeProblem(s, b, 1000);
+    const PagedAttentionPlan plan = Plan(problem, problem.max_query_len, problem.max_seq_len, true);
+    for (const bool mma_sync : PrefillKernels(s, plan)) {
+      SetPagedAttentionMmaSyncOnly(mma_sync);
+      Problem p = problem;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+      const std::vector<float> before = GpuAttention(p, scale, p.max_query_len, p.max_seq_len);
+      std::vector<bool> last_row(p.rows, false);
+      for (int64_t i = 0; i < p.num_seqs; ++i) {
+        if (p.qsl[i + 1] == p.qsl[i]) continue;
+        const int64_t row = p.qsl[i + 1] - 1;
+        last_row[row] = true;
+        const int64_t group = s.q_heads / s.kv_heads;
+        for (int64_t h = 0; h < s.kv_heads; ++h) {
+          for (int64_t d = 0; d < s.head_dim; ++d) {
+            p.cache[p.CacheIndex(i, p.seq_lens[i] - 1, h, d, false)] =
+                p.q[row * p.q_stride + h * group * s.head_dim + d];
+            p.cache[p.CacheIndex(i, p.seq_lens[i] - 1, h, d, true)] = ToBFloat16(1000.0f);
+          }
+        }
+      }
+      const std::vector<float> after = GpuAttention(p, scale, p.max_query_len, p.max_seq_len);
+      const int64_t width = s.q_heads * s.head_dim;
+      for (int64_t r = 0; r < p.rows; ++r) {
+        double max_change = 0;
+        for (int64_t c = 0; c < width; ++c) {
+          const float x = before[r * p.out_stride + c], y = after[r * p.out_stride + c];
+          ASSERT_FALSE(std::isnan(x) || std::isnan(y)) << ShapeName(s) << " row " << r;
+          max_change = std::max(max_change, std::abs(double(x) - y));
+        }
+        const std::string what = ShapeName(s) + (mma_sync ? " (mma.sync prefill)" : "");
+        if (last_row[r]) {
+          EXPECT_GT(max_change, 1.0) << what << ": row " << r << " ignores its last key";
+        } else {
+          EXPECT_EQ(max_change, 0.0) << what << ": row " << r << " sees a future key";
         }
       }
     }
-    const std::vector<float> after = GpuAttention(p, scale, p.max_query_len, p.max_seq_len);
-    const int64_t width = s.q_heads * s.head_dim;
-    for (int64_t r = 0; r < p.rows; ++r) {
-      double max_change = 0;
-      for (int64_t c = 0; c < width; ++c) {
-        const float x = before[r * p.out_stride + c], y = after[r * p.out_stride + c];
-        ASSERT_FALSE(std::isnan(x) || std::isnan(y)) << ShapeName(s) << " row " << r;
-        max_change = std::max(max_change, std::abs(double(x) - y));
-      }
-      if (last_row[r]) {
-        EXPECT_GT(max_change, 1.0) << ShapeName(s) << ": row " << r << " ignores its last key";
-      } else {
-        EXPECT_EQ(max_change, 0.0) << ShapeName(s) << ": row " << r << " sees a future key";
-      }
-    }
   }
+  SetPagedAttentionMmaSyncOnly(false);
 }
 
 TEST_F(CudaAttentionBf16Test, RejectsBadArguments) {
@@ -494,6 +547,27 @@ TEST(PagedAttentionPlanTest, RoutesByShapeAndLayout) {
   EXPECT_EQ(next.ctas, next.query_tiles * 3 * 2);
 }
 
+TEST(PagedAttentionPlanTest, PrefillSplitsOnlyWhenItsTilesLeaveTheGpuIdle) {
+  auto plan = [](int64_t seqs, int64_t max_q, int64_t max_len) {
+    return PlanPagedAttention(seqs, max_q, max_len, 32, 4, 128, true, 132, 2);
+  };
+  // 512 rows after 8,192 cached tokens: 128 CTAs for 264 slots; two splits fill one wave.
+  const PagedAttentionPlan after_prefix = plan(1, 512, 8704);
+  EXPECT_EQ(after_prefix.kernel, AttentionKernel::kPrefill);
+  EXPECT_EQ(after_prefix.splits, 2);
+  EXPECT_EQ(after_prefix.ctas, 2 * 128);
+  EXPECT_EQ(after_prefix.workspace_floats, 2 * 128 * 128 * (128 + 2));
+  // The same chunk without a prefix has too few keys to split; 2,048 rows after 8,192 fill the GPU.
+  EXPECT_EQ(plan(1, 512, 512).splits, 1);
+  EXPECT_EQ(plan(1, 2048, 10240).splits, 1);
+  EXPECT_EQ(plan(1, 2048, 10240).workspace_floats, 0);
+  // A few rows on a long context spread over the GPU, within the partial slots.
+  const PagedAttentionPlan few = plan(1, 20, 32768);
+  EXPECT_GT(few.splits, 8);
+  EXPECT_LE(few.ctas, 2 * 132 * 2);
+  EXPECT_LE(few.workspace_floats, PagedAttentionWorkspaceFloats(20, 1, 32, 128, 32768));
+}
+
 TEST(PagedAttentionPlanTest, SplitsFillTheGpuOnlyWhenNeeded) {
   // Qwen3-30B-A3B decode on 132 SMs with 2 resident decode CTAs each.
   const PagedAttentionPlan one = PlanPagedAttention(1, 1, 32768, 32, 4, 128, true, 132, 2);
@@ -513,14 +587,14 @@ TEST(PagedAttentionPlanTest, SplitsFillTheGpuOnlyWhenNeeded) {
 TEST(PagedAttentionPlanTest, WorkspaceNeverExceedsTheSizingFunction) {
   // The runner sizes scratch once with PagedAttentionWorkspaceFloats at its largest bounds; every
   // launch within those bounds must fit.
-  int64_t checked = 0, split = 0;
+  int64_t checked = 0, split = 0, prefill_split = 0;
   for (int64_t sms : {1, 16, 132, 264}) {
     for (int64_t per_sm : {1, 2, 4}) {
       for (auto [qh, kvh] : std::vector<std::pair<int64_t, int64_t>>{
                {32, 4}, {16, 2}, {8, 8}, {64, 1}, {16, 16}, {40, 5}}) {
-        for (int64_t hd : {64, 128}) {
+        for (int64_t hd : {64, 128, 256}) {
           for (int64_t seqs : {1, 2, 3, 7, 16, 64, 255}) {
-            for (int64_t max_q : {1, 2, 3, 4, 8, 16, 32, 33}) {
+            for (int64_t max_q : {1, 2, 3, 4, 8, 16, 32, 33, 64, 512, 2048}) {
               for (int64_t len : {1, 255, 256, 257, 1000, 8192, 32768, 131072}) {
                 const PagedAttentionPlan plan =
                     PlanPagedAttention(seqs, max_q, len, qh, kvh, hd, true, sms, per_sm);
@@ -534,8 +608,12 @@ TEST(PagedAttentionPlanTest, WorkspaceNeverExceedsTheSizingFunction) {
                           PagedAttentionWorkspaceFloats(seqs * max_q, seqs + 1, qh, hd, 2 * len));
                 ASSERT_LE(plan.splits, 128);
                 if (plan.splits > 1) {
-                  ASSERT_EQ(plan.kernel, AttentionKernel::kDecode);
-                  ASSERT_EQ(plan.workspace_floats, plan.ctas * 16 * (hd + 2));
+                  // Decode CTAs hold 16 query vectors, prefill CTAs 128 (64 at head_dim 256).
+                  const int64_t vectors =
+                      plan.kernel == AttentionKernel::kDecode ? 16 : (hd > 128 ? 64 : 128);
+                  ASSERT_NE(plan.kernel, AttentionKernel::kSimple);
+                  ASSERT_EQ(plan.workspace_floats, plan.ctas * vectors * (hd + 2));
+                  if (plan.kernel == AttentionKernel::kPrefill) ++prefill_split;
                   ++split;
                 }
                 ++checked;
@@ -547,13 +625,15 @@ TEST(PagedAttentionPlanTest, WorkspaceNeverExceedsTheSizingFunction) {
     }
   }
   EXPECT_GT(split, checked / 10);  // the sweep exercises splitting
+  EXPECT_GT(prefill_split, checked / 100);
 }
 
 TEST(PagedAttentionPlanTest, SizingIsZeroWhenNothingCanSplit) {
   EXPECT_EQ(PagedAttentionWorkspaceFloats(8192, 256, 32, 128, 256), 0);
   EXPECT_EQ(PagedAttentionWorkspaceFloats(8192, 0, 32, 128, 40960), 0);
-  // Qwen3-30B-A3B at 40k context: bounded by the split work items, about 17 MiB.
+  // Qwen3-30B-A3B at 40k context: the split partial slots, about 17 MiB, whatever the batch.
   EXPECT_EQ(PagedAttentionWorkspaceFloats(8192, 256, 32, 128, 40960), 2048 * 16 * 130);
+  EXPECT_EQ(PagedAttentionWorkspaceFloats(64, 1, 32, 128, 40960), 2048 * 16 * 130);
 }
 
 }  // namespace
