@@ -968,6 +968,31 @@ const char* AttentionKernelName(AttentionKernel kernel) {
   return "?";
 }
 
+namespace {
+
+// The number of KV splits in [1, cap] that minimises the estimated time of `units` CTAs' worth of
+// work on `slots` resident CTAs, without launching more than max_ctas: waves of CTAs times each
+// CTA's keys (max_seq_len / splits, rounded up to key_tile) plus its fixed cost (overhead_keys).
+int64_t BestSplits(int64_t units, int64_t slots, int64_t max_ctas, int64_t cap, int64_t max_seq_len,
+                   int64_t key_tile, int64_t overhead_keys) {
+  auto cost = [&](int64_t splits) {
+    const int64_t keys =
+        CeilDiv(CeilDiv(std::max<int64_t>(max_seq_len, 1), splits), key_tile) * key_tile;
+    return CeilDiv(units * splits, slots) * (keys + overhead_keys);
+  };
+  int64_t best = 1, best_cost = cost(1);
+  for (int64_t splits = 2; splits <= cap && units * splits <= max_ctas; ++splits) {
+    const int64_t c = cost(splits);
+    if (c < best_cost) {
+      best = splits;
+      best_cost = c;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
 PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, int64_t max_seq_len,
                                       int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                                       bool tensor_core_layout, int64_t sm_count,
@@ -988,21 +1013,8 @@ PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, i
     const int64_t slots = sm_count * std::max<int64_t>(decode_ctas_per_sm, 1);
     const int64_t cap =
         std::min(kMaxSplits, CeilDiv(std::max<int64_t>(max_seq_len, 1), kMinSplitKeys));
-    // Estimated time: waves of CTAs times each CTA's keys plus its fixed cost.
-    auto cost = [&](int64_t splits) {
-      const int64_t keys =
-          CeilDiv(CeilDiv(std::max<int64_t>(max_seq_len, 1), splits), kDecodeKeys) * kDecodeKeys;
-      return CeilDiv(units * splits, slots) * (keys + kSplitOverheadKeys);
-    };
-    int64_t best = 1, best_cost = cost(1);
-    for (int64_t splits = 2; splits <= cap; ++splits) {
-      if (units * splits > std::min(2 * slots, kMaxSplitCtas)) break;
-      const int64_t c = cost(splits);
-      if (c < best_cost) {
-        best = splits;
-        best_cost = c;
-      }
-    }
+    const int64_t best = BestSplits(units, slots, std::min(2 * slots, kMaxSplitCtas), cap,
+                                    max_seq_len, kDecodeKeys, kSplitOverheadKeys);
     plan.splits = best;
     plan.ctas = units * best;
     plan.workspace_floats = best > 1 ? plan.ctas * SlotFloats(head_dim) : 0;
@@ -1019,21 +1031,8 @@ PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, i
   const int64_t sub_tiles = units * (PrefillRows(head_dim) / kDecodeRows);
   const int64_t cap = std::min({kMaxSplits, kMaxSplitCtas / std::max<int64_t>(sub_tiles, 1),
                                 CeilDiv(std::max<int64_t>(max_seq_len, 0), kMinPrefillSplitKeys)});
-  auto cost = [&](int64_t splits) {
-    const int64_t keys =
-        CeilDiv(CeilDiv(std::max<int64_t>(max_seq_len, 1), splits), kPrefillSplitKeyTile) *
-        kPrefillSplitKeyTile;
-    return CeilDiv(units * splits, slots) * (keys + kPrefillSplitOverheadKeys);
-  };
-  int64_t best = 1, best_cost = cost(1);
-  for (int64_t splits = 2; splits <= cap; ++splits) {
-    if (units * splits > 2 * slots) break;
-    const int64_t c = cost(splits);
-    if (c < best_cost) {
-      best = splits;
-      best_cost = c;
-    }
-  }
+  const int64_t best = BestSplits(units, slots, 2 * slots, cap, max_seq_len, kPrefillSplitKeyTile,
+                                  kPrefillSplitOverheadKeys);
   plan.splits = best;
   plan.ctas = units * best;
   plan.workspace_floats = best > 1 ? sub_tiles * best * SlotFloats(head_dim) : 0;

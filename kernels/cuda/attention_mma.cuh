@@ -58,6 +58,29 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// The online-softmax step of one row of a score tile, which the four lanes of a group (same
+// g = lane / 4) hold between them. row_max: this lane's max of the row's scores in the tile (log2
+// domain); on return the row's max over the tile and its running max m, or 0 for a row that has
+// seen no visible key yet (m stays -inf, and exp2 relative to 0 gives its all-masked scores weight
+// 0 instead of exp2(-inf - -inf) = NaN): the reference its new exp2 weights are taken against. m
+// becomes the running max. Returns the factor the row's earlier sum and output are scaled by.
+__device__ __forceinline__ float OnlineSoftmaxMax(float& row_max, float& m) {
+  row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+  row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+  const float m_new = fmaxf(m, row_max);
+  const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+  const float correction = exp2f(m - m_use);
+  m = m_new;
+  row_max = m_use;
+  return correction;
+}
+
+// The sum of x over the four lanes of this lane's group.
+__device__ __forceinline__ float QuadSum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 // The state of one warp's kRowTiles x 16 query vectors (kRowTiles m16 row tiles: rows
 // 16t..16t+15 of the warp's share of the Q tile form row tile t): the output accumulators and the
 // online-softmax statistics of the two rows of each row tile this lane holds (g and g+8), and the
@@ -191,20 +214,9 @@ struct WarpAttention {
           row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
         }
       }
-      // The four lanes of a group (same g) hold a row between them.
       float correction[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-        const float m_new = fmaxf(m[t][r], row_max[r]);
-        // A row that has seen no visible key yet keeps m = -inf; exp2 relative to 0 then gives
-        // weight 0 to its (all masked) scores instead of exp2(-inf - -inf) = NaN.
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        correction[r] = exp2f(m[t][r] - m_use);
-        m[t][r] = m_new;
-        row_max[r] = m_use;
-      }
+      for (int r = 0; r < 2; ++r) correction[r] = OnlineSoftmaxMax(row_max[r], m[t][r]);
       float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) {
@@ -256,10 +268,7 @@ struct WarpAttention {
 #pragma unroll
     for (int t = 0; t < kRowTiles; ++t) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 1);
-        l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 2);
-      }
+      for (int r = 0; r < 2; ++r) l[t][r] = QuadSum(l[t][r]);
     }
   }
 };

@@ -96,18 +96,7 @@ struct WarpgroupAttention {
     }
     float correction[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // The four lanes of a group (same g) hold a row between them.
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);
-      // A row that has seen no visible key keeps m = -inf; exp2 relative to 0 then gives its
-      // (all masked) scores weight 0 instead of exp2(-inf - -inf) = NaN.
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      correction[r] = exp2f(m[r] - m_use);
-      m[r] = m_new;
-      row_max[r] = m_use;
-    }
+    for (int r = 0; r < 2; ++r) correction[r] = OnlineSoftmaxMax(row_max[r], m[r]);
     float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) {
@@ -142,10 +131,7 @@ struct WarpgroupAttention {
   // Completes the row sums (l) across the four lanes of each group; m is already uniform there.
   __device__ __forceinline__ void FinishSums() {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
+    for (int r = 0; r < 2; ++r) l[r] = QuadSum(l[r]);
   }
 };
 

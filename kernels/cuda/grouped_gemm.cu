@@ -233,6 +233,70 @@ struct TcTile {
   static_assert(kStages >= 2, "pipeline");
 };
 
+// The cp.async loads of one CTA's tiles, k-tile by k-tile: A is kPasses(A) x kRowsPerPass rows of
+// the expert's activations, B the same of its weight rows for this CTA's columns; each thread
+// copies chunk `chunk` of rows load_row + i * kRowsPerPass. Rows past the expert's (A) or past
+// out_cols (B) are zero-filled, their pointers only kept valid. Fused w13 (kSiluMul): each
+// kPairRows-row block of B holds kPairRows / 2 gate rows j, then the up rows inter + j of the same
+// j, so one warp's (mma.sync: a warp column group) or one warpgroup's (wgmma: a 128-row block)
+// accumulators hold both halves of its outputs.
+template <class Tile, bool kSiluMul, int kPairRows>
+struct StageLoader {
+  const bf16* a_src[Tile::kAPasses];
+  bool a_ok[Tile::kAPasses];
+  const bf16* b_src[Tile::kBPasses];
+  bool b_ok[Tile::kBPasses];
+
+  __device__ __forceinline__ StageLoader(const Problem& p, const bf16* w, const TileInfo& info,
+                                         int col0, int load_row, int chunk) {
+#pragma unroll
+    for (int i = 0; i < Tile::kAPasses; ++i) {
+      const int r = load_row + i * Tile::kRowsPerPass;
+      a_ok[i] = r < info.rows;
+      a_src[i] = p.a + static_cast<int64_t>(info.row_begin + (a_ok[i] ? r : 0)) * p.lda +
+                 chunk * kChunkElems;
+    }
+#pragma unroll
+    for (int i = 0; i < Tile::kBPasses; ++i) {
+      const int r = load_row + i * Tile::kRowsPerPass;
+      int w_row;
+      if constexpr (kSiluMul) {
+        constexpr int kHalf = kPairRows / 2;
+        const int q = r % kPairRows;
+        const int j = col0 + (r / kPairRows) * kHalf + q % kHalf;
+        b_ok[i] = j < p.out_cols;
+        w_row = q < kHalf ? j : p.out_cols + j;
+      } else {
+        w_row = col0 + r;
+        b_ok[i] = w_row < p.out_cols;
+      }
+      b_src[i] = w + static_cast<int64_t>(b_ok[i] ? w_row : 0) * p.ldw + chunk * kChunkElems;
+    }
+  }
+
+  // Starts the copies of k-tile kt into `stage` of the A and B stage arrays (the thread's swizzled
+  // chunk at load_offset of each row); `w` and p.a stand in as the never-read source of zeros.
+  __device__ __forceinline__ void Load(const Problem& p, const bf16* w, uint32_t a_smem,
+                                       uint32_t b_smem, uint32_t load_offset, int chunk, int stage,
+                                       int kt) const {
+    const bool k_ok = kt * kBK + chunk * kChunkElems < p.k;
+    const uint32_t a_dst = a_smem + stage * Tile::BM * kRowBytes + load_offset;
+    const uint32_t b_dst = b_smem + stage * Tile::BN * kRowBytes + load_offset;
+#pragma unroll
+    for (int i = 0; i < Tile::kAPasses; ++i) {
+      const bool ok = a_ok[i] && k_ok;
+      CpAsync16(a_dst + i * Tile::kRowsPerPass * kRowBytes, ok ? a_src[i] + kt * kBK : p.a,
+                ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < Tile::kBPasses; ++i) {
+      const bool ok = b_ok[i] && k_ok;
+      CpAsync16(b_dst + i * Tile::kRowsPerPass * kRowBytes, ok ? b_src[i] + kt * kBK : w,
+                ok ? 16 : 0);
+    }
+  }
+};
+
 // Decode: few rows per expert; two CTAs per SM keep ~8 weight stages (128 KiB) in flight.
 using SmallTile = TcTile<32, 128, 1, 4, 5, 2>;
 // Mid-size batches.
@@ -277,54 +341,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
       continue;
     }
 
-    // Source rows of this thread's chunks; rows past the expert's (or past n / inter) are
-    // zero-filled, their pointers only kept valid.
-    const bf16* a_src[Tile::kAPasses];
-    bool a_ok[Tile::kAPasses];
-#pragma unroll
-    for (int i = 0; i < Tile::kAPasses; ++i) {
-      const int r = load_row + i * Tile::kRowsPerPass;
-      a_ok[i] = r < info.rows;
-      a_src[i] = p.a + static_cast<int64_t>(info.row_begin + (a_ok[i] ? r : 0)) * p.lda +
-                 chunk * kChunkElems;
-    }
-    const bf16* b_src[Tile::kBPasses];
-    bool b_ok[Tile::kBPasses];
-#pragma unroll
-    for (int i = 0; i < Tile::kBPasses; ++i) {
-      const int r = load_row + i * Tile::kRowsPerPass;
-      int w_row;
-      if constexpr (kSiluMul) {
-        // Warp column group r / kWarpN holds gate rows j in its first half and the up rows
-        // inter + j of the same j in its second half, so one thread's accumulators hold both.
-        constexpr int kHalf = kWarpN / 2;
-        const int q = r % kWarpN;
-        const int j = col0 + (r / kWarpN) * kHalf + q % kHalf;
-        b_ok[i] = j < p.out_cols;
-        w_row = q < kHalf ? j : p.out_cols + j;
-      } else {
-        w_row = col0 + r;
-        b_ok[i] = w_row < p.out_cols;
-      }
-      b_src[i] = w + static_cast<int64_t>(b_ok[i] ? w_row : 0) * p.ldw + chunk * kChunkElems;
-    }
-
+    // Warp column group r / kWarpN holds gate rows in its first half and the up rows of the same
+    // columns in its second half.
+    const StageLoader<Tile, kSiluMul, kWarpN> loader(p, w, info, col0, load_row, chunk);
     auto load_stage = [&](int stage, int kt) {
-      const bool k_ok = kt * kBK + chunk * kChunkElems < p.k;
-      const uint32_t a_dst = a_smem + stage * BM * kRowBytes + load_offset;
-      const uint32_t b_dst = b_smem + stage * BN * kRowBytes + load_offset;
-#pragma unroll
-      for (int i = 0; i < Tile::kAPasses; ++i) {
-        const bool ok = a_ok[i] && k_ok;
-        CpAsync16(a_dst + i * Tile::kRowsPerPass * kRowBytes, ok ? a_src[i] + kt * kBK : p.a,
-                  ok ? 16 : 0);
-      }
-#pragma unroll
-      for (int i = 0; i < Tile::kBPasses; ++i) {
-        const bool ok = b_ok[i] && k_ok;
-        CpAsync16(b_dst + i * Tile::kRowsPerPass * kRowBytes, ok ? b_src[i] + kt * kBK : w,
-                  ok ? 16 : 0);
-      }
+      loader.Load(p, w, a_smem, b_smem, load_offset, chunk, stage, kt);
     };
 
     float acc[kFragsM][kFragsN][4];
@@ -502,49 +523,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
       continue;
     }
 
-    const bf16* a_src[Tile::kAPasses];
-    bool a_ok[Tile::kAPasses];
-#pragma unroll
-    for (int i = 0; i < Tile::kAPasses; ++i) {
-      const int r = load_row + i * Tile::kRowsPerPass;
-      a_ok[i] = r < info.rows;
-      a_src[i] = p.a + static_cast<int64_t>(info.row_begin + (a_ok[i] ? r : 0)) * p.lda +
-                 chunk * kChunkElems;
-    }
-    const bf16* b_src[Tile::kBPasses];
-    bool b_ok[Tile::kBPasses];
-#pragma unroll
-    for (int i = 0; i < Tile::kBPasses; ++i) {
-      const int r = load_row + i * Tile::kRowsPerPass;
-      int w_row;
-      if constexpr (kSiluMul) {
-        const int q = r % 128;
-        const int j = col0 + (r / 128) * 64 + q % 64;
-        b_ok[i] = j < p.out_cols;
-        w_row = q < 64 ? j : p.out_cols + j;
-      } else {
-        w_row = col0 + r;
-        b_ok[i] = w_row < p.out_cols;
-      }
-      b_src[i] = w + static_cast<int64_t>(b_ok[i] ? w_row : 0) * p.ldw + chunk * kChunkElems;
-    }
-
+    const StageLoader<Tile, kSiluMul, 128> loader(p, w, info, col0, load_row, chunk);
     auto load_stage = [&](int stage, int kt) {
-      const bool k_ok = kt * kBK + chunk * kChunkElems < p.k;
-      const uint32_t a_dst = a_smem + stage * BM * kRowBytes + load_offset;
-      const uint32_t b_dst = b_smem + stage * BN * kRowBytes + load_offset;
-#pragma unroll
-      for (int i = 0; i < Tile::kAPasses; ++i) {
-        const bool ok = a_ok[i] && k_ok;
-        CpAsync16(a_dst + i * Tile::kRowsPerPass * kRowBytes, ok ? a_src[i] + kt * kBK : p.a,
-                  ok ? 16 : 0);
-      }
-#pragma unroll
-      for (int i = 0; i < Tile::kBPasses; ++i) {
-        const bool ok = b_ok[i] && k_ok;
-        CpAsync16(b_dst + i * Tile::kRowsPerPass * kRowBytes, ok ? b_src[i] + kt * kBK : w,
-                  ok ? 16 : 0);
-      }
+      loader.Load(p, w, a_smem, b_smem, load_offset, chunk, stage, kt);
     };
 
     float acc[kNPerWg][64];
@@ -644,42 +625,39 @@ int64_t TileBound(int64_t max_rows, int64_t num_experts, int bm) {
   return CeilDiv(max_rows, bm) + std::min(num_experts, max_rows);
 }
 
+// Launches `kernel` (GroupedGemmTensorCoreKernel or GroupedGemmWgmmaKernel of Tile) over the
+// output columns (grid x) and Tile::BM-row tiles (grid y, strided past kMaxGridY).
 template <class Tile, bool kSiluMul>
-absl::Status LaunchTensorCore(Problem p, int64_t max_rows, int64_t num_experts,
-                              cudaStream_t stream) {
+absl::Status LaunchTiled(void (*kernel)(Problem), const char* name, Problem p, int64_t max_rows,
+                         int64_t num_experts, cudaStream_t stream) {
   constexpr int kOutCols = kSiluMul ? Tile::BN / 2 : Tile::BN;
   p.tile_bound = static_cast<int>(TileBound(max_rows, num_experts, Tile::BM));
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.out_cols, kOutCols)),
                   static_cast<unsigned>(std::min<int64_t>(p.tile_bound, kMaxGridY)));
-  auto* kernel = &GroupedGemmTensorCoreKernel<Tile, kSiluMul>;
   // Cheap host call; repeated per launch because the attribute is per device and per process.
   if (absl::Status s = internal::CudaStatus(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                Tile::kSmemBytes),
-          "cudaFuncSetAttribute(GroupedGemmTensorCoreKernel)");
+          absl::StrCat("cudaFuncSetAttribute(", name, ")").c_str());
       !s.ok()) {
     return s;
   }
   kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
-  return internal::LaunchStatus("GroupedGemmTensorCoreKernel");
+  return internal::LaunchStatus(name);
+}
+
+template <class Tile, bool kSiluMul>
+absl::Status LaunchTensorCore(Problem p, int64_t max_rows, int64_t num_experts,
+                              cudaStream_t stream) {
+  return LaunchTiled<Tile, kSiluMul>(&GroupedGemmTensorCoreKernel<Tile, kSiluMul>,
+                                     "GroupedGemmTensorCoreKernel", p, max_rows, num_experts,
+                                     stream);
 }
 
 template <class Tile, bool kSiluMul>
 absl::Status LaunchWgmma(Problem p, int64_t max_rows, int64_t num_experts, cudaStream_t stream) {
-  constexpr int kOutCols = kSiluMul ? Tile::BN / 2 : Tile::BN;
-  p.tile_bound = static_cast<int>(TileBound(max_rows, num_experts, Tile::BM));
-  const dim3 grid(static_cast<unsigned>(CeilDiv(p.out_cols, kOutCols)),
-                  static_cast<unsigned>(std::min<int64_t>(p.tile_bound, kMaxGridY)));
-  auto* kernel = &GroupedGemmWgmmaKernel<Tile, kSiluMul>;
-  if (absl::Status s = internal::CudaStatus(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               Tile::kSmemBytes),
-          "cudaFuncSetAttribute(GroupedGemmWgmmaKernel)");
-      !s.ok()) {
-    return s;
-  }
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
-  return internal::LaunchStatus("GroupedGemmWgmmaKernel");
+  return LaunchTiled<Tile, kSiluMul>(&GroupedGemmWgmmaKernel<Tile, kSiluMul>,
+                                     "GroupedGemmWgmmaKernel", p, max_rows, num_experts, stream);
 }
 
 // SetGroupedGemmMmaSyncOnly's setting.
