@@ -72,24 +72,26 @@ struct PrefillTiling {
 };
 static_assert(kDecodeStages >= 2, "pipelines need two stages or more");
 
-// Hopper prefill at head_dim 128 (sm_90a builds on compute capability 9.0 devices, unless
-// SetPagedAttentionMmaSyncOnly): PagedPrefillKernel's grid and 128-vector query tiles, run by two
-// warpgroups of 64 vectors each on wgmma (attention_wgmma.cuh) over 64-key tiles in a two-stage
-// cp.async pipeline. 97 KiB of shared memory and at most 128 registers per thread let two CTAs
-// share a multiprocessor, so one CTA's softmax overlaps the other's MMAs.
+// Hopper prefill (sm_90a builds on compute capability 9.0 devices, unless
+// SetPagedAttentionMmaSyncOnly): PagedPrefillKernel's grid and query tiles, run by warpgroups of
+// 64 vectors each on wgmma (attention_wgmma.cuh) over key tiles in a two-stage cp.async pipeline.
+// Head_dim 128: two warpgroups (128 vectors), 64-key tiles; head_dim 256: one warpgroup (64
+// vectors), 32-key tiles. Either takes 97 KiB of shared memory, and registers for two CTAs per
+// multiprocessor, so one CTA's softmax overlaps the other's MMAs.
+template <int kHeadDimArg>
 struct PrefillWgmmaTiling {
-  static constexpr int kHeadDim = 128;
-  static constexpr int kWarpgroups = 2;
+  static constexpr int kHeadDim = kHeadDimArg;
+  static constexpr int kWarpgroups = kHeadDim <= 128 ? 2 : 1;
   static constexpr int kRows = 64 * kWarpgroups;
-  static constexpr int kKeys = 64;
+  static constexpr int kKeys = kHeadDim <= 128 ? 64 : 32;
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kMinBlocks = 2;
   // + 1,024 bytes of slack to align the tiles to the swizzle atoms.
   static constexpr int kSmemBytes = (kRows + kStages * 2 * kKeys) * kHeadDim * 2 + 1024;
   static_assert(kRows == PrefillTiling<kHeadDim>::kRows, "the planner sizes the query tiles");
-  static_assert((kKeys * kHeadDim * 2) % 1024 == 0 && (kRows * kHeadDim * 2) % 1024 == 0,
-                "tiles start on swizzle atoms");
+  static_assert((kKeys * 128) % 1024 == 0 && (kRows * 128) % 1024 == 0,
+                "tiles and their column blocks start on swizzle atoms");
 };
 
 // The head dimensions the tensor-core kernels are instantiated for, and their index in
@@ -714,10 +716,11 @@ __global__ void __launch_bounds__(kTcThreads) PagedPrefillKernel(const TcParams 
 // and output. Warpgroup w owns the CTA's vectors 64w .. 64w + 63; a warpgroup whose vectors all
 // lie past the sequence, or whose keys all lie before a tile, skips that tile's MMAs (a decision
 // uniform over the warpgroup, as wgmma requires) but loads and reaches every barrier.
-__global__ void __launch_bounds__(PrefillWgmmaTiling::kThreads, PrefillWgmmaTiling::kMinBlocks)
+template <int kHeadDim>
+__global__ void __launch_bounds__(PrefillWgmmaTiling<kHeadDim>::kThreads,
+                                  PrefillWgmmaTiling<kHeadDim>::kMinBlocks)
     PagedPrefillWgmmaKernel(const TcParams p) {
-  using Tiling = PrefillWgmmaTiling;
-  constexpr int kHeadDim = Tiling::kHeadDim;
+  using Tiling = PrefillWgmmaTiling<kHeadDim>;
   constexpr int kRows = Tiling::kRows;
   constexpr int kKeys = Tiling::kKeys;
   constexpr int kTileElems = kKeys * kHeadDim;
@@ -797,8 +800,8 @@ __global__ void __launch_bounds__(PrefillWgmmaTiling::kThreads, PrefillWgmmaTili
 std::atomic<bool> g_mma_sync_only{false};
 
 bool UseWgmmaPrefill(int64_t head_dim) {
-  return head_dim == PrefillWgmmaTiling::kHeadDim &&
-         !g_mma_sync_only.load(std::memory_order_relaxed) && internal::WgmmaAvailable();
+  return (head_dim == 128 || head_dim == 256) && !g_mma_sync_only.load(std::memory_order_relaxed) &&
+         internal::WgmmaAvailable();
 }
 
 // Per device: multiprocessor count and resident decode CTAs per multiprocessor (per tensor-core
@@ -828,11 +831,11 @@ absl::Status PrepareTcKernels(int* decode_ctas_per_sm) {
       !s.ok()) {
     return s;
   }
-  if constexpr (kHeadDim == PrefillWgmmaTiling::kHeadDim) {
+  if constexpr (kHeadDim == 128 || kHeadDim == 256) {
     if (absl::Status s =
-            internal::CudaStatus(cudaFuncSetAttribute(PagedPrefillWgmmaKernel,
+            internal::CudaStatus(cudaFuncSetAttribute(PagedPrefillWgmmaKernel<kHeadDim>,
                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      PrefillWgmmaTiling::kSmemBytes),
+                                                      PrefillWgmmaTiling<kHeadDim>::kSmemBytes),
                                  "cudaFuncSetAttribute(PagedPrefillWgmmaKernel)");
         !s.ok()) {
       return s;
@@ -882,6 +885,19 @@ absl::Status GetDeviceLaunchInfo(DeviceLaunchInfo* info) {
   return absl::OkStatus();
 }
 
+// After a split prefill launch: its partials are per 16-vector sub-tile, as the decode kernel's,
+// so MergeSplitsKernel combines them over tiles of that size. Nothing for one split.
+template <int kHeadDim>
+absl::Status MergePrefillSplits(const PagedAttentionPlan& plan, const TcParams& params,
+                                int num_seqs, int num_kv_heads, cudaStream_t stream) {
+  if (plan.splits == 1) return absl::OkStatus();
+  TcParams merge = params;
+  merge.query_tiles = params.query_tiles * static_cast<int>(PrefillRows(kHeadDim) / kDecodeRows);
+  const int64_t merge_ctas = int64_t{num_seqs} * merge.query_tiles * num_kv_heads;
+  MergeSplitsKernel<kHeadDim><<<static_cast<unsigned>(merge_ctas), kTcThreads, 0, stream>>>(merge);
+  return internal::LaunchStatus("MergeSplitsKernel");
+}
+
 template <int kHeadDim>
 absl::Status LaunchTc(const PagedAttentionPlan& plan, const TcParams& params, int num_seqs,
                       int num_kv_heads, cudaStream_t stream) {
@@ -898,22 +914,20 @@ absl::Status LaunchTc(const PagedAttentionPlan& plan, const TcParams& params, in
     }
     return absl::OkStatus();
   }
-  if (UseWgmmaPrefill(kHeadDim)) {
-    PagedPrefillWgmmaKernel<<<static_cast<unsigned>(plan.ctas), PrefillWgmmaTiling::kThreads,
-                              PrefillWgmmaTiling::kSmemBytes, stream>>>(params);
-    if (absl::Status s = internal::LaunchStatus("PagedPrefillWgmmaKernel"); !s.ok()) return s;
-  } else {
-    PagedPrefillKernel<kHeadDim><<<static_cast<unsigned>(plan.ctas), kTcThreads,
-                                   PrefillTiling<kHeadDim>::kSmemBytes, stream>>>(params);
-    if (absl::Status s = internal::LaunchStatus("PagedPrefillKernel"); !s.ok()) return s;
+  if constexpr (kHeadDim == 128 || kHeadDim == 256) {
+    if (UseWgmmaPrefill(kHeadDim)) {
+      using Tiling = PrefillWgmmaTiling<kHeadDim>;
+      PagedPrefillWgmmaKernel<kHeadDim>
+          <<<static_cast<unsigned>(plan.ctas), Tiling::kThreads, Tiling::kSmemBytes, stream>>>(
+              params);
+      if (absl::Status s = internal::LaunchStatus("PagedPrefillWgmmaKernel"); !s.ok()) return s;
+      return MergePrefillSplits<kHeadDim>(plan, params, num_seqs, num_kv_heads, stream);
+    }
   }
-  if (plan.splits == 1) return absl::OkStatus();
-  // The partials are per 16-vector sub-tile, as the decode kernel's: merge them as such.
-  TcParams merge = params;
-  merge.query_tiles = params.query_tiles * static_cast<int>(PrefillRows(kHeadDim) / kDecodeRows);
-  const int64_t merge_ctas = int64_t{num_seqs} * merge.query_tiles * num_kv_heads;
-  MergeSplitsKernel<kHeadDim><<<static_cast<unsigned>(merge_ctas), kTcThreads, 0, stream>>>(merge);
-  return internal::LaunchStatus("MergeSplitsKernel");
+  PagedPrefillKernel<kHeadDim><<<static_cast<unsigned>(plan.ctas), kTcThreads,
+                                 PrefillTiling<kHeadDim>::kSmemBytes, stream>>>(params);
+  if (absl::Status s = internal::LaunchStatus("PagedPrefillKernel"); !s.ok()) return s;
+  return MergePrefillSplits<kHeadDim>(plan, params, num_seqs, num_kv_heads, stream);
 }
 
 }  // namespace

@@ -56,9 +56,9 @@ int64_t PagedAttentionWorkspaceFloats(int64_t max_num_tokens, int64_t max_num_se
 // do not fill the GPU (up to head_dim 128: 128 query vectors per CTA, two 16-row
 // tiles per warp sharing every K/V fragment, 64-key tiles gathered through the block table; at
 // head_dim 256: 64 query vectors, one 16-row tile per warp, 32-key tiles; on Hopper at head_dim
-// 128 the same tiles on warpgroup MMAs, see PagedAttentionPrefillUsesWgmma). Other shapes use a
-// simple bf16 kernel (one warp-split work item per (row, head)). Output agrees with the CPU twin to
-// bf16 rounding of the probabilities (about 1e-2 of max(1, |out|)).
+// 128 and 256 the same tiles on warpgroup MMAs, see PagedAttentionPrefillUsesWgmma). Other shapes
+// use a simple bf16 kernel (one warp-split work item per (row, head)). Output agrees with the CPU
+// twin to bf16 rounding of the probabilities (about 1e-2 of max(1, |out|)).
 //
 // Errors (InvalidArgument, nothing launched): head_dim outside [1, kMaxAttentionHeadDim], heads
 // not a positive multiple, block_size < 1, negative counts, sizes beyond 32-bit indexing, or
@@ -89,7 +89,7 @@ PagedAttentionPlan PlanPagedAttention(int64_t num_seqs, int64_t max_query_len, i
 const char* AttentionKernelName(AttentionKernel kernel);
 
 // Whether kPrefill launches of this head_dim run the Hopper wgmma kernel on the current device
-// (head_dim 128, an sm_90a build on a compute capability 9.0 device, and not
+// (head_dim 128 or 256, an sm_90a build on a compute capability 9.0 device, and not
 // SetPagedAttentionMmaSyncOnly); otherwise they run the mma.sync kernel. Same tiles, same plan.
 bool PagedAttentionPrefillUsesWgmma(int64_t head_dim);
 

@@ -42,8 +42,10 @@ __device__ __forceinline__ int WgmmaTileChunk(int row, int chunk) {
 // statistics of the two rows this lane holds. kKeys keys per tile.
 template <int kHeadDim, int kKeys>
 struct WarpgroupAttention {
-  static_assert(kHeadDim == 128, "the P V product is one m64n128k16 wgmma per 16 keys");
-  static_assert(kKeys == 64, "the score tile is one m64n64 wgmma accumulator");
+  // P V is one m64n{head_dim}k16 wgmma per 16 keys, S one m64n{keys} accumulator: 64 keys at
+  // head_dim 128 (64 + 32 accumulator registers), 32 at 256 (128 + 16).
+  static_assert((kHeadDim == 128 && kKeys == 64) || (kHeadDim == 256 && kKeys == 32),
+                "instantiated for head_dim 128 with 64-key tiles and 256 with 32-key tiles");
   static constexpr int kRowBytes = 128;  // one row of a 64-dim column block
 
   float o[kHeadDim / 2];  // O accumulators (unnormalised), element 4n + e: dims 8n + 2c + e % 2
@@ -75,8 +77,13 @@ struct WarpgroupAttention {
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const uint32_t offset = (ks % 4) * 32;
-      WgmmaM64N64K16Bf16(s, SwizzledKMajorDescriptor(q + (ks / 4) * q_block_bytes + offset),
-                         SwizzledKMajorDescriptor(k + (ks / 4) * kKvBlockBytes + offset));
+      const uint64_t desc_q = SwizzledKMajorDescriptor(q + (ks / 4) * q_block_bytes + offset);
+      const uint64_t desc_k = SwizzledKMajorDescriptor(k + (ks / 4) * kKvBlockBytes + offset);
+      if constexpr (kKeys == 64) {
+        WgmmaM64N64K16Bf16(s, desc_q, desc_k);
+      } else {
+        WgmmaM64N32K16Bf16(s, desc_q, desc_k);
+      }
     }
     WgmmaCommit();
     WgmmaWait<0>();
@@ -121,8 +128,12 @@ struct WarpgroupAttention {
     WgmmaFence();
 #pragma unroll
     for (int kt = 0; kt < kKeys / 16; ++kt) {
-      WgmmaM64N128K16Bf16RegA(o, p[kt],
-                              SwizzledMnMajorDescriptor(v + kt * 16 * kRowBytes, kKvBlockBytes));
+      const uint64_t desc_v = SwizzledMnMajorDescriptor(v + kt * 16 * kRowBytes, kKvBlockBytes);
+      if constexpr (kHeadDim == 128) {
+        WgmmaM64N128K16Bf16RegA(o, p[kt], desc_v);
+      } else {
+        WgmmaM64N256K16Bf16RegA(o, p[kt], desc_v);
+      }
     }
     WgmmaCommit();
     WgmmaWait<0>();

@@ -46,8 +46,8 @@ __global__ void CopyRoutedExpertsKernel(const int32_t* expert_offsets, int64_t f
   }
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * expert_words +
                         static_cast<int64_t>(blockIdx.x) * kRoutedCopyChunkWords;
-  const int64_t end = min(begin + kRoutedCopyChunkWords,
-                          static_cast<int64_t>(blockIdx.y + 1) * expert_words);
+  const int64_t end =
+      min(begin + kRoutedCopyChunkWords, static_cast<int64_t>(blockIdx.y + 1) * expert_words);
   constexpr int kUnroll = 4;
   for (int64_t i = begin + threadIdx.x; i < end; i += kUnroll * blockDim.x) {
     uint4 v[kUnroll];
@@ -68,8 +68,7 @@ __global__ void CopyRoutedExpertsKernel(const int32_t* expert_offsets, int64_t f
 
 absl::Status CopyRoutedExperts(const int32_t* expert_offsets, int64_t first_expert,
                                int64_t num_experts, const uint8_t* src, uint8_t* dst,
-                               int64_t expert_bytes, uint64_t* copied_bytes,
-                               cudaStream_t stream) {
+                               int64_t expert_bytes, uint64_t* copied_bytes, cudaStream_t stream) {
   static_assert(sizeof(uint64_t) == sizeof(unsigned long long));
   if (first_expert < 0 || expert_bytes <= 0 || expert_bytes % sizeof(uint4) != 0 ||
       !internal::Aligned16(src) || !internal::Aligned16(dst)) {

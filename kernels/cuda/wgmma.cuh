@@ -83,8 +83,8 @@ __device__ __forceinline__ void WgmmaWait() {
 #endif
 }
 
-// Inline-asm pieces of the wrappers below: the accumulator registers of a 64- or 32-float tile
-// (operands %0 .. %63 or %0 .. %31, the instruction's first operand) and their "+f" bindings.
+// Inline-asm pieces of the wrappers below: the accumulator registers of a 16- to 128-float tile
+// (operands %0 .. %N-1, the instruction's first operand) and their "+f" bindings.
 #define VAMP_WGMMA_D64_REGS                                                                     \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
@@ -105,6 +105,33 @@ __device__ __forceinline__ void WgmmaWait() {
       "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), \
       "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), \
       "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+#define VAMP_WGMMA_D16_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define VAMP_WGMMA_D128_REGS                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "     \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "     \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "     \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "     \
+  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, " \
+  "%109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "     \
+  "%124, %125, %126, %127}"
+#define VAMP_WGMMA_D16_OPERANDS(d)                                                                \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15])
+#define VAMP_WGMMA_D128_OPERANDS(d)                                                              \
+  VAMP_WGMMA_D64_OPERANDS(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]),   \
+      "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
+      "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), \
+      "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), \
+      "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), \
+      "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),           \
+      "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]),        \
+      "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]),        \
+      "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),        \
+      "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),        \
+      "+f"(d[127])
 
 // d += A x B^T for a 64 x 128 float32 tile, k 16: A is 64 rows and B 128 rows of a K-major bf16
 // tile (descriptors above). Accumulator layout (PTX ISA "Register Fragments and Shared Memory
@@ -173,9 +200,50 @@ __device__ __forceinline__ void WgmmaM64N128K16Bf16RegA(float (&d)[64], const ui
 
 }  // namespace vamp::kernels::cuda::internal
 
+// As WgmmaM64N64K16Bf16 for a 64 x 32 tile: d[4j + e], j < 4.
+__device__ __forceinline__ void WgmmaM64N32K16Bf16(float (&d)[16], uint64_t desc_a,
+                                                   uint64_t desc_b) {
+#if VAMP_WGMMA_DEVICE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " VAMP_WGMMA_D16_REGS
+      ", %16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : VAMP_WGMMA_D16_OPERANDS(d)
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+#else
+  __trap();
+#endif
+}
+
+// As WgmmaM64N128K16Bf16RegA for a 64 x 256 tile (B two 128-column halves of MN-major blocks):
+// d[4j + e], j < 32.
+__device__ __forceinline__ void WgmmaM64N256K16Bf16RegA(float (&d)[128], const uint32_t (&a)[4],
+                                                        uint64_t desc_b) {
+#if VAMP_WGMMA_DEVICE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " VAMP_WGMMA_D128_REGS
+      ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
+      "}\n"
+      : VAMP_WGMMA_D128_OPERANDS(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  __trap();
+#endif
+}
+
 #undef VAMP_WGMMA_D64_REGS
 #undef VAMP_WGMMA_D32_REGS
 #undef VAMP_WGMMA_D64_OPERANDS
 #undef VAMP_WGMMA_D32_OPERANDS
+#undef VAMP_WGMMA_D16_REGS
+#undef VAMP_WGMMA_D128_REGS
+#undef VAMP_WGMMA_D16_OPERANDS
+#undef VAMP_WGMMA_D128_OPERANDS
 
 #endif  // VAMP_KERNELS_CUDA_WGMMA_CUH_
