@@ -217,8 +217,9 @@ def memory():
     l.panel("Arbiter: TTFT weight", "Weight the latest priced move's prefill tokens carried: "
             "1 up to vamp_ttft_weight as first tokens wait longer for memory (phased in around "
             "vamp_ttft_queue_threshold_s by vamp_ttft_weight_ramp; 1 while requests queue for "
-            "compute). A line that jumps between 1 and the full weight means the ramp is off "
-            "and the load sits at the threshold.",
+            "compute, and 1 once admissions wait longer than vamp_ttft_max_queue_s: the queue "
+            "is not draining). A line that jumps between 1 and the full weight means the ramp "
+            "is off and the load sits at the threshold.",
             "short", [(f"vamp_arbiter_ttft_weight{{{R}}}", "{{replica}} weight")])
     l.panel("Admissions held at the static pool", "Steps whose admissions stopped where a static "
             "split's pool would, although offloaded groups had room: the GPU was compute-bound "

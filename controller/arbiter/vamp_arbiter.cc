@@ -43,6 +43,7 @@ absl::Status VampArbiterConfig::Validate() const {
     return bad("vamp_ttft_queue_threshold_s", "must be >= 0");
   }
   if (!(tax.ttft_tpot_budget >= 0)) return bad("vamp_ttft_tpot_budget", "must be >= 0");
+  if (!(tax.ttft_max_queue_micros >= 0)) return bad("vamp_ttft_max_queue_s", "must be >= 0");
   if (!(tax.compute_bound_share >= 0 && tax.compute_bound_share <= 1)) {
     return bad("vamp_compute_bound_share", "must be in [0, 1]");
   }
@@ -139,6 +140,9 @@ void AddVampArbiterConfigFields(ConfigSchema& schema) {
               "Tax model: when > 0, the most TPOT overhead (staging stall / compute over the "
               "window) the TTFT weight may buy; past it, extra KV must pay its tax in GPU time "
               "alone. 0: no bound")
+      .Double("vamp_ttft_max_queue_s", d.tax.ttft_max_queue_micros * 1e-6, 0, 1e6,
+              "Tax model: above this mean admission wait (seconds) the queue is not draining and "
+              "vamp_ttft_weight no longer applies (extra KV is valued at GPU time); 0: no bound")
       .Double("vamp_compute_bound_share", d.tax.compute_bound_share, 0, 1,
               "Tax model: above this share of recent steps that left requests queued for "
               "compute, extra KV is valued at GPU time (vamp_ttft_weight is not applied)")
@@ -228,6 +232,7 @@ absl::StatusOr<VampArbiterConfig> VampArbiterConfigFromConfig(const Config& conf
   v.tax.ttft_tpot_budget = config.GetDouble("vamp_ttft_tpot_budget");
   v.tax.ttft_queue_threshold_micros = config.GetDouble("vamp_ttft_queue_threshold_s") * 1e6;
   v.tax.ttft_weight_ramp = config.GetDouble("vamp_ttft_weight_ramp");
+  v.tax.ttft_max_queue_micros = config.GetDouble("vamp_ttft_max_queue_s") * 1e6;
   v.restore.min_hold_steps = static_cast<int32_t>(config.GetInt("vamp_restore_min_hold_steps"));
   CostCoefficients& c = v.costs;
   c.alpha = config.GetDouble("vamp_alpha");
@@ -639,7 +644,8 @@ double VampArbiter::TtftWeight(int64_t now, bool for_restore) const {
   // queue (the mean over the window, phased in around ttft_queue_threshold: QueueShare) and not
   // for compute. Queued for
   // compute, every µs of stall delays them all; with short queues, TTFT is not what hurts: GPU
-  // time is the measure then (weight 1).
+  // time is the measure then (weight 1). Nor with a queue older than ttft_max_queue: it is not
+  // draining, and only throughput (GPU time) shortens it.
   // A restore keeps the weight while the queue is long even when compute-bound: the admission hold
   // then keeps new requests within the static pool anyway, and what the groups still hold (cached
   // prefixes, running requests' growth) is on the queue's first-token path. Judged at GPU time,
@@ -647,7 +653,10 @@ double VampArbiter::TtftWeight(int64_t now, bool for_restore) const {
   // weight between a restore and the offload after it: in vamp-sim's Figure 9 at c = 28 the
   // boundary gave back and took back up to 64 groups 18 times; without the flip TTFT p99 halves
   // (bench/results/2026-12-03-restore-weight/).
-  const double share = QueueShare(reuse_->MeanQueueMicros(now));
+  const double queue = reuse_->MeanQueueMicros(now);
+  const double max_queue = config_.tax.ttft_max_queue_micros;
+  if (max_queue > 0 && queue > max_queue) return 1.0;
+  const double share = QueueShare(queue);
   if (share <= 0 || !(for_restore || ConcurrencyPays(now))) return 1.0;
   return 1.0 + (config_.tax.ttft_weight - 1.0) * share;
 }

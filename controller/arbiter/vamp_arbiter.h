@@ -198,6 +198,15 @@ struct TaxModelConfig {
   // x1.25). A ramp of 2 left a held-out magagent row at TTFT p99 x1.79.
   double ttft_weight_ramp = 4.0;
   double compute_bound_share = 0.25;
+  // Above this mean admission wait (µs) the TTFT weight no longer applies: a queue whose requests
+  // wait longer than the evidence window is not draining, so its first tokens wait on
+  // throughput, which GPU time alone (weight 1) measures; extra KV must then pay its tax in the
+  // prefill it saves. 0: no bound. 180 s, the window, by measurement (vamp-sim,
+  // bench/results/2026-12-04-ttft-max-queue/): the Mooncake trace on one H200 at 1x-4x its
+  // recorded rate queues for 700-1,800 s; there the weight bought offloads that cost TPOT x1.06
+  // for TTFT p99 x1.02-1.05, and now VAMP-25 equals static (rows over 5 % worse: 18 -> 14, held
+  // out 8 -> 6); no other row moves.
+  double ttft_max_queue_micros = 180e6;
   // When > 0, the TTFT weight buys at most this much TPOT: it applies to a move only while the
   // larger of its two offload levels adds no more than this share of the window's compute time
   // in staging stall; beyond it, extra KV must pay its tax in GPU time alone (weight 1). 0: no

@@ -251,6 +251,39 @@ TEST_F(TaxModelTest, TheTtftWeightRampsWithTheQueueInsteadOfSwitching) {
   EXPECT_NE(bad.message().find("vamp_ttft_weight_ramp"), std::string::npos) << bad;
 }
 
+// Above ttft_max_queue (default 180 s, the window) the queue is not draining: the TTFT weight
+// stops, and extra KV is valued at GPU time. The same 100 recomputed tokens as above are worth
+// 1,500 µs of prefill, x16 while the mean wait is 4 s, x1 once it is 200 s.
+TEST_F(TaxModelTest, TheTtftWeightStopsWhenTheQueueIsNotDraining) {
+  VampArbiterConfig c = Config();
+  EXPECT_DOUBLE_EQ(c.tax.ttft_max_queue_micros, 180e6);
+  c.tax.ttft_weight = 16;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  Warm(0);
+  AddCachedFree(500, 10);
+  Request* r = AddRunning(1, 4, 3, 200);
+  arbiter_.reuse_tracker()->RecordPreemption(50, /*gap_blocks=*/50, /*recompute_tokens=*/100);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/60, /*queue_micros=*/4'000'000);
+  ArbiterPlan plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  ASSERT_TRUE(plan.tax.evaluated);
+  EXPECT_DOUBLE_EQ(plan.tax.ttft_weight, 16);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 100 * 15 * 16);
+  arbiter_.reuse_tracker()->RecordQueueTime(/*now_micros=*/70, /*queue_micros=*/396'000'000);
+  plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  EXPECT_DOUBLE_EQ(plan.tax.mean_queue_micros, 200'000'000);
+  EXPECT_DOUBLE_EQ(plan.tax.ttft_weight, 1);
+  EXPECT_DOUBLE_EQ(plan.tax.value_micros, 100 * 15);
+  // 0: no bound.
+  c.tax.ttft_max_queue_micros = 0;
+  ASSERT_TRUE(arbiter_.Reconfigure(c).ok());
+  plan = arbiter_.Decide(Context(100, Geometry(0)), Gap(50, r, true));
+  EXPECT_DOUBLE_EQ(plan.tax.ttft_weight, 16);
+  c.tax.ttft_max_queue_micros = -1;
+  const absl::Status bad = arbiter_.Reconfigure(c);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("vamp_ttft_max_queue_s"), std::string::npos) << bad;
+}
+
 // The TTFT weight buys at most ttft_tpot_budget of TPOT. One group stalls each 1,000-µs step by
 // 500 µs (overhead 0.5), two by 1,500 µs (1.5). 3,000 recomputed tokens are worth 45,000 µs of
 // prefill, 720,000 µs at weight 16, against one group's 1.25 x 50,000 µs.
