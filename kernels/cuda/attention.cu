@@ -784,6 +784,8 @@ __global__ void __launch_bounds__(PrefillWgmmaTiling<kHeadDim>::kThreads,
   }
   CpAsyncWait<0>();
   att.FinishSums();
+  // The work's indices again rather than kept live through the loop (registers are the limit).
+  FindPrefillWork<kRows, kKeys>(p, &w);
   const int c = lane & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
