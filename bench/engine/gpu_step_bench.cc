@@ -57,6 +57,7 @@
 #include "engine/memory/memory_plan.h"
 #include "engine/model/model_config.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/grouped_gemm.h"
 
 namespace vamp::gpu_step_bench {
 namespace {
@@ -91,6 +92,7 @@ absl::Status Run(const Flags& f) {
   }
   VAMP_CUDART_RETURN_IF_ERROR(cudaSetDevice(f.cuda_device));
   kernels::cuda::SetPagedAttentionMmaSyncOnly(f.attention_mma_sync_only);
+  kernels::cuda::SetGroupedGemmDecodeTile(f.grouped_gemm_decode_tile);
 
   VAMP_ASSIGN_OR_RETURN(const Bandwidths bw, MeasureBandwidths(f, config->vocab_size));
   VAMP_LOG(INFO) << absl::StrFormat(

@@ -45,6 +45,15 @@ ConfigSchema Schema() {
   s.Bool("attention_mma_sync_only", false,
          "run prefill attention on the mma.sync kernel even where the Hopper wgmma kernel is the "
          "default (kernels::cuda::SetPagedAttentionMmaSyncOnly; the wgmma kernel's baseline)");
+  s.Bool("grouped_gemm_decode_tile", true,
+         "run decode-sized expert groups (up to 16 rows per expert) on the 16 x 64 decode tiles; "
+         "false: on the 32 x 128 tiles they replaced (kernels::cuda::SetGroupedGemmDecodeTile; "
+         "their baseline)");
+  s.Bool(
+      "cuda_profiler", false,
+      "bracket every point's timed steps with cudaProfilerStart/Stop, so that a profiler started "
+      "with collection off (ncu --profile-from-start off) sees only them "
+      "(bench/engine/kernel_breakdown.py sums its per-kernel times)");
   s.Int("cuda_device", 0, 0, 64, "CUDA device ordinal");
   s.Int("seed", 0, 0, int64_t{1} << 62, "seed of the dummy weights and the random prompts");
   s.Int("hbm_copy_mib", 2048, 64, 65536,
@@ -92,6 +101,8 @@ absl::StatusOr<Flags> ReadFlags(const Config& c) {
   f.device_gemm_max_rows_per_expert = c.GetInt("device_gemm_max_rows_per_expert");
   f.routed_staging = c.GetBool("routed_staging");
   f.attention_mma_sync_only = c.GetBool("attention_mma_sync_only");
+  f.grouped_gemm_decode_tile = c.GetBool("grouped_gemm_decode_tile");
+  f.cuda_profiler = c.GetBool("cuda_profiler");
   f.cuda_device = static_cast<int>(c.GetInt("cuda_device"));
   f.seed = static_cast<uint64_t>(c.GetInt("seed"));
   f.hbm_copy_bytes = static_cast<uint64_t>(c.GetInt("hbm_copy_mib")) << 20;

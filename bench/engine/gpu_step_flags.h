@@ -24,6 +24,8 @@ struct Flags {
   int64_t max_num_batched_tokens = 0, block_size = 0, device_gemm_max_rows_per_expert = 0;
   bool routed_staging = false;
   bool attention_mma_sync_only = false;
+  bool grouped_gemm_decode_tile = true;
+  bool cuda_profiler = false;  // cudaProfilerStart/Stop around the timed steps
   int cuda_device = 0;
   uint64_t seed = 0;
   uint64_t hbm_copy_bytes = 0, h2d_copy_bytes = 0;

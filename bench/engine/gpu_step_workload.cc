@@ -1,5 +1,7 @@
 #include "bench/engine/gpu_step_workload.h"
 
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -10,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/memory/cuda_buffers.h"
+#include "engine/memory/cuda_status.h"
 
 namespace vamp::gpu_step_bench {
 
@@ -143,6 +146,9 @@ absl::StatusOr<std::vector<StepSample>> Workload::Run(bool mixed) {
       in.new_requests.push_back(std::move(nr));
       in.scheduled.push_back({prefill_id_, static_cast<int32_t>(f_.prefill_tokens)});
     }
+    if (f_.cuda_profiler && s == f_.warmup) {
+      VAMP_CUDART_RETURN_IF_ERROR(cudaProfilerStart());
+    }
     const CudaStagingStats before = e_->experts->stats();
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<StepOutput> out = e_->rank->runner->ExecuteStep(in);
@@ -171,6 +177,7 @@ absl::StatusOr<std::vector<StepSample>> Workload::Run(bool mixed) {
     sample.exposed_ms = (after.exposed_us - before.exposed_us) / 1e3;
     samples.push_back(sample);
   }
+  if (f_.cuda_profiler) VAMP_CUDART_RETURN_IF_ERROR(cudaProfilerStop());
   if (mixed) {
     // Leave the last prompt for the next point's first step to finish.
     live_.push_back(prefill_id_);

@@ -492,11 +492,17 @@ __global__ void __launch_bounds__(kTcThreads) PagedDecodeKernel(const TcParams p
   }
 }
 
-// Combines the splits' partials of one (sequence, query tile, KV head): weights
-// sum_j * exp2(max_j - max) normalised over the splits.
+// Combines the splits' partials of one query vector of one (sequence, query tile, KV head):
+// blockIdx.x is the (sequence, query tile, KV head) work item, blockIdx.y the vector's row in the
+// tile. Weights sum_j * exp2(max_j - max), normalised over the splits, each computed by one thread
+// into shared memory; then one thread per output element (head_dim of them) sums the splits in
+// order. A decode step's few work items thus merge on kDecodeRows times as many CTAs, each
+// reading its splits' partials with independent, coalesced loads.
 template <int kHeadDim>
 __global__ void __launch_bounds__(kTcThreads) MergeSplitsKernel(const TcParams p) {
-  __shared__ float weight[kDecodeRows][kMaxSplits];
+  __shared__ float part_m[kMaxSplits];
+  __shared__ float part_l[kMaxSplits];
+  __shared__ float weight[kMaxSplits];
   const int kv_head = blockIdx.x % p.num_kv_heads;
   const int rest = blockIdx.x / p.num_kv_heads;
   const int tile = rest % p.query_tiles;
@@ -504,40 +510,37 @@ __global__ void __launch_bounds__(kTcThreads) MergeSplitsKernel(const TcParams p
   const int row_begin = p.query_start_loc[seq];
   const int q_len = p.query_start_loc[seq + 1] - row_begin;
   const int num_vectors = q_len * p.group;
-  const int vec0 = tile * kDecodeRows;
-  if (vec0 >= num_vectors) return;
+  const int row = blockIdx.y;
+  const int v = tile * kDecodeRows + row;
+  if (v >= num_vectors) return;  // the whole block
   constexpr int64_t kSlot = SlotFloats(kHeadDim);
   const float* slots = p.workspace + static_cast<int64_t>(blockIdx.x) * p.splits * kSlot;
-  if (threadIdx.x < kDecodeRows && vec0 + static_cast<int>(threadIdx.x) < num_vectors) {
-    const int row = threadIdx.x;
-    float mx = -INFINITY;
-    for (int j = 0; j < p.splits; ++j) {
-      const float* s = slots + j * kSlot + kDecodeRows * kHeadDim;
-      if (s[kDecodeRows + row] > 0.0f) mx = fmaxf(mx, s[row]);
-    }
-    float total = 0.0f;
-    for (int j = 0; j < p.splits; ++j) {
-      const float* s = slots + j * kSlot + kDecodeRows * kHeadDim;
-      const float l = s[kDecodeRows + row];
-      const float w = l > 0.0f ? l * exp2f(s[row] - mx) : 0.0f;
-      weight[row][j] = w;
-      total += w;
-    }
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    for (int j = 0; j < p.splits; ++j) weight[row][j] *= inv;
+  for (int j = threadIdx.x; j < p.splits; j += kTcThreads) {
+    const float* s = slots + j * kSlot + kDecodeRows * kHeadDim;
+    part_m[j] = s[row];
+    part_l[j] = s[kDecodeRows + row];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kDecodeRows * kHeadDim; idx += kTcThreads) {
-    const int row = idx / kHeadDim;
-    const int d = idx % kHeadDim;
-    const int v = vec0 + row;
-    if (v >= num_vectors) continue;
+  float mx = -INFINITY;
+  for (int j = 0; j < p.splits; ++j) {
+    if (part_l[j] > 0.0f) mx = fmaxf(mx, part_m[j]);
+  }
+  for (int j = threadIdx.x; j < p.splits; j += kTcThreads) {
+    const float l = part_l[j];
+    weight[j] = l > 0.0f ? l * exp2f(part_m[j] - mx) : 0.0f;
+  }
+  __syncthreads();
+  float total = 0.0f;
+  for (int j = 0; j < p.splits; ++j) total += weight[j];
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  __nv_bfloat16* out = p.out + static_cast<int64_t>(row_begin + v / p.group) * p.out_stride +
+                       static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim;
+  for (int d = threadIdx.x; d < kHeadDim; d += kTcThreads) {
     float acc = 0.0f;
+#pragma unroll 8
     for (int j = 0; j < p.splits; ++j)
-      acc += weight[row][j] * slots[j * kSlot + row * kHeadDim + d];
-    p.out[static_cast<int64_t>(row_begin + v / p.group) * p.out_stride +
-          static_cast<int64_t>(kv_head * p.group + v % p.group) * kHeadDim + d] =
-        __float2bfloat16_rn(acc);
+      acc += (weight[j] * inv) * slots[j * kSlot + row * kHeadDim + d];
+    out[d] = __float2bfloat16_rn(acc);
   }
 }
 
@@ -896,7 +899,8 @@ absl::Status MergePrefillSplits(const PagedAttentionPlan& plan, const TcParams& 
   TcParams merge = params;
   merge.query_tiles = params.query_tiles * static_cast<int>(PrefillRows(kHeadDim) / kDecodeRows);
   const int64_t merge_ctas = int64_t{num_seqs} * merge.query_tiles * num_kv_heads;
-  MergeSplitsKernel<kHeadDim><<<static_cast<unsigned>(merge_ctas), kTcThreads, 0, stream>>>(merge);
+  const dim3 grid(static_cast<unsigned>(merge_ctas), kDecodeRows);
+  MergeSplitsKernel<kHeadDim><<<grid, kTcThreads, 0, stream>>>(merge);
   return internal::LaunchStatus("MergeSplitsKernel");
 }
 
@@ -910,8 +914,8 @@ absl::Status LaunchTc(const PagedAttentionPlan& plan, const TcParams& params, in
     if (absl::Status s = internal::LaunchStatus("PagedDecodeKernel"); !s.ok()) return s;
     if (plan.splits > 1) {
       const int64_t merge_ctas = int64_t{num_seqs} * plan.query_tiles * num_kv_heads;
-      MergeSplitsKernel<kHeadDim>
-          <<<static_cast<unsigned>(merge_ctas), kTcThreads, 0, stream>>>(params);
+      const dim3 grid(static_cast<unsigned>(merge_ctas), kDecodeRows);
+      MergeSplitsKernel<kHeadDim><<<grid, kTcThreads, 0, stream>>>(params);
       return internal::LaunchStatus("MergeSplitsKernel");
     }
     return absl::OkStatus();

@@ -56,6 +56,7 @@ constexpr int64_t kMaxGridY = 65535;
 // Tile height by average rows per active expert (max_rows / min(num_experts, max_rows)): decode
 // batches (a few rows per expert) are bound by reading the weights and waste tensor-core work on
 // padding rows in tall tiles; prefill batches are bound by math and want the tallest tile.
+constexpr int64_t kDecodeTileMaxAvgRows = 16;
 constexpr int64_t kSmallTileMaxAvgRows = 32;
 constexpr int64_t kMediumTileMaxAvgRows = 96;
 // On Hopper every group above kSmallTileMaxAvgRows runs the wgmma kernel (WgmmaPairedTile).
@@ -297,6 +298,13 @@ struct StageLoader {
   }
 };
 
+// Decode at up to one m16 fragment of rows per expert on average (up to 256 tokens on
+// Qwen3-30B-A3B: 2,048 rows over 128 experts): 16 x 64 tiles make twice the CTAs of SmallTile's
+// 32 x 128 per expert (192 for a batch-1 w13 GEMM, where SmallTile's 96 leave a third of an H200's
+// SMs idle), and three CTAs per SM keep 15 weight stages (120 KiB) in flight. Same k order per
+// element as every other tile (bit-identical rows). Measured against SmallTile on the whole step:
+// bench/results/2026-12-04-small-batch-decode/.
+using DecodeTile = TcTile<16, 64, 1, 4, 6, 3>;
 // Decode: few rows per expert; two CTAs per SM keep ~8 weight stages (128 KiB) in flight.
 using SmallTile = TcTile<32, 128, 1, 4, 5, 2>;
 // Mid-size batches.
@@ -660,8 +668,9 @@ absl::Status LaunchWgmma(Problem p, int64_t max_rows, int64_t num_experts, cudaS
                                      "GroupedGemmWgmmaKernel", p, max_rows, num_experts, stream);
 }
 
-// SetGroupedGemmMmaSyncOnly's setting.
+// SetGroupedGemmMmaSyncOnly's and SetGroupedGemmDecodeTile's settings.
 std::atomic<bool> mma_sync_only{false};
+std::atomic<bool> decode_tile{true};
 
 template <bool kSiluMul>
 absl::Status Launch(const char* name, const BFloat16* a, int64_t lda,
@@ -713,6 +722,9 @@ absl::Status Launch(const char* name, const BFloat16* a, int64_t lda,
     return internal::LaunchStatus("GroupedGemmScalarKernel");
   }
   const int64_t avg_rows = CeilDiv(max_rows, std::min(num_experts, max_rows));
+  if (avg_rows <= kDecodeTileMaxAvgRows && decode_tile.load(std::memory_order_relaxed)) {
+    return LaunchTensorCore<DecodeTile, kSiluMul>(p, max_rows, num_experts, stream);
+  }
   if (avg_rows <= kSmallTileMaxAvgRows) {
     return LaunchTensorCore<SmallTile, kSiluMul>(p, max_rows, num_experts, stream);
   }
@@ -729,6 +741,10 @@ absl::Status Launch(const char* name, const BFloat16* a, int64_t lda,
 
 void SetGroupedGemmMmaSyncOnly(bool mma_sync) {
   mma_sync_only.store(mma_sync, std::memory_order_relaxed);
+}
+
+void SetGroupedGemmDecodeTile(bool enabled) {
+  decode_tile.store(enabled, std::memory_order_relaxed);
 }
 
 absl::Status GroupedExpertGemm(const BFloat16* a, int64_t lda,

@@ -76,6 +76,11 @@ absl::Status GroupedExpertGemmSiluMul(const BFloat16* a, int64_t lda,
 // Process-wide; set it between launches, not while another thread launches. Default false.
 void SetGroupedGemmMmaSyncOnly(bool mma_sync);
 
+// false: groups of up to 16 rows per expert run the 32 x 128 tiles (SmallTile) instead of the
+// 16 x 64 decode tiles, as before those existed (benchmarks time it as the baseline; rows are
+// bit-identical either way). Process-wide, like SetGroupedGemmMmaSyncOnly. Default true.
+void SetGroupedGemmDecodeTile(bool enabled);
+
 }  // namespace vamp::kernels::cuda
 
 #endif  // VAMP_KERNELS_CUDA_GROUPED_GEMM_H_

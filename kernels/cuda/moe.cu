@@ -9,6 +9,7 @@ namespace {
 using internal::AsFloat;
 using internal::FromFloat;
 using internal::kFullMask;
+using internal::Vec16;
 using internal::WarpSum;
 
 constexpr int kRouterThreads = 128;
@@ -192,6 +193,70 @@ __global__ void __launch_bounds__(kPermuteThreads)
   }
 }
 
+// Router top-k with one warp per token (kRouterWarpTokens tokens per block) for up to
+// 32 * kPerLane experts (kPerLane 4: Qwen3-30B-A3B's 128; 16: Qwen3-Next's 512): lane l holds the
+// logits of experts l, l + 32, ... in registers and a bit per expert it has given away, so each of
+// the top_k selections is a scan of the lane's registers and one warp arg-max (no shared memory, no
+// block barrier). The same selection and tie rule as RouterTopKKernel; the softmax sums in a
+// different order (per lane, then across the warp), so the weights agree to rounding.
+constexpr int kRouterMaxPerLane = 16;
+constexpr int kRouterWarpTokens = 4;
+
+template <int kPerLane>
+__global__ void __launch_bounds__(kRouterWarpTokens * 32)
+    RouterTopKWarpKernel(const float* router_logits, int64_t logits_stride, int num_tokens,
+                         int num_experts, int top_k, bool renormalize, int32_t* topk_ids,
+                         float* topk_weights) {
+  const int t = blockIdx.x * kRouterWarpTokens + threadIdx.x / 32;
+  if (t >= num_tokens) return;  // whole warps leave: the full-mask shuffles below stay valid
+  const int lane = threadIdx.x % 32;
+  const float* logits = router_logits + static_cast<int64_t>(t) * logits_stride;
+  float v[kPerLane];
+  float max_logit = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < num_experts ? logits[e] : -INFINITY;
+    if (e < num_experts) max_logit = fmaxf(max_logit, v[i]);
+  }
+  max_logit = internal::WarpMax(max_logit);
+  float denom = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (lane + 32 * i < num_experts) denom += expf(v[i] - max_logit);
+  }
+  denom = WarpSum(denom);
+
+  int32_t* ids = topk_ids + static_cast<int64_t>(t) * top_k;
+  float* weights = topk_weights + static_cast<int64_t>(t) * top_k;
+  uint32_t taken = 0;  // bit i: expert lane + 32 i already chosen
+  float sum = 0.0f;
+  for (int j = 0; j < top_k; ++j) {
+    float bv = 0.0f;
+    int bi = -1;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < num_experts && !((taken >> i) & 1u) && Beats(v[i], e, bv, bi)) {
+        bv = v[i];
+        bi = e;
+      }
+    }
+    WarpArgMax(bv, bi);  // every lane now holds the winner
+    if (bi >= 0 && bi % 32 == lane) taken |= 1u << (bi / 32);
+    const float w = bi >= 0 ? expf(bv - max_logit) / denom : 0.0f;
+    sum += w;
+    if (lane == 0) {
+      ids[j] = bi;
+      weights[j] = w;
+    }
+  }
+  if (renormalize && lane == 0) {
+    // Lane 0 wrote every weight above, so it reads them back in program order, as the CPU twin.
+    for (int j = 0; j < top_k; ++j) weights[j] /= sum;
+  }
+}
+
 // T is the storage type of x and out (float or __nv_bfloat16); arithmetic is float32.
 template <typename T>
 __global__ void SiluAndMulKernel(const T* x, int64_t x_stride, int64_t inter, T* out,
@@ -225,6 +290,44 @@ __global__ void MoeUnpermuteKernel(const T* expert_out, int64_t expert_out_strid
   }
 }
 
+// The bfloat16 unpermute with 16-byte loads: grid (token, group of kUnpermuteThreads chunks of 8
+// columns), the token's top_k rows and weights read once into shared memory, each thread's top_k
+// row loads independent of each other. The same sum in the same order as MoeUnpermuteKernel, so
+// the same bits; a decode token's hidden row spreads over several SMs instead of one block
+// walking it with a chain of dependent loads per column.
+constexpr int kUnpermuteThreads = 64;
+constexpr int kUnpermuteMaxTopK = 32;
+
+__global__ void __launch_bounds__(kUnpermuteThreads)
+    MoeUnpermuteVecKernel(const __nv_bfloat16* expert_out, int64_t expert_out_stride,
+                          const int32_t* pair_row, const float* topk_weights, int top_k,
+                          int64_t hidden, __nv_bfloat16* out, int64_t out_stride) {
+  constexpr int kVec = Vec16<__nv_bfloat16>::kVec;
+  __shared__ int64_t row_offset[kUnpermuteMaxTopK];
+  __shared__ float weight[kUnpermuteMaxTopK];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < top_k) {
+    row_offset[threadIdx.x] =
+        static_cast<int64_t>(pair_row[t * top_k + threadIdx.x]) * expert_out_stride;
+    weight[threadIdx.x] = topk_weights[t * top_k + threadIdx.x];
+  }
+  __syncthreads();
+  const int64_t j0 = (int64_t{blockIdx.y} * kUnpermuteThreads + threadIdx.x) * kVec;
+  if (j0 >= hidden) return;
+  float acc[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) acc[e] = 0.0f;
+#pragma unroll 4
+  for (int j = 0; j < top_k; ++j) {
+    float y[kVec];
+    Vec16<__nv_bfloat16>::Load(expert_out + row_offset[j] + j0, y);
+    const float w = weight[j];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[e] += w * y[e];
+  }
+  Vec16<__nv_bfloat16>::Store(out + t * out_stride + j0, acc);
+}
+
 }  // namespace
 
 absl::Status RouterTopK(const float* router_logits, int64_t logits_stride, int64_t num_tokens,
@@ -235,6 +338,14 @@ absl::Status RouterTopK(const float* router_logits, int64_t logits_stride, int64
         absl::StrCat("RouterTopK: top_k ", top_k, " outside [0, num_experts = ", num_experts, "]"));
   }
   if (num_tokens == 0 || top_k == 0) return absl::OkStatus();
+  if (num_experts <= 32 * kRouterMaxPerLane && num_tokens <= INT32_MAX - kRouterWarpTokens) {
+    const int64_t blocks = internal::CeilDiv(num_tokens, kRouterWarpTokens);
+    auto* kernel = num_experts <= 32 * 4 ? &RouterTopKWarpKernel<4> : &RouterTopKWarpKernel<16>;
+    kernel<<<static_cast<unsigned>(blocks), kRouterWarpTokens * 32, 0, stream>>>(
+        router_logits, logits_stride, static_cast<int>(num_tokens), static_cast<int>(num_experts),
+        static_cast<int>(top_k), renormalize, topk_ids, topk_weights);
+    return internal::LaunchStatus("RouterTopKWarpKernel");
+  }
   RouterTopKKernel<<<num_tokens, kRouterThreads, num_experts, stream>>>(
       router_logits, logits_stride, num_experts, top_k, renormalize, topk_ids, topk_weights);
   return internal::LaunchStatus("RouterTopKKernel");
@@ -299,6 +410,17 @@ absl::Status MoeUnpermute(const BFloat16* expert_out, int64_t expert_out_stride,
                           int64_t top_k, int64_t hidden, BFloat16* out, int64_t out_stride,
                           cudaStream_t stream) {
   if (num_tokens == 0) return absl::OkStatus();
+  constexpr int64_t kVec = 8;
+  const int64_t groups = internal::CeilDiv(hidden, kVec * kUnpermuteThreads);
+  if (hidden % kVec == 0 && expert_out_stride % kVec == 0 && out_stride % kVec == 0 &&
+      internal::Aligned16(expert_out) && internal::Aligned16(out) && top_k >= 1 &&
+      top_k <= kUnpermuteMaxTopK && num_tokens <= INT32_MAX && groups <= 65535) {
+    const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(groups));
+    MoeUnpermuteVecKernel<<<grid, kUnpermuteThreads, 0, stream>>>(
+        internal::AsDevice(expert_out), expert_out_stride, pair_row, topk_weights,
+        static_cast<int>(top_k), hidden, internal::AsDevice(out), out_stride);
+    return internal::LaunchStatus("MoeUnpermuteVecKernel");
+  }
   MoeUnpermuteKernel<__nv_bfloat16><<<num_tokens, kRowThreads, 0, stream>>>(
       internal::AsDevice(expert_out), expert_out_stride, pair_row, topk_weights, top_k, hidden,
       internal::AsDevice(out), out_stride);

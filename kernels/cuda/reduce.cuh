@@ -36,6 +36,48 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// 16-byte loads and stores of T elements widened to / narrowed from float32 (the same rounding as
+// FromFloat). Pointers must be 16-byte aligned.
+template <typename T>
+struct Vec16 {
+  static constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte chunk
+  static __device__ __forceinline__ void Load(const T* src, float* v);
+  static __device__ __forceinline__ void Store(T* dst, const float* v);
+};
+template <>
+__device__ __forceinline__ void Vec16<float>::Load(const float* src, float* v) {
+  const float4 q = *reinterpret_cast<const float4*>(src);
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+template <>
+__device__ __forceinline__ void Vec16<float>::Store(float* dst, const float* v) {
+  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+}
+template <>
+__device__ __forceinline__ void Vec16<__nv_bfloat16>::Load(const __nv_bfloat16* src, float* v) {
+  const uint4 q = *reinterpret_cast<const uint4*>(src);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]));
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+template <>
+__device__ __forceinline__ void Vec16<__nv_bfloat16>::Store(__nv_bfloat16* dst, const float* v) {
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    words[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Sum / minimum over the warp; every lane gets the same bits (the xor butterfly combines the same

@@ -105,23 +105,29 @@ struct NormShape {
 using Bf16NormTest = CudaTest;
 
 TEST_F(Bf16NormTest, FusedAddRmsNormMatchesCpu) {
-  // Tiny model (64), odd sizes, Qwen3-30B-A3B hidden (2048), past one block's stride, no rows.
-  for (const auto& [rows, hidden] :
-       std::vector<NormShape>{{1, 64}, {7, 64}, {5, 37}, {3, 2048}, {2, 4099}, {0, 16}}) {
-    const int64_t x_stride = hidden + 1, r_stride = hidden + 7;
-    const int64_t alloc_rows = std::max<int64_t>(rows, 1);
-    auto x = RandomBf16(alloc_rows * x_stride, 15, 2.0f);
-    auto residual = RandomFloats(alloc_rows * r_stride, 16, 4.0f);
-    const auto w = RandomFloats(hidden, 17);
-    BFloat16* d_x = Upload(x);
-    float* d_r = Upload(residual);
-    VAMP_ASSERT_OK(
-        FusedAddRmsNorm(d_x, x_stride, d_r, r_stride, Upload(w), 1e-6f, rows, hidden, stream_));
-    cpu::FusedAddRmsNorm(x.data(), x_stride, residual.data(), r_stride, w.data(), 1e-6f, rows,
-                         hidden);
-    const std::string what = std::to_string(rows) + "x" + std::to_string(hidden);
-    ExpectClose(Download(d_r, residual.size()), residual, 0.0, "residual " + what);
-    ExpectBf16Close(Download(d_x, x.size()), x, "normed " + what);
+  // Tiny model (64), odd sizes, Qwen3-30B-A3B hidden (2048), past one block's stride, the
+  // largest row the register-resident kernel holds (8,192) and one past it, no rows. Odd strides
+  // take the scalar kernel, strides of whole 16-byte chunks the vectorised one.
+  for (const bool whole_chunks : {false, true}) {
+    for (const auto& [rows, hidden] : std::vector<NormShape>{
+             {1, 64}, {7, 64}, {5, 37}, {3, 2048}, {2, 4099}, {2, 8192}, {1, 8200}, {0, 16}}) {
+      const int64_t x_stride = whole_chunks ? (hidden + 7) / 8 * 8 + 8 : hidden + 1;
+      const int64_t r_stride = whole_chunks ? (hidden + 3) / 4 * 4 + 4 : hidden + 7;
+      const int64_t alloc_rows = std::max<int64_t>(rows, 1);
+      auto x = RandomBf16(alloc_rows * x_stride, 15, 2.0f);
+      auto residual = RandomFloats(alloc_rows * r_stride, 16, 4.0f);
+      const auto w = RandomFloats(hidden, 17);
+      BFloat16* d_x = Upload(x);
+      float* d_r = Upload(residual);
+      VAMP_ASSERT_OK(
+          FusedAddRmsNorm(d_x, x_stride, d_r, r_stride, Upload(w), 1e-6f, rows, hidden, stream_));
+      cpu::FusedAddRmsNorm(x.data(), x_stride, residual.data(), r_stride, w.data(), 1e-6f, rows,
+                           hidden);
+      const std::string what = std::to_string(rows) + "x" + std::to_string(hidden) +
+                               (whole_chunks ? " (whole chunks)" : "");
+      ExpectClose(Download(d_r, residual.size()), residual, 0.0, "residual " + what);
+      ExpectBf16Close(Download(d_x, x.size()), x, "normed " + what);
+    }
   }
 }
 
@@ -183,22 +189,59 @@ TEST_F(Bf16MoeTest, SiluAndMulMatchesCpu) {
 }
 
 TEST_F(Bf16MoeTest, MoeUnpermuteMatchesCpu) {
-  for (const auto& [tokens, hidden] : std::vector<NormShape>{{6, 2048}, {3, 33}, {0, 4}}) {
-    const int64_t top_k = 8, rows = std::max<int64_t>(tokens * top_k, 1);
-    const int64_t y_stride = hidden + 1, out_stride = hidden + 6;
-    const auto y = RandomBf16(rows * y_stride, 41, 2.0f);
-    std::vector<int32_t> pair_row(rows);
-    for (int64_t p = 0; p < rows; ++p) pair_row[p] = static_cast<int32_t>((p * 7 + 3) % rows);
-    std::vector<float> weights = RandomFloats(rows, 42);
-    for (auto& w : weights) w = std::abs(w) / 4.0f;
-    std::vector<BFloat16> want(std::max<int64_t>(tokens, 1) * out_stride, kSentinel);
-    cpu::MoeUnpermute(y.data(), y_stride, pair_row.data(), weights.data(), tokens, top_k, hidden,
-                      want.data(), out_stride);
-    BFloat16* d_out = Upload(std::vector<BFloat16>(want.size(), kSentinel));
-    VAMP_ASSERT_OK(MoeUnpermute(Upload(y), y_stride, Upload(pair_row), Upload(weights), tokens,
-                                top_k, hidden, d_out, out_stride, stream_));
-    ExpectBf16Close(Download(d_out, want.size()), want,
-                    "MoeUnpermute " + std::to_string(tokens) + "x" + std::to_string(hidden));
+  // Odd strides take the scalar kernel, whole 16-byte chunks the vectorised one (2,056: a last
+  // column group of one chunk).
+  for (const bool whole_chunks : {false, true}) {
+    for (const auto& [tokens, hidden] :
+         std::vector<NormShape>{{6, 2048}, {3, 33}, {2, 2056}, {0, 4}}) {
+      const int64_t top_k = 8, rows = std::max<int64_t>(tokens * top_k, 1);
+      const int64_t y_stride = whole_chunks ? (hidden + 7) / 8 * 8 + 8 : hidden + 1;
+      const int64_t out_stride = whole_chunks ? (hidden + 7) / 8 * 8 + 16 : hidden + 6;
+      const auto y = RandomBf16(rows * y_stride, 41, 2.0f);
+      std::vector<int32_t> pair_row(rows);
+      for (int64_t p = 0; p < rows; ++p) pair_row[p] = static_cast<int32_t>((p * 7 + 3) % rows);
+      std::vector<float> weights = RandomFloats(rows, 42);
+      for (auto& w : weights) w = std::abs(w) / 4.0f;
+      std::vector<BFloat16> want(std::max<int64_t>(tokens, 1) * out_stride, kSentinel);
+      cpu::MoeUnpermute(y.data(), y_stride, pair_row.data(), weights.data(), tokens, top_k, hidden,
+                        want.data(), out_stride);
+      BFloat16* d_out = Upload(std::vector<BFloat16>(want.size(), kSentinel));
+      VAMP_ASSERT_OK(MoeUnpermute(Upload(y), y_stride, Upload(pair_row), Upload(weights), tokens,
+                                  top_k, hidden, d_out, out_stride, stream_));
+      ExpectBf16Close(Download(d_out, want.size()), want,
+                      "MoeUnpermute " + std::to_string(tokens) + "x" + std::to_string(hidden) +
+                          (whole_chunks ? " (whole chunks)" : ""));
+    }
+  }
+}
+
+TEST_F(Bf16MoeTest, MoeUnpermuteKernelsGiveTheSameBits) {
+  // The same rows laid out with an odd stride (scalar kernel) and a whole-chunk one (vectorised):
+  // both sum in choice order, so every output bit agrees.
+  const int64_t tokens = 5, top_k = 8, hidden = 2048, rows = tokens * top_k;
+  const auto logical = RandomBf16(rows * hidden, 43, 2.0f);
+  std::vector<int32_t> pair_row(rows);
+  for (int64_t p = 0; p < rows; ++p) pair_row[p] = static_cast<int32_t>((p * 11 + 5) % rows);
+  std::vector<float> weights = RandomFloats(rows, 44);
+  for (auto& w : weights) w = std::abs(w) / 4.0f;
+  std::vector<std::vector<BFloat16>> outs;
+  for (const int64_t stride : {hidden + 1, hidden + 8}) {
+    std::vector<BFloat16> y(rows * stride, kSentinel);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(logical.begin() + r * hidden, hidden, y.begin() + r * stride);
+    }
+    BFloat16* d_out = Upload(std::vector<BFloat16>(tokens * stride, kSentinel));
+    VAMP_ASSERT_OK(MoeUnpermute(Upload(y), stride, Upload(pair_row), Upload(weights), tokens, top_k,
+                                hidden, d_out, stride, stream_));
+    const auto out = Download(d_out, tokens * stride);
+    std::vector<BFloat16> packed(tokens * hidden);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::copy_n(out.begin() + t * stride, hidden, packed.begin() + t * hidden);
+    }
+    outs.push_back(std::move(packed));
+  }
+  for (int64_t i = 0; i < tokens * hidden; ++i) {
+    ASSERT_EQ(outs[0][i].bits, outs[1][i].bits) << "element " << i;
   }
 }
 

@@ -62,6 +62,9 @@ using GroupedGemmTest = CudaTest;
 
 class GroupedGemmCaseTest : public CudaTest {
  public:
+  void TinyModelCases();
+  void FusedAllTileHeightsCases();
+
   // Runs one case on the GPU and on the CPU twin and compares every element of c.
   void Run(const Case& cs) {
     SCOPED_TRACE(cs.name);
@@ -235,6 +238,17 @@ void BothTensorCoreKernels(const std::function<void()>& body) {
   SetGroupedGemmMmaSyncOnly(false);
 }
 
+// Decode-sized groups (up to 16 rows per expert) on the 16 x 64 decode tiles (default) and on the
+// 32 x 128 tiles they replaced.
+void BothDecodeTiles(const std::function<void()>& body) {
+  for (const bool decode_tile : {true, false}) {
+    SCOPED_TRACE(decode_tile ? "16 x 64 decode tiles" : "32 x 128 tiles");
+    SetGroupedGemmDecodeTile(decode_tile);
+    body();
+  }
+  SetGroupedGemmDecodeTile(true);
+}
+
 TEST_F(GroupedGemmCaseTest, PrefillMediumTiles) {
   BothTensorCoreKernels([&] { RealShapeCases(this, kPrefillMedium, 1024); });
 }
@@ -249,14 +263,24 @@ TEST_F(GroupedGemmCaseTest, PrefillOddWidths) {
   BothTensorCoreKernels([&] { RealShapeCases(this, kPrefillOdd, 1024); });
 }
 
-TEST_F(GroupedGemmCaseTest, Qwen3_30B_4Tokens) { RealShapeCases(this, kQwen3_30B, 4); }
-TEST_F(GroupedGemmCaseTest, Qwen3_30B_64Tokens) { RealShapeCases(this, kQwen3_30B, 64); }
-TEST_F(GroupedGemmCaseTest, Qwen3Next_4Tokens) { RealShapeCases(this, kQwen3Next, 4); }
+TEST_F(GroupedGemmCaseTest, Qwen3_30B_4Tokens) {
+  BothDecodeTiles([&] { RealShapeCases(this, kQwen3_30B, 4); });
+}
+TEST_F(GroupedGemmCaseTest, Qwen3_30B_64Tokens) {
+  BothDecodeTiles([&] { RealShapeCases(this, kQwen3_30B, 64); });
+}
+TEST_F(GroupedGemmCaseTest, Qwen3Next_4Tokens) {
+  BothDecodeTiles([&] { RealShapeCases(this, kQwen3Next, 4); });
+}
 TEST_F(GroupedGemmCaseTest, Qwen3Next_64Tokens) { RealShapeCases(this, kQwen3Next, 64); }
 
 // ---- tiny test model (hidden 64, inter 24, 16 experts, top-4): predicated partial tiles ----
 
 TEST_F(GroupedGemmCaseTest, TinyModelShapes) {
+  BothDecodeTiles([&] { TinyModelCases(); });
+}
+
+void GroupedGemmCaseTest::TinyModelCases() {
   const std::vector<int32_t> rows = RoutedRows(7, 4, 16, 23);
   Case w13{"tiny w13 n48 k64"};
   w13.rows = rows;
@@ -292,6 +316,10 @@ TEST_F(GroupedGemmCaseTest, PaddedStridesAndWeightOffset) {
 }
 
 TEST_F(GroupedGemmCaseTest, FusedAllTileHeights) {
+  BothDecodeTiles([&] { FusedAllTileHeightsCases(); });
+}
+
+void GroupedGemmCaseTest::FusedAllTileHeightsCases() {
   for (const auto& rows : std::vector<std::vector<int32_t>>{{3, 9, 0, 1}, {150, 30}, {700}}) {
     Case cs{"fused, " + std::to_string(rows.size()) + " experts"};
     cs.rows = rows;
@@ -362,6 +390,16 @@ TEST_F(GroupedGemmTest, RowResultDoesNotDependOnTheBatch) {
   const auto big = Download(d_big, 600 * n);
   const auto small = Download(d_small, 5 * n);
   for (int64_t i = 0; i < 5 * n; ++i) ASSERT_EQ(big[i].bits, small[i].bits) << "element " << i;
+  // The same 5 rows on the 32 x 128 tiles the 16 x 64 decode tiles replaced.
+  SetGroupedGemmDecodeTile(false);
+  BFloat16* d_small32 = Alloc<BFloat16>(5 * n);
+  VAMP_ASSERT_OK(GroupedExpertGemm(d_a, k, d_table, 0, k, Upload(std::vector<int32_t>{0, 5}), 1, 5,
+                                   d_small32, n, n, k, stream_));
+  SetGroupedGemmDecodeTile(true);
+  const auto small32 = Download(d_small32, 5 * n);
+  for (int64_t i = 0; i < 5 * n; ++i) {
+    ASSERT_EQ(small32[i].bits, small[i].bits) << "32-row tiles, element " << i;
+  }
   // 64, 130 and 600 rows on both tensor-core kernels (wgmma on Hopper) against the 32-row tiles.
   BothTensorCoreKernels([&] {
     for (const int32_t rows : {64, 130, 600}) {

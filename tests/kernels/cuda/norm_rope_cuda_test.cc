@@ -31,17 +31,21 @@ const std::vector<NormShape> kNormShapes = {{1, 64}, {7, 64}, {5, 37}, {3, 2048}
 using NormTest = CudaTest;
 
 TEST_F(NormTest, RmsNormMatchesCpu) {
-  for (const auto& [rows, hidden] : kNormShapes) {
-    const int64_t x_stride = hidden + 3, out_stride = hidden + 5;
-    const auto x = RandomFloats(rows * x_stride, 11, 3.0f);
-    const auto w = RandomFloats(hidden, 12);
-    std::vector<float> want(rows * out_stride, kSentinel);
-    cpu::RmsNorm(x.data(), x_stride, w.data(), 1e-6f, rows, hidden, want.data(), out_stride);
-    float* d_out = Upload(std::vector<float>(rows * out_stride, kSentinel));
-    VAMP_ASSERT_OK(
-        RmsNorm(Upload(x), x_stride, Upload(w), 1e-6f, rows, hidden, d_out, out_stride, stream_));
-    ExpectClose(Download(d_out, want.size()), want, kElementwiseTol,
-                "RmsNorm " + std::to_string(rows) + "x" + std::to_string(hidden));
+  for (const bool whole_chunks : {false, true}) {
+    for (const auto& [rows, hidden] : kNormShapes) {
+      const int64_t x_stride = whole_chunks ? (hidden + 3) / 4 * 4 : hidden + 3;
+      const int64_t out_stride = whole_chunks ? (hidden + 3) / 4 * 4 + 8 : hidden + 5;
+      const auto x = RandomFloats(rows * x_stride, 11, 3.0f);
+      const auto w = RandomFloats(hidden, 12);
+      std::vector<float> want(rows * out_stride, kSentinel);
+      cpu::RmsNorm(x.data(), x_stride, w.data(), 1e-6f, rows, hidden, want.data(), out_stride);
+      float* d_out = Upload(std::vector<float>(rows * out_stride, kSentinel));
+      VAMP_ASSERT_OK(
+          RmsNorm(Upload(x), x_stride, Upload(w), 1e-6f, rows, hidden, d_out, out_stride, stream_));
+      ExpectClose(Download(d_out, want.size()), want, kElementwiseTol,
+                  "RmsNorm " + std::to_string(rows) + "x" + std::to_string(hidden) +
+                      (whole_chunks ? " (whole chunks)" : ""));
+    }
   }
 }
 
@@ -56,21 +60,27 @@ TEST_F(NormTest, RmsNormInPlaceMatchesCpu) {
 }
 
 TEST_F(NormTest, FusedAddRmsNormMatchesCpu) {
-  for (const auto& [rows, hidden] : kNormShapes) {
-    const int64_t x_stride = hidden + 1, r_stride = hidden + 7;
-    auto x = RandomFloats(rows * x_stride, 15);
-    auto residual = RandomFloats(rows * r_stride, 16, 4.0f);
-    const auto w = RandomFloats(hidden, 17);
-    float* d_x = Upload(x);
-    float* d_r = Upload(residual);
-    VAMP_ASSERT_OK(
-        FusedAddRmsNorm(d_x, x_stride, d_r, r_stride, Upload(w), 1e-5f, rows, hidden, stream_));
-    cpu::FusedAddRmsNorm(x.data(), x_stride, residual.data(), r_stride, w.data(), 1e-5f, rows,
-                         hidden);
-    const std::string what = std::to_string(rows) + "x" + std::to_string(hidden);
-    // The residual update is one float add per element on both sides: exact.
-    ExpectClose(Download(d_r, residual.size()), residual, 0.0, "residual " + what);
-    ExpectClose(Download(d_x, x.size()), x, kElementwiseTol, "normed " + what);
+  // Odd strides take the scalar kernel; strides of whole 16-byte chunks the vectorised one, up
+  // to the 4,096 float32 elements it holds in registers (4,099 falls back either way).
+  for (const bool whole_chunks : {false, true}) {
+    for (const auto& [rows, hidden] : kNormShapes) {
+      const int64_t x_stride = whole_chunks ? (hidden + 3) / 4 * 4 + 4 : hidden + 1;
+      const int64_t r_stride = whole_chunks ? (hidden + 3) / 4 * 4 : hidden + 7;
+      auto x = RandomFloats(rows * x_stride, 15);
+      auto residual = RandomFloats(rows * r_stride, 16, 4.0f);
+      const auto w = RandomFloats(hidden, 17);
+      float* d_x = Upload(x);
+      float* d_r = Upload(residual);
+      VAMP_ASSERT_OK(
+          FusedAddRmsNorm(d_x, x_stride, d_r, r_stride, Upload(w), 1e-5f, rows, hidden, stream_));
+      cpu::FusedAddRmsNorm(x.data(), x_stride, residual.data(), r_stride, w.data(), 1e-5f, rows,
+                           hidden);
+      const std::string what = std::to_string(rows) + "x" + std::to_string(hidden);
+      // The residual update is one float add per element on both sides: exact.
+      ExpectClose(Download(d_r, residual.size()), residual, 0.0, "residual " + what);
+      ExpectClose(Download(d_x, x.size()), x, kElementwiseTol,
+                  "normed " + what + (whole_chunks ? " (whole chunks)" : ""));
+    }
   }
 }
 
