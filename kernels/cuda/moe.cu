@@ -199,6 +199,7 @@ __global__ void __launch_bounds__(kPermuteThreads)
 // the top_k selections is a scan of the lane's registers and one warp arg-max (no shared memory, no
 // block barrier). The same selection and tie rule as RouterTopKKernel; the softmax sums in a
 // different order (per lane, then across the warp), so the weights agree to rounding.
+constexpr int kRouterSmallPerLane = 4;
 constexpr int kRouterMaxPerLane = 16;
 constexpr int kRouterWarpTokens = 4;
 
@@ -340,7 +341,9 @@ absl::Status RouterTopK(const float* router_logits, int64_t logits_stride, int64
   if (num_tokens == 0 || top_k == 0) return absl::OkStatus();
   if (num_experts <= 32 * kRouterMaxPerLane && num_tokens <= INT32_MAX - kRouterWarpTokens) {
     const int64_t blocks = internal::CeilDiv(num_tokens, kRouterWarpTokens);
-    auto* kernel = num_experts <= 32 * 4 ? &RouterTopKWarpKernel<4> : &RouterTopKWarpKernel<16>;
+    auto* kernel = num_experts <= 32 * kRouterSmallPerLane
+                       ? &RouterTopKWarpKernel<kRouterSmallPerLane>
+                       : &RouterTopKWarpKernel<kRouterMaxPerLane>;
     kernel<<<static_cast<unsigned>(blocks), kRouterWarpTokens * 32, 0, stream>>>(
         router_logits, logits_stride, static_cast<int>(num_tokens), static_cast<int>(num_experts),
         static_cast<int>(top_k), renormalize, topk_ids, topk_weights);
@@ -410,7 +413,7 @@ absl::Status MoeUnpermute(const BFloat16* expert_out, int64_t expert_out_stride,
                           int64_t top_k, int64_t hidden, BFloat16* out, int64_t out_stride,
                           cudaStream_t stream) {
   if (num_tokens == 0) return absl::OkStatus();
-  constexpr int64_t kVec = 8;
+  constexpr int64_t kVec = Vec16<__nv_bfloat16>::kVec;
   const int64_t groups = internal::CeilDiv(hidden, kVec * kUnpermuteThreads);
   if (hidden % kVec == 0 && expert_out_stride % kVec == 0 && out_stride % kVec == 0 &&
       internal::Aligned16(expert_out) && internal::Aligned16(out) && top_k >= 1 &&
